@@ -1,0 +1,3 @@
+from e2mc.cli import main
+
+raise SystemExit(main())

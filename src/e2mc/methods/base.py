@@ -1,0 +1,81 @@
+"""The interface every SSL method implements; the trainer relies on nothing else.
+
+A method owns its backbone and heads (official layer layout, so official weights load strictly),
+its base loss, the embeddings it hands to the add-on, the name of its view recipe, and its
+optimizer preset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+CompactSpace = Literal["hypercube", "hypersphere"]
+
+
+@dataclass
+class MethodOutput:
+    """What one forward pass over a list of views returns.
+
+    ``loss``: the differentiable base loss (weighted sum of the terms).
+    ``terms``: named base-loss terms, detached, for logging (e.g. ``invariance``, ``variance``).
+    ``embeddings``: the add-on inputs for the two main views (``[n, d]`` each, not detached).
+    ``all_embeddings``: the add-on inputs for every view (MMCR uses them); defaults to
+    ``embeddings``.
+    """
+
+    loss: torch.Tensor
+    terms: dict[str, torch.Tensor]
+    embeddings: list[torch.Tensor]
+    all_embeddings: list[torch.Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.all_embeddings:
+            self.all_embeddings = list(self.embeddings)
+
+
+class SSLMethod(nn.Module):
+    """Base class of VICReg, SwAV, SimSiam and Generic.
+
+    Subclasses set ``name``, ``view_recipe`` (the name understood by ``e2mc.data.build_views``)
+    and ``compact_space`` (the E2MC transform that suits their embeddings), hold ``backbone``
+    and ``feature_dim``, and implement :meth:`forward` and :meth:`build_optimizer`.
+    """
+
+    name: str = "base"
+    view_recipe: str = "vicreg"
+    compact_space: CompactSpace = "hypercube"
+    #: True when the method uses SyncBatchNorm under DDP (all three official methods do).
+    sync_batchnorm: bool = True
+
+    backbone: nn.Module
+    feature_dim: int
+
+    def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:  # pragma: no cover
+        raise NotImplementedError
+
+    def build_optimizer(self, lr: float, weight_decay: float, **kwargs: Any
+                        ) -> torch.optim.Optimizer:  # pragma: no cover
+        """The method's optimizer preset with its parameter groups."""
+        raise NotImplementedError
+
+    # Hooks with no-op defaults; the trainer calls them every step / epoch.
+    def set_epoch(self, epoch: int) -> None:
+        """Called at the start of every epoch (0-based, counting continued epochs too)."""
+
+    def before_step(self, iteration: int) -> None:
+        """Called before the forward pass of every optimisation step (global iteration)."""
+
+    def after_backward(self, iteration: int) -> None:
+        """Called after ``backward()`` and before ``optimizer.step()``."""
+
+    def training_state(self) -> dict[str, Any]:
+        """State outside ``state_dict()`` that a checkpoint must hold (e.g. the SwAV queue)."""
+        return {}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`training_state` returned."""
