@@ -54,6 +54,8 @@ def test_channel_conversion_and_small_crop_override() -> None:
     views = build_views("swav", 16, channels=3, small_crop_size=8, num_small_crops=2)(GRAY)
     assert [tuple(v.shape) for v in views] == [(3, 16, 16)] * 2 + [(3, 8, 8)] * 2
     assert [tuple(v.shape) for v in build_views("vicreg", 16, channels=1)(RGB)] == [(1, 16, 16)] * 2
+    tiny = build_views("swav", 224, channels=1, small_crop_size=4)(GRAY)  # 23 px kernel capped at 7
+    assert [tuple(v.shape) for v in tiny] == [(1, 224, 224)] * 2 + [(1, 4, 4)] * 6
 
 
 def _ops(compose: T.Compose) -> list:
@@ -100,7 +102,8 @@ def test_swav_and_simsiam_match_official_parameters() -> None:
         ((p, jitter),) = _find(ops, T.ColorJitter)
         assert p == 0.8 and jitter.brightness == pytest.approx((0.2, 1.8))
         assert jitter.saturation == pytest.approx((0.2, 1.8)) and jitter.hue == (-0.2, 0.2)
-        assert _find(ops, T.GaussianBlur)[0][0] == 0.5
+        ((p_blur, blur),) = _find(ops, T.GaussianBlur)
+        assert p_blur == 0.5 and blur.kernel_size == (23, 23)  # cv2 (23, 23) for every crop
         assert _find(ops, T.Normalize)[0][1].std == (0.228, 0.224, 0.225)
     simsiam = [_ops(c) for c in build_views("simsiam", 224, 3).transforms]
     for ops in simsiam:
