@@ -183,13 +183,15 @@ def nearest_neighbor_distances(x: torch.Tensor, k: int = 100, normalize: bool = 
     return torch.cat(first), torch.cat(kth)
 
 
-def nn_overlap(first: torch.Tensor, kth: torch.Tensor) -> float:
-    """Fraction of points whose k-th-NN distance is ``<=`` the median 1st-NN distance: about 0
-    when the two distance histograms are apart, high when neighbourhoods collapse."""
+def nn_overlap(first: torch.Tensor, kth: torch.Tensor, atol: float = 1e-6) -> float:
+    """Fraction of points whose k-th-NN distance is ``<=`` the median 1st-NN distance (+ ``atol``,
+    which absorbs float rounding when points coincide; the default suits distances between unit
+    vectors, at most 2): about 0 when the two distance histograms are apart, high when
+    neighbourhoods collapse (the paper's Fig. 3)."""
     if first.shape != kth.shape or first.dim() != 1 or first.numel() == 0:
         raise ValueError(f"expected two equal non-empty 1-D tensors, got {tuple(first.shape)} "
                          f"and {tuple(kth.shape)}")
-    return (kth <= first.double().median()).double().mean().item()
+    return (kth.double() <= first.double().median() + atol).double().mean().item()
 
 
 def embedding_statistics(
