@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")
     p.add_argument("--accuracy-train-samples", type=int, default=5000,
                    help="training images in the kNN bank of the accuracy curve")
-    p.add_argument("--trust", action="store_true",
+    p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow pickled (non weights-only) checkpoints from trusted sources")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.seed,
             accuracy_curve=args.accuracy_curve,
             accuracy_train_samples=args.accuracy_train_samples,
-            loader=default_loader(trust=args.trust), progress=not args.no_progress)
+            loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress)
     except ValueError as err:
         raise SystemExit(f"e2mc analyze: {err}") from err
     print(f"wrote {json_path}\nwrote {html_path}")

@@ -89,11 +89,15 @@ def default_loader(trust: bool = False) -> Loader:
     """Load a full method with :func:`e2mc.checkpoints.load_checkpoint`; files that hold only a
     backbone fall back to :func:`e2mc.checkpoints.load_backbone` (features only)."""
     from e2mc.checkpoints import load_backbone, load_checkpoint
+    from e2mc.checkpoints.io import UntrustedCheckpointError
+    from e2mc.checkpoints.strict import CheckpointMismatchError
 
     def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
         try:
             method, info = load_checkpoint(path, trust=trust)
             return method.backbone, method, dict(info)
+        except (UntrustedCheckpointError, CheckpointMismatchError):
+            raise
         except ValueError as err:
             print(f"warning: {path}: no full method ({err}); analysing backbone features only",
                   file=sys.stderr)
@@ -121,7 +125,9 @@ def compute_vectors(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
     ``[N, D]`` of every image of ``dataset``, in order, in eval mode; train/eval modes and
-    devices of the modules are restored afterwards."""
+    devices of the modules are restored afterwards. With a method, the features are those its
+    backbone produced for the first view inside ``method([x, x])`` (captured by a forward hook,
+    so the backbone does not run a third time)."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
@@ -131,13 +137,24 @@ def compute_vectors(
         m.eval().to(device)
     feats, embs = [], []
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    captured: list[torch.Tensor] = []
+    hook = None
+    if method is not None:  # the backbone's first output inside the method's forward
+        hook = backbone.register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
         for images, _ in tqdm(loader, desc=desc, disable=not progress, leave=False):
             x = images.to(device)
-            feats.append(backbone(x).float().cpu())
-            if method is not None:
-                embs.append(method([x, x]).embeddings[0].float().cpu())
+            if method is None:
+                feats.append(backbone(x).float().cpu())
+                continue
+            captured.clear()
+            embs.append(method([x, x]).embeddings[0].float().cpu())
+            if not captured:  # the method does not call its backbone module directly
+                captured.append(backbone(x))
+            feats.append(captured[0].float().cpu())
     finally:
+        if hook is not None:
+            hook.remove()
         for m, training, dev in states:
             m.train(training).to(dev)
     return torch.cat(feats), (torch.cat(embs) if method is not None else None)
