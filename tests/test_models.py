@@ -61,3 +61,30 @@ def test_bad_arguments():
         build_backbone("mobilenet_v3_small", small_images=True)
     with pytest.raises(ValueError, match="in_channels"):
         build_backbone("resnet18", in_channels=0)
+
+
+@pytest.mark.parametrize("name,dim", [("cnn5", 256), ("cnn5_small", 128)])
+def test_small_cnns_pool_features_for_small_images(name: str, dim: int) -> None:
+    model, feature_dim = build_backbone(name, in_channels=1)
+    assert feature_dim == dim
+    model.eval()
+    out = model(torch.randn(3, 1, 28, 28))
+    assert out.shape == (3, dim)
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, dim)  # pooled: any input size
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 5
+    with pytest.raises(ValueError, match="in_channels"):
+        build_backbone(name, in_channels=0)
+
+
+def test_small_cnn_backbone_exports_and_reloads(tmp_path) -> None:
+    from e2mc.checkpoints import export_backbone, load_backbone
+    from e2mc.methods import VICReg
+
+    method = VICReg(backbone="cnn5_small", in_channels=1, projector="64-64")
+    export_backbone(method, tmp_path / "backbone.pt")
+    backbone, dim, info = load_backbone(tmp_path / "backbone.pt")
+    assert dim == 128 and info["arch"] == "cnn5_small"
+    x = torch.randn(2, 1, 28, 28)
+    method.backbone.eval()
+    backbone.eval()
+    torch.testing.assert_close(backbone(x), method.backbone(x))

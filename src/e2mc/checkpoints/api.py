@@ -75,6 +75,8 @@ def _classifier_keys(arch: str) -> frozenset[str]:
     """Keys of torchvision's full model that :func:`build_backbone` drops (the classifier)."""
     import torchvision.models as tvm
 
+    if not hasattr(tvm, arch):  # the package's own backbones have no classifier to drop
+        return frozenset()
     with torch.device("meta"):
         full = set(getattr(tvm, arch)(weights=None).state_dict())
         kept = set(build_backbone(arch)[0].state_dict())
