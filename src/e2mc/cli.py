@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -45,6 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (ValueError, FileNotFoundError) as error:
+        # Bad input (a wrong path, an unknown key, a mismatched checkpoint): the message says
+        # what is wrong; set E2MC_DEBUG=1 for the traceback.
+        if os.environ.get("E2MC_DEBUG"):
+            raise
+        print(f"e2mc {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover
