@@ -126,6 +126,7 @@ class Trainer:
         self.addon = addon
         self.base_epoch = base_epoch
         self.initial_optimizer_state = initial_optimizer_state
+        self._pending_training_state: dict[str, Any] | None = None
         if self.tc.precision == "fp16" and self.rt.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
         self.sampler = EpochBatchSampler(len(dataset), self.tc.batch_size, seed=self.tc.seed,
@@ -177,16 +178,19 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _state(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int
                ) -> dict[str, Any]:
-        rngs = [rng_state()]
-        if self.rt.distributed:
+        rngs: list[Any] = [rng_state()]
+        method_states: list[Any] = [self.method.training_state()]
+        if self.rt.distributed:  # per-process states (RNG, SwAV's queue shard)
             rngs = [None] * self.rt.world_size
             dist.all_gather_object(rngs, rng_state())
+            method_states = [None] * self.rt.world_size
+            dist.all_gather_object(method_states, self.method.training_state())
         return {
             "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
             "epoch": self.base_epoch + run_epoch, "run_epoch": run_epoch, "step": step,
             "batch_in_epoch": batch_in_epoch, "base_epoch": self.base_epoch,
             "skipped_steps": skipped, "rng": rngs,
-            "training_state": self.method.training_state(),
+            "training_state": method_states[0], "training_states": method_states,
             "addon": {"name": self.cfg.addon.name, "state": self.addon.state_dict()},
             "run_config": self.cfg.to_dict(), "world_size": self.rt.world_size,
         }
@@ -232,7 +236,9 @@ class Trainer:
             raise ValueError(f"{path} was trained with batch size {saved_batch}, this run has "
                              f"{self.tc.batch_size}; resume with the same batch size")
         self.method.load_state_dict(ckpt["model"], strict=True)
-        self.method.load_training_state(ckpt.get("training_state", {}))
+        states = ckpt.get("training_states") or [ckpt.get("training_state") or {}]
+        self._pending_training_state = (states[self.rt.rank] if len(states) == self.rt.world_size
+                                        else states[0])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
         addon_state = ckpt.get("addon", {}).get("state")
@@ -246,6 +252,17 @@ class Trainer:
             print(f"resuming from {path}: epoch {ckpt['run_epoch']}, "
                   f"batch {ckpt['batch_in_epoch']}, step {ckpt['step']}", file=sys.stderr)
         return int(ckpt["run_epoch"]), int(ckpt["step"]), int(ckpt.get("skipped_steps", 0))
+
+    def _enter_epoch(self, run_epoch: int, mid_epoch: bool) -> None:
+        """``method.set_epoch`` and, after a resume, the method's saved training state in the
+        order an uninterrupted run would have produced it: a checkpoint written mid-epoch was
+        taken after ``set_epoch`` of its epoch, one written at an epoch's end before it."""
+        pending, self._pending_training_state = self._pending_training_state, None
+        if pending is not None and not mid_epoch:
+            self.method.load_training_state(pending)
+        self.method.set_epoch(self.base_epoch + run_epoch)
+        if pending is not None and mid_epoch:
+            self.method.load_training_state(pending)
 
     # ------------------------------------------------------------------ one step
     def _set_lr(self, step: int) -> float:
@@ -303,7 +320,7 @@ class Trainer:
         stopped = False
         try:
             while run_epoch < tc.epochs and not stopped:
-                self.method.set_epoch(self.base_epoch + run_epoch)
+                self._enter_epoch(run_epoch, mid_epoch=start_batch > 0)
                 self.sampler.set_epoch(run_epoch, start_batch)
                 bar = self._bar(run_epoch, start_batch)
                 window_images, window_start = 0, time.perf_counter()
