@@ -83,3 +83,19 @@ def load_training_checkpoint(path: str | Path, method_name: str) -> dict[str, An
         raise ValueError(f"{path} was written by a {ckpt.get('method')!r} run; this run trains "
                          f"{method_name!r} (use another run directory)")
     return ckpt
+
+
+def load_optimizer_state_keep_hyperparameters(optimizer: torch.optim.Optimizer,
+                                              state: dict[str, Any]) -> None:
+    """Take the per-parameter state (momentum buffers) of an optimizer ``state_dict`` written by
+    the same method's optimizer, keeping ``optimizer``'s own hyperparameters (lr, weight decay).
+    """
+    ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"the starting checkpoint's optimizer state does not fit this optimizer "
+                         f"({err}); set init.load_optimizer=false to start with a fresh "
+                         f"optimizer state") from err
+    for group, hyper in zip(optimizer.param_groups, ours, strict=True):
+        group.update(hyper)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,7 @@ def build_method_from_config(cfg: RunConfig) -> Any:
     **method.params)``."""
     from e2mc.methods import build_method
 
-    return build_method(cfg.method.name, backbone=cfg.model.backbone,
-                        small_images=cfg.model.small_images, in_channels=cfg.model.in_channels,
-                        **cfg.method.params)
+    return build_method(cfg.method.name, **method_kwargs(cfg))
 
 
 def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
@@ -53,27 +52,63 @@ def build_train_dataset(cfg: RunConfig, method: Any) -> Any:
     return MultiViewDataset(base, views)
 
 
-def load_start(cfg: RunConfig, method: Any) -> tuple[int, dict[str, Any]]:
-    """Load ``init.checkpoint`` (official layout or project format) into ``method``, strictly.
+def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword arguments of ``build_method`` (besides the name) from the config."""
+    return {"backbone": cfg.model.backbone, "small_images": cfg.model.small_images,
+            "in_channels": cfg.model.in_channels, **cfg.method.params}
 
-    Returns ``(base_epoch, info)``; ``base_epoch`` is ``init.base_epoch`` if set, else the
-    checkpoint's epoch (0 if it has none). ``info`` may hold the optimizer state.
+
+def load_start(cfg: RunConfig) -> tuple[Any, int, Callable[[Any], None] | None]:
+    """The starting model of a run: ``init.checkpoint`` loaded strictly (an official VICReg /
+    SwAV / SimSiam file through ``e2mc.checkpoints.load_official``, or a project checkpoint of
+    the same method), else fresh weights (``pretrain`` only).
+
+    Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch``
+    if set, else the checkpoint's epoch (0 without one); ``prepare_optimizer`` restores the
+    checkpoint's optimizer state (momentum) into a new optimizer when it has one and
+    ``init.load_optimizer`` is true.
     """
-    from e2mc.checkpoints import load_official
+    from e2mc.checkpoints import (
+        PROJECT_FORMAT,
+        load_official,
+        restore_optimizer_state,
+        torch_load,
+    )
+    from e2mc.checkpoints.strict import check_keys
+    from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters
 
     if cfg.init.checkpoint is None:
         if cfg.mode == "continue":
             raise ValueError("continue needs a starting checkpoint: --from PATH "
                              "(or --set init.checkpoint=PATH)")
-        return cfg.init.base_epoch or 0, {}
+        return build_method_from_config(cfg), cfg.init.base_epoch or 0, None
     path = Path(cfg.init.checkpoint)
     if not path.is_file():
         raise ValueError(f"starting checkpoint {path} does not exist")
-    _, info = load_official(path, method=method, trust=cfg.init.trust)
-    base_epoch = cfg.init.base_epoch
-    if base_epoch is None:
-        base_epoch = int(info.get("epoch") or 0)
-    return base_epoch, dict(info)
+    obj = torch_load(path, trust=cfg.init.trust)
+    prepare: Callable[[Any], None] | None = None
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        if obj.get("method") != cfg.method.name:
+            raise ValueError(f"{path} holds a {obj.get('method')!r} model; this run trains "
+                             f"{cfg.method.name!r}")
+        method = build_method_from_config(cfg)
+        check_keys(method.state_dict(), obj["model"], f"e2mc ({cfg.method.name})")
+        method.load_state_dict(obj["model"], strict=True)
+        epoch, opt_state = obj.get("epoch"), obj.get("optimizer")
+        if opt_state is not None:
+            def prepare(optimizer: Any) -> None:
+                load_optimizer_state_keep_hyperparameters(optimizer, opt_state)
+    else:
+        method, info = load_official(obj, method=cfg.method.name, trust=cfg.init.trust,
+                                     **method_kwargs(cfg))
+        epoch, opt_state = info.get("epoch"), info.get("optimizer")
+        if opt_state is not None:
+            def prepare(optimizer: Any) -> None:
+                restore_optimizer_state(optimizer, method, opt_state)
+    if not cfg.init.load_optimizer:
+        prepare = None
+    base_epoch = cfg.init.base_epoch if cfg.init.base_epoch is not None else int(epoch or 0)
+    return method, base_epoch, prepare
 
 
 def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
@@ -87,9 +122,10 @@ def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
     run_dir = Path(run_dir)
     runtime = init_runtime(cfg.training.device)
     torch.manual_seed(cfg.training.seed)
-    method = build_method_from_config(cfg)
-    resuming = (run_dir / CHECKPOINT).exists()
-    base_epoch, info = (0, {}) if resuming else load_start(cfg, method)
+    if (run_dir / CHECKPOINT).exists():  # resume: the weights come from the run's checkpoint
+        method, base_epoch, prepare = build_method_from_config(cfg), 0, None
+    else:
+        method, base_epoch, prepare = load_start(cfg)
     addon = build_addon_from_config(cfg, method)
     dataset = build_train_dataset(cfg, method)
     if runtime.is_main:
@@ -99,10 +135,9 @@ def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
               f"{len(dataset)} images, batch {cfg.training.batch_size} over "
               f"{runtime.world_size} process(es) on {runtime.device}, lr {cfg.lr:g}, "
               f"{cfg.training.epochs} epoch(s), run directory {run_dir}", file=sys.stderr)
-    optimizer_state = info.get("optimizer") if cfg.init.load_optimizer else None
     trainer = Trainer(method, addon, dataset, cfg, run_dir, runtime=runtime,
                       base_epoch=base_epoch, collate_fn=collate_views,
-                      initial_optimizer_state=optimizer_state)
+                      prepare_optimizer=prepare)
     return trainer.fit()
 
 
@@ -118,7 +153,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
         parser.add_argument("--from", dest="init_checkpoint", metavar="CHECKPOINT",
                             help="official (VICReg, SwAV, SimSiam) or e2mc checkpoint to start "
                                  "from (init.checkpoint)")
-        parser.add_argument("--trust", action="store_true",
+        parser.add_argument("--trust-checkpoint", dest="trust", action="store_true",
                             help="allow pickled objects when loading the starting checkpoint "
                                  "(only for files you trust)")
     parser.add_argument("--data", help="training data set (data.dataset)")

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,8 @@ class Trainer:
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
                  run_dir: str | Path, runtime: Runtime | None = None, base_epoch: int = 0,
                  collate_fn: Any = None,
-                 initial_optimizer_state: dict[str, Any] | None = None) -> None:
+                 prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None
+                 ) -> None:
         self.cfg = cfg
         self.tc = cfg.training
         self.run_dir = Path(run_dir)
@@ -125,7 +127,7 @@ class Trainer:
         self.method = method
         self.addon = addon
         self.base_epoch = base_epoch
-        self.initial_optimizer_state = initial_optimizer_state
+        self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
         if self.tc.precision == "fp16" and self.rt.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
@@ -210,25 +212,12 @@ class Trainer:
                 epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
                 base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
 
-    def _load_initial_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Take the per-parameter state (momentum) of ``state``, keep this run's groups'
-        hyperparameters (learning rate, weight decay, ...)."""
-        ours = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        try:
-            self.optimizer.load_state_dict(state)
-        except (ValueError, KeyError) as err:
-            raise ValueError(f"the starting checkpoint's optimizer state does not fit this "
-                             f"optimizer ({err}); set init.load_optimizer=false to start with "
-                             f"a fresh optimizer state") from err
-        for group, hyper in zip(self.optimizer.param_groups, ours, strict=True):
-            group.update(hyper)
-
     def _resume(self) -> tuple[int, int, int]:
         """Load ``checkpoint.pt`` if present; returns ``(run_epoch, step, skipped)``."""
         path = self.run_dir / CHECKPOINT
         if not path.exists():
-            if self.initial_optimizer_state:
-                self._load_initial_optimizer_state(self.initial_optimizer_state)
+            if self.prepare_optimizer is not None:
+                self.prepare_optimizer(self.optimizer)
             return 0, 0, 0
         ckpt = load_training_checkpoint(path, getattr(self.method, "name", ""))
         saved_batch = ckpt["run_config"]["training"]["batch_size"]
