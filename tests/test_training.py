@@ -27,6 +27,17 @@ from e2mc.training.sampling import EpochBatchSampler
 from e2mc.training.trainer import NonFiniteLossError, Runtime, Trainer, lr_factor
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
+# One thread: on a busy 2-core machine two-thread kernels wait on each other (100x slower).
+ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+       "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------- units
@@ -142,12 +153,13 @@ def test_skip_nonfinite_counts_and_leaves_weights_alone(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- real CLI
-TINY_MODEL = ["--set", "model.backbone=resnet18", "--set", "model.small_images=false",
+TINY_MODEL = ["--set", "model.backbone=mobilenet_v3_small", "--set", "model.small_images=false",
               "--set", "model.in_channels=1", "--set", "data.image_size=16",
               "--set", "data.channels=1", "--set", "training.batch_size=8",
               "--set", "training.log_every=1", "--set", "training.progress=false",
               "--set", "training.precision=fp32", "--set", "data.num_workers=0",
-              "--set", "training.device=cpu"]
+              "--set", "training.device=cpu",
+              "--set", "training.keep_epoch_checkpoints=false"]
 METHOD_SETS = {
     "vicreg": ["--set", "method.params={projector: 32-32}"],
     "simsiam": ["--set", "method.params={dim: 32, pred_dim: 8, predictor_lr: 0.1}"],
@@ -176,7 +188,8 @@ def _base_checkpoint(tmp_path: Path, method: str, epoch: int = 3) -> Path:
     from e2mc.methods import build_method
 
     torch.manual_seed(1)
-    model = build_method(method, backbone="resnet18", in_channels=1, **METHOD_HPARAMS[method])
+    model = build_method(method, backbone="mobilenet_v3_small", in_channels=1,
+                         **METHOD_HPARAMS[method])
     path = tmp_path / f"{method}_base.pt"
     save_checkpoint(path, model, epoch=epoch)
     return path
@@ -221,7 +234,7 @@ def test_one_epoch_of_continue_per_method_and_addon(tmp_path: Path, tiny_data: P
     changed = [k for k, v in ckpt["model"].items()
                if v.is_floating_point() and not torch.equal(v, start[k])]
     assert any(k.startswith("backbone.") for k in changed)
-    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "epoch_0001.pt").is_file()
+    assert (run / "config.yaml").is_file()
     if method == "swav":  # the queue is part of the checkpoint
         assert ckpt["training_state"]["queue"].shape == (2, 16, 16)
 
@@ -234,9 +247,8 @@ def test_resume_after_kill_gives_the_weights_of_an_uninterrupted_run(
             "--set", "training.checkpoint_every_steps=1", "--set", "data.num_workers=2"]
     assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(killed)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if (killed / "metrics.jsonl").exists() and len(read_metrics(killed)) >= 2:
@@ -264,7 +276,7 @@ def test_checkpoint_of_another_method_gives_the_loaders_error(
         tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from e2mc.methods import build_method
 
-    vicreg = build_method("vicreg", backbone="resnet18", in_channels=1, projector="32-32")
+    vicreg = build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1, projector="32-32")
     official = tmp_path / "vicreg_official.pth"  # the official VICReg layout
     torch.save({"epoch": 5, "model": {f"module.{k}": v for k, v in vicreg.state_dict().items()}},
                official)
@@ -283,9 +295,8 @@ def test_checkpoint_of_another_method_gives_the_loaders_error(
 
 
 def test_unknown_config_key_through_the_cli(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-m", "e2mc", "continue", "--config", "swav-e2mc",
                           "--run-dir", str(tmp_path), "--set", "optim.lr=0.1"],
-                         env=env, capture_output=True, text=True, timeout=120)
+                         env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "unknown config key 'optim.lr'" in out.stderr and "base_lr" in out.stderr

@@ -108,7 +108,9 @@ class InitConfig:
 @dataclass
 class TrainingConfig:
     """The loop. ``batch_size`` is global (split over the processes); ``epochs`` counts the
-    epochs of this run (continued epochs for ``continue``)."""
+    epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
+    checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
+    (1 is much faster on a busy shared CPU)."""
 
     epochs: int = 10
     batch_size: int = 512
@@ -123,6 +125,7 @@ class TrainingConfig:
     progress: bool = True
     channels_last: bool = False
     find_unused_parameters: bool = False
+    cpu_threads: int | None = None
 
 
 @dataclass

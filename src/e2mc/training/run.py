@@ -121,6 +121,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
 
     run_dir = Path(run_dir)
     runtime = init_runtime(cfg.training.device)
+    if cfg.training.cpu_threads is not None:
+        torch.set_num_threads(cfg.training.cpu_threads)
     torch.manual_seed(cfg.training.seed)
     if (run_dir / CHECKPOINT).exists():  # resume: the weights come from the run's checkpoint
         method, base_epoch, prepare = build_method_from_config(cfg), 0, None
