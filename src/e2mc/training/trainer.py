@@ -7,6 +7,7 @@ trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on 
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import sys
@@ -94,9 +95,19 @@ def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def _gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every process, in rank order. Serialised with ``torch.save`` first (tensors
+    inside ``all_gather_object`` payloads fail to unpickle) and read back weights-only."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, buffer.getvalue())
+    return [torch.load(io.BytesIO(b), weights_only=True) for b in gathered]
+
+
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.fit` did: the position reached and how it ended."""
+    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method."""
 
     run_epoch: int
     step: int
@@ -104,6 +115,7 @@ class TrainResult:
     completed: bool
     checkpoint: Path | None
     last_metrics: dict[str, float]
+    method: nn.Module | None = None
 
 
 class Trainer:
@@ -183,16 +195,14 @@ class Trainer:
         rngs: list[Any] = [rng_state()]
         method_states: list[Any] = [self.method.training_state()]
         if self.rt.distributed:  # per-process states (RNG, SwAV's queue shard)
-            rngs = [None] * self.rt.world_size
-            dist.all_gather_object(rngs, rng_state())
-            method_states = [None] * self.rt.world_size
-            dist.all_gather_object(method_states, self.method.training_state())
+            rngs, method_states = zip(*_gather_objects((rngs[0], method_states[0])),
+                                      strict=True)
         return {
             "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
             "epoch": self.base_epoch + run_epoch, "run_epoch": run_epoch, "step": step,
             "batch_in_epoch": batch_in_epoch, "base_epoch": self.base_epoch,
-            "skipped_steps": skipped, "rng": rngs,
-            "training_state": method_states[0], "training_states": method_states,
+            "skipped_steps": skipped, "rng": list(rngs),
+            "training_state": method_states[0], "training_states": list(method_states),
             "addon": {"name": self.cfg.addon.name, "state": self.addon.state_dict()},
             "run_config": self.cfg.to_dict(), "world_size": self.rt.world_size,
         }
@@ -375,7 +385,7 @@ class Trainer:
             logger.close()
         return TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
                            completed=run_epoch >= tc.epochs, checkpoint=ckpt_path,
-                           last_metrics=last)
+                           last_metrics=last, method=self.method)
 
     def _bar(self, run_epoch: int, start_batch: int) -> Any:
         if not (self.rt.is_main and self.tc.progress):
