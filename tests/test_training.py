@@ -300,3 +300,27 @@ def test_unknown_config_key_through_the_cli(tmp_path: Path) -> None:
                          env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "unknown config key 'optim.lr'" in out.stderr and "base_lr" in out.stderr
+
+
+def test_corrupt_image_is_named_or_skipped_and_counted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(15):
+        folder = tmp_path / "images" / "train" / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8)).save(folder / f"{i}.png")
+    (tmp_path / "images" / "train" / "class0" / "broken.png").write_bytes(b"not a png")
+    base = _base_checkpoint(tmp_path, "vicreg")
+    args = ["continue", "--config", PRESET["vicreg"], "--from", str(base),
+            "--data", str(tmp_path / "images"), "--epochs", "1", *TINY_MODEL,
+            *METHOD_SETS["vicreg"]]
+    assert _cli(*args, "--run-dir", str(tmp_path / "a")) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "broken.png" in err and "Traceback" not in err
+    with pytest.warns(UserWarning, match="skipped 1 corrupt"):
+        assert _cli(*args, "--run-dir", str(tmp_path / "b"), "--skip-corrupt") == 0
+    err = capsys.readouterr().err
+    assert "15 images (1 unreadable skipped)" in err
+    assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1]  # 15 // 8 batches

@@ -43,13 +43,16 @@ def build_train_dataset(cfg: RunConfig, method: Any) -> Any:
                          "image folder or an .npz file) with --data or --set data.dataset=...")
     base = build_dataset(cfg.data.dataset, cfg.data.split, transform=None,
                          skip_corrupt=cfg.data.skip_corrupt)
+    skipped = int(getattr(base, "num_skipped", 0))
     if cfg.data.limit is not None:
         if cfg.data.limit < 1:
             raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
         base = Subset(base, range(min(cfg.data.limit, len(base))))
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
-    return MultiViewDataset(base, views)
+    dataset = MultiViewDataset(base, views)
+    dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt
+    return dataset
 
 
 def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -134,7 +137,8 @@ def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         print(f"{cfg.mode} {cfg.name}: {cfg.method.name} + add-on {cfg.addon.name}, "
-              f"{len(dataset)} images, batch {cfg.training.batch_size} over "
+              f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "
+              f"batch {cfg.training.batch_size} over "
               f"{runtime.world_size} process(es) on {runtime.device}, lr {cfg.lr:g}, "
               f"{cfg.training.epochs} epoch(s), run directory {run_dir}", file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run_dir, runtime=runtime,
@@ -202,7 +206,7 @@ def run_command(args: argparse.Namespace, mode: str) -> int:
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: missing or corrupt files
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
