@@ -61,7 +61,9 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--src", type=Path, required=True, help="folder of the 4 official .gz files")
+    parser.add_argument(
+        "--src", type=Path, required=True, help="folder of the 4 official .gz files"
+    )
     parser.add_argument("--out", type=Path, required=True, help="output .npz")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -7,10 +7,11 @@ Official sources: VICReg ``augmentations.py`` (facebookresearch/vicreg), SwAV
 
 Adaptations (documented in ``docs/data.md``):
 
-* Blur: the official code blurs with PIL's Gaussian filter, sigma ~ U(0.1, 2.0). Here it is
-  torchvision's ``GaussianBlur`` with the same sigma range and a kernel of ~10% of the image side
-  (odd, at least 3): 23 px at 224 px (covers +-5.5 sigma, the PIL result), 3 px at 28-32 px, so the
-  blur strength scales with the image instead of erasing a 28 px image.
+* Blur: SwAV blurs with OpenCV (23x23 kernel), VICReg and SimSiam with PIL's Gaussian filter,
+  all with sigma ~ U(0.1, 2.0). Here it is torchvision's ``GaussianBlur`` with that sigma range and
+  a kernel of ~10% of the image side (odd, at least 3): 23 px at 224 px (SwAV's kernel; within one
+  gray level of PIL's filter on average), 3 px at 28-32 px, so the blur scales with the image
+  instead of erasing a 28 px image. As in SwAV, its small crops use the full-size crop's kernel.
 * ``channels=1``: colour jitter keeps brightness and contrast only (saturation and hue do not exist
   for one channel) and random grayscale is left out (a no-op on grayscale).
 * Every random draw uses torch's RNG (no ``random``/``numpy``), so seeding torch (and DataLoader
@@ -111,8 +112,10 @@ def _color(
     ]
 
 
-def _blur(size: int, p: float) -> list[Callable]:
-    blur = T.GaussianBlur(kernel_size=blur_kernel_size(size), sigma=BLUR_SIGMA)
+def _blur(size: int, p: float, crop_size: int | None = None) -> list[Callable]:
+    """Blur with the kernel for ``size``, capped so its reflect padding fits in ``crop_size``."""
+    kernel = min(blur_kernel_size(size), 2 * (crop_size or size) - 1)
+    blur = T.GaussianBlur(kernel_size=kernel, sigma=BLUR_SIGMA)
     if p >= 1.0:
         return [blur]
     return [T.RandomApply([blur], p=p)] if p > 0 else []
@@ -155,13 +158,14 @@ def _vicreg(size: int, channels: int, norm: T.Normalize) -> list[Callable]:
 
 
 def _swav(size: int, small: int, n_small: int, channels: int, norm: T.Normalize) -> list[Callable]:
+    # SwAV blurs every crop, small ones included, with the kernel of the full-size crop.
     def crop(crop_size: int, scale: tuple[float, float]) -> T.Compose:
         return T.Compose([
             _ToMode(channels),
             T.RandomResizedCrop(crop_size, scale=scale),
             T.RandomHorizontalFlip(p=0.5),
             *_color(channels, (0.8, 0.8, 0.8, 0.2), p_jitter=0.8, p_gray=0.2),
-            *_blur(crop_size, 0.5),
+            *_blur(size, 0.5, crop_size),
             T.ToTensor(),
             norm,
         ])  # fmt: skip

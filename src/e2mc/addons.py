@@ -1,0 +1,215 @@
+"""Add-on criteria applied on top of a method's own loss during continued pre-training.
+
+Each add-on is an ``nn.Module`` called with the method's embeddings (a list of ``[n, d]``
+tensors: the two main views, or every view for MMCR) and returning a dict of named terms,
+detached for logging, plus the differentiable ``"loss"`` to add to the base loss.
+
+With ``gather=True`` inside an initialised process group, embeddings are all-gathered with
+gradients, so every statistic is over the global batch. All ranks then compute the same loss;
+the gather's backward sums the ranks' gradients, so each rank's rows receive ``world_size``
+times their share, which DDP's gradient averaging turns into exactly the single-process gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
+from e2mc.distributed import gather_with_grad
+
+ViewReduction = Literal["mean", "sum"]
+
+
+def _float32(z: torch.Tensor) -> torch.Tensor:
+    return z if z.dtype == torch.float64 else z.float()
+
+
+def _reduce(values: Sequence[torch.Tensor], how: ViewReduction) -> torch.Tensor:
+    stacked = torch.stack(list(values))
+    return stacked.mean() if how == "mean" else stacked.sum()
+
+
+class Addon(nn.Module):
+    """Base class: ``forward(embeddings) -> {"loss": ..., <named detached terms>}``."""
+
+    #: True when the add-on wants every view's embeddings (MMCR), not only the two main views.
+    uses_all_views: bool = False
+    #: The smallest number of views the add-on can work with.
+    min_views: int = 1
+
+    def __init__(self, gather: bool = True) -> None:
+        super().__init__()
+        self.gather = gather
+
+    def _prepare(self, embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if isinstance(embeddings, torch.Tensor) or len(embeddings) < self.min_views:
+            raise ValueError(
+                f"{type(self).__name__} needs a list of at least {self.min_views} embedding "
+                f"tensors (one per view), got {type(embeddings).__name__}"
+                + ("" if isinstance(embeddings, torch.Tensor) else f" of {len(embeddings)}")
+            )
+        shapes = {tuple(z.shape) for z in embeddings}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise ValueError(f"every view's embeddings must be [n, d] of one shape, got {shapes}")
+        with torch.autocast(device_type=embeddings[0].device.type, enabled=False):
+            views = [_float32(z) for z in embeddings]
+            return [gather_with_grad(z) for z in views] if self.gather else views
+
+
+class NoAddon(Addon):
+    """The "continued" baseline: the method's own loss alone."""
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"loss": embeddings[0].new_zeros((), dtype=torch.float32)}
+
+
+class E2MC(Addon):
+    """The E2MC criterion (paper Eq. fullloss, Algorithm 1; METHOD.md §1.4).
+
+    ``loss = -beta * reduce_v(H_v) + gamma * sum_v C_v`` where ``H_v`` is the mean over dimensions
+    of the m-spacings entropy of ``compact_transform(z_v, space)`` and ``C_v`` its covariance
+    penalty. ``view_reduction="mean"`` (default) averages the entropies as the authors' code did;
+    ``"sum"`` is the paper's Algorithm 1 (needs half the beta). ``batch_size_for_cov`` divides the
+    covariance by the configured global batch size minus one, as the authors did.
+    """
+
+    min_views = 2
+
+    def __init__(
+        self,
+        space: Space = "hypercube",
+        beta: float = 1.0,
+        gamma: float = 1.0,
+        eps: float = 1e-7,
+        view_reduction: ViewReduction = "mean",
+        gather: bool = True,
+        m: int | None = None,
+        batch_size_for_cov: int | None = None,
+    ) -> None:
+        super().__init__(gather)
+        if space not in ("hypercube", "hypersphere"):
+            raise ValueError(f"space must be 'hypercube' or 'hypersphere', got {space!r}")
+        if view_reduction not in ("mean", "sum"):
+            raise ValueError(f"view_reduction must be 'mean' or 'sum', got {view_reduction!r}")
+        self.space, self.beta, self.gamma, self.eps = space, float(beta), float(gamma), eps
+        self.view_reduction, self.m, self.batch_size_for_cov = view_reduction, m, batch_size_for_cov
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = self._prepare(embeddings)
+        entropies, covariances = [], []
+        for z in views:
+            zc = compact_transform(z, self.space)
+            entropies.append(m_spacings_entropy(zc, m=self.m, eps=self.eps).mean())
+            covariances.append(covariance_penalty(zc, n=self.batch_size_for_cov))
+        entropy = _reduce(entropies, self.view_reduction)
+        covariance = torch.stack(covariances).sum()
+        loss = -self.beta * entropy + self.gamma * covariance
+        return {"loss": loss, "entropy": entropy.detach(), "covariance": covariance.detach()}
+
+
+def vicreg_variance(z: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """VICReg's hinge on the standard deviation: ``mean_j relu(1 - sqrt(var_j + eps))``."""
+    std = torch.sqrt(z.var(dim=0) + eps)
+    return F.relu(1 - std).mean()
+
+
+def vicreg_covariance(z: torch.Tensor) -> torch.Tensor:
+    """VICReg's covariance term: ``sum_{j != k} C_jk^2 / d`` with ``C`` divided by ``n - 1``."""
+    return covariance_penalty(z)
+
+
+class VCReg(Addon):
+    """VICReg's variance and covariance terms as an add-on (paper App. B, SwAV ablation).
+
+    ``loss = mu * mean_v variance(z_v) + nu * sum_v covariance(z_v)``, as VICReg combines them
+    (the variance averaged over the two views, the covariance summed); mu = 0.1, nu = 0.001.
+    """
+
+    min_views = 2
+
+    def __init__(self, mu: float = 0.1, nu: float = 0.001, eps: float = 1e-4,
+                 gather: bool = True) -> None:
+        super().__init__(gather)
+        self.mu, self.nu, self.eps = float(mu), float(nu), eps
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = self._prepare(embeddings)
+        variance = torch.stack([vicreg_variance(z, self.eps) for z in views]).mean()
+        covariance = torch.stack([vicreg_covariance(z) for z in views]).sum()
+        loss = self.mu * variance + self.nu * covariance
+        return {"loss": loss, "variance": variance.detach(), "covariance": covariance.detach()}
+
+
+def uniformity(z: torch.Tensor, t: float = 2.0) -> torch.Tensor:
+    """AUH uniformity ``log mean_{p<q} exp(-t ||e_p - e_q||^2)`` of L2-normalised rows."""
+    e = F.normalize(z, dim=1)
+    sq_dists = torch.pdist(e, p=2).pow(2)
+    return torch.logsumexp(-t * sq_dists, dim=0) - math.log(sq_dists.numel())
+
+
+class Uniformity(Addon):
+    """AUH uniformity (Wang & Isola 2020) as an add-on (paper Eq. unifloss; lambda 0.5, t 2).
+
+    ``loss = lam * reduce_v uniformity(z_v)``; averaged over the views by default (METHOD.md §2),
+    ``view_reduction="sum"`` for the paper's equation.
+    """
+
+    min_views = 1
+
+    def __init__(self, lam: float = 0.5, t: float = 2.0, view_reduction: ViewReduction = "mean",
+                 gather: bool = True) -> None:
+        super().__init__(gather)
+        if view_reduction not in ("mean", "sum"):
+            raise ValueError(f"view_reduction must be 'mean' or 'sum', got {view_reduction!r}")
+        self.lam, self.t, self.view_reduction = float(lam), float(t), view_reduction
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = self._prepare(embeddings)
+        value = _reduce([uniformity(z, self.t) for z in views], self.view_reduction)
+        return {"loss": self.lam * value, "uniformity": value.detach()}
+
+
+class MMCR(Addon):
+    """Maximum manifold capacity (Yerxa et al. 2023) as an add-on (paper App. B; lambda 0.005).
+
+    ``loss = -lam * ||C||_*``: the nuclear norm of the ``[n, d]`` matrix of per-image centroids
+    of the L2-normalised embeddings over all V views.
+    """
+
+    uses_all_views = True
+    min_views = 1
+
+    def __init__(self, lam: float = 0.005, gather: bool = True) -> None:
+        super().__init__(gather)
+        self.lam = float(lam)
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = self._prepare(embeddings)
+        centroids = torch.stack([F.normalize(z, dim=1) for z in views]).mean(dim=0)
+        nuclear = torch.linalg.svdvals(centroids).sum()
+        return {"loss": -self.lam * nuclear, "nuclear_norm": nuclear.detach()}
+
+
+ADDONS: dict[str, type[Addon]] = {
+    "none": NoAddon,
+    "e2mc": E2MC,
+    "vcreg": VCReg,
+    "uniformity": Uniformity,
+    "mmcr": MMCR,
+}
+
+
+def build_addon(name: str, **kwargs: Any) -> Addon:
+    """Build an add-on by name: ``none``, ``e2mc``, ``vcreg``, ``uniformity`` or ``mmcr``."""
+    if name not in ADDONS:
+        raise ValueError(f"unknown add-on {name!r}; choose one of {', '.join(ADDONS)}")
+    try:
+        return ADDONS[name](**kwargs)
+    except TypeError as error:
+        raise ValueError(f"bad arguments for add-on {name!r}: {error}") from None

@@ -1,0 +1,69 @@
+"""``e2mc analyze``: embedding statistics, the paper's diagnostic figures and an HTML report."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "analyze",
+        help="embedding statistics, 2-D marginals, NN-distance histograms and a report",
+        description=(
+            "Analyse the embeddings of one or more runs or checkpoints on the same images. The "
+            "first is 'before' (e.g. the base model), the others are 'after' runs. Writes PNG "
+            "figures, diagnostics.json and a self-contained report.html to --out."
+        ),
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_OR_CHECKPOINT",
+                   help="run directory (its checkpoint.pt or latest checkpoints/epoch_XXXX.pt, "
+                        "and its metrics.jsonl) or checkpoint file; first = before")
+    p.add_argument("--data", required=True,
+                   help="dataset spec understood by e2mc.data.build_dataset ('builtin', a "
+                        "folder, an .npz file)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--split", default="test", help="split to analyse (default: test)")
+    p.add_argument("--num-samples", type=int, default=2048,
+                   help="seeded random images analysed, the same for every run (default 2048; "
+                        "0 = all)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="eval transform size (default: the images' own size if <= 64 px, "
+                        "else 224)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--knn-k", type=int, default=100,
+                   help="the far neighbour of the NN-distance statistics (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="sample and dimension-pair seed")
+    p.add_argument("--accuracy-curve", action="store_true",
+                   help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")
+    p.add_argument("--accuracy-train-samples", type=int, default=5000,
+                   help="training images in the kNN bank of the accuracy curve")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow pickled (non weights-only) checkpoints from trusted sources")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from e2mc.diagnostics.analyze import analyze, default_loader
+
+    for name in ("num_samples", "batch_size", "knn_k", "accuracy_train_samples"):
+        value = getattr(args, name)
+        if value < (0 if name == "num_samples" else 1):
+            raise SystemExit(f"e2mc analyze: --{name.replace('_', '-')} must be positive, "
+                             f"got {value}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        json_path, html_path = analyze(
+            args.runs, args.data, args.out, split=args.split,
+            num_samples=args.num_samples or None, image_size=args.image_size,
+            batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.seed,
+            accuracy_curve=args.accuracy_curve,
+            accuracy_train_samples=args.accuracy_train_samples,
+            loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress)
+    except ValueError as err:
+        raise SystemExit(f"e2mc analyze: {err}") from err
+    print(f"wrote {json_path}\nwrote {html_path}")
+    return 0

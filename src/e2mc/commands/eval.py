@@ -1,0 +1,152 @@
+"""``e2mc eval``: evaluate a checkpoint's backbone with the paper's protocols."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
+            from exc
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from exc
+
+
+def _protocols(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval", help="evaluate a backbone: linear probe, kNN, fine-tuning, SVM transfer",
+        description="Evaluate the backbone of CHECKPOINT. Frozen-feature protocols share "
+                    "cached features. Writes RUN_DIR/results.json and RUN_DIR/predictions/.")
+    p.add_argument("checkpoint", help="checkpoint file (official, project or exported)")
+    p.add_argument("--data", required=True, help="dataset spec (e.g. 'builtin', 'idx:DIR')")
+    p.add_argument("--test-data", default=None,
+                   help="dataset spec of the test set (default: --data, split 'test'); for "
+                        "transfer, give the other data set in both --data and --test-data")
+    p.add_argument("--protocol", type=_protocols, default=("linear",),
+                   help="comma-separated: linear, linear-aug (per-epoch augmentation, GPU), "
+                        "knn, finetune, svm (default: linear)")
+    p.add_argument("--fractions", type=_floats, default=(0.01, 0.1, 1.0),
+                   help="label fractions in (0, 1] (default: 0.01,0.1,1)")
+    p.add_argument("--seeds", type=_ints, default=(0, 1, 2), help="seeds (default: 0,1,2)")
+    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--method", default="generic",
+                   choices=("vicreg", "swav", "simsiam", "generic"),
+                   help="which paper preset to use for learning rates (default: generic)")
+    p.add_argument("--arch", default=None, help="backbone architecture (default: from the file)")
+    p.add_argument("--small-images", action="store_true", help="ResNet stem for 28-32 px")
+    p.add_argument("--in-channels", type=int, default=3)
+    p.add_argument("--image-size", type=int, default=None,
+                   help="evaluation image size (default: 32 with --small-images, else 224)")
+    p.add_argument("--trust", action="store_true",
+                   help="allow torch.load(weights_only=False) for a trusted checkpoint")
+    p.add_argument("--epochs", type=int, default=None, help="override the preset's epochs")
+    p.add_argument("--lr", type=float, default=None, help="override the linear probe's lr")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="override the linear probe's weight decay")
+    p.add_argument("--report", choices=("last", "best"), default="last",
+                   help="which epoch's top-1 the table shows (default: last)")
+    p.add_argument("--knn-k", type=_ints, default=(20, 200))
+    p.add_argument("--knn-temperature", type=float, default=0.07)
+    p.add_argument("--svm-costs", type=_floats, default=None,
+                   help="SVM cost grid (default: the VOC07 grid of 23 values)")
+    p.add_argument("--svm-folds", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256, help="feature extraction batch")
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    p.add_argument("--cache", default=None,
+                   help="feature cache directory (default: $E2MC_CACHE or ~/.cache/e2mc/features)")
+    p.add_argument("--no-cache", action="store_true", help="always extract features")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from e2mc.checkpoints import load_backbone
+    from e2mc.data import build_dataset, eval_transform
+    from e2mc.evaluation.features import FeatureCache
+    from e2mc.evaluation.runner import EvalOptions, run_evaluation
+    from e2mc.evaluation.svm import VOC07_COSTS
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
+        else args.device
+    linear_over: dict[str, object] = {}
+    finetune_over: dict[str, object] = {}
+    if args.epochs is not None:
+        linear_over["epochs"] = finetune_over["epochs"] = args.epochs
+    if args.lr is not None:
+        linear_over["lr"] = args.lr
+    if args.weight_decay is not None:
+        linear_over["weight_decay"] = args.weight_decay
+    try:
+        options = EvalOptions(
+            protocols=args.protocol, fractions=args.fractions, seeds=args.seeds,
+            method=args.method, linear_overrides=linear_over,
+            finetune_overrides=finetune_over, knn_k=args.knn_k,
+            knn_temperature=args.knn_temperature,
+            svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
+            report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
+            device=device, progress=not args.quiet)
+        backbone, feature_dim, info = load_backbone(
+            args.checkpoint, arch=args.arch, small_images=args.small_images,
+            in_channels=args.in_channels, trust=args.trust)
+        size = args.image_size or (32 if args.small_images else 224)
+        transform = eval_transform(size, args.in_channels)
+        train_ds = build_dataset(args.data, "train", transform)
+        test_spec = args.test_data or args.data
+        test_ds = build_dataset(test_spec, "test", transform)
+        cache = None if args.no_cache else FeatureCache(
+            args.cache or os.environ.get("E2MC_CACHE")
+            or Path.home() / ".cache" / "e2mc" / "features")
+        record = run_evaluation(
+            backbone, feature_dim, train_ds, test_ds, args.out, options,
+            data_id=f"{args.data}|{test_spec}|size={size}|ch={args.in_channels}",
+            checkpoint=args.checkpoint, cache=cache,
+            extra_record={"checkpoint": str(args.checkpoint), "command": sys.argv,
+                          "checkpoint_info": _plain(info), "image_size": size,
+                          "device": device})
+    except ValueError as exc:
+        print(f"e2mc eval: error: {exc}", file=sys.stderr)
+        return 2
+    from e2mc.evaluation.results import summarize
+
+    for column, metrics in summarize(record["entries"]).items():
+        primary = next(e["primary"] for e in record["entries"] if e["column"] == column)
+        m = metrics[primary]
+        se = f" ± {m['se']:.2f}" if m["se"] is not None else ""
+        print(f"{column:>20}: {primary} {m['mean']:.2f}{se} (n={m['n']})")
+    print(f"wrote {Path(args.out) / 'results.json'}")
+    return 0
+
+
+def _plain(info: object) -> object:
+    """A JSON-friendly view of the loader's info (dict, dataclass or other)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(info) and not isinstance(info, type):
+        info = dataclasses.asdict(info)
+    if isinstance(info, dict):
+        return {str(k): _plain(v) for k, v in info.items()}
+    if isinstance(info, (list, tuple)):
+        return [_plain(v) for v in info]
+    if isinstance(info, (str, int, float, bool)) or info is None:
+        return info
+    return repr(info)

@@ -1,0 +1,295 @@
+"""The ``e2mc analyze`` workflow: checkpoints in, statistics + figures + report out.
+
+The first run is *before* (e.g. the official base model), the others are *after* runs (continued,
++E2MC, ...); every run is evaluated on the same seeded sample of images, so the paired figures
+show the same points moving.
+
+Projector embeddings: a method need not expose its projector alone, so the embedding of an image
+is taken from the method itself, called in eval mode under ``no_grad`` on two identical
+(eval-transformed) views of the image: ``method([x, x]).embeddings[0]``. Backbone features are
+``method.backbone(x)``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from e2mc.diagnostics.figures import (
+    plot_accuracy_curves,
+    plot_loss_terms,
+    plot_marginal_pair,
+    plot_nn_histograms,
+)
+from e2mc.diagnostics.report import RunDiagnostics, write_report
+from e2mc.diagnostics.statistics import (
+    embedding_statistics,
+    marginal_values,
+    nearest_neighbor_distances,
+)
+
+_EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
+FEATURES = "backbone features"
+EMBEDDINGS = "projector embeddings"
+
+#: ``path -> (backbone, method or None, info)``; the method is None for backbone-only files.
+Loader = Callable[[Path], tuple[nn.Module, nn.Module | None, dict[str, Any]]]
+
+
+@dataclass
+class RunSource:
+    """Where a run's files are: the checkpoint to analyse, its per-epoch checkpoints (for the
+    accuracy curve) and its ``metrics.jsonl`` (for the loss curves), when present."""
+
+    name: str
+    checkpoint: Path
+    metrics: Path | None = None
+    epoch_checkpoints: list[tuple[int, Path]] = field(default_factory=list)
+
+
+def resolve_run(path: str | Path) -> RunSource:
+    """A run directory (``checkpoint.pt`` or else its latest ``checkpoints/epoch_XXXX.pt``, plus
+    ``metrics.jsonl``) or a checkpoint file."""
+    path = Path(path)
+    if path.is_file():
+        return RunSource(path.stem, path)
+    if not path.is_dir():
+        raise ValueError(f"{path} is neither a run directory nor a checkpoint file")
+    epochs = sorted(
+        (int(m.group(1)), p) for p in (path / "checkpoints").glob("epoch_*.pt")
+        if (m := _EPOCH_FILE.match(p.name)))
+    latest = path / "checkpoint.pt"
+    if not latest.is_file():
+        if not epochs:
+            raise ValueError(f"run directory {path} has no checkpoint.pt and no "
+                             "checkpoints/epoch_XXXX.pt")
+        latest = epochs[-1][1]
+    metrics = path / "metrics.jsonl"
+    return RunSource(path.resolve().name, latest, metrics if metrics.is_file() else None, epochs)
+
+
+def _unique_names(sources: Sequence[RunSource]) -> None:
+    seen: dict[str, int] = {}
+    for src in sources:
+        count = seen.get(src.name, 0)
+        seen[src.name] = count + 1
+        if count:
+            src.name = f"{src.name}-{count + 1}"
+
+
+def default_loader(trust: bool = False) -> Loader:
+    """Load a full method with :func:`e2mc.checkpoints.load_checkpoint`; files that hold only a
+    backbone fall back to :func:`e2mc.checkpoints.load_backbone` (features only)."""
+    from e2mc.checkpoints import load_backbone, load_checkpoint
+    from e2mc.checkpoints.io import UntrustedCheckpointError
+    from e2mc.checkpoints.strict import CheckpointMismatchError
+
+    def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
+        try:
+            method, info = load_checkpoint(path, trust=trust)
+            return method.backbone, method, dict(info)
+        except (UntrustedCheckpointError, CheckpointMismatchError):
+            raise
+        except ValueError as err:
+            print(f"warning: {path}: no full method ({err}); analysing backbone features only",
+                  file=sys.stderr)
+            backbone, _, info = load_backbone(path, trust=trust)
+            return backbone, None, dict(info)
+
+    return load
+
+
+def input_channels(module: nn.Module) -> int:
+    """Input channels of the first convolution of ``module`` (3 if it has none)."""
+    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
+    return conv.in_channels if conv is not None else 3
+
+
+@torch.no_grad()
+def compute_vectors(
+    backbone: nn.Module,
+    method: nn.Module | None,
+    dataset: Dataset,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    desc: str = "features",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
+    ``[N, D]`` of every image of ``dataset``, in order, in eval mode; train/eval modes and
+    devices of the modules are restored afterwards. With a method, the features are those its
+    backbone produced for the first view inside ``method([x, x])`` (captured by a forward hook,
+    so the backbone does not run a third time)."""
+    from tqdm.auto import tqdm
+
+    device = torch.device(device)
+    modules = [m for m in (backbone, method) if m is not None]
+    states = [(m, m.training, next(m.parameters(), torch.empty(0)).device) for m in modules]
+    for m in modules:
+        m.eval().to(device)
+    feats, embs = [], []
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    captured: list[torch.Tensor] = []
+    hook = None
+    if method is not None:  # the backbone's first output inside the method's forward
+        hook = backbone.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    try:
+        for images, _ in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            x = images.to(device)
+            if method is None:
+                feats.append(backbone(x).float().cpu())
+                continue
+            captured.clear()
+            embs.append(method([x, x]).embeddings[0].float().cpu())
+            if not captured:  # the method does not call its backbone module directly
+                captured.append(backbone(x))
+            feats.append(captured[0].float().cpu())
+    finally:
+        if hook is not None:
+            hook.remove()
+        for m, training, dev in states:
+            m.train(training).to(dev)
+    return torch.cat(feats), (torch.cat(embs) if method is not None else None)
+
+
+def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
+    n = len(dataset)  # type: ignore[arg-type]
+    if num_samples is None or num_samples >= n:
+        return dataset
+    gen = torch.Generator().manual_seed(seed)
+    return Subset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values.tolist())
+
+
+def _knn_accuracy(backbone: nn.Module, train: Dataset, test: Dataset, k: int, batch_size: int,
+                  device: str, progress: bool) -> float:
+    import numpy as np
+
+    from e2mc.evaluation import extract_features
+    from e2mc.evaluation.knn import knn_classify
+
+    tr_x, tr_y = extract_features(backbone, train, batch_size, device, progress=progress)
+    te_x, te_y = extract_features(backbone, test, batch_size, device, progress=progress)
+    classes = int(max(np.max(tr_y), np.max(te_y))) + 1
+    result = knn_classify(tr_x, tr_y, te_x, te_y, ks=(min(k, len(tr_x)),), num_classes=classes)
+    return float(result[0].top1)
+
+
+def analyze(
+    runs: Sequence[str | Path],
+    data: str,
+    out_dir: str | Path,
+    *,
+    split: str = "test",
+    num_samples: int | None = 2048,
+    image_size: int | None = None,
+    batch_size: int = 256,
+    device: str = "cpu",
+    knn_k: int = 100,
+    seed: int = 0,
+    accuracy_curve: bool = False,
+    accuracy_train_samples: int = 5000,
+    accuracy_knn_k: int = 20,
+    loader: Loader | None = None,
+    progress: bool = True,
+) -> tuple[Path, Path]:
+    """Analyse ``runs`` (first = before) on ``num_samples`` seeded images of ``data``/``split``
+    and write ``out_dir/{diagnostics.json, report.html, *.png}``; return the JSON and HTML paths.
+
+    ``image_size``: the eval transform size (default: the images' own size when at most 64 px,
+    else 224). ``accuracy_curve``: kNN top-1 (``accuracy_knn_k`` neighbours, on
+    ``accuracy_train_samples`` training images) of every per-epoch checkpoint of every run.
+    """
+    from e2mc.data import build_dataset, eval_transform
+
+    if not runs:
+        raise ValueError("analyze needs at least one run or checkpoint")
+    sources = [resolve_run(r) for r in runs]
+    _unique_names(sources)
+    load = loader or default_loader()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    loaded = [load(src.checkpoint) for src in sources]
+    channels = input_channels(loaded[0][0])
+    if image_size is None:
+        first = build_dataset(data, split)[0][0]
+        image_size = min(first.size) if max(first.size) <= 64 else 224
+    dataset = _sample(build_dataset(data, split, eval_transform(image_size, channels)),
+                      num_samples, seed)
+    if len(dataset) <= knn_k:  # type: ignore[arg-type]
+        raise ValueError(f"{len(dataset)} samples are too few for the {knn_k}-th neighbour; "
+                         "use more --num-samples or a smaller --knn-k")
+
+    reports: list[RunDiagnostics] = []
+    compact, standardized, nn_feat, nn_emb = {}, {}, {}, {}
+    for src, (backbone, method, info) in zip(sources, loaded, strict=True):
+        feats, embs = compute_vectors(backbone, method, dataset, batch_size, device, progress,
+                                      desc=src.name)
+        stats = {}
+        nn_f = nearest_neighbor_distances(feats, knn_k)
+        stats[FEATURES] = embedding_statistics(feats, "standardized", k=knn_k, seed=seed,
+                                               nn_distances=nn_f)
+        nn_feat[src.name] = nn_f
+        standardized[src.name] = marginal_values(feats, "standardized")
+        if embs is not None:
+            space = method.compact_space  # type: ignore[union-attr]
+            nn_e = nearest_neighbor_distances(embs, knn_k)
+            stats[EMBEDDINGS] = embedding_statistics(embs, space, k=knn_k, seed=seed,
+                                                     nn_distances=nn_e)
+            compact[src.name] = marginal_values(embs, space)
+            nn_emb[src.name] = nn_e
+        info = {k: v for k, v in info.items() if isinstance(v, str | int | float | bool)}
+        run = RunDiagnostics(src.name, str(src.checkpoint), stats, info)
+        if src.metrics is not None:
+            run.figures.append(("loss terms", plot_loss_terms(
+                src.metrics, out / f"loss_{src.name}.png", title=src.name)))
+        reports.append(run)
+
+    figures = []
+    names = [s.name for s in sources]
+    use_embeddings = len(compact) == len(sources)
+    # When some run has no method, the figures compare backbone features (standardised).
+    vectors = compact if use_embeddings else standardized
+    nn_dists = nn_emb if use_embeddings else nn_feat
+    kind = EMBEDDINGS if use_embeddings else FEATURES
+    dims = {v.shape[1] for v in vectors.values()}
+    if len(dims) == 1 and dims.pop() >= 2:
+        figures.append((f"2-D marginals of a random pair of {kind}, coloured by position in "
+                        f"{names[0]}", plot_marginal_pair(
+                            vectors[names[0]], {n: vectors[n] for n in names[1:]},
+                            out / "marginals.png", before_name=names[0], seed=seed)))
+    figures.append((f"distances to the 1st and {knn_k}th nearest neighbour ({kind}, cosine)",
+                    plot_nn_histograms({n: nn_dists[n] for n in names}, out / "nn_distances.png",
+                                       k=knn_k)))
+    if accuracy_curve and any(s.epoch_checkpoints for s in sources):
+        train = _sample(build_dataset(data, "train", eval_transform(image_size, channels)),
+                        accuracy_train_samples, seed)
+        curves = []
+        for src in sources:
+            if not src.epoch_checkpoints:
+                continue
+            epochs, accs = [], []
+            for epoch, path in src.epoch_checkpoints:
+                backbone = load(path)[0]
+                accs.append(_knn_accuracy(backbone, train, dataset, accuracy_knn_k, batch_size,
+                                          device, progress))
+                epochs.append(epoch)
+            curves.append((src.name, epochs, accs))
+        figures.append((f"kNN top-1 (k={accuracy_knn_k}) against epoch",
+                        plot_accuracy_curves(curves, out / "accuracy.png",
+                                             ylabel="kNN top-1 (%)")))
+        extra = {"accuracy": {n: {"epochs": e, "top1": a} for n, e, a in curves}}
+    else:
+        extra = {}
+    extra["settings"] = {"data": data, "split": split, "num_samples": len(dataset),
+                         "image_size": image_size, "channels": channels, "knn_k": knn_k,
+                         "seed": seed}
+    return write_report(out, reports, figures, title="e2mc diagnostics", extra=extra)

@@ -1,0 +1,228 @@
+"""The paper's diagnostic figures as PNG files (matplotlib, Agg backend, no display needed).
+
+- :func:`plot_marginal_pair`: 2-D marginal of a random pair of compact dimensions, before and
+  after (paper Fig. 2 and A.1).
+- :func:`plot_nn_histograms`: distances to the 1st and k-th nearest neighbour (paper Fig. 3).
+- :func:`plot_accuracy_curves`: accuracy against continued epoch, one line per run (paper Fig. 4).
+- :func:`plot_loss_terms`: loss terms over training from a run's ``metrics.jsonl``.
+
+Every function writes ``path`` at exactly ``figsize * dpi`` pixels (no tight bounding box) and
+returns the path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+#: Keys of a ``metrics.jsonl`` record that are coordinates, not loss terms.
+_COORDINATES = ("step", "epoch")
+
+
+def _as_numpy(a: object, name: str, ndim: int) -> np.ndarray:
+    arr = np.asarray(a.detach().cpu() if hasattr(a, "detach") else a, dtype=np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    return arr
+
+
+def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png")
+    plt.close(fig)
+    return path
+
+
+def _grid(count: int, max_cols: int = 3) -> tuple[int, int]:
+    cols = min(count, max_cols)
+    return math.ceil(count / cols), cols
+
+
+def choose_pair(dim: int, seed: int = 0) -> tuple[int, int]:
+    """A seeded random pair of distinct dimensions out of ``dim``."""
+    if dim < 2:
+        raise ValueError(f"need at least 2 dimensions for a pair, got {dim}")
+    i, j = np.random.default_rng(seed).choice(dim, size=2, replace=False)
+    return int(i), int(j)
+
+
+def position_colors(points: np.ndarray) -> np.ndarray:
+    """RGB colours ``[n, 3]`` encoding a 2-D position: red grows with x, blue with y (each
+    rescaled to its range), so that a point keeps its colour when it moves."""
+    pts = _as_numpy(points, "points", 2)
+    lo, hi = pts.min(0), pts.max(0)
+    u = (pts - lo) / np.where(hi > lo, hi - lo, 1.0)
+    return np.stack([u[:, 0], 0.35 + 0.3 * (1 - np.abs(u[:, 0] - u[:, 1])), u[:, 1]], axis=1)
+
+
+def plot_marginal_pair(
+    before: object,
+    after: Mapping[str, object],
+    path: str | Path,
+    *,
+    before_name: str = "before",
+    dims: tuple[int, int] | None = None,
+    seed: int = 0,
+    figsize: tuple[float, float] | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Scatter of compact dimensions ``dims`` (default: a seeded random pair) for ``before``
+    ``[n, d]`` and each ``after[name]`` ``[n, d]`` (the same images, same order), one panel each;
+    every point is coloured by its position *before*, so the panels show where points moved."""
+    b = _as_numpy(before, "before", 2)
+    runs = {name: _as_numpy(a, f"after[{name!r}]", 2) for name, a in after.items()}
+    for name, a in runs.items():
+        if a.shape != b.shape:
+            raise ValueError(f"after[{name!r}] has shape {a.shape}, before has {b.shape}; "
+                             "they must be the same images in the same order")
+    i, j = dims if dims is not None else choose_pair(b.shape[1], seed)
+    if not (0 <= i < b.shape[1] and 0 <= j < b.shape[1]) or i == j:
+        raise ValueError(f"dims must be two distinct indices below {b.shape[1]}, got {(i, j)}")
+    colors = position_colors(b[:, [i, j]])
+    panels = {before_name: b, **runs}
+    figsize = figsize or (4.0 * len(panels), 4.2)
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, squeeze=False)
+    size = max(1.0, 20.0 / math.sqrt(len(b) / 100))
+    for ax, (name, z) in zip(axes[0], panels.items(), strict=True):
+        ax.scatter(z[:, i], z[:, j], c=colors, s=size, linewidths=0)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(f"dim {i}")
+        ax.set_ylabel(f"dim {j}")
+        if z[:, [i, j]].min() >= 0 and z[:, [i, j]].max() <= 1:
+            ax.set_xlim(0, 1)
+            ax.set_ylim(0, 1)
+        ax.set_aspect("equal", adjustable="box")
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def plot_nn_histograms(
+    distances: Mapping[str, tuple[object, object]],
+    path: str | Path,
+    *,
+    k: int = 100,
+    bins: int = 60,
+    figsize: tuple[float, float] | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Histograms of the 1st- and k-th-NN distances, one panel per run (``name -> (first,
+    kth)``), with shared bins so panels compare directly; overlap means poor separability."""
+    if not distances:
+        raise ValueError("distances is empty")
+    data = {name: (_as_numpy(f, f"{name} first", 1), _as_numpy(s, f"{name} kth", 1))
+            for name, (f, s) in distances.items()}
+    everything = np.concatenate([np.concatenate(pair) for pair in data.values()])
+    lo, hi = float(everything.min()), float(everything.max())
+    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+    figsize = figsize or (4.0 * len(data), 3.4)
+    fig, axes = plt.subplots(1, len(data), figsize=figsize, squeeze=False, sharex=True)
+    for ax, (name, (first, kth)) in zip(axes[0], data.items(), strict=True):
+        ax.hist(first, bins=edges, alpha=0.6, color="tab:blue", label="1st NN")
+        ax.hist(kth, bins=edges, alpha=0.6, color="tab:orange", label=f"{k}th NN")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("distance")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("points")
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def plot_accuracy_curves(
+    runs: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+    path: str | Path,
+    *,
+    ylabel: str = "accuracy (%)",
+    figsize: tuple[float, float] = (6.0, 4.0),
+    dpi: int = 100,
+) -> Path:
+    """Accuracy against continued epoch, one line per ``(run name, epochs, accuracies)``."""
+    if not runs:
+        raise ValueError("runs is empty")
+    fig, ax = plt.subplots(figsize=figsize)
+    for name, epochs, accs in runs:
+        if len(epochs) != len(accs) or len(epochs) == 0:
+            raise ValueError(f"run {name!r}: {len(epochs)} epochs but {len(accs)} accuracies")
+        ax.plot(list(epochs), list(accs), marker="o", label=name)
+    ax.set_xlabel("continued epoch")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    """The records of a ``metrics.jsonl`` (one JSON object per line); blank lines are skipped."""
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object")
+            records.append(record)
+    return records
+
+
+def loss_terms(
+    records: Sequence[Mapping[str, object]],
+) -> dict[str, tuple[list[float], list[float]]]:
+    """``term -> (steps, values)`` for every numeric key other than ``step``/``epoch``, in the
+    order terms first appear. Records without ``step`` use their index."""
+    terms: dict[str, tuple[list[float], list[float]]] = {}
+    for index, record in enumerate(records):
+        step = record.get("step", index)
+        for key, value in record.items():
+            if key in _COORDINATES or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float) and math.isfinite(value):
+                steps, values = terms.setdefault(key, ([], []))
+                steps.append(float(step))  # type: ignore[arg-type]
+                values.append(float(value))
+    return terms
+
+
+def plot_loss_terms(
+    metrics: str | Path | Sequence[Mapping[str, object]],
+    path: str | Path,
+    *,
+    title: str | None = None,
+    figsize: tuple[float, float] | None = None,
+    dpi: int = 100,
+) -> Path:
+    """One small panel per logged term (their scales differ by orders of magnitude) against the
+    step, from a ``metrics.jsonl`` path or its parsed records."""
+    records = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
+    terms = loss_terms(records)
+    if not terms:
+        raise ValueError("no numeric loss terms found in the metrics")
+    rows, cols = _grid(len(terms))
+    figsize = figsize or (3.6 * cols, 2.6 * rows + (0.4 if title else 0.0))
+    fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False)
+    flat = axes.ravel()
+    for ax, (name, (steps, values)) in zip(flat, terms.items(), strict=False):
+        ax.plot(steps, values, lw=1.2)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in flat[len(terms):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path, dpi)

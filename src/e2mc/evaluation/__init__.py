@@ -1,0 +1,41 @@
+"""Evaluation of frozen or fine-tuned backbones and paired statistics (paper step 3, app. C).
+
+Protocols: linear probe on cached features (:func:`train_linear_probe`) or with per-epoch
+augmentation (:func:`train_augmented_linear_probe`), weighted kNN (:func:`knn_classify`),
+semi-supervised fine-tuning (:func:`finetune`), transfer with linear SVMs
+(:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.statistics`. Run directories and the
+comparison table: :mod:`e2mc.evaluation.results`.
+"""
+
+from __future__ import annotations
+
+from e2mc.evaluation.features import FeatureCache, extract_features
+from e2mc.evaluation.finetune import finetune
+from e2mc.evaluation.knn import KNNResult, knn_classify
+from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe, train_linear_probe
+from e2mc.evaluation.presets import (
+    FinetuneConfig,
+    LinearProbeConfig,
+    finetune_preset,
+    linear_preset,
+)
+from e2mc.evaluation.results import compare_runs, comparison_markdown, write_comparison
+from e2mc.evaluation.statistics import (
+    bootstrap_difference_ci,
+    cohens_d_paired,
+    compare_predictions,
+    mcnemar_test,
+    paired_permutation_test,
+)
+from e2mc.evaluation.subsets import stratified_subset
+from e2mc.evaluation.svm import VOC07_COSTS, SVMResult, svm_transfer
+from e2mc.evaluation.sweep import linear_sweep
+
+__all__ = [
+    "VOC07_COSTS", "FeatureCache", "FinetuneConfig", "KNNResult", "LinearProbeConfig",
+    "ProbeResult", "SVMResult", "bootstrap_difference_ci", "cohens_d_paired",
+    "compare_predictions", "compare_runs", "comparison_markdown", "extract_features",
+    "finetune", "finetune_preset", "knn_classify", "linear_preset", "linear_sweep",
+    "mcnemar_test", "paired_permutation_test", "stratified_subset", "svm_transfer",
+    "train_augmented_linear_probe", "train_linear_probe", "write_comparison",
+]

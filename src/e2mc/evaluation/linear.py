@@ -1,0 +1,251 @@
+"""Linear probes: on cached features (fast default) and with per-epoch augmentation.
+
+Protocol (METHOD.md §4): a linear layer on frozen pooled features, SGD momentum 0.9 (or LARS
+for SimSiam), cosine decay of the learning rate to 0 over the epochs (stepped per epoch, as the
+official scripts do), cross-entropy; top-1/top-5 on a held-out test set after every epoch, so
+both the last-epoch (reported by default: no test-set selection) and the best-epoch numbers
+(what the authors reported) are available.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from e2mc.evaluation.presets import LinearProbeConfig
+
+
+@dataclass
+class ProbeResult:
+    """Outcome of one probe run. Accuracies are percentages. ``predictions`` / ``top5`` are
+    the last epoch's per-test-image top-1 labels ``[N]`` and top-k labels ``[N, k]``;
+    ``best_predictions`` those of the best epoch."""
+
+    top1_last: float
+    top5_last: float
+    top1_best: float
+    top5_best: float
+    best_epoch: int
+    history: list[float] = field(default_factory=list)
+    predictions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top5: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    best_predictions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def metrics(self) -> dict[str, float | int]:
+        return {"top1_last": self.top1_last, "top5_last": self.top5_last,
+                "top1_best": self.top1_best, "top5_best": self.top5_best,
+                "best_epoch": self.best_epoch}
+
+
+def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int) -> float:
+    """Percentage of rows whose label is among the ``k`` largest logits (``k`` capped at the
+    number of classes)."""
+    k = min(k, logits.shape[1])
+    hit = (logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1)
+    return 100.0 * hit.float().mean().item()
+
+
+def _build_optimizer(params: list[nn.Parameter], config: LinearProbeConfig
+                     ) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    try:
+        from e2mc.optim import LARS  # type: ignore[attr-defined]
+    except ImportError as exc:  # pragma: no cover - depends on the installed package
+        raise ValueError("optimizer='lars' needs e2mc.optim.LARS, which is not available") from exc
+    return LARS(params, lr=config.lr, weight_decay=config.weight_decay,
+                momentum=config.momentum)
+
+
+class _LinearTrainer:
+    """Head, optimizer and per-epoch cosine schedule shared by both probe variants."""
+
+    def __init__(self, dim: int, num_classes: int, config: LinearProbeConfig,
+                 device: torch.device) -> None:
+        self.head = nn.Linear(dim, num_classes).to(device)
+        nn.init.normal_(self.head.weight, std=0.01)
+        nn.init.zeros_(self.head.bias)
+        self.optimizer = _build_optimizer(list(self.head.parameters()), config)
+        self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer,
+                                                                    T_max=config.epochs)
+        self.loss = nn.CrossEntropyLoss()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        loss = self.loss(self.head(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+        return torch.cat([self.head(x[i:i + chunk]) for i in range(0, len(x), chunk)])
+
+
+class _Tracker:
+    """Per-epoch test accuracy, best epoch and the predictions that go with them."""
+
+    def __init__(self, test_y: torch.Tensor) -> None:
+        self.test_y = test_y
+        self.history: list[float] = []
+        self.best: tuple[float, float, int, torch.Tensor] | None = None
+        self.last: tuple[float, float, torch.Tensor] | None = None
+
+    def update(self, logits: torch.Tensor) -> None:
+        top1 = topk_accuracy(logits, self.test_y, 1)
+        top5 = topk_accuracy(logits, self.test_y, 5)
+        preds = logits.argmax(dim=1)
+        self.history.append(top1)
+        self.last = (top1, top5, logits.topk(min(5, logits.shape[1]), dim=1).indices)
+        if self.best is None or top1 > self.best[0]:
+            self.best = (top1, top5, len(self.history), preds)
+
+    def result(self) -> ProbeResult:
+        assert self.best is not None and self.last is not None
+        top5 = self.last[2].cpu().numpy()
+        return ProbeResult(top1_last=self.last[0], top5_last=self.last[1],
+                           top1_best=self.best[0], top5_best=self.best[1],
+                           best_epoch=self.best[2], history=self.history,
+                           predictions=top5[:, 0].copy(), top5=top5,
+                           best_predictions=self.best[3].cpu().numpy())
+
+
+def _check_arrays(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                  test_y: np.ndarray) -> None:
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(f"features must be [N, D] with the same D, got {train_x.shape} and "
+                         f"{test_x.shape}")
+    if train_y.shape != (len(train_x),) or test_y.shape != (len(test_x),):
+        raise ValueError("labels must be 1-D class indices, one per feature row; got "
+                         f"{train_y.shape} for {len(train_x)} and {test_y.shape} for "
+                         f"{len(test_x)} rows")
+    if len(train_x) == 0 or len(test_x) == 0:
+        raise ValueError("empty training or test set")
+
+
+def train_linear_probe(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    config: LinearProbeConfig | None = None,
+    seed: int = 0,
+    num_classes: int | None = None,
+    device: str | torch.device = "cpu",
+) -> ProbeResult:
+    """Train a linear classifier on fixed features; evaluate on the test set every epoch.
+
+    The features live on ``device`` as one tensor and mini-batches are drawn by indexing a
+    seeded permutation (no DataLoader). ``seed`` fixes the initialization and the batch order.
+    """
+    config = config or LinearProbeConfig()
+    train_y = np.asarray(train_y)
+    test_y = np.asarray(test_y)
+    _check_arrays(train_x, train_y, test_x, test_y)
+    device = torch.device(device)
+    num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
+    x = torch.as_tensor(train_x, dtype=torch.float32, device=device)
+    tx = torch.as_tensor(test_x, dtype=torch.float32, device=device)
+    if config.standardize:
+        mean, std = x.mean(dim=0), x.std(dim=0, unbiased=False).clamp_min(1e-6)
+        x, tx = (x - mean) / std, (tx - mean) / std
+    y = torch.as_tensor(train_y, dtype=torch.long, device=device)
+    ty = torch.as_tensor(test_y, dtype=torch.long, device=device)
+
+    torch.manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    trainer = _LinearTrainer(x.shape[1], num_classes, config, device)
+    tracker = _Tracker(ty)
+    for _ in range(config.epochs):
+        order = torch.randperm(len(x), generator=gen).to(device)
+        for start in range(0, len(x), config.batch_size):
+            idx = order[start:start + config.batch_size]
+            trainer.step(x[idx], y[idx])
+        trainer.scheduler.step()
+        tracker.update(trainer.logits(tx))
+    return tracker.result()
+
+
+def random_resized_crop_flip(images: torch.Tensor, generator: torch.Generator,
+                             scale: tuple[float, float] = (0.08, 1.0),
+                             ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
+    """Independent random resized crop (torchvision's sampling rule) and horizontal flip of
+    every image of a ``[B, C, H, W]`` batch, output at the input size. Works on any device, so
+    the augmentation of already-normalized tensors can run on the accelerator."""
+    from torchvision.transforms.v2 import functional as F
+
+    b, _, h, w = images.shape
+    out = torch.empty_like(images)
+    area = h * w
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for i in range(b):
+        top, left, ch, cw = 0, 0, h, w
+        for _ in range(10):
+            target = area * (scale[0] + (scale[1] - scale[0]) * torch.rand(1, generator=generator)
+                             .item())
+            aspect = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0])
+                              * torch.rand(1, generator=generator).item())
+            cw_try = int(round(math.sqrt(target * aspect)))
+            ch_try = int(round(math.sqrt(target / aspect)))
+            if 0 < cw_try <= w and 0 < ch_try <= h:
+                top = int(torch.randint(0, h - ch_try + 1, (1,), generator=generator))
+                left = int(torch.randint(0, w - cw_try + 1, (1,), generator=generator))
+                ch, cw = ch_try, cw_try
+                break
+        crop = F.resized_crop(images[i], top, left, ch, cw, [h, w], antialias=True)
+        if torch.rand(1, generator=generator).item() < 0.5:
+            crop = crop.flip(-1)
+        out[i] = crop
+    return out
+
+
+def train_augmented_linear_probe(
+    backbone: nn.Module,
+    train_dataset: Dataset,
+    test_features: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+    config: LinearProbeConfig | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    num_workers: int = 0,
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = random_resized_crop_flip,
+    progress: bool = True,
+) -> ProbeResult:
+    """The official linear protocol: the frozen backbone (eval mode, no gradients) sees a new
+    random resized crop + flip of every training image each epoch; the test set uses the fixed
+    ``test_features`` (centre/eval transform, e.g. from :class:`FeatureCache`). Slow: one
+    forward pass of the training set per epoch, meant for a GPU. ``train_dataset`` yields
+    eval-transformed tensors (pass a ``Subset`` for a label fraction)."""
+    from tqdm.auto import tqdm
+
+    config = config or LinearProbeConfig()
+    if config.standardize:
+        raise ValueError("standardize=True needs fixed features; use train_linear_probe")
+    device = torch.device(device)
+    backbone.eval().to(device)
+    torch.manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    loader = DataLoader(train_dataset, batch_size=config.batch_size, shuffle=True,
+                        num_workers=num_workers, generator=gen, drop_last=False,
+                        pin_memory=device.type == "cuda")
+    tx = torch.as_tensor(test_features, dtype=torch.float32, device=device)
+    ty = torch.as_tensor(np.asarray(test_labels), dtype=torch.long, device=device)
+    trainer = _LinearTrainer(tx.shape[1], num_classes, config, device)
+    tracker = _Tracker(ty)
+    for _ in tqdm(range(config.epochs), desc="augmented probe", disable=not progress):
+        for images, labels in loader:
+            images = augment(images.to(device, non_blocking=True), gen)
+            with torch.no_grad():
+                feats = backbone(images).float()
+            trainer.step(feats, torch.as_tensor(labels, device=device).long())
+        trainer.scheduler.step()
+        tracker.update(trainer.logits(tx))
+    return tracker.result()

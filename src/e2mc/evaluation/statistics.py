@@ -1,0 +1,164 @@
+"""Paired significance tests for two models evaluated on the same test images (paper, app. C).
+
+Inputs are per-image scores of model A and model B on the same images in the same order,
+usually correctness (1 = right, 0 = wrong). Conventions: ``n10`` = A right and B wrong,
+``n01`` = A wrong and B right; a positive difference means A is better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+#: Below this many discordant pairs McNemar uses the exact binomial test.
+EXACT_MCNEMAR_BELOW = 25
+
+
+def _paired(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"paired scores must be 1-D arrays of equal length, got {a.shape} "
+                         f"and {b.shape}")
+    if len(a) == 0:
+        raise ValueError("paired scores are empty")
+    return a, b
+
+
+def _binary(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _paired(a, b)
+    if not (np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all()):
+        raise ValueError("correctness vectors must contain only 0/1 (or booleans)")
+    return a.astype(bool), b.astype(bool)
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    n10: int
+    n01: int
+    statistic: float
+    p_value: float
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mcnemar_test(correct_a: np.ndarray, correct_b: np.ndarray, exact: bool | None = None,
+                 continuity: bool = False) -> McNemarResult:
+    """McNemar's test of equal error rates on paired correctness vectors.
+
+    ``exact=None`` picks the exact two-sided binomial test (``n10 ~ Bin(n10 + n01, 1/2)``,
+    statistic = ``n10``) when ``n10 + n01 < 25``, else the chi-square test with 1 degree of
+    freedom on ``(n01 - n10)^2 / (n01 + n10)`` (the paper's formula), or, with
+    ``continuity=True``, Edwards' ``(|n01 - n10| - 1)^2 / (n01 + n10)``. No discordant pair
+    gives ``p = 1``.
+    """
+    a, b = _binary(correct_a, correct_b)
+    n10 = int(np.sum(a & ~b))
+    n01 = int(np.sum(~a & b))
+    n = n10 + n01
+    use_exact = n < EXACT_MCNEMAR_BELOW if exact is None else exact
+    if n == 0:
+        return McNemarResult(n10, n01, 0.0, 1.0, "exact-binomial" if use_exact else "chi2")
+    if use_exact:
+        p = stats.binomtest(n10, n, 0.5, alternative="two-sided").pvalue
+        return McNemarResult(n10, n01, float(n10), float(p), "exact-binomial")
+    diff = abs(n01 - n10) - (1.0 if continuity else 0.0)
+    stat = max(diff, 0.0) ** 2 / n
+    return McNemarResult(n10, n01, float(stat), float(stats.chi2.sf(stat, df=1)),
+                         "chi2-continuity" if continuity else "chi2")
+
+
+def paired_permutation_test(scores_a: np.ndarray, scores_b: np.ndarray,
+                            n_resamples: int = 10_000, seed: int = 0,
+                            batch: int = 1000) -> float:
+    """Two-sided paired permutation (sign-flip) test of ``mean(a - b) = 0``.
+
+    Under the null, swapping A and B within a pair is as likely as not, so each difference
+    ``d_i`` keeps or flips its sign with probability 1/2. The ``2^N`` assignments cannot be
+    enumerated, so ``n_resamples`` random sign vectors are drawn with
+    ``numpy.random.default_rng(seed)`` and ``p = (1 + #{|sum s*d| >= |sum d|}) / (1 +
+    n_resamples)`` (the +1 correction keeps the Monte Carlo p-value valid, never 0). Pairs with
+    ``d_i = 0`` are unchanged by a flip and are dropped first. For 0/1 correctness the exact
+    value is the two-sided sign test on the discordant pairs; this estimate converges to it.
+    """
+    a, b = _paired(scores_a, scores_b)
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    d = a - b
+    d = d[d != 0]
+    if len(d) == 0:
+        return 1.0
+    observed = abs(d.sum())
+    rng = np.random.default_rng(seed)
+    hits = 0
+    # A relative tolerance so that sums equal to the observed one in exact arithmetic count.
+    tol = 1e-9 * max(1.0, observed)
+    for start in range(0, n_resamples, batch):
+        size = min(batch, n_resamples - start)
+        signs = rng.integers(0, 2, size=(size, len(d)), dtype=np.int8) * 2 - 1
+        hits += int(np.sum(np.abs(signs @ d) >= observed - tol))
+    return (hits + 1) / (n_resamples + 1)
+
+
+def cohens_d_paired(scores_a: np.ndarray, scores_b: np.ndarray) -> float:
+    """Cohen's d for paired samples (d_z): ``mean(a - b) / std(a - b, ddof=1)``. Zero when
+    the differences are all zero; +-inf when they are constant and non-zero."""
+    a, b = _paired(scores_a, scores_b)
+    if len(a) < 2:
+        raise ValueError("Cohen's d needs at least two pairs")
+    d = a - b
+    sd = d.std(ddof=1)
+    if sd == 0:
+        return 0.0 if d.mean() == 0 else float(np.sign(d.mean()) * np.inf)
+    return float(d.mean() / sd)
+
+
+def bootstrap_difference_ci(scores_a: np.ndarray, scores_b: np.ndarray,
+                            confidence: float = 0.95, n_resamples: int = 10_000,
+                            seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``mean(a) - mean(b)`` (accuracy difference for 0/1 scores),
+    resampling images with replacement (pairs kept together).
+
+    The mean of a resample depends only on how often each distinct difference value is drawn,
+    so resamples are drawn as multinomial counts over the distinct values of ``a - b`` (three
+    values for correctness): exact, and fast for any test-set size.
+    """
+    a, b = _paired(scores_a, scores_b)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    values, counts = np.unique(a - b, return_counts=True)
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(len(a), counts / len(a), size=n_resamples)
+    means = draws @ values / len(a)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def compare_predictions(pred_a: np.ndarray, pred_b: np.ndarray, labels: np.ndarray,
+                        n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """All paired statistics for two models' top-1 predictions on the same labelled images:
+    accuracies (percent), their difference, McNemar (automatic exact/chi-square), the
+    permutation p-value, Cohen's d and a 95% bootstrap CI of the difference (percent)."""
+    pred_a, pred_b, labels = (np.asarray(x) for x in (pred_a, pred_b, labels))
+    if not pred_a.shape == pred_b.shape == labels.shape:
+        raise ValueError(f"predictions and labels must have equal shapes, got {pred_a.shape}, "
+                         f"{pred_b.shape}, {labels.shape}")
+    ca = (pred_a == labels).astype(np.float64)
+    cb = (pred_b == labels).astype(np.float64)
+    low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
+    return {
+        "acc_a": 100 * ca.mean(), "acc_b": 100 * cb.mean(),
+        "difference": 100 * (ca.mean() - cb.mean()),
+        "mcnemar": mcnemar_test(ca, cb).to_dict(),
+        "permutation_p": paired_permutation_test(ca, cb, n_resamples=n_resamples, seed=seed),
+        "cohens_d": cohens_d_paired(ca, cb),
+        "bootstrap_ci95": [100 * low, 100 * high],
+    }

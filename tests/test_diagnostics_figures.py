@@ -1,0 +1,141 @@
+"""Figures are written at the requested pixel size with the requested content; the report
+embeds and names every figure and its JSON holds the numbers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from e2mc.diagnostics.figures import (
+    choose_pair,
+    loss_terms,
+    plot_accuracy_curves,
+    plot_loss_terms,
+    plot_marginal_pair,
+    plot_nn_histograms,
+    position_colors,
+    read_metrics,
+)
+from e2mc.diagnostics.report import STAT_ROWS, RunDiagnostics, write_report
+from e2mc.diagnostics.statistics import embedding_statistics, nearest_neighbor_distances
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the PNG header (IHDR chunk)."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def _metrics(path: Path) -> Path:
+    lines = [json.dumps({"step": s, "epoch": s // 5, "loss": 5.0 - 0.1 * s,
+                         "e2mc/entropy": -0.3 + 0.01 * s, "lr": 0.001, "done": False})
+             for s in range(20)]
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def compact() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.sigmoid(torch.randn(300, 6)), torch.rand(300, 6)
+
+
+def test_marginal_pair_size_and_dims(tmp_path, compact):
+    before, after = compact
+    path = plot_marginal_pair(before, {"e2mc": after, "continued": before}, tmp_path / "m.png",
+                              figsize=(9.0, 3.0), dpi=50)
+    assert png_size(path) == (450, 150)
+    assert path.stat().st_size > 2000
+    # The default size scales with the number of panels.
+    assert png_size(plot_marginal_pair(before, {"a": after}, tmp_path / "m2.png")) == (800, 420)
+    with pytest.raises(ValueError, match="same images"):
+        plot_marginal_pair(before, {"a": after[:10]}, tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="distinct"):
+        plot_marginal_pair(before, {"a": after}, tmp_path / "bad.png", dims=(2, 2))
+
+
+def test_pair_is_seeded_and_colours_follow_position():
+    assert choose_pair(10, seed=3) == choose_pair(10, seed=3)
+    assert len({choose_pair(10, seed=s) for s in range(10)}) > 1
+    i, j = choose_pair(2, seed=0)
+    assert {i, j} == {0, 1}
+    colors = position_colors(np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    assert colors.min() >= 0 and colors.max() <= 1
+    assert colors[1, 0] > colors[0, 0] and colors[2, 2] > colors[0, 2]  # red ~ x, blue ~ y
+    assert len({tuple(c) for c in colors}) == 4
+
+
+def test_nn_histograms_size(tmp_path, compact):
+    before, after = compact
+    dist = {"before": nearest_neighbor_distances(before, 20),
+            "after": nearest_neighbor_distances(after, 20)}
+    path = plot_nn_histograms(dist, tmp_path / "nn.png", k=20, dpi=80)
+    assert png_size(path) == (640, 272)  # default (4 * runs, 3.4) inches
+    assert path.stat().st_size > 2000
+
+
+def test_accuracy_curves_size_and_validation(tmp_path):
+    runs = [("e2mc", [0, 1, 2], [60.0, 61.5, 62.0]), ("continued", [0, 1, 2], [60.0, 60.1, 60.0])]
+    path = plot_accuracy_curves(runs, tmp_path / "acc.png", figsize=(5.0, 3.0), dpi=60)
+    assert png_size(path) == (300, 180)
+    with pytest.raises(ValueError, match="2 accuracies"):
+        plot_accuracy_curves([("x", [0, 1, 2], [1.0, 2.0])], tmp_path / "bad.png")
+
+
+def test_metrics_parsing_and_loss_terms_figure(tmp_path):
+    metrics = _metrics(tmp_path / "metrics.jsonl")
+    records = read_metrics(metrics)
+    assert len(records) == 20
+    terms = loss_terms(records)
+    assert list(terms) == ["loss", "e2mc/entropy", "lr"]  # not step/epoch, not booleans
+    steps, values = terms["loss"]
+    assert steps == [float(s) for s in range(20)]
+    assert values[3] == pytest.approx(4.7)
+    path = plot_loss_terms(metrics, tmp_path / "loss.png", dpi=50)
+    assert png_size(path) == (540, 130)  # 3 panels in one row: (3.6 * 3, 2.6) inches
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0, "loss": 1}\n{not json\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        read_metrics(bad)
+    with pytest.raises(ValueError, match="no numeric loss terms"):
+        plot_loss_terms([{"step": 0}, {"step": 1}], tmp_path / "none.png")
+
+
+def test_report_embeds_and_names_every_figure(tmp_path, compact):
+    before, after = compact
+    out = tmp_path / "report"
+    figs = [
+        ("2-D marginals", plot_marginal_pair(before, {"after": after}, out / "marginals.png")),
+        ("accuracy", plot_accuracy_curves([("a", [0, 1], [1.0, 2.0])], out / "accuracy.png")),
+    ]
+    loss = plot_loss_terms(_metrics(tmp_path / "metrics.jsonl"), out / "after_loss.png")
+    runs = [
+        RunDiagnostics("before", "base.pt",
+                       {"projector embeddings": embedding_statistics(before, "unit", k=10)}),
+        RunDiagnostics("after", "run/checkpoint.pt",
+                       {"projector embeddings": embedding_statistics(after, "unit", k=10)},
+                       info={"epoch": 3}, figures=[("loss terms", loss)]),
+    ]
+    json_path, html_path = write_report(out, runs, figs, title="t")
+    page = html_path.read_text(encoding="utf-8")
+    for _, png in [*figs, ("loss", loss)]:
+        assert base64.b64encode(png.read_bytes()).decode() in page  # self-contained
+        assert png.name in page
+    for label, _ in STAT_ROWS.values():
+        assert label.replace("<", "&lt;") in page
+    assert page.count("<table>") == 1 and "run/checkpoint.pt" in page
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    assert data["figures"] == {"2-D marginals": "marginals.png", "accuracy": "accuracy.png"}
+    assert [r["name"] for r in data["runs"]] == ["before", "after"]
+    got = data["runs"][1]["statistics"]["projector embeddings"]["effective_rank"]
+    assert got == pytest.approx(runs[1].statistics["projector embeddings"].effective_rank)
+    assert data["runs"][1]["figures"] == {"loss terms": "after_loss.png"}
+    with pytest.raises(ValueError, match="does not exist"):
+        write_report(out, runs, [("missing", out / "nope.png")])
