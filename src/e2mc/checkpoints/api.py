@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
@@ -69,21 +70,23 @@ def load_official(path_or_state_dict: PathOrState, method: str | None = None,
     return model, info  # type: ignore[return-value]
 
 
-def _classifier_keys(arch: str) -> set[str]:
+@functools.lru_cache(maxsize=16)
+def _classifier_keys(arch: str) -> frozenset[str]:
     """Keys of torchvision's full model that :func:`build_backbone` drops (the classifier)."""
     import torchvision.models as tvm
 
     with torch.device("meta"):
         full = set(getattr(tvm, arch)(weights=None).state_dict())
         kept = set(build_backbone(arch)[0].state_dict())
-    return full - kept
+    return frozenset(full - kept)
 
 
 def _load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any]
                                ) -> tuple[SSLMethod, list[str], dict[str, Any]]:
     hp = {**(infer_resnet(det.state_dict) or {}), **method_hparams}
     arch = hp.get("backbone", "resnet50")
-    dropped = sorted(k for k in det.state_dict if k in _classifier_keys(arch))
+    classifier = _classifier_keys(arch)
+    dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
     model = build_method(name, **hp)
     check_keys(model.backbone.state_dict(), sd, f"backbone only ({arch})",
@@ -131,7 +134,7 @@ def restore_optimizer_state(optimizer: torch.optim.Optimizer, method: nn.Module,
                 if v.shape != p.shape:
                     raise ValueError(f"optimizer state {k!r} of parameter {pos} has shape "
                                      f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
-                v = v.to(device=p.device, dtype=p.dtype)
+                v = v.to(device=p.device, dtype=p.dtype).contiguous()
             converted[k] = v
         optimizer.state[p] = converted
         restored += 1
@@ -206,7 +209,8 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     if spec is None:
         raise ValueError("cannot tell the architecture of this backbone state dict: pass arch= "
                          "(CLI --arch), or keep the <file>.json written by export-backbone")
-    dropped = sorted(k for k in det.state_dict if k in _classifier_keys(spec["backbone"]))
+    classifier = _classifier_keys(spec["backbone"])
+    dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
     backbone = load_strict(lambda: build_backbone(spec["backbone"], spec["small_images"],
                                                   spec["in_channels"])[0],

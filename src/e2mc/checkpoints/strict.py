@@ -49,7 +49,8 @@ def load_strict(build: Callable[[], nn.Module], state: Mapping[str, torch.Tensor
         model = build()
     expected = model.state_dict()
     check_keys(expected, state, fmt, to_file_name, unmapped)
-    cast: dict[str, Any] = {k: v.detach().to(dtype=expected[k].dtype) for k, v in state.items()}
+    cast: dict[str, Any] = {k: v.detach().to(dtype=expected[k].dtype).contiguous()
+                           for k, v in state.items()}
     model.load_state_dict(cast, strict=True, assign=True)
     still_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if still_meta:
