@@ -17,6 +17,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +45,34 @@ def measure(preset: str, base: Path, work: Path, args: argparse.Namespace, tag: 
     run_training(cfg, run_dir)
     rates = [m["images_per_s"] for m in read_metrics(run_dir)]
     return rates[args.warmup:]
+
+
+def embedding_dim(method: str, params: dict) -> int:
+    """Width of the embeddings the add-on sees (METHOD.md §2)."""
+    if method == "vicreg":
+        return int(str(params["projector"]).split("-")[-1])
+    return int(params["output_dim"] if method == "swav" else params["dim"])
+
+
+def addon_ms(preset: str, batch: int, repeats: int = 20) -> float:
+    """Median forward + backward time of the add-on alone on two random ``[batch, d]`` views:
+    a load-robust complement to the end-to-end comparison."""
+    from e2mc.addons import build_addon
+    from e2mc.training.run import build_addon_from_config
+
+    cfg = load_config(preset, [f"training.batch_size={batch}"])
+    method = build_method_from_config(cfg)
+    addon = build_addon_from_config(cfg, method) if cfg.addon.name != "none" else build_addon(
+        "none")
+    d = embedding_dim(cfg.method.name, cfg.method.params)
+    z = [torch.randn(batch, d, requires_grad=True) for _ in range(2)]
+    times = []
+    for i in range(repeats + 3):
+        start = time.perf_counter()
+        addon(z)["loss"].backward()
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
 
 
 def main() -> int:
@@ -78,6 +107,9 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in rates.items()}
     overhead = (med["none"] / med["e2mc"] - 1) * 100
     cfg = load_config(e2mc_preset)
+    batch = args.batch_size or cfg.training.batch_size
+    e2mc_ms = addon_ms(e2mc_preset, batch)
+    step_ms = batch / med["none"] * 1000
     result = {
         "method": args.method, "presets": [none_preset, e2mc_preset],
         "batch_size": args.batch_size or cfg.training.batch_size,
@@ -85,14 +117,18 @@ def main() -> int:
         "device": args.device, "threads": torch.get_num_threads(), "steps_timed_per_run":
         args.steps - args.warmup, "repeats": args.repeats, "images_per_s": rates,
         "median_images_per_s": med, "e2mc_overhead_percent": overhead,
-        "target_overhead_percent": 5.0, "machine": platform.platform(),
+        "target_overhead_percent": 5.0, "e2mc_addon_ms_per_step": e2mc_ms,
+        "step_ms_without_addon": step_ms,
+        "e2mc_addon_share_percent": e2mc_ms / step_ms * 100, "machine": platform.platform(),
         "torch": torch.__version__,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{'add-on':<8} {'median img/s':>13} {'min':>8} {'max':>8}  steps")
     for k, v in rates.items():
         print(f"{k:<8} {med[k]:>13.1f} {min(v):>8.1f} {max(v):>8.1f}  {len(v)}")
-    print(f"E2MC time overhead: {overhead:+.1f}% (target <= 5%); JSON: {args.out}")
+    print(f"E2MC time overhead end to end: {overhead:+.1f}% (target <= 5%)")
+    print(f"E2MC add-on alone: {e2mc_ms:.1f} ms per step = {e2mc_ms / step_ms * 100:.1f}% of a "
+          f"{step_ms:.0f} ms step; JSON: {args.out}")
     return 0
 
 
