@@ -324,3 +324,21 @@ def test_corrupt_image_is_named_or_skipped_and_counted(
     err = capsys.readouterr().err
     assert "15 images (1 unreadable skipped)" in err
     assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1]  # 15 // 8 batches
+
+
+def test_swav_resume_with_queue_is_exact(tmp_path: Path, tiny_data: Path) -> None:
+    stop_at = 4  # in the middle of epoch 1: the queue is full and in use
+    base = _base_checkpoint(tmp_path, "swav")
+    args = ["continue", "--config", PRESET["swav"], "--from", str(base), "--data",
+            str(tiny_data), "--epochs", "2", *TINY_MODEL, *METHOD_SETS["swav"]]
+    assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
+    parted = tmp_path / "parted"
+    assert _cli(*args, "--run-dir", str(parted), "--set", f"training.max_steps={stop_at}") == 0
+    assert torch.load(parted / "checkpoint.pt", weights_only=True)["step"] == stop_at
+    assert _cli(*args, "--run-dir", str(parted)) == 0
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    b = torch.load(parted / "checkpoint.pt", weights_only=True)
+    assert torch.equal(a["training_state"]["queue"], b["training_state"]["queue"])
+    assert a["training_state"]["use_the_queue"] == b["training_state"]["use_the_queue"]
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
