@@ -1,0 +1,24 @@
+"""``e2mc continue``: the paper's step 2, continue training a pre-trained model with its own loss
+plus an add-on criterion (E2MC, or ``none`` for the "continued" baseline)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from e2mc.training.run import add_run_arguments
+
+    parser = subparsers.add_parser(
+        "continue",
+        help="continue training a pre-trained SSL model with its loss plus an add-on (E2MC)",
+        description="Continue training an official (VICReg, SwAV, SimSiam) or e2mc checkpoint "
+                    "for --epochs more epochs with the preset's base loss and add-on.")
+    add_run_arguments(parser, "continue")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from e2mc.training.run import run_command
+
+    return run_command(args, "continue")

@@ -1,0 +1,26 @@
+"""Continued pre-training (the paper's step 2) and pre-training: typed run configuration, the
+trainer (AMP, DDP, exact resume), checkpoints and metric logging.
+
+Heavy modules are imported lazily so that ``e2mc --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from e2mc.training.config import RunConfig, load_config, preset_names, set_override
+
+__all__ = ["NonFiniteLossError", "RunConfig", "TrainResult", "Trainer", "load_config",
+           "preset_names", "run_training", "set_override"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Trainer", "TrainResult", "NonFiniteLossError"):
+        from e2mc.training import trainer
+
+        return getattr(trainer, name)
+    if name == "run_training":
+        from e2mc.training.run import run_training
+
+        return run_training
+    raise AttributeError(f"module 'e2mc.training' has no attribute {name!r}")

@@ -1,0 +1,329 @@
+"""Typed run configuration: dataclasses loaded from YAML presets with ``key.sub=value`` overrides.
+
+Every field has a type; values from YAML files and from ``--set`` are coerced to it, and an
+unknown key is a :class:`ValueError` that names it. The ``params`` sections are free-form keyword
+arguments handed to the method, add-on or optimizer builder (their own builders validate them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("constant", "cosine")
+LR_SCALINGS = ("none", "linear")
+MODES = ("continue", "pretrain")
+
+
+@dataclass
+class ModelConfig:
+    """The backbone (``e2mc.models.build_backbone``)."""
+
+    backbone: str = "resnet50"
+    small_images: bool = False
+    in_channels: int = 3
+
+
+@dataclass
+class MethodConfig:
+    """The SSL method (``e2mc.methods.build_method(name, **params)``)."""
+
+    name: str = "vicreg"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AddonConfig:
+    """The add-on criterion (``e2mc.addons.build_addon(name, **params)``); ``none`` = continued.
+
+    For ``e2mc`` the trainer fills ``space`` from the method's compact space and
+    ``batch_size_for_cov`` from the global batch size unless they are given here.
+    """
+
+    name: str = "none"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """Learning rate and schedule; the optimizer itself is the method's preset.
+
+    ``lr = base_lr * batch_size / 256`` with ``lr_scaling: linear`` (the authors' rule for VICReg
+    and SimSiam), ``lr = base_lr`` with ``none``. ``constant`` is how the continued runs were
+    trained; ``cosine`` (with linear warm-up) is for ``pretrain``. Parameter groups flagged
+    ``fix_lr`` by the method (SimSiam's predictor) keep their learning rate.
+    """
+
+    base_lr: float = 0.003
+    lr_scaling: str = "linear"
+    weight_decay: float = 1e-6
+    schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    final_lr_fraction: float = 0.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Training images and their views (``e2mc.data.build_dataset`` / ``build_views``).
+
+    ``recipe`` defaults to the method's own view recipe. ``limit`` keeps the first N images.
+    """
+
+    dataset: str | None = None
+    split: str = "train"
+    image_size: int = 224
+    channels: int = 3
+    recipe: str | None = None
+    num_workers: int = 0
+    skip_corrupt: bool = False
+    limit: int | None = None
+
+
+@dataclass
+class InitConfig:
+    """Where a ``continue`` run starts: an official or a project checkpoint.
+
+    ``base_epoch``: how many epochs the base model was trained (the method's epoch-dependent
+    behaviour, e.g. SwAV's queue, counts from there); ``None`` reads it from the checkpoint.
+    ``load_optimizer``: resume the checkpoint's optimizer state when it has one (VICReg's
+    momentum buffers, as the authors continued), keeping this run's learning rate.
+    """
+
+    checkpoint: str | None = None
+    trust: bool = False
+    base_epoch: int | None = None
+    load_optimizer: bool = True
+
+
+@dataclass
+class TrainingConfig:
+    """The loop. ``batch_size`` is global (split over the processes); ``epochs`` counts the
+    epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
+    checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
+    (1 is much faster on a busy shared CPU)."""
+
+    epochs: int = 10
+    batch_size: int = 512
+    seed: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    log_every: int = 10
+    checkpoint_every_steps: int = 0
+    keep_epoch_checkpoints: bool = True
+    skip_nonfinite: bool = False
+    max_steps: int | None = None
+    progress: bool = True
+    channels_last: bool = False
+    find_unused_parameters: bool = False
+    cpu_threads: int | None = None
+
+
+@dataclass
+class RunConfig:
+    """A whole run; ``mode`` is ``continue`` (the paper's step 2) or ``pretrain``."""
+
+    name: str = "run"
+    mode: str = "continue"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    addon: AddonConfig = field(default_factory=AddonConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def validate(self) -> None:
+        """Check the values whose range the types cannot express."""
+        _choice("mode", self.mode, MODES)
+        _choice("training.precision", self.training.precision, PRECISIONS)
+        _choice("optim.schedule", self.optim.schedule, SCHEDULES)
+        _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
+        for key, value in (("training.epochs", self.training.epochs),
+                           ("training.batch_size", self.training.batch_size),
+                           ("training.log_every", self.training.log_every),
+                           ("data.image_size", self.data.image_size),
+                           ("data.channels", self.data.channels)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+        if self.training.checkpoint_every_steps < 0:
+            raise ValueError("training.checkpoint_every_steps must be >= 0 (0 = off)")
+        if self.optim.base_lr <= 0:
+            raise ValueError(f"optim.base_lr must be > 0, got {self.optim.base_lr}")
+        if self.data.num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
+
+    @property
+    def lr(self) -> float:
+        """The peak learning rate after batch-size scaling."""
+        scale = self.training.batch_size / 256 if self.optim.lr_scaling == "linear" else 1.0
+        return self.optim.base_lr * scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+# --------------------------------------------------------------------------- coercion
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert ``value`` (from YAML or a ``--set`` string) to the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
+            if type(None) in args:
+                return None
+            raise ValueError(f"config key {key!r} may not be null")
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner[0])
+    if origin is dict or tp is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"config key {key!r} expects a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError(f"config key {key!r} expects a boolean, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ValueError(f"config key {key!r} expects {tp.__name__}, got {value!r}")
+        try:
+            if tp is int:
+                as_float = float(value)
+                if not as_float.is_integer():
+                    raise ValueError
+                return int(as_float)
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"config key {key!r} expects {tp.__name__}, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (Mapping, list)):
+            raise ValueError(f"config key {key!r} expects a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported config type {tp!r} for {key!r}")  # pragma: no cover
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _apply(obj: Any, data: Mapping[str, Any], prefix: str = "") -> None:
+    """Set the fields of dataclass ``obj`` from a nested mapping, coercing types."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"config section {prefix.rstrip('.') or '<root>'!r} must be a mapping")
+    hints = _hints(type(obj))
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in hints:
+            raise ValueError(_unknown(full, hints))
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _apply(current, value, prefix=f"{full}.")
+        else:
+            setattr(obj, key, _coerce(full, value, hints[key]))
+
+
+def _unknown(full: str, hints: Mapping[str, Any]) -> str:
+    section = full.rsplit(".", 1)[0] if "." in full else "the top level"
+    return (f"unknown config key {full!r}; valid keys in {section}: "
+            f"{', '.join(sorted(hints))}")
+
+
+def set_override(cfg: RunConfig, assignment: str) -> None:
+    """Apply one ``key.sub=value`` override. ``params`` sections accept any sub-key, whose value
+    is parsed as YAML (``addon.params.beta=1000``)."""
+    if "=" not in assignment:
+        raise ValueError(f"override {assignment!r} must look like key.sub=value")
+    key, raw = assignment.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        hints = _hints(type(obj))
+        if part not in hints:
+            raise ValueError(_unknown(".".join(parts[: i + 1]), hints))
+        current = getattr(obj, part)
+        last = i == len(parts) - 1
+        if dataclasses.is_dataclass(current):
+            if last:
+                raise ValueError(f"config key {key!r} is a section; set one of its keys")
+            obj = current
+            continue
+        if isinstance(current, dict) and not last:
+            rest = ".".join(parts[i + 1:])
+            current[rest] = yaml.safe_load(raw)
+            return
+        if not last:
+            raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} has no sub-keys")
+        setattr(obj, part, _coerce(key, raw, hints[part]))
+        return
+
+
+# --------------------------------------------------------------------------- presets
+def preset_names() -> list[str]:
+    """Names of the presets shipped in ``e2mc/configs``."""
+    root = resources.files("e2mc") / "configs"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _preset_text(name_or_path: str) -> str:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ValueError(f"config file {name_or_path!r} does not exist")
+        return path.read_text()
+    resource = resources.files("e2mc") / "configs" / f"{name_or_path}.yaml"
+    if not resource.is_file():
+        raise ValueError(f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())}")
+    return resource.read_text()
+
+
+def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """Build a :class:`RunConfig` from a preset name or YAML file, then apply ``overrides``."""
+    cfg = RunConfig()
+    if name_or_path is not None:
+        data = yaml.safe_load(_preset_text(name_or_path)) or {}
+        _apply(cfg, data)
+    for assignment in overrides:
+        set_override(cfg, assignment)
+    cfg.validate()
+    return cfg
+
+
+def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
+    """Rebuild a config from :meth:`RunConfig.to_dict` output (e.g. a checkpoint's copy)."""
+    cfg = RunConfig()
+    _apply(cfg, data)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,102 @@
+"""Data order and augmentation randomness as pure functions of (seed, epoch, sample).
+
+Resuming mid-epoch gives exactly the batches and augmentations of an uninterrupted run, whatever
+the number of loader workers: the permutation of an epoch is drawn from ``seed + epoch``, and
+every sample is transformed under generators seeded from ``(seed, epoch, index)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 32-bit seed for one sample's augmentations (numpy ``SeedSequence`` mixing)."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Yields this process's share of every global batch as ``[(index, sample_seed), ...]``.
+
+    Epoch ``e`` shuffles the ``n`` indices with ``torch.randperm`` seeded by ``seed + e`` and cuts
+    them into ``n // global_batch`` global batches (the remainder is dropped, so every step has the
+    configured batch size). Process ``rank`` takes rows ``[rank * B, (rank + 1) * B)`` of each
+    global batch, ``B = global_batch / world_size``: the global batches do not depend on the
+    number of processes. :meth:`set_epoch` chooses the epoch and the first batch to yield.
+    """
+
+    def __init__(self, n: int, global_batch: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1) -> None:
+        if global_batch % world_size:
+            raise ValueError(f"the batch size {global_batch} is not divisible by the "
+                             f"{world_size} processes")
+        if n < global_batch:
+            raise ValueError(f"the data set has {n} images, fewer than one batch of "
+                             f"{global_batch}")
+        self.n, self.global_batch, self.seed = n, global_batch, seed
+        self.rank, self.world_size = rank, world_size
+        self.local_batch = global_batch // world_size
+        self.epoch, self.start = 0, 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.n // self.global_batch
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        if not 0 <= start_batch <= self.steps_per_epoch:
+            raise ValueError(f"start_batch must be in [0, {self.steps_per_epoch}], "
+                             f"got {start_batch}")
+        self.epoch, self.start = epoch, start_batch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch - self.start
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g).tolist()
+        for b in range(self.start, self.steps_per_epoch):
+            lo = b * self.global_batch + self.rank * self.local_batch
+            rows = order[lo: lo + self.local_batch]
+            yield [(i, sample_seed(self.seed, self.epoch, i)) for i in rows]
+
+
+class SeededSamples(Dataset):
+    """Wraps a data set so that item ``(index, seed)`` is produced under generators seeded by
+    ``seed`` (torch, numpy, python), leaving the caller's generator states untouched."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, seed = key
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed)
+                return self.dataset[index]
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def collate_views(items: Sequence[Any]) -> list[torch.Tensor]:
+    """Stack per view: items are ``views`` or ``(views, label)``; returns ``[B, C, H, W]`` per
+    view (the labels are not needed for self-supervised training)."""
+    first = items[0]
+    labelled = isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], (list, tuple))
+    per_item = [it[0] for it in items] if labelled else list(items)
+    n_views = len(per_item[0])
+    if any(len(v) != n_views for v in per_item):
+        raise ValueError("every item must have the same number of views")
+    return [torch.stack([v[k] for v in per_item]) for k in range(n_views)]

@@ -1,0 +1,404 @@
+"""The training loop: base loss + add-on, AMP, DDP, logging, checkpoints, exact resume.
+
+One loop serves ``e2mc continue`` (the paper's step 2, METHOD.md §2) and ``e2mc pretrain``. The
+trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on called as
+``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from e2mc.training.checkpointing import (
+    load_training_checkpoint,
+    rng_state,
+    save_training_checkpoint,
+    set_rng_state,
+)
+from e2mc.training.config import RunConfig
+from e2mc.training.logging import MetricsLogger, truncate_metrics
+from e2mc.training.sampling import EpochBatchSampler, SeededSamples, collate_views
+
+CHECKPOINT = "checkpoint.pt"
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss term became NaN or infinite; the message names the term and the step."""
+
+
+@dataclass
+class Runtime:
+    """Where this process runs: device, rank, number of processes."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_runtime(device: str = "auto") -> Runtime:
+    """Pick the device and, under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment), join the
+    process group from the environment variables: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("training.device is cuda but no CUDA device is available")
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    return Runtime(device=dev, rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
+              final_fraction: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): ``constant``
+    is 1 throughout; ``cosine`` warms up linearly over ``warmup_steps`` and then decays to
+    ``final_fraction`` at ``total_steps``."""
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(total_steps - warmup_steps, 1)
+    progress = min((step - warmup_steps) / span, 1.0)
+    return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every process, in rank order. Serialised with ``torch.save`` first (tensors
+    inside ``all_gather_object`` payloads fail to unpickle) and read back weights-only."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, buffer.getvalue())
+    return [torch.load(io.BytesIO(b), weights_only=True) for b in gathered]
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method."""
+
+    run_epoch: int
+    step: int
+    skipped_steps: int
+    completed: bool
+    checkpoint: Path | None
+    last_metrics: dict[str, float]
+    method: nn.Module | None = None
+
+
+class Trainer:
+    """Trains ``method`` (+ ``addon``) on ``dataset`` as ``cfg.training`` says, in ``run_dir``.
+
+    ``dataset[i]`` yields the views of image ``i`` (``views`` or ``(views, label)``).
+    ``base_epoch``: epochs the starting weights were trained (continued runs), added to the
+    epoch and iteration numbers the method's hooks receive. If ``run_dir/checkpoint.pt`` exists
+    the run resumes from it.
+    """
+
+    def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
+                 run_dir: str | Path, runtime: Runtime | None = None, base_epoch: int = 0,
+                 collate_fn: Any = None,
+                 prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None
+                 ) -> None:
+        self.cfg = cfg
+        self.tc = cfg.training
+        self.run_dir = Path(run_dir)
+        self.rt = runtime or init_runtime(self.tc.device)
+        self.method = method
+        self.addon = addon
+        self.base_epoch = base_epoch
+        self.prepare_optimizer = prepare_optimizer
+        self._pending_training_state: dict[str, Any] | None = None
+        if self.tc.precision == "fp16" and self.rt.device.type != "cuda":
+            raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
+        self.sampler = EpochBatchSampler(len(dataset), self.tc.batch_size, seed=self.tc.seed,
+                                         rank=self.rt.rank, world_size=self.rt.world_size)
+        workers = cfg.data.num_workers
+        self.loader = DataLoader(
+            SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
+            collate_fn=collate_fn or collate_views, pin_memory=self.rt.device.type == "cuda",
+            persistent_workers=workers > 0)
+        self._setup_model()
+
+    # ------------------------------------------------------------------ setup
+    def _setup_model(self) -> None:
+        method, rt = self.method, self.rt
+        if rt.distributed and getattr(method, "sync_batchnorm", False):
+            if rt.device.type == "cuda":
+                method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+            elif rt.is_main:
+                print("note: SyncBatchNorm needs CUDA; using per-process BatchNorm on CPU",
+                      file=sys.stderr)
+        method.to(rt.device)
+        self.addon.to(rt.device)
+        if self.tc.channels_last:
+            method.to(memory_format=torch.channels_last)
+        self.method = method
+        self.optimizer = method.build_optimizer(lr=self.cfg.lr,
+                                                weight_decay=self.cfg.optim.weight_decay,
+                                                **self.cfg.optim.params)
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.scaler = torch.amp.GradScaler(rt.device.type,
+                                           enabled=self.tc.precision == "fp16")
+        self.model: nn.Module = method
+        if rt.distributed:
+            ids = [rt.device.index] if rt.device.type == "cuda" else None
+            self.model = nn.parallel.DistributedDataParallel(
+                method, device_ids=ids, find_unused_parameters=self.tc.find_unused_parameters)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    def _autocast(self) -> Any:
+        if self.tc.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.tc.precision == "bf16" else torch.float16
+        return torch.autocast(self.rt.device.type, dtype=dtype)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _state(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int
+               ) -> dict[str, Any]:
+        rngs: list[Any] = [rng_state()]
+        method_states: list[Any] = [self.method.training_state()]
+        if self.rt.distributed:  # per-process states (RNG, SwAV's queue shard)
+            rngs, method_states = zip(*_gather_objects((rngs[0], method_states[0])),
+                                      strict=True)
+        return {
+            "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+            "epoch": self.base_epoch + run_epoch, "run_epoch": run_epoch, "step": step,
+            "batch_in_epoch": batch_in_epoch, "base_epoch": self.base_epoch,
+            "skipped_steps": skipped, "rng": list(rngs),
+            "training_state": method_states[0], "training_states": list(method_states),
+            "addon": {"name": self.cfg.addon.name, "state": self.addon.state_dict()},
+            "run_config": self.cfg.to_dict(), "world_size": self.rt.world_size,
+        }
+
+    def _save(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int) -> Path:
+        state = self._state(run_epoch, step, batch_in_epoch, skipped)  # collective under DDP
+        path = self.run_dir / CHECKPOINT
+        if self.rt.is_main:
+            save_training_checkpoint(path, self.method, **state)
+        return path
+
+    def _save_epoch_copy(self, run_epoch: int) -> None:
+        """Model-only checkpoint ``checkpoints/epoch_XXXX.pt`` (for accuracy-vs-epoch curves)."""
+        if self.rt.is_main and self.tc.keep_epoch_checkpoints:
+            save_training_checkpoint(
+                self.run_dir / "checkpoints" / f"epoch_{run_epoch:04d}.pt", self.method,
+                epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
+                base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
+
+    def _resume(self) -> tuple[int, int, int]:
+        """Load ``checkpoint.pt`` if present; returns ``(run_epoch, step, skipped)``."""
+        path = self.run_dir / CHECKPOINT
+        if not path.exists():
+            if self.prepare_optimizer is not None:
+                self.prepare_optimizer(self.optimizer)
+            return 0, 0, 0
+        ckpt = load_training_checkpoint(path, getattr(self.method, "name", ""))
+        saved_batch = ckpt["run_config"]["training"]["batch_size"]
+        if saved_batch != self.tc.batch_size:
+            raise ValueError(f"{path} was trained with batch size {saved_batch}, this run has "
+                             f"{self.tc.batch_size}; resume with the same batch size")
+        self.method.load_state_dict(ckpt["model"], strict=True)
+        states = ckpt.get("training_states") or [ckpt.get("training_state") or {}]
+        self._pending_training_state = (states[self.rt.rank] if len(states) == self.rt.world_size
+                                        else states[0])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        addon_state = ckpt.get("addon", {}).get("state")
+        if addon_state:
+            self.addon.load_state_dict(addon_state)
+        self.base_epoch = int(ckpt.get("base_epoch", self.base_epoch))
+        rngs = ckpt["rng"]
+        set_rng_state(rngs[self.rt.rank] if len(rngs) == self.rt.world_size else rngs[0])
+        if self.rt.is_main:
+            truncate_metrics(self.run_dir, int(ckpt["step"]))
+            print(f"resuming from {path}: epoch {ckpt['run_epoch']}, "
+                  f"batch {ckpt['batch_in_epoch']}, step {ckpt['step']}", file=sys.stderr)
+        return int(ckpt["run_epoch"]), int(ckpt["step"]), int(ckpt.get("skipped_steps", 0))
+
+    def _enter_epoch(self, run_epoch: int, mid_epoch: bool) -> None:
+        """``method.set_epoch`` and, after a resume, the method's saved training state in the
+        order an uninterrupted run would have produced it: a checkpoint written mid-epoch was
+        taken after ``set_epoch`` of its epoch, one written at an epoch's end before it."""
+        pending, self._pending_training_state = self._pending_training_state, None
+        if pending is not None and not mid_epoch:
+            self.method.load_training_state(pending)
+        self.method.set_epoch(self.base_epoch + run_epoch)
+        if pending is not None and mid_epoch:
+            self.method.load_training_state(pending)
+
+    # ------------------------------------------------------------------ one step
+    def _set_lr(self, step: int) -> float:
+        total = self.tc.epochs * self.steps_per_epoch
+        warmup = round(self.cfg.optim.warmup_epochs * self.steps_per_epoch)
+        factor = lr_factor(step, total, self.cfg.optim.schedule, warmup,
+                           self.cfg.optim.final_lr_fraction)
+        for group in self.optimizer.param_groups:
+            if not group.get("fix_lr", False):
+                group["lr"] = group["initial_lr"] * factor
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _forward(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Base loss under autocast, add-on in float32; returns ``loss`` and the named terms."""
+        with self._autocast():
+            out = self.model(views)
+        embeddings = out.all_embeddings if getattr(self.addon, "uses_all_views", False) \
+            else out.embeddings
+        with torch.autocast(self.rt.device.type, enabled=False):
+            extra = self.addon([e.float() for e in embeddings])
+        base_loss = out.loss.float()
+        terms: dict[str, torch.Tensor] = {"loss": base_loss + extra["loss"].float(),
+                                          "base/loss": base_loss}
+        terms.update({f"base/{k}": v.detach().float() for k, v in out.terms.items()})
+        terms["addon/loss"] = extra["loss"]
+        terms.update({f"addon/{k}": v.detach().float() for k, v in extra.items() if k != "loss"})
+        return terms
+
+    def _first_nonfinite(self, terms: dict[str, torch.Tensor]) -> str | None:
+        """Name of the first non-finite term, agreed over all processes (``"?"``: another's)."""
+        values = torch.stack([t.detach().float().reshape(()) for t in terms.values()])
+        finite = torch.isfinite(values)
+        flag = (~finite).any().to(torch.int32).reshape(1)
+        if self.rt.distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not bool(flag.item()):
+            return None
+        bad = [name for name, ok in zip(terms, finite.tolist(), strict=True) if not ok]
+        return bad[0] if bad else "a term on another process"
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> TrainResult:
+        """Train until ``training.epochs`` run epochs are done (or ``training.max_steps``)."""
+        tc, rt = self.tc, self.rt
+        run_epoch, step, skipped = self._resume()
+        if rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        spe = self.steps_per_epoch
+        start_batch = step - run_epoch * spe
+        logger = MetricsLogger(self.run_dir, enabled=rt.is_main)
+        ckpt_path: Path | None = self.run_dir / CHECKPOINT if step else None
+        if step == 0 and run_epoch == 0:
+            self._save_epoch_copy(0)
+        last: dict[str, float] = {}
+        stopped = False
+        try:
+            while run_epoch < tc.epochs and not stopped:
+                self._enter_epoch(run_epoch, mid_epoch=start_batch > 0)
+                self.sampler.set_epoch(run_epoch, start_batch)
+                bar = self._bar(run_epoch, start_batch)
+                window_images, window_start = 0, time.perf_counter()
+                self.model.train()
+                for batch_idx, batch in enumerate(self.loader, start=start_batch):
+                    views = batch[0] if isinstance(batch, tuple) else batch
+                    iteration = self.base_epoch * spe + step
+                    lr = self._set_lr(step)
+                    self.method.before_step(iteration)
+                    views = [v.to(rt.device, non_blocking=True) for v in views]
+                    if tc.channels_last:
+                        views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+                    terms = self._forward(views)
+                    bad = self._first_nonfinite(terms)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if bad is not None:
+                        where = (f"{bad} is not finite at step {step + 1} (epoch {run_epoch}, "
+                                 f"batch {batch_idx})")
+                        if not tc.skip_nonfinite:
+                            raise NonFiniteLossError(
+                                f"{where}; stopping (the last checkpoint is kept; "
+                                f"--skip-nonfinite skips such steps)")
+                        skipped += 1
+                        if rt.is_main:
+                            print(f"warning: {where}; step skipped ({skipped} so far)",
+                                  file=sys.stderr)
+                    else:
+                        self.scaler.scale(terms["loss"]).backward()
+                        if self.scaler.is_enabled():
+                            self.scaler.unscale_(self.optimizer)
+                        self.method.after_backward(iteration)
+                        self.scaler.step(self.optimizer)
+                        self.scaler.update()
+                    step += 1
+                    window_images += tc.batch_size
+                    if bar is not None:
+                        bar.update(1)
+                    if step % tc.log_every == 0 or batch_idx == spe - 1:
+                        elapsed = max(time.perf_counter() - window_start, 1e-9)
+                        last = {k: float(v.item()) for k, v in terms.items()}
+                        last.update(lr=lr, images_per_s=window_images / elapsed,
+                                    skipped_steps=skipped)
+                        logger.log(step, {"epoch": run_epoch, "batch": batch_idx, **last})
+                        if bar is not None:
+                            bar.set_postfix(self._postfix(last), refresh=False)
+                        window_images, window_start = 0, time.perf_counter()
+                    done_epoch = batch_idx == spe - 1
+                    if done_epoch:
+                        run_epoch += 1
+                    if tc.max_steps is not None and step >= tc.max_steps:
+                        stopped = True
+                    every = tc.checkpoint_every_steps
+                    if done_epoch or stopped or (every and step % every == 0):
+                        ckpt_path = self._save(run_epoch, step, step - run_epoch * spe, skipped)
+                        if done_epoch:
+                            self._save_epoch_copy(run_epoch)
+                    if stopped:
+                        break
+                if bar is not None:
+                    bar.close()
+                start_batch = 0
+        finally:
+            logger.close()
+        return TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
+                           completed=run_epoch >= tc.epochs, checkpoint=ckpt_path,
+                           last_metrics=last, method=self.method)
+
+    def _bar(self, run_epoch: int, start_batch: int) -> Any:
+        if not (self.rt.is_main and self.tc.progress):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.steps_per_epoch, initial=start_batch, unit="step",
+                    desc=f"epoch {run_epoch + 1}/{self.tc.epochs}", file=sys.stderr,
+                    dynamic_ncols=True, mininterval=1.0)
+
+    @staticmethod
+    def _postfix(metrics: dict[str, float]) -> dict[str, str]:
+        shown = {"img/s": f"{metrics['images_per_s']:.0f}", "loss": f"{metrics['loss']:.4g}"}
+        for key in ("base/loss", "addon/loss"):
+            shown[key.split("/")[0]] = f"{metrics[key]:.4g}"
+        return shown

@@ -1,0 +1,111 @@
+"""Run configuration: presets with the paper's values, typed overrides, unknown keys."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from e2mc.training.config import RunConfig, config_from_dict, load_config, preset_names
+
+PAPER = {  # METHOD.md §2: (method, addon, lr after scaling, weight decay, base epoch)
+    "vicreg-e2mc": ("vicreg", "e2mc", 0.003 * 512 / 256, 1e-6, 1000),
+    "vicreg-continued": ("vicreg", "none", 0.003 * 512 / 256, 1e-6, 1000),
+    "swav-e2mc": ("swav", "e2mc", 0.001, 1e-6, 800),
+    "swav-continued": ("swav", "none", 0.001, 1e-6, 800),
+    "swav-vcreg": ("swav", "vcreg", 0.001, 1e-6, 800),
+    "swav-uniformity": ("swav", "uniformity", 0.001, 1e-6, 800),
+    "swav-mmcr": ("swav", "mmcr", 0.001, 1e-6, 800),
+    "simsiam-e2mc": ("simsiam", "e2mc", 0.001 * 512 / 256, 1e-4, 100),
+    "simsiam-continued": ("simsiam", "none", 0.001 * 512 / 256, 1e-4, 100),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_presets(name: str) -> None:
+    method, addon, lr, wd, base_epoch = PAPER[name]
+    cfg = load_config(name)
+    assert (cfg.mode, cfg.method.name, cfg.addon.name) == ("continue", method, addon)
+    assert cfg.model.backbone == "resnet50" and not cfg.model.small_images
+    assert cfg.training.batch_size == 512 and cfg.training.epochs == 10
+    assert cfg.optim.schedule == "constant"
+    assert cfg.lr == pytest.approx(lr, rel=1e-12)
+    assert cfg.optim.weight_decay == wd
+    assert cfg.init.base_epoch == base_epoch
+    assert cfg.data.image_size == 224 and cfg.data.channels == 3
+
+
+def test_paper_coefficients() -> None:
+    e2mc = {n: load_config(n).addon.params for n in ("vicreg-e2mc", "swav-e2mc", "simsiam-e2mc")}
+    assert (e2mc["vicreg-e2mc"]["beta"], e2mc["vicreg-e2mc"]["gamma"]) == (1000, 100)
+    assert (e2mc["swav-e2mc"]["beta"], e2mc["swav-e2mc"]["gamma"]) == (1, 25)
+    assert (e2mc["simsiam-e2mc"]["beta"], e2mc["simsiam-e2mc"]["gamma"]) == (0.001, 0.01)
+    assert e2mc["vicreg-e2mc"]["space"] == "hypercube" and e2mc["vicreg-e2mc"]["eps"] == 1e-7
+    for n in ("swav-e2mc", "simsiam-e2mc"):
+        assert e2mc[n]["space"] == "hypersphere"
+        assert e2mc[n]["eps"] == pytest.approx(1.1920928955078125e-07)  # float32 eps
+    assert all(p["view_reduction"] == "mean" for p in e2mc.values())  # entropies averaged
+    assert load_config("swav-vcreg").addon.params == {"mu": 0.1, "nu": 0.001}
+    assert load_config("swav-uniformity").addon.params == {"lam": 0.5, "t": 2.0}
+    assert load_config("swav-mmcr").addon.params == {"lam": 0.005}
+    swav = load_config("swav-e2mc").method.params
+    assert (swav["queue_length"], swav["queue_start_epoch"], swav["n_prototypes"]) == (3584, 0,
+                                                                                       3000)
+    assert (swav["temperature"], swav["epsilon"], swav["sinkhorn_iterations"]) == (0.1, 0.05, 3)
+    sim = load_config("simsiam-e2mc")
+    assert sim.method.params["predictor_lr"] == 0.1 and sim.optim.params["momentum"] == 0.9
+    vic = load_config("vicreg-e2mc")
+    assert vic.optim.params["eta"] == 0.001 and vic.init.load_optimizer
+
+
+def test_every_preset_loads_and_small_presets_are_cpu_sized() -> None:
+    names = preset_names()
+    assert set(PAPER) <= set(names)
+    small = [n for n in names if n.startswith("fmnist-")]
+    assert {"fmnist-vicreg-pretrain", "fmnist-vicreg-continue-e2mc"} <= set(small)
+    for n in small:
+        cfg = load_config(n)
+        assert (cfg.data.dataset, cfg.data.image_size, cfg.model.in_channels) == ("builtin", 28,
+                                                                                  1)
+        assert cfg.model.backbone == "resnet18" and cfg.training.precision == "fp32"
+
+
+def test_overrides_are_coerced_to_the_field_types() -> None:
+    cfg = load_config("vicreg-e2mc", ["training.epochs=3", "optim.base_lr=1e-3",
+                                      "training.skip_nonfinite=yes", "init.base_epoch=null",
+                                      "addon.params.beta=10", "data.dataset=/x y",
+                                      "method.params.projector=64-64"])
+    assert cfg.training.epochs == 3 and isinstance(cfg.training.epochs, int)
+    assert cfg.optim.base_lr == 1e-3 and isinstance(cfg.optim.base_lr, float)
+    assert cfg.training.skip_nonfinite is True and cfg.init.base_epoch is None
+    assert cfg.addon.params["beta"] == 10 and cfg.addon.params["gamma"] == 100
+    assert cfg.data.dataset == "/x y" and cfg.method.params["projector"] == "64-64"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.epohs=3", "training.epohs"),
+    ("traning.epochs=3", "traning"),
+    ("training.epochs=three", "training.epochs"),
+    ("training.epochs=2.5", "training.epochs"),
+    ("training.skip_nonfinite=maybe", "training.skip_nonfinite"),
+    ("training.precision=fp8", "training.precision"),
+    ("training=3", "section"),
+    ("training.epochs", "key.sub=value"),
+])
+def test_bad_overrides_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        load_config("swav-e2mc", [override])
+
+
+def test_unknown_key_in_a_yaml_file(tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("training: {epochs: 2, learning_rate: 0.1}\n")
+    with pytest.raises(ValueError, match=r"training\.learning_rate"):
+        load_config(str(path))
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        load_config("nope")
+
+
+def test_resolved_config_round_trips_through_yaml() -> None:
+    cfg = load_config("swav-mmcr", ["training.seed=7"])
+    again = config_from_dict(yaml.safe_load(cfg.to_yaml()))
+    assert again == cfg and again != RunConfig()
