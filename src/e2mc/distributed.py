@@ -29,9 +29,16 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     Gradients flowing into the gathered tensor are summed across ranks and each rank receives the
     gradient of its own rows (``torch.distributed.nn.functional.all_gather``). Outside a
     process group this returns ``x`` unchanged. All ranks must hold the same number of rows.
+    Uses the functional collective ``all_gather_single_autograd`` where this torch has it, and
+    ``torch.distributed.nn.functional.all_gather`` (deprecated since torch 2.15) otherwise.
     """
     if not is_distributed():
         return x
+    import torch.distributed._functional_collectives as collectives
+
+    if hasattr(collectives, "all_gather_single_autograd"):
+        gathered = collectives.all_gather_single_autograd(x.contiguous(), 0, dist.group.WORLD)
+        return collectives.wait_tensor(gathered)
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x.contiguous()), dim=0)
