@@ -1,0 +1,136 @@
+"""``e2mc demo``: the paper's three stages on the shipped Fashion-MNIST subset, on a CPU.
+
+1. The base model: a VICReg ``cnn5_small`` checkpoint the package ships (made by
+   ``e2mc pretrain``; the command is in ``docs/demo.md``).
+2. Continued training from it with the add-on ``none`` ("continued") and with ``e2mc``.
+3. Linear probes at 1%, 10% and 100% labels (several label-subset seeds) and kNN on frozen
+   features of all three, paired McNemar / permutation tests against "continued", and the
+   diagnostics figures; the comparison table is printed at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from importlib import resources
+
+BASE_CHECKPOINT = Path(str(resources.files("e2mc") / "assets" / "demo_base_vicreg.pt"))
+DATA = "builtin"
+
+
+@dataclass
+class DemoSettings:
+    """What the demo runs; :meth:`quick` is the well-under-a-minute variant for tests."""
+
+    continued_epochs: int = 1
+    train_limit: int | None = None
+    test_limit: int | None = None
+    max_steps: int | None = None
+    fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    probe_epochs: int = 50
+    knn_k: tuple[int, ...] = (20, 200)
+    analyze_samples: int = 2000
+    overrides: list[str] = field(default_factory=list)
+
+    @classmethod
+    def quick(cls) -> DemoSettings:
+        return cls(continued_epochs=1, train_limit=512, test_limit=256, max_steps=2,
+                   fractions=(0.1, 1.0), seeds=(0,), probe_epochs=5, knn_k=(20,),
+                   analyze_samples=256)
+
+
+def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
+    from e2mc.training.config import load_config
+
+    preset = "fmnist-vicreg-continue-e2mc" if addon == "e2mc" else "fmnist-vicreg-continue"
+    overrides = [
+        "model.backbone=cnn5_small", f"data.dataset={DATA}", "data.num_workers=0",
+        f"training.epochs={settings.continued_epochs}", "training.keep_epoch_checkpoints=true",
+        "training.progress=true",
+    ]
+    if settings.train_limit is not None:
+        overrides.append(f"data.limit={settings.train_limit}")
+    if settings.max_steps is not None:
+        overrides.append(f"training.max_steps={settings.max_steps}")
+    cfg = load_config(preset, [*overrides, *settings.overrides])
+    cfg.init.checkpoint = str(base)
+    return cfg
+
+
+def evaluate_checkpoint(checkpoint: Path, out_dir: Path, settings: DemoSettings,
+                        cache_dir: Path) -> dict[str, Any]:
+    """Linear probes and kNN on frozen features of the checkpoint's backbone."""
+    from torch.utils.data import Subset
+
+    from e2mc.checkpoints import load_backbone
+    from e2mc.data import build_dataset, eval_transform
+    from e2mc.evaluation import FeatureCache
+    from e2mc.evaluation.runner import EvalOptions, run_evaluation
+
+    backbone, feature_dim, _ = load_backbone(checkpoint)
+    transform = eval_transform(28, 1)
+    train = build_dataset(DATA, "train", transform)
+    test = build_dataset(DATA, "test", transform)
+    if settings.train_limit is not None:
+        train = Subset(train, range(min(settings.train_limit, len(train))))
+    if settings.test_limit is not None:
+        test = Subset(test, range(min(settings.test_limit, len(test))))
+    options = EvalOptions(protocols=("linear", "knn"), fractions=settings.fractions,
+                          seeds=settings.seeds, method="vicreg", knn_k=settings.knn_k,
+                          linear_overrides={"epochs": settings.probe_epochs})
+    return run_evaluation(backbone, feature_dim, train, test, out_dir, options,
+                          data_id=f"{DATA}:{settings.train_limit}:{settings.test_limit}",
+                          checkpoint=checkpoint, cache=FeatureCache(cache_dir))
+
+
+def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
+             base_checkpoint: str | Path = BASE_CHECKPOINT, device: str = "cpu") -> Path:
+    """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
+    from e2mc.diagnostics.analyze import analyze
+    from e2mc.evaluation import compare_runs, comparison_markdown, write_comparison
+    from e2mc.training.run import run_training
+
+    settings = settings or DemoSettings()
+    out = Path(out_dir)
+    base = Path(base_checkpoint)
+    if not base.exists():
+        raise FileNotFoundError(f"base checkpoint not found: {base}")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    def stage(text: str) -> None:
+        print(f"\n[{time.perf_counter() - start:6.1f} s] {text}", flush=True)
+
+    checkpoints = {"base": base}
+    for addon, name in (("none", "continued"), ("e2mc", "e2mc")):
+        stage(f"continued training with add-on {addon!r} -> {out / name}")
+        cfg = continue_config(addon, base, settings)
+        cfg.training.device = device
+        result = run_training(cfg, out / name)
+        checkpoints[name] = Path(result.checkpoint)
+
+    eval_dirs = {}
+    for name, checkpoint in checkpoints.items():
+        stage(f"linear probes {list(settings.fractions)} x seeds {list(settings.seeds)} "
+              f"and kNN: {name}")
+        eval_dirs[name] = out / "eval" / name
+        evaluate_checkpoint(checkpoint, eval_dirs[name], settings, out / "feature-cache")
+
+    stage("paired comparison against 'continued'")
+    order = ["continued", "e2mc", "base"]
+    comparison = compare_runs([str(eval_dirs[n]) for n in order], names=order)
+    table_paths = write_comparison(comparison, out / "comparison")
+
+    stage("diagnostics (marginals, nearest-neighbour distances, loss terms)")
+    _, report = analyze([str(checkpoints["base"]), str(out / "continued"), str(out / "e2mc")],
+                        DATA, out / "analysis", num_samples=settings.analyze_samples,
+                        device=device, knn_k=min(100, settings.analyze_samples // 2))
+    stage("done")
+    print("\n" + comparison_markdown(comparison))
+    print(f"\ntables: {', '.join(str(p) for p in table_paths)}")
+    print(f"report: {report}")
+    return next(p for p in table_paths if p.suffix == ".md")

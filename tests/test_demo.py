@@ -1,0 +1,47 @@
+"""``e2mc demo``: the shipped base checkpoint loads, and the quick demo runs end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import e2mc
+from e2mc.demo import BASE_CHECKPOINT
+
+
+def test_shipped_base_checkpoint_loads_strictly() -> None:
+    from e2mc.checkpoints import load_checkpoint
+
+    method, info = load_checkpoint(BASE_CHECKPOINT)
+    assert method.name == "vicreg" and method.hparams["backbone"] == "cnn5_small"
+    assert info["format"] == "e2mc"
+    method.eval()
+    with torch.no_grad():
+        out = method([torch.randn(8, 1, 28, 28), torch.randn(8, 1, 28, 28)])
+    assert out.embeddings[0].shape == (8, 512)
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.slow
+def test_quick_demo_through_the_entry_point(tmp_path: Path) -> None:
+    src = str(Path(e2mc.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "e2mc", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (out / "comparison.md").read_text()
+    for row in ("continued", "e2mc", "base"):
+        assert row in table
+    assert "linear 10%" in table and "knn" in table
+    assert "report:" in proc.stdout and (out / "analysis" / "report.html").exists()
+    for name in ("continued", "e2mc"):
+        record = json.loads((out / "eval" / name / "results.json").read_text())
+        assert {e["protocol"] for e in record["entries"]} == {"linear", "knn"}
+        assert (out / name / "checkpoint.pt").exists()
