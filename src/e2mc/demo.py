@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
-
-from importlib import resources
 
 BASE_CHECKPOINT = Path(str(resources.files("e2mc") / "assets" / "demo_base_vicreg.pt"))
 DATA = "builtin"

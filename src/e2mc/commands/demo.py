@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "all three with linear probes (1%%, 10%%, 100%% labels) and kNN, test the differences, "
         "draw the diagnostics, and print the comparison table. A few minutes on a CPU.",
     )
-    parser.add_argument("--out", default="e2mc-demo", help="output directory (default: %(default)s)")
+    parser.add_argument("--out", default="e2mc-demo",
+                        help="output directory (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="a reduced run (well under a minute) to check the installation")
     parser.add_argument("--epochs", type=int, default=None,

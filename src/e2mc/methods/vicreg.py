@@ -9,26 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from e2mc.criterion import covariance_penalty
 from e2mc.distributed import gather_with_grad
 from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import vicreg_projector
 from e2mc.optim import LARS
-
-
-def off_diagonal_sq_sum(x: torch.Tensor, n_minus_one: float) -> torch.Tensor:
-    """``sum_{j != k} C_jk^2`` of ``C = x^T x / (n - 1)`` for a centred ``[n, d]`` batch.
-
-    When ``n < d`` it uses the ``n x n`` Gram matrix: ``||C||_F^2 = ||x x^T||_F^2 / (n-1)^2``
-    and ``C_jj = sum_i x_ij^2 / (n-1)``, avoiding the ``d x d`` matrix.
-    """
-    n, d = x.shape
-    if n < d:
-        gram = x @ x.T
-        diag = x.pow(2).sum(dim=0) / n_minus_one
-        return gram.pow(2).sum() / n_minus_one**2 - diag.pow(2).sum()
-    cov = (x.T @ x) / n_minus_one
-    return cov.pow(2).sum() - torch.diagonal(cov).pow(2).sum()
 
 
 def vicreg_loss(x: torch.Tensor, y: torch.Tensor, sim_coeff: float = 25.0,
@@ -54,7 +40,7 @@ def vicreg_loss(x: torch.Tensor, y: torch.Tensor, sim_coeff: float = 25.0,
     std_x = torch.sqrt(x.var(dim=0) + 0.0001)
     std_y = torch.sqrt(y.var(dim=0) + 0.0001)
     std_loss = torch.mean(F.relu(1 - std_x)) / 2 + torch.mean(F.relu(1 - std_y)) / 2
-    cov_loss = (off_diagonal_sq_sum(x, n - 1) + off_diagonal_sq_sum(y, n - 1)) / d
+    cov_loss = covariance_penalty(x) + covariance_penalty(y)  # Gram path when n < d
     loss = sim_coeff * repr_loss + std_coeff * std_loss + cov_coeff * cov_loss
     terms = {"invariance": repr_loss.detach(), "variance": std_loss.detach(),
              "covariance": cov_loss.detach()}
