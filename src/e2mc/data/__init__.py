@@ -1,0 +1,73 @@
+"""Data for continued pre-training and evaluation: datasets (IDX, image folders, numpy arrays,
+the shipped Fashion-MNIST subset), label-fraction subsets, view recipes and the eval transform."""
+
+from .build import BUILTIN_SPECS, build_dataset
+from .datasets import (
+    FASHION_MNIST_CLASSES,
+    MNIST_CLASSES,
+    ArrayDataset,
+    builtin_fashion_mnist,
+    builtin_fashion_mnist_path,
+    fashion_mnist,
+    find_idx_folder,
+    idx_dataset,
+    mnist,
+    npz_dataset,
+)
+from .idx import load_idx, save_idx
+from .image_folder import CorruptImageError, SafeImageFolder, image_folder
+from .multiview import MultiViewDataset, collate_views
+from .subsets import (
+    LabeledSubset,
+    label_fraction_indices,
+    label_fraction_subset,
+    per_class_indices,
+    read_file_list,
+    subset_from_file_list,
+)
+from .views import (
+    DATASET_STATS,
+    RECIPES,
+    EvalTransform,
+    MultiCropTransform,
+    blur_kernel_size,
+    build_views,
+    default_normalization,
+    eval_transform,
+)
+
+__all__ = [
+    "BUILTIN_SPECS",
+    "DATASET_STATS",
+    "FASHION_MNIST_CLASSES",
+    "MNIST_CLASSES",
+    "RECIPES",
+    "ArrayDataset",
+    "CorruptImageError",
+    "EvalTransform",
+    "LabeledSubset",
+    "MultiCropTransform",
+    "MultiViewDataset",
+    "SafeImageFolder",
+    "blur_kernel_size",
+    "build_dataset",
+    "build_views",
+    "builtin_fashion_mnist",
+    "builtin_fashion_mnist_path",
+    "collate_views",
+    "default_normalization",
+    "eval_transform",
+    "fashion_mnist",
+    "find_idx_folder",
+    "idx_dataset",
+    "image_folder",
+    "label_fraction_indices",
+    "label_fraction_subset",
+    "load_idx",
+    "mnist",
+    "npz_dataset",
+    "per_class_indices",
+    "read_file_list",
+    "save_idx",
+    "subset_from_file_list",
+]

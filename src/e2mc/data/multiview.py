@@ -1,0 +1,54 @@
+"""Datasets that return several augmented views per image, and their batch collation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+__all__ = ["MultiViewDataset", "collate_views"]
+
+
+class MultiViewDataset(Dataset):
+    """Wrap a dataset returning ``(PIL image, label)`` (built with ``transform=None``) so that
+    items are ``(views_fn(image), label)``, e.g. with ``views_fn = build_views(...)``."""
+
+    def __init__(self, dataset: Any, views_fn: Callable[[Image.Image], list[torch.Tensor]]) -> None:
+        self.dataset = dataset
+        self.views_fn = views_fn
+        self.labels = getattr(dataset, "labels", getattr(dataset, "targets", None))
+        self.classes = getattr(dataset, "classes", None)
+
+    @property
+    def targets(self) -> Any:
+        return self.labels
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int]:
+        image, label = self.dataset[index]
+        if not isinstance(image, Image.Image):
+            raise TypeError(
+                f"MultiViewDataset needs PIL images from the wrapped dataset, got "
+                f"{type(image).__name__}; build that dataset with transform=None"
+            )
+        return self.views_fn(image), int(label)
+
+
+def collate_views(
+    batch: Sequence[tuple[Sequence[torch.Tensor], int]],
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Collate ``(views, label)`` items into ``([B x C x S_v x S_v for each view v], labels)``:
+    each view index is stacked across the batch (view sizes may differ between indices)."""
+    if not batch:
+        raise ValueError("empty batch")
+    n_views = len(batch[0][0])
+    if any(len(views) != n_views for views, _ in batch):
+        raise ValueError("all items of a batch must have the same number of views")
+    views = [torch.stack([item[0][v] for item in batch]) for v in range(n_views)]
+    labels = torch.as_tensor([int(item[1]) for item in batch], dtype=torch.long)
+    return views, labels

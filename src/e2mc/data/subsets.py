@@ -1,0 +1,154 @@
+"""Label subsets for semi-supervised evaluation: stratified seeded fractions and SimCLR-style
+file lists (ImageNet's 1% and 10% splits, one file name per line)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+__all__ = [
+    "LabeledSubset",
+    "label_fraction_indices",
+    "label_fraction_subset",
+    "per_class_indices",
+    "read_file_list",
+    "subset_from_file_list",
+]
+
+
+class LabeledSubset(Dataset):
+    """``dataset`` restricted to ``indices``, keeping ``labels``/``targets`` (numpy) and
+    ``classes`` of the parent."""
+
+    def __init__(self, dataset: Any, indices: Sequence[int] | np.ndarray) -> None:
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)
+        if self.indices.ndim != 1:
+            raise ValueError(f"indices must be 1-D, got shape {self.indices.shape}")
+        if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= len(dataset)):
+            raise ValueError(f"indices out of range for a dataset of {len(dataset)} samples")
+        self.labels = np.asarray(_labels_of(dataset))[self.indices]
+        self.classes = getattr(dataset, "classes", None)
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Alias of ``labels``."""
+        return self.labels
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(self.indices[index])]
+
+
+def _labels_of(dataset: Any) -> np.ndarray:
+    for attr in ("labels", "targets"):
+        if hasattr(dataset, attr):
+            return np.asarray(getattr(dataset, attr), dtype=np.int64)
+    raise ValueError(f"{type(dataset).__name__} has no 'labels' or 'targets' attribute")
+
+
+def _check_labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be integers, got {labels.dtype}")
+    return labels.astype(np.int64)
+
+
+def per_class_indices(
+    labels: np.ndarray | Sequence[int], per_class: int | dict[int, int], seed: int
+) -> np.ndarray:
+    """Sorted indices of ``per_class`` samples drawn without replacement from each class (an int
+    for every class, or a dict class -> count). Classes are visited in ascending order with one
+    ``numpy.random.default_rng(seed)``, so the result depends only on labels, counts and seed."""
+    labels = _check_labels(labels)
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for cls in np.unique(labels):
+        members = np.flatnonzero(labels == cls)
+        k = per_class if isinstance(per_class, int) else per_class[int(cls)]
+        if not 0 <= k <= members.size:
+            raise ValueError(f"class {cls} has {members.size} samples, cannot draw {k}")
+        chosen.append(rng.choice(members, size=k, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def label_fraction_indices(
+    labels: np.ndarray | Sequence[int], fraction: float, seed: int
+) -> np.ndarray:
+    """Stratified, seeded indices of about ``fraction`` of the labelled samples.
+
+    Each class c with n_c samples contributes ``max(1, floor(fraction * n_c + 0.5))`` samples
+    (round half up, at least one), drawn without replacement; ``fraction == 1`` returns every
+    index. Deterministic for a given seed; different seeds give different subsets.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)):
+        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+    if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    labels = _check_labels(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    per_class = {
+        int(c): min(int(n), max(1, math.floor(fraction * int(n) + 0.5)))
+        for c, n in zip(classes, counts, strict=True)
+    }
+    return per_class_indices(labels, per_class, seed)
+
+
+def label_fraction_subset(dataset: Any, fraction: float, seed: int) -> LabeledSubset:
+    """``dataset`` restricted to :func:`label_fraction_indices` of its labels."""
+    return LabeledSubset(dataset, label_fraction_indices(_labels_of(dataset), fraction, seed))
+
+
+def read_file_list(path: str | Path) -> list[str]:
+    """File names of a SimCLR-style subset list (e.g. ``1percent.txt``): one per line, blank lines
+    ignored. ``ValueError`` if the list is empty or repeats a name."""
+    path = Path(path)
+    names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not names:
+        raise ValueError(f"{path}: empty file list")
+    repeated = sorted(n for n, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise ValueError(f"{path}: {len(repeated)} repeated name(s), e.g. {repeated[:5]}")
+    return names
+
+
+def subset_from_file_list(dataset: Any, names: Iterable[str]) -> LabeledSubset:
+    """The samples of an image-folder ``dataset`` (anything with torchvision's ``samples`` list of
+    ``(path, class)``) whose file name equals one of ``names``. Names are compared by base name,
+    so ``n01440764_10026.JPEG`` and ``n01440764/n01440764_10026.JPEG`` both match. The subset
+    keeps the dataset's order. ``ValueError`` listing the names that match no sample, or that
+    match several."""
+    samples = getattr(dataset, "samples", None)
+    if samples is None:
+        raise ValueError(
+            f"{type(dataset).__name__} has no 'samples' (file paths); file lists need an "
+            "image-folder dataset"
+        )
+    wanted = [Path(n).name for n in names]
+    if not wanted:
+        raise ValueError("empty list of file names")
+    where: dict[str, list[int]] = {}
+    for i, (path, _) in enumerate(samples):
+        where.setdefault(Path(path).name, []).append(i)
+    missing = [n for n in wanted if n not in where]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of {len(wanted)} listed file(s) not found in the dataset "
+            f"({len(samples)} samples), e.g. {missing[:10]}"
+        )
+    ambiguous = [n for n in wanted if len(where[n]) > 1]
+    if ambiguous:
+        raise ValueError(
+            f"{len(ambiguous)} listed name(s) match several files, e.g. {ambiguous[:5]}"
+        )
+    return LabeledSubset(dataset, np.sort([where[n][0] for n in wanted]))

@@ -1,0 +1,262 @@
+"""View recipes (data augmentations) as the official VICReg, SwAV and SimSiam code builds them,
+parameterized by image size and channel count, and the evaluation transform.
+
+Official sources: VICReg ``augmentations.py`` (facebookresearch/vicreg), SwAV
+``src/multicropdataset.py`` (facebookresearch/swav), SimSiam ``main_simsiam.py``
+(facebookresearch/simsiam, the MoCo-v2 recipe).
+
+Adaptations (documented in ``docs/data.md``):
+
+* Blur: the official code blurs with PIL's Gaussian filter, sigma ~ U(0.1, 2.0). Here it is
+  torchvision's ``GaussianBlur`` with the same sigma range and a kernel of ~10% of the image side
+  (odd, at least 3): 23 px at 224 px (covers +-5.5 sigma, the PIL result), 3 px at 28-32 px, so the
+  blur strength scales with the image instead of erasing a 28 px image.
+* ``channels=1``: colour jitter keeps brightness and contrast only (saturation and hue do not exist
+  for one channel) and random grayscale is left out (a no-op on grayscale).
+* Every random draw uses torch's RNG (no ``random``/``numpy``), so seeding torch (and DataLoader
+  workers) makes the views reproducible, which exact resume relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from PIL import Image
+from torchvision import transforms as T
+from torchvision.transforms import InterpolationMode
+
+__all__ = [
+    "DATASET_STATS",
+    "RECIPES",
+    "EvalTransform",
+    "MultiCropTransform",
+    "blur_kernel_size",
+    "build_views",
+    "default_normalization",
+    "eval_transform",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+SWAV_IMAGENET_STD = (0.228, 0.224, 0.225)  # as in SwAV's multicropdataset.py
+DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+}
+RECIPES = ("vicreg", "swav", "simsiam")
+BLUR_SIGMA = (0.1, 2.0)
+
+
+def default_normalization(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """ImageNet mean/std for 3 channels, Fashion-MNIST's for 1 channel."""
+    _check_channels(channels)
+    return DATASET_STATS["imagenet" if channels == 3 else "fashion-mnist"]
+
+
+def blur_kernel_size(image_size: int) -> int:
+    """Odd Gaussian-blur kernel of about 10% of the image side, at least 3."""
+    k = max(3, round(0.1 * image_size))
+    return k if k % 2 == 1 else k + 1
+
+
+def _check_channels(channels: int) -> None:
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+
+
+def _check_size(name: str, size: int) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 4:
+        raise ValueError(f"{name} must be an integer >= 4, got {size!r}")
+
+
+class _ToMode:
+    """Convert a PIL image to ``L`` (1 channel) or ``RGB`` (3 channels)."""
+
+    def __init__(self, channels: int) -> None:
+        self.mode = "L" if channels == 1 else "RGB"
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        return img if img.mode == self.mode else img.convert(self.mode)
+
+    def __repr__(self) -> str:
+        return f"_ToMode({self.mode!r})"
+
+
+def _normalize(
+    channels: int, mean: Sequence[float] | None, std: Sequence[float] | None, default_std=None
+) -> T.Normalize:
+    d_mean, d_std = default_normalization(channels)
+    if default_std is not None and channels == 3:
+        d_std = default_std
+    mean = tuple(mean) if mean is not None else d_mean
+    std = tuple(std) if std is not None else d_std
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(f"mean/std need {channels} values, got mean={mean}, std={std}")
+    if any(s <= 0 for s in std):
+        raise ValueError(f"std must be positive, got {std}")
+    return T.Normalize(mean, std)
+
+
+def _color(
+    channels: int, jitter: tuple[float, float, float, float], p_jitter: float, p_gray: float
+) -> list[Callable]:
+    b, c, s, h = jitter
+    if channels == 1:
+        return [T.RandomApply([T.ColorJitter(brightness=b, contrast=c)], p=p_jitter)]
+    return [
+        T.RandomApply([T.ColorJitter(brightness=b, contrast=c, saturation=s, hue=h)], p=p_jitter),
+        T.RandomGrayscale(p=p_gray),
+    ]
+
+
+def _blur(size: int, p: float) -> list[Callable]:
+    blur = T.GaussianBlur(kernel_size=blur_kernel_size(size), sigma=BLUR_SIGMA)
+    if p >= 1.0:
+        return [blur]
+    return [T.RandomApply([blur], p=p)] if p > 0 else []
+
+
+class MultiCropTransform:
+    """Apply each of ``transforms`` to one image: returns a list of tensors, one per view.
+    The first ``num_main_views`` views are the full-size ones that add-ons use."""
+
+    def __init__(self, transforms: Sequence[Callable], num_main_views: int = 2) -> None:
+        self.transforms = list(transforms)
+        self.num_main_views = num_main_views
+
+    @property
+    def num_views(self) -> int:
+        return len(self.transforms)
+
+    def __call__(self, img: Image.Image) -> list[torch.Tensor]:
+        return [t(img) for t in self.transforms]
+
+    def __repr__(self) -> str:
+        inner = "\n".join(f"  {t}" for t in self.transforms)
+        return f"MultiCropTransform(num_main_views={self.num_main_views},\n{inner}\n)"
+
+
+def _vicreg(size: int, channels: int, norm: T.Normalize) -> list[Callable]:
+    def branch(p_blur: float, p_solarize: float) -> T.Compose:
+        return T.Compose([
+            _ToMode(channels),
+            T.RandomResizedCrop(size, interpolation=InterpolationMode.BICUBIC),
+            T.RandomHorizontalFlip(p=0.5),
+            *_color(channels, (0.4, 0.4, 0.2, 0.1), p_jitter=0.8, p_gray=0.2),
+            *_blur(size, p_blur),
+            T.RandomSolarize(threshold=128, p=p_solarize),
+            T.ToTensor(),
+            norm,
+        ])  # fmt: skip
+
+    return [branch(1.0, 0.0), branch(0.1, 0.2)]
+
+
+def _swav(size: int, small: int, n_small: int, channels: int, norm: T.Normalize) -> list[Callable]:
+    def crop(crop_size: int, scale: tuple[float, float]) -> T.Compose:
+        return T.Compose([
+            _ToMode(channels),
+            T.RandomResizedCrop(crop_size, scale=scale),
+            T.RandomHorizontalFlip(p=0.5),
+            *_color(channels, (0.8, 0.8, 0.8, 0.2), p_jitter=0.8, p_gray=0.2),
+            *_blur(crop_size, 0.5),
+            T.ToTensor(),
+            norm,
+        ])  # fmt: skip
+
+    return [crop(size, (0.14, 1.0))] * 2 + [crop(small, (0.05, 0.14))] * n_small
+
+
+def _simsiam(size: int, channels: int, norm: T.Normalize) -> list[Callable]:
+    branch = T.Compose([
+        _ToMode(channels),
+        T.RandomResizedCrop(size, scale=(0.2, 1.0)),
+        *_color(channels, (0.4, 0.4, 0.4, 0.1), p_jitter=0.8, p_gray=0.2),
+        *_blur(size, 0.5),
+        T.RandomHorizontalFlip(p=0.5),
+        T.ToTensor(),
+        norm,
+    ])  # fmt: skip
+    return [branch, branch]
+
+
+def build_views(
+    recipe: str,
+    image_size: int,
+    channels: int = 3,
+    small_crop_size: int | None = None,
+    *,
+    num_small_crops: int = 6,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> MultiCropTransform:
+    """The view recipe ``recipe`` as a callable ``PIL image -> list[Tensor]`` (float32, C x S x S).
+
+    * ``"vicreg"``: asymmetric pair. RandomResizedCrop(scale 0.08-1, bicubic), flip 0.5,
+      ColorJitter(0.4, 0.4, 0.2, 0.1) p 0.8, grayscale p 0.2, blur p 1.0 / 0.1,
+      solarize p 0.0 / 0.2, normalize.
+    * ``"swav"``: multi-crop. 2 x ``image_size`` at scale (0.14, 1) and ``num_small_crops`` (6) x
+      ``small_crop_size`` (default ``round(image_size * 96 / 224)``) at scale (0.05, 0.14); each
+      flip 0.5, ColorJitter(0.8, 0.8, 0.8, 0.2) p 0.8, grayscale p 0.2, blur p 0.5, normalize
+      (ImageNet std 0.228/0.224/0.225 as in SwAV). ``small_crop_size`` is ignored by the others.
+    * ``"simsiam"``: MoCo-v2 pair. RandomResizedCrop(scale 0.2-1), ColorJitter(0.4, 0.4, 0.4, 0.1)
+      p 0.8, grayscale p 0.2, blur p 0.5, flip 0.5, normalize.
+
+    Normalization defaults to :func:`default_normalization` (``mean``/``std`` override it).
+    """
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown view recipe {recipe!r}; choose one of {list(RECIPES)}")
+    _check_size("image_size", image_size)
+    _check_channels(channels)
+    if recipe == "vicreg":
+        return MultiCropTransform(_vicreg(image_size, channels, _normalize(channels, mean, std)))
+    if recipe == "simsiam":
+        return MultiCropTransform(_simsiam(image_size, channels, _normalize(channels, mean, std)))
+    small = round(image_size * 96 / 224) if small_crop_size is None else small_crop_size
+    _check_size("small_crop_size", small)
+    if (
+        isinstance(num_small_crops, bool)
+        or not isinstance(num_small_crops, int)
+        or num_small_crops < 0
+    ):
+        raise ValueError(f"num_small_crops must be an integer >= 0, got {num_small_crops!r}")
+    norm = _normalize(channels, mean, std, default_std=SWAV_IMAGENET_STD)
+    return MultiCropTransform(_swav(image_size, small, num_small_crops, channels, norm))
+
+
+class EvalTransform:
+    """Deterministic evaluation transform: an image already ``image_size`` square is only converted
+    to a tensor and normalized; any other is resized (shorter side ``round(image_size * 256/224)``,
+    bilinear) and center-cropped to ``image_size`` first, as in the standard ImageNet protocol."""
+
+    def __init__(self, image_size: int, channels: int, normalize: T.Normalize) -> None:
+        self.image_size = image_size
+        self.to_mode = _ToMode(channels)
+        self.resize_crop = T.Compose([
+            T.Resize(round(image_size * 256 / 224)),
+            T.CenterCrop(image_size),
+        ])  # fmt: skip
+        self.to_tensor = T.Compose([T.ToTensor(), normalize])
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        img = self.to_mode(img)
+        if img.size != (self.image_size, self.image_size):
+            img = self.resize_crop(img)
+        return self.to_tensor(img)
+
+    def __repr__(self) -> str:
+        return f"EvalTransform(image_size={self.image_size}, {self.to_mode}, {self.to_tensor})"
+
+
+def eval_transform(
+    image_size: int,
+    channels: int = 3,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> EvalTransform:
+    """The evaluation transform (:class:`EvalTransform`), normalized like :func:`build_views`."""
+    _check_size("image_size", image_size)
+    _check_channels(channels)
+    return EvalTransform(image_size, channels, _normalize(channels, mean, std))

@@ -1,0 +1,96 @@
+"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.methods.common import check_views, resolve_backbone
+from e2mc.methods.simsiam import sgd_with_predictor_group, simsiam_loss
+from e2mc.methods.vicreg import lars_param_groups, vicreg_loss
+from e2mc.optim import LARS
+
+LOSSES = ("vicreg", "simsiam")
+
+
+def _first_linear_in_features(module: nn.Module) -> int | None:
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            return m.in_features
+    return None
+
+
+class Generic(SSLMethod):
+    """A user's ``backbone`` (images -> ``[n, feature_dim]``) and ``projector`` with a base loss.
+
+    ``loss="vicreg"``: VICReg's loss (coefficients ``sim_coeff, std_coeff, cov_coeff``), LARS
+    preset, E2MC on the hypercube. ``loss="simsiam"``: needs a ``predictor``; SimSiam's loss,
+    SGD preset with a fixed-lr predictor group, E2MC on the hypersphere. The add-on gets the
+    projector outputs. ``feature_dim`` defaults to the ``in_features`` of the projector's
+    first ``nn.Linear``. Generic models are saved as state dicts; rebuild them in code.
+    """
+
+    name = "generic"
+
+    def __init__(self, backbone: nn.Module, projector: nn.Module, loss: str = "vicreg",
+                 feature_dim: int | None = None, predictor: nn.Module | None = None,
+                 sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
+                 predictor_lr: float | None = None, view_recipe: str | None = None) -> None:
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
+        if not isinstance(projector, nn.Module):
+            raise ValueError("projector must be an nn.Module")
+        if loss == "simsiam" and predictor is None:
+            raise ValueError("loss='simsiam' needs a predictor module")
+        if loss == "vicreg" and predictor is not None:
+            raise ValueError("a predictor is only used with loss='simsiam'")
+        if feature_dim is None and isinstance(backbone, nn.Module):
+            feature_dim = _first_linear_in_features(projector)
+        self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
+            backbone, False, 3, feature_dim)
+        self.projector = projector
+        self.predictor = predictor
+        self.loss_name = loss
+        self.compact_space = "hypercube" if loss == "vicreg" else "hypersphere"
+        self.view_recipe = view_recipe or loss
+        self.coeffs = (sim_coeff, std_coeff, cov_coeff)
+        self.predictor_lr = predictor_lr
+        self.hparams: dict[str, Any] = {
+            **bb_hparams, "projector_class": type(projector).__name__, "loss": loss,
+            "sim_coeff": sim_coeff, "std_coeff": std_coeff, "cov_coeff": cov_coeff,
+            "predictor_lr": predictor_lr, "view_recipe": self.view_recipe}
+
+    def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
+        check_views(views, 2, "Generic")
+        z1 = self.projector(self.backbone(views[0]))
+        z2 = self.projector(self.backbone(views[1]))
+        if self.loss_name == "vicreg":
+            loss, terms = vicreg_loss(z1, z2, *self.coeffs)
+        else:
+            assert self.predictor is not None
+            loss = simsiam_loss(self.predictor(z1), self.predictor(z2), z1, z2)
+            terms = {"negative_cosine": loss.detach()}
+        return MethodOutput(loss=loss, terms=terms, embeddings=[z1, z2])
+
+    def build_optimizer(self, lr: float, weight_decay: float, **kwargs: Any
+                        ) -> torch.optim.Optimizer:
+        """VICReg's LARS preset or SimSiam's SGD preset, following ``loss``."""
+        if self.loss_name == "vicreg":
+            eta, momentum = kwargs.pop("eta", 0.001), kwargs.pop("momentum", 0.9)
+            if kwargs:
+                raise ValueError(f"unknown optimizer options: {sorted(kwargs)}")
+            return LARS(lars_param_groups(self, weight_decay), lr=lr, momentum=momentum,
+                        eta=eta)
+        predictor_lr = kwargs.pop("predictor_lr", None) or self.predictor_lr or lr
+        momentum = kwargs.pop("momentum", 0.9)
+        if kwargs:
+            raise ValueError(f"unknown optimizer options: {sorted(kwargs)}")
+        assert self.predictor is not None
+        encoder = list(self.backbone.parameters()) + list(self.projector.parameters())
+        return sgd_with_predictor_group(encoder, list(self.predictor.parameters()), lr,
+                                        weight_decay, predictor_lr, momentum)

@@ -1,0 +1,115 @@
+"""Layer-wise adaptive optimizers used by the base methods: LARS (VICReg) and LARC (SwAV).
+
+Both follow the authors' code exactly: :class:`LARS` is VICReg's ``main_vicreg.LARS`` (momentum
+buffer named ``mu``, so the optimizer state of an official checkpoint resumes as is) and
+:class:`LARC` is NVIDIA apex's ``LARC`` wrapped around ``torch.optim.SGD`` as SwAV uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+
+class LARS(Optimizer):
+    """LARS as in VICReg's ``main_vicreg.py``.
+
+    Per parameter ``p`` with gradient ``g``: ``d = g + wd * p``; if the group's
+    ``lars_adaptation`` is on, ``d *= eta * ||p|| / ||d||`` (factor 1 when either norm is 0);
+    ``mu = momentum * mu + d``; ``p -= lr * mu``. VICReg excludes 1-D parameters (biases, norm
+    weights) from both weight decay and adaptation: put them in a group with
+    ``weight_decay=0, lars_adaptation=False`` (see :meth:`e2mc.methods.VICReg.build_optimizer`).
+    """
+
+    momentum_key = "mu"
+
+    def __init__(self, params: Iterable[Any], lr: float, weight_decay: float = 0.0,
+                 momentum: float = 0.9, eta: float = 0.001, lars_adaptation: bool = True) -> None:
+        if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1 or eta <= 0:
+            raise ValueError(f"invalid LARS settings: lr={lr}, weight_decay={weight_decay}, "
+                             f"momentum={momentum}, eta={eta}")
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, eta=eta,
+                        lars_adaptation=lars_adaptation)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                dp = p.grad
+                if group["weight_decay"] != 0:
+                    dp = dp.add(p, alpha=group["weight_decay"])
+                if group["lars_adaptation"]:
+                    param_norm = torch.linalg.vector_norm(p)
+                    update_norm = torch.linalg.vector_norm(dp)
+                    one = torch.ones_like(param_norm)
+                    q = torch.where(param_norm > 0.0,
+                                    torch.where(update_norm > 0,
+                                                group["eta"] * param_norm / update_norm, one),
+                                    one)
+                    dp = dp.mul(q)
+                state = self.state[p]
+                if "mu" not in state:
+                    state["mu"] = torch.zeros_like(p)
+                mu = state["mu"]
+                mu.mul_(group["momentum"]).add_(dp)
+                p.add_(mu, alpha=-group["lr"])
+        return loss
+
+
+class LARC(torch.optim.SGD):
+    """SGD with apex's LARC trust-ratio rescaling (``LARC(SGD(...), trust_coefficient, clip)``).
+
+    Before the SGD step, for every parameter with non-zero ``||p||`` and ``||g||``:
+    ``a = trust * ||p|| / (||g|| + wd * ||p|| + eps)``; with ``clip`` ``a = min(a / lr, 1)``;
+    ``g = (g + wd * p) * a``. The SGD step itself runs without weight decay (apex absorbs it), so
+    a parameter with a zero norm or zero gradient gets no weight decay, exactly as in apex.
+    SwAV: ``momentum=0.9, trust_coefficient=0.001, clip=False``.
+    """
+
+    momentum_key = "momentum_buffer"
+
+    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.9,
+                 weight_decay: float = 0.0, trust_coefficient: float = 0.001,
+                 clip: bool = False, eps: float = 1e-8) -> None:
+        if trust_coefficient <= 0:
+            raise ValueError(f"trust_coefficient must be > 0, got {trust_coefficient}")
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.trust_coefficient = trust_coefficient
+        self.clip = clip
+        self.eps = eps
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        weight_decays = []
+        for group in self.param_groups:
+            weight_decay = group["weight_decay"]
+            weight_decays.append(weight_decay)
+            group["weight_decay"] = 0
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param_norm = torch.linalg.vector_norm(p)
+                grad_norm = torch.linalg.vector_norm(p.grad)
+                if param_norm != 0 and grad_norm != 0:
+                    adaptive_lr = self.trust_coefficient * param_norm / (
+                        grad_norm + param_norm * weight_decay + self.eps)
+                    if self.clip:
+                        adaptive_lr = torch.clamp(adaptive_lr / group["lr"], max=1.0)
+                    p.grad.add_(p, alpha=weight_decay)
+                    p.grad.mul_(adaptive_lr)
+        try:
+            loss = super().step(closure)
+        finally:
+            for group, weight_decay in zip(self.param_groups, weight_decays, strict=True):
+                group["weight_decay"] = weight_decay
+        return loss
