@@ -303,3 +303,22 @@ def test_finetune_learns_and_leaves_caller_backbone_untouched():
     res = finetune(net, 8, 3, train, test, cfg, progress=False)
     assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
     assert len(res.history) == 6 and res.top1_best > 80
+
+
+def test_lars_probe_uses_simsiam_larc_step(monkeypatch):
+    """SimSiam's LARC (trust 0.001, no clip, wd 0): the first step moves the weight by exactly
+    lr * 0.001 * ||w0|| (the gradient is rescaled to norm 0.001 * ||w0||)."""
+    x, y = blobs(8, 2, 4, sep=1.0, seed=0)
+    weights: list[torch.Tensor] = []
+    orig = nn.Linear.forward
+
+    def spy(self, inp):
+        weights.append(self.weight.detach().clone())
+        return orig(self, inp)
+
+    monkeypatch.setattr(nn.Linear, "forward", spy)
+    cfg = linear_preset("simsiam", 0.01, epochs=1, batch_size=16)
+    train_linear_probe(x, y, x, y, cfg, seed=0)
+    w0, w1 = weights[0], weights[1]  # before the step, then at the test-set evaluation
+    assert torch.linalg.vector_norm(w1 - w0).item() == pytest.approx(
+        cfg.lr * 0.001 * torch.linalg.vector_norm(w0).item(), rel=1e-4)
