@@ -1,0 +1,22 @@
+"""Checkpoints: strict loading of the official VICReg / SwAV / SimSiam files, the project's own
+format (``docs/checkpoints.md``), backbone loading and export."""
+
+from e2mc.checkpoints.api import (
+    PROJECT_FORMAT,
+    PROJECT_VERSION,
+    export_backbone,
+    load_backbone,
+    load_checkpoint,
+    load_official,
+    restore_optimizer_state,
+    save_checkpoint,
+    sidecar_path,
+)
+from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
+from e2mc.checkpoints.official import detect
+from e2mc.checkpoints.strict import CheckpointMismatchError
+
+__all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
+           "UntrustedCheckpointError", "atomic_save", "detect", "export_backbone",
+           "load_backbone", "load_checkpoint", "load_official", "restore_optimizer_state",
+           "save_checkpoint", "sidecar_path", "torch_load"]

@@ -1,0 +1,246 @@
+"""Loading official checkpoints, the project's format, backbones, and exporting backbones."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from e2mc.checkpoints.io import atomic_save, atomic_write_json, torch_load
+from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
+from e2mc.checkpoints.strict import check_keys, load_strict
+from e2mc.methods.base import SSLMethod
+from e2mc.methods.registry import build_method
+from e2mc.models import build_backbone
+
+PROJECT_FORMAT = "e2mc"
+PROJECT_VERSION = 1
+_RESERVED = ("format", "version", "method", "hparams", "model")
+
+PathOrState = str | os.PathLike[str] | dict[str, Any]
+
+
+def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]:
+    if isinstance(path_or_state, dict):
+        return path_or_state, None
+    return torch_load(path_or_state, trust=trust), str(path_or_state)
+
+
+def _unwrap(method: nn.Module) -> nn.Module:
+    return method.module if isinstance(method, nn.parallel.DistributedDataParallel) else method
+
+
+def load_official(path_or_state_dict: PathOrState, method: str | None = None,
+                  trust: bool = False, **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
+    """Load an official VICReg / SwAV / SimSiam checkpoint (detected, or checked against
+    ``method``) strictly into the method with the official layout.
+
+    Head sizes and the ResNet are read off the tensor shapes; ``method_hparams`` override them
+    (and then must still match the file). A backbone-only file (VICReg ``resnet50.pth``,
+    torchvision weights; a torchvision classifier is dropped) needs ``method`` and gets freshly
+    initialised heads, with a warning. Returns ``(method, info)``; ``info`` holds ``format``,
+    ``epoch``, ``optimizer`` (the official optimizer state, to be applied with
+    :func:`restore_optimizer_state`), ``hparams`` and ``source``.
+    """
+    obj, source = _load_obj(path_or_state_dict, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        raise ValueError("this is an e2mc checkpoint, not an official one: use load_checkpoint")
+    det = detect(obj, method)
+    name = method or det.format
+    info: dict[str, Any] = {"format": det.format, "epoch": det.epoch,
+                            "optimizer": det.optimizer, "source": source, **det.extra}
+    if det.format == "backbone":
+        if method is None:
+            raise ValueError("this file holds a backbone only (torchvision names); say which "
+                             f"method's heads to build: method= one of {METHOD_FORMATS}")
+        model, dropped, hp = _load_backbone_into_method(det, name, method_hparams)
+        info.update(hparams=hp, dropped_keys=dropped)
+        return model, info
+    state, unmapped = det.mapped()
+    hp = {**infer_hparams(det.format, state), **method_hparams}
+    model = load_strict(lambda: build_method(name, **hp), state, det.format, det.to_file_key,
+                        unmapped)
+    info["hparams"] = model.hparams
+    return model, info  # type: ignore[return-value]
+
+
+def _classifier_keys(arch: str) -> set[str]:
+    """Keys of torchvision's full model that :func:`build_backbone` drops (the classifier)."""
+    import torchvision.models as tvm
+
+    with torch.device("meta"):
+        full = set(getattr(tvm, arch)(weights=None).state_dict())
+        kept = set(build_backbone(arch)[0].state_dict())
+    return full - kept
+
+
+def _load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any]
+                               ) -> tuple[SSLMethod, list[str], dict[str, Any]]:
+    hp = {**(infer_resnet(det.state_dict) or {}), **method_hparams}
+    arch = hp.get("backbone", "resnet50")
+    dropped = sorted(k for k in det.state_dict if k in _classifier_keys(arch))
+    sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
+    model = build_method(name, **hp)
+    check_keys(model.backbone.state_dict(), sd, f"backbone only ({arch})",
+               lambda k: det.prefix + k)
+    model.backbone.load_state_dict(sd, strict=True)
+    warnings.warn(f"the checkpoint holds only the {arch} backbone: the {name} heads are freshly "
+                  "initialised (random)" + (f"; dropped classifier keys {dropped}" if dropped
+                                            else ""), stacklevel=3)
+    return model, dropped, model.hparams
+
+
+def restore_optimizer_state(optimizer: torch.optim.Optimizer, method: nn.Module,
+                            state: dict[str, Any]) -> int:
+    """Apply an official optimizer state (VICReg LARS, SwAV LARC/SGD, SimSiam SGD) to
+    ``optimizer``, which :meth:`SSLMethod.build_optimizer` made: the per-parameter buffers
+    (momentum) are restored, the optimizer's own hyperparameters (lr, wd) are kept.
+
+    The official runs listed their parameters in the model's ``parameters()`` order (SimSiam:
+    encoder group then predictor group), which the method classes reproduce, so the ``k``-th saved
+    parameter is ``list(method.parameters())[k]``. Momentum buffers are renamed between LARS's
+    ``mu`` and SGD's ``momentum_buffer`` as needed. Returns the number of parameters restored.
+    """
+    method = _unwrap(method)
+    try:
+        saved_ids = [i for g in state["param_groups"] for i in g["params"]]
+        per_param = state["state"]
+    except (KeyError, TypeError) as err:
+        raise ValueError("not an optimizer state dict (needs 'state' and 'param_groups')") from err
+    params = list(method.parameters())
+    if len(saved_ids) != len(params):
+        raise ValueError(f"the optimizer state covers {len(saved_ids)} parameters, the model has "
+                         f"{len(params)}")
+    key = getattr(optimizer, "momentum_key", "momentum_buffer")
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    restored = 0
+    for pos, sid in enumerate(saved_ids):
+        saved = per_param.get(sid)
+        p = params[pos]
+        if not saved or id(p) not in in_optimizer:
+            continue
+        converted: dict[str, Any] = {}
+        for k, v in saved.items():
+            k = key if k in ("mu", "momentum_buffer") else k
+            if isinstance(v, torch.Tensor) and v.ndim > 0:
+                if v.shape != p.shape:
+                    raise ValueError(f"optimizer state {k!r} of parameter {pos} has shape "
+                                     f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
+                v = v.to(device=p.device, dtype=p.dtype)
+            converted[k] = v
+        optimizer.state[p] = converted
+        restored += 1
+    return restored
+
+
+def save_checkpoint(path: str | os.PathLike[str], method: SSLMethod, **extra: Any) -> None:
+    """Write the project format atomically: ``{"format": "e2mc", "version": 1, "method",
+    "hparams", "model", **extra}`` (see ``docs/checkpoints.md``)."""
+    method = _unwrap(method)  # type: ignore[assignment]
+    clash = sorted(set(extra) & set(_RESERVED))
+    if clash:
+        raise ValueError(f"extra keys {clash} are reserved by the checkpoint format")
+    obj = {"format": PROJECT_FORMAT, "version": PROJECT_VERSION, "method": method.name,
+           "hparams": dict(method.hparams), "model": method.state_dict(), **extra}
+    atomic_save(obj, path)
+
+
+def _from_project(obj: dict[str, Any], source: str | None) -> tuple[SSLMethod, dict[str, Any]]:
+    if obj.get("version") != PROJECT_VERSION:
+        raise ValueError(f"e2mc checkpoint version {obj.get('version')!r} is not supported "
+                         f"(expected {PROJECT_VERSION})")
+    name, hp = obj["method"], obj["hparams"]
+    model = load_strict(lambda: build_method(name, **hp), obj["model"], f"e2mc ({name})")
+    info = {k: v for k, v in obj.items() if k != "model"}
+    info["source"] = source
+    return model, info  # type: ignore[return-value]
+
+
+def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, dict[str, Any]]:
+    """Load a project checkpoint (method rebuilt from its ``hparams``, strict); an official file
+    is passed to :func:`load_official`. ``info`` is everything in the file except ``model``."""
+    obj, source = _load_obj(path, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        return _from_project(obj, source)
+    model, info = load_official(obj, trust=trust)
+    info["source"] = source
+    return model, info
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
+    """Where :func:`export_backbone` writes the architecture of ``path``: ``<path>.json``."""
+    return Path(f"{os.fspath(path)}.json")
+
+
+def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
+                  in_channels: int = 3, trust: bool = False
+                  ) -> tuple[nn.Module, int, dict[str, Any]]:
+    """``(backbone, feature_dim, info)`` from a project checkpoint, an official one, or a plain
+    backbone state dict (exported, torchvision; a classifier is dropped). For a plain state dict
+    the architecture comes from ``arch`` (with ``small_images``, ``in_channels``), else the
+    ``<path>.json`` sidecar of :func:`export_backbone`, else the ResNet read off the shapes."""
+    obj, source = _load_obj(path, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        method, info = _from_project(obj, source)
+        return method.backbone, method.feature_dim, info
+    det = detect(obj)
+    if det.format != "backbone":
+        method, info = load_official(obj, trust=trust)
+        info["source"] = source
+        return method.backbone, method.feature_dim, info
+    spec: dict[str, Any] | None = None
+    if arch is not None:
+        spec = {"backbone": arch, "small_images": small_images, "in_channels": in_channels}
+    elif source is not None and sidecar_path(source).exists():
+        meta = json.loads(sidecar_path(source).read_text())
+        if meta.get("arch") is not None:
+            spec = {"backbone": meta["arch"], "small_images": meta.get("small_images", False),
+                    "in_channels": meta.get("in_channels", 3)}
+    if spec is None:
+        spec = infer_resnet(det.state_dict)
+    if spec is None:
+        raise ValueError("cannot tell the architecture of this backbone state dict: pass arch= "
+                         "(CLI --arch), or keep the <file>.json written by export-backbone")
+    dropped = sorted(k for k in det.state_dict if k in _classifier_keys(spec["backbone"]))
+    sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
+    backbone = load_strict(lambda: build_backbone(spec["backbone"], spec["small_images"],
+                                                  spec["in_channels"])[0],
+                           sd, f"backbone ({spec['backbone']})", lambda k: det.prefix + k)
+    with torch.device("meta"):
+        feature_dim = build_backbone(spec["backbone"])[1]
+    info = {"format": "backbone", "arch": spec["backbone"], "small_images": spec["small_images"],
+            "in_channels": spec["in_channels"], "dropped_keys": dropped, "source": source}
+    return backbone, feature_dim, info
+
+
+def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str | os.PathLike[str],
+                    trust: bool = False) -> dict[str, Any]:
+    """Write the backbone's plain state dict to ``out_path`` (atomically) and its architecture to
+    ``<out_path>.json``; returns that description.
+
+    The names are torchvision's without the classifier: ``torchvision.models.<arch>()`` with
+    ``fc = nn.Identity()`` (ResNets; for the others the classifier is replaced as
+    :func:`e2mc.models.build_backbone` does) loads it with ``strict=True``. With
+    ``small_images`` or ``in_channels != 3`` it loads into ``build_backbone``'s model.
+    """
+    if isinstance(method_or_checkpoint, nn.Module):
+        method = _unwrap(method_or_checkpoint)
+        source = None
+    else:
+        method, info = load_checkpoint(method_or_checkpoint, trust=trust)
+        source = info.get("source")
+    hp = getattr(method, "hparams", {})
+    state = {k: v.detach().cpu().clone() for k, v in method.backbone.state_dict().items()}
+    meta = {"format": "e2mc-backbone", "arch": hp.get("backbone"),
+            "small_images": bool(hp.get("small_images", False)),
+            "in_channels": int(hp.get("in_channels", 3)),
+            "feature_dim": int(method.feature_dim), "method": getattr(method, "name", None),
+            "source": None if source is None else str(source)}
+    atomic_save(state, out_path)
+    atomic_write_json(meta, sidecar_path(out_path))
+    return meta

@@ -1,0 +1,37 @@
+"""``e2mc convert OFFICIAL_FILE OUT --method vicreg|swav|simsiam``: official checkpoint -> e2mc."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "convert", help="convert an official VICReg/SwAV/SimSiam checkpoint to the e2mc format",
+        description="Load an official checkpoint strictly (every tensor must match) and write it "
+                    "in the e2mc format, keeping its epoch and optimizer state.")
+    p.add_argument("official_file", help="official checkpoint (.pth / .pth.tar)")
+    p.add_argument("out", help="output e2mc checkpoint")
+    p.add_argument("--method", choices=["vicreg", "swav", "simsiam"], default=None,
+                   help="expected method (detected from the keys when omitted; required for a "
+                        "backbone-only file)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling (runs code stored in the file; trusted files only)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from e2mc.checkpoints import load_official, save_checkpoint
+
+    method, info = load_official(args.official_file, method=args.method,
+                                 trust=args.trust_checkpoint)
+    extra = {"source_format": info["format"], "source": info["source"]}
+    if info.get("epoch") is not None:
+        extra["epoch"] = info["epoch"]
+    if info.get("optimizer") is not None:
+        extra["official_optimizer"] = info["optimizer"]
+    save_checkpoint(args.out, method, **extra)
+    n = sum(t.numel() for t in method.state_dict().values())
+    print(f"{args.official_file}: official {info['format']} checkpoint, epoch "
+          f"{info.get('epoch')}, {n:,} values -> {args.out} ({method.name}, {method.hparams})")
+    return 0

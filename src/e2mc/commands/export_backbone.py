@@ -1,0 +1,26 @@
+"""``e2mc export-backbone CHECKPOINT OUT``: the backbone as a torchvision-style state dict."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export-backbone", help="write a checkpoint's backbone as a plain state dict",
+        description="Write the backbone of an e2mc or official checkpoint as a state dict with "
+                    "torchvision names (no classifier) and its architecture to OUT.json.")
+    p.add_argument("checkpoint", help="e2mc or official checkpoint")
+    p.add_argument("out", help="output state dict (.pt)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling (runs code stored in the file; trusted files only)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from e2mc.checkpoints import export_backbone, sidecar_path
+
+    meta = export_backbone(args.checkpoint, args.out, trust=args.trust_checkpoint)
+    print(f"{args.checkpoint}: {meta['arch']} backbone ({meta['feature_dim']}-d features) -> "
+          f"{args.out} (+ {sidecar_path(args.out)})")
+    return 0
