@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--epochs", type=int, default=None,
                         help="continued epochs (default 1; the paper's ratio would be 10%% of "
                         "the base's 30)")
+    parser.add_argument("--base", default=None,
+                        help="a VICReg base checkpoint to start from instead of the shipped one")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override the continued-training config")
@@ -35,5 +37,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
         settings.continued_epochs = args.epochs
     settings.overrides = list(args.overrides)
-    run_demo(args.out, settings, device=args.device)
+    from e2mc.demo import BASE_CHECKPOINT
+
+    run_demo(args.out, settings, base_checkpoint=args.base or BASE_CHECKPOINT, device=args.device)
     return 0

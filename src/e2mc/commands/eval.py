@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--in-channels", type=int, default=3)
     p.add_argument("--image-size", type=int, default=None,
                    help="evaluation image size (default: 32 with --small-images, else 224)")
-    p.add_argument("--trust", action="store_true",
+    p.add_argument("--trust-checkpoint", "--trust", dest="trust", action="store_true",
                    help="allow torch.load(weights_only=False) for a trusted checkpoint")
     p.add_argument("--epochs", type=int, default=None, help="override the preset's epochs")
     p.add_argument("--lr", type=float, default=None, help="override the linear probe's lr")
