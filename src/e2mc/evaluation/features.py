@@ -76,8 +76,8 @@ def state_dict_digest(module: nn.Module) -> str:
     (parameters and buffers such as BatchNorm running statistics)."""
     h = hashlib.sha256()
     for name, tensor in module.state_dict().items():
-        t = tensor.detach().cpu().contiguous()
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+        t = tensor.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{tuple(tensor.shape)}|{t.dtype}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 

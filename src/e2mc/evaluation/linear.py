@@ -56,12 +56,12 @@ def _build_optimizer(params: list[nn.Parameter], config: LinearProbeConfig
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
                                weight_decay=config.weight_decay)
-    try:
-        from e2mc.optim import LARS  # type: ignore[attr-defined]
-    except ImportError as exc:  # pragma: no cover - depends on the installed package
-        raise ValueError("optimizer='lars' needs e2mc.optim.LARS, which is not available") from exc
-    return LARS(params, lr=config.lr, weight_decay=config.weight_decay,
-                momentum=config.momentum)
+    # SimSiam's main_lincls.py: apex LARC(SGD(momentum, wd), trust_coefficient=0.001,
+    # clip=False), which e2mc.optim.LARC reproduces.
+    from e2mc.optim import LARC
+
+    return LARC(params, lr=config.lr, momentum=config.momentum,
+                weight_decay=config.weight_decay, trust_coefficient=0.001, clip=False)
 
 
 class _LinearTrainer:

@@ -14,7 +14,8 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class LinearProbeConfig:
-    """Linear probe on frozen features. ``optimizer="lars"`` is SimSiam's LARS protocol."""
+    """Linear probe on frozen features. ``optimizer="lars"`` is SimSiam's protocol: apex's
+    LARC around SGD (trust coefficient 0.001, no clipping), :class:`e2mc.optim.LARC`."""
 
     epochs: int = 100
     batch_size: int = 256
