@@ -116,6 +116,15 @@ def settings_from(args: argparse.Namespace) -> ReproSettings:
     return s
 
 
+def _accumulate_timing(path: Path, timing: dict[str, float]) -> dict[str, float]:
+    """Add this invocation's seconds per stage to ``path`` (all invocations of an output)."""
+    total = json.loads(path.read_text()) if path.is_file() else {}
+    for name, seconds in timing.items():
+        total[name] = total.get(name, 0.0) + seconds
+    path.write_text(json.dumps(total, indent=2))
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
@@ -160,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error in stage {name}: {err}", file=sys.stderr)
                 return 1
             timing[name] = time.perf_counter() - t0
+    total = _accumulate_timing(s.out / "timing.json", timing)
     if "report" in chosen:
         log("stage report")
-        result = report.collect(s, command, timing, evaluator.transfer_note)
+        result = report.collect(s, command, total, evaluator.transfer_note)
         (s.out / "results.json").write_text(json.dumps(result, indent=2))
         md = report.write(s, result, s.out / "results.md")
         targets = [md]

@@ -41,10 +41,12 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
     cols = columns(s)
     table: dict[str, dict[str, dict[str, Any]]] = {}
     tests: dict[str, dict[str, dict[str, Any]]] = {}
+    base_epochs: dict[str, int | None] = {}
     for method in s.methods:
         rows: dict[str, dict[str, Any]] = {}
         base_main = analysis.load(base_eval_dir(s, "main", method))
         base_tr = analysis.load(base_eval_dir(s, "transfer", method))
+        base_epochs[method] = _checkpoint_epoch(runs.base_dir(s, method) / "checkpoint.pt")
         if base_main is not None:
             rows["base"] = {c: analysis.cell([base_main], c) for c in cols}
             rows["base"]["transfer"] = analysis.cell([base_tr], "linear 100%") if base_tr \
@@ -65,7 +67,8 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
         "settings": {k: (str(v) if isinstance(v, Path) else v)
                      for k, v in vars(s).items() if k not in ("base_runs",)},
         "base_runs": {m: str(runs.base_dir(s, m)) for m in s.methods},
-        "continued_epochs": s.continued_epochs, "columns": [*cols, "transfer"],
+        "base_epochs": base_epochs, "continued_epochs": s.continued_epochs,
+        "columns": [*cols, "transfer"],
         "timing_s": timing, "transfer_note": transfer_note,
         "table1": table, "tests": tests, "claim": _claim(s, tests),
         "ablation": _ablation(s),
@@ -74,6 +77,19 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
         "diagnostics": _diagnostics(s),
     }
     return result
+
+
+def _checkpoint_epoch(path: Path) -> int | None:
+    """The ``epoch`` recorded in a project checkpoint (the base model's training length)."""
+    import torch
+
+    if not path.is_file():
+        return None
+    try:
+        epoch = torch.load(path, map_location="cpu", weights_only=True).get("epoch")
+    except Exception:  # noqa: BLE001 - unreadable or foreign checkpoint: length unknown
+        return None
+    return int(epoch) if epoch is not None else None
 
 
 def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, Any]:
@@ -170,13 +186,12 @@ def _figures(s: ReproSettings, result: dict[str, Any], fig_dir: Path) -> dict[st
             result["epoch_curves"], fig_dir / "repro_continued_epochs.png", k,
             _label(min(s.fractions)), s.continued_epochs)
     for method, diag in result["diagnostics"].items():
-        for caption, rel in diag["figures"].items():
+        for rel in diag["figures"].values():
             name = Path(rel).stem
             if name in ("marginals", "nn_distances"):
                 src = s.out / "diagnostics" / method / rel
                 figs[f"diag:{method}:{name}"] = figures.copy_small(
                     src, fig_dir / f"repro_{method}_{name}.png")
-                figs[f"caption:{method}:{name}"] = Path(caption)
     return figs
 
 
@@ -205,9 +220,10 @@ def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
     lines += _what_it_means(s, r)
     t = r["timing_s"]
     if t:
-        lines += ["", "## Time", "", "Wall-clock seconds of this invocation per stage (finished "
-                  "work is skipped on rerun): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
-                  + "."]
+        lines += ["", "## Time", "", "Wall-clock seconds per stage, summed over the "
+                  "invocations that built this output directory: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
+                  + f" (total {sum(t.values()):.0f})."]
     return "\n".join(lines) + "\n"
 
 
@@ -218,9 +234,10 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
            "| method | model | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     other = []
     for method, rows in r["table1"].items():
+        epochs = r["base_epochs"].get(method)
         for name, cells in rows.items():
-            model = (f"base ({s.base_epochs} ep)" if name == "base" else
-                     f"{name} ({s.base_epochs}+{s.continued_epochs} ep)")
+            model = (f"base ({epochs} ep)" if name == "base" else
+                     f"{name} ({epochs}+{s.continued_epochs} ep)")
             line = f"| {method} | {model} | " + " | ".join(
                 analysis.fmt(cells.get(c)) for c in cols) + " |"
             (other if name in ("+VCReg", "+AUH", "+MMCR") else out).append(line)
@@ -293,10 +310,11 @@ def _figures_md(s: ReproSettings, r: dict[str, Any], figs: dict[str, str],
     for key, rel in figs.items():
         if key.startswith("diag:"):
             _, method, name = key.split(":")
-            caption = str(figs.get(f"caption:{method}:{name}", name))
+            caption = next((c for c, p in r["diagnostics"][method]["figures"].items()
+                            if Path(p).stem == name), name)
             out += [f"![{method} {name}]({rel})", "",
-                    f"{method}, base → continued → +E2MC (training seed {s.seeds[0]}): "
-                    f"{caption}.", ""]
+                    f"{method}: base (named `{method}`) → continued → +E2MC (training seed "
+                    f"{s.seeds[0]}): {caption}.", ""]
     return out
 
 
