@@ -154,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         "bases": lambda: (runs.stage_bases(s, log), stages.base_curves(s, evaluator, log)),
         "continue": lambda: runs.stage_continue(s, log),
         "eval": lambda: stages.stage_eval(s, evaluator, log),
-        "ablation": lambda: (runs.stage_ablation(s, log),
-                             stages.ablation_eval(s, evaluator, log)),
+        "ablation": lambda: (
+            (runs.stage_ablation(s, log), stages.ablation_eval(s, evaluator, log))
+            if s.ablation_method in s.methods
+            else log(f"  skipped: --ablation-method {s.ablation_method} is not in --methods")),
         "epochs": lambda: (runs.stage_epochs(s, log), stages.epoch_curves(s, evaluator, log)),
         "diagnostics": lambda: stages.stage_diagnostics(s, log),
     }
