@@ -1,0 +1,184 @@
+"""Training runs of the reproduction, all through the project's trainer
+(:func:`e2mc.training.run.run_training`, the code behind ``e2mc pretrain`` / ``e2mc continue``).
+
+A run is *done* when its last per-epoch checkpoint ``checkpoints/epoch_XXXX.pt`` exists; a done
+run is skipped, an interrupted one resumes from its ``checkpoint.pt`` (the trainer's resume).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from repro.settings import ReproSettings
+
+RUN_DIR_NAMES = {"none": "continued", "e2mc": "e2mc", "vcreg": "vcreg",
+                 "uniformity": "uniformity", "mmcr": "mmcr"}
+
+
+def epoch_checkpoint(run_dir: Path, epoch: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"epoch_{epoch:04d}.pt"
+
+
+def epoch_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(run epoch, path)`` of the per-epoch checkpoints of a run, in order."""
+    found = []
+    for path in (Path(run_dir) / "checkpoints").glob("epoch_*.pt"):
+        try:
+            found.append((int(path.stem.split("_")[1]), path))
+        except (IndexError, ValueError):
+            continue
+    return sorted(found)
+
+
+def is_done(run_dir: Path, epochs: int) -> bool:
+    return epoch_checkpoint(run_dir, epochs).is_file() and (Path(run_dir) / "checkpoint.pt"
+                                                           ).is_file()
+
+
+def _common(s: ReproSettings, epochs: int, seed: int) -> list[str]:
+    out = [f"model.backbone={s.backbone}", f"data.dataset={s.data}", "data.num_workers=0",
+           f"data.image_size={s.image_size}", f"training.epochs={epochs}",
+           f"training.seed={seed}", f"training.batch_size={s.batch_size}",
+           f"training.device={s.device}", "training.keep_epoch_checkpoints=true",
+           f"training.progress={str(s.progress).lower()}"]
+    if s.train_limit is not None:
+        out.append(f"data.limit={s.train_limit}")
+    if s.cpu_threads is not None:
+        out.append(f"training.cpu_threads={s.cpu_threads}")
+    return out
+
+
+def base_config(s: ReproSettings, method: str) -> Any:
+    """Preset ``fmnist-<method>-pretrain`` with the reproduction's backbone, data and length."""
+    from e2mc.training.config import load_config
+
+    return load_config(f"fmnist-{method}-pretrain",
+                       [*_common(s, s.base_epochs, s.base_seed), *s.base_overrides])
+
+
+def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs: int,
+                    start: Path, extra: list[str] | None = None) -> Any:
+    """Preset ``fmnist-<method>-continue[-e2mc]`` (``addon.name`` overridden for the other
+    criteria, whose parameters keep the paper's defaults), starting from ``start``."""
+    from e2mc.training.config import load_config
+
+    preset = f"fmnist-{method}-continue" + ("-e2mc" if addon == "e2mc" else "")
+    overrides = [*_common(s, epochs, seed), f"addon.name={addon}",
+                 f"init.checkpoint={start}", *s.continue_overrides, *(extra or [])]
+    return load_config(preset, overrides)
+
+
+def train(cfg: Any, run_dir: Path, log: Any) -> Path:
+    """Run (or resume, or skip when done) one training run; returns its ``checkpoint.pt``."""
+    from e2mc.training.run import run_training
+
+    run_dir = Path(run_dir)
+    if is_done(run_dir, cfg.training.epochs):
+        log(f"  skip (done): {run_dir}")
+        return run_dir / "checkpoint.pt"
+    start = time.perf_counter()
+    log(f"  train {cfg.mode} {cfg.method.name} + {cfg.addon.name} "
+        f"({cfg.training.epochs} epochs, seed {cfg.training.seed}) -> {run_dir}")
+    result = run_training(cfg, run_dir)
+    if not result.completed:
+        raise RuntimeError(f"{run_dir}: training stopped at epoch {result.run_epoch}")
+    log(f"    {time.perf_counter() - start:.1f} s")
+    return Path(result.checkpoint)
+
+
+def base_dir(s: ReproSettings, method: str) -> Path:
+    """The base run directory: ``--base-run METHOD=DIR`` or ``OUT/bases/<method>``."""
+    return Path(s.base_runs.get(method, s.out / "bases" / method))
+
+
+def continue_dir(s: ReproSettings, method: str, addon: str, seed: int) -> Path:
+    return s.out / "continue" / method / f"{RUN_DIR_NAMES[addon]}-s{seed}"
+
+
+def ablation_dir(s: ReproSettings, beta: float, gamma: float, seed: int) -> Path:
+    if beta == 0 and gamma == 0:  # the baseline is the "continued" run itself
+        return continue_dir(s, s.ablation_method, "none", seed)
+    if (beta, gamma) == e2mc_coefficients(s.ablation_method):  # the preset: the +E2MC run
+        return continue_dir(s, s.ablation_method, "e2mc", seed)
+    return s.out / "ablation" / s.ablation_method / f"b{beta:g}_g{gamma:g}-s{seed}"
+
+
+def epochs_dir(s: ReproSettings, method: str, addon: str) -> Path:
+    return s.out / "epochs" / method / f"{RUN_DIR_NAMES[addon]}-s{s.seeds[0]}"
+
+
+def e2mc_coefficients(method: str) -> tuple[float, float]:
+    """(beta, gamma) of the ``fmnist-<method>-continue-e2mc`` preset."""
+    from e2mc.training.config import load_config
+
+    params = load_config(f"fmnist-{method}-continue-e2mc", []).addon.params
+    return float(params["beta"]), float(params["gamma"])
+
+
+# --------------------------------------------------------------------------- stages
+def stage_bases(s: ReproSettings, log: Any) -> None:
+    for method in s.methods:
+        if method in s.base_runs:
+            log(f"  {method}: using the given base run {s.base_runs[method]}")
+            continue
+        train(base_config(s, method), base_dir(s, method), log)
+
+
+def _base_checkpoint(s: ReproSettings, method: str) -> Path:
+    path = base_dir(s, method) / "checkpoint.pt"
+    if method not in s.base_runs and not is_done(base_dir(s, method), s.base_epochs):
+        raise RuntimeError(f"the {method} base model is not trained yet ({base_dir(s, method)});"
+                           " run the 'bases' stage first")
+    return path
+
+
+def stage_continue(s: ReproSettings, log: Any) -> None:
+    from repro.settings import ADDONS
+
+    for method in s.methods:
+        start = _base_checkpoint(s, method)
+        for addon in ADDONS[method]:
+            for seed in s.seeds:
+                cfg = continue_config(s, method, addon, seed, s.continued_epochs, start)
+                train(cfg, continue_dir(s, method, addon, seed), log)
+
+
+def ablation_grid(s: ReproSettings) -> list[tuple[float, float]]:
+    """The absolute (beta, gamma) pairs: the multiples scaled by the method's preset values."""
+    beta0, gamma0 = e2mc_coefficients(s.ablation_method)
+    return [(float(f"{b * beta0:.6g}"), float(f"{g * gamma0:.6g}")) for b, g in s.ablation_pairs]
+
+
+def stage_ablation(s: ReproSettings, log: Any) -> None:
+    method, seed = s.ablation_method, s.seeds[0]
+    start = _base_checkpoint(s, method)
+    for beta, gamma in ablation_grid(s):
+        if beta == 0 and gamma == 0:
+            cfg = continue_config(s, method, "none", seed, s.continued_epochs, start)
+        else:
+            cfg = continue_config(s, method, "e2mc", seed, s.continued_epochs, start,
+                                  [f"addon.params.beta={beta}", f"addon.params.gamma={gamma}"])
+        train(cfg, ablation_dir(s, beta, gamma, seed), log)
+
+
+def stage_epochs(s: ReproSettings, log: Any) -> None:
+    """Continued training up to ``epochs_factor`` x the default length (first training seed).
+
+    With the constant learning rate of continued training, running longer is the same run
+    carried on, so a finished seed-0 run of the ``continue`` stage is copied and resumed.
+    """
+    seed, total = s.seeds[0], s.continued_epochs * s.epochs_factor
+    for method in s.long_methods:
+        start = _base_checkpoint(s, method)
+        for addon in ("none", "e2mc"):
+            run_dir = epochs_dir(s, method, addon)
+            source = continue_dir(s, method, addon, seed)
+            cfg = continue_config(s, method, addon, seed, total, start)
+            constant = cfg.optim.schedule == "constant"
+            if not run_dir.exists() and constant and is_done(source, s.continued_epochs):
+                log(f"  copy {source} -> {run_dir} (carried on to {total} epochs)")
+                shutil.copytree(source, run_dir)
+            train(cfg, run_dir, log)

@@ -1,0 +1,129 @@
+"""``benchmarks/reproduce_fashion_mnist.py --quick`` end to end on the shipped Fashion-MNIST subset
+(and a tiny generated transfer set), then again to check that finished work is skipped."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import e2mc
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "reproduce_fashion_mnist.py"
+DOCS_RESULTS = REPO / "docs" / "results.md"
+
+
+def _digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    src = str(Path(e2mc.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=REPO)
+
+
+def _primary(record: dict, column: str) -> list[float]:
+    return [e["metrics"][e["primary"]] for e in record["entries"] if e["column"] == column]
+
+
+@pytest.mark.slow
+def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    transfer = tmp_path / "digits.npz"
+    np.savez(transfer, x_train=rng.integers(0, 256, (60, 28, 28), dtype=np.uint8),
+             y_train=np.arange(60) % 10, x_test=rng.integers(0, 256, (40, 28, 28), dtype=np.uint8),
+             y_test=np.arange(40) % 10)
+    out = tmp_path / "repro"
+    docs_before = _digest(DOCS_RESULTS)
+    args = ["--quick", "--data", "builtin", "--transfer-data", str(transfer), "--out", str(out),
+            "--cpu-threads", "1"]
+    first = _run(args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    for stage in ("bases", "continue", "eval", "ablation", "epochs", "diagnostics", "report"):
+        assert f"stage {stage}" in first.stdout
+    assert _digest(DOCS_RESULTS) == docs_before, "--quick must not touch docs/results.md"
+
+    result = json.loads((out / "results.json").read_text())
+    assert result["quick"] is True and result["continued_epochs"] == 1
+    columns = ["linear 1%", "linear 10%", "linear 100%", "knn k=20", "transfer"]
+    assert result["columns"] == columns
+    expected_rows = {"vicreg": ["base", "continued", "+E2MC"],
+                     "swav": ["base", "continued", "+E2MC", "+VCReg", "+AUH", "+MMCR"],
+                     "simsiam": ["base", "continued", "+E2MC"]}
+    for method, rows in expected_rows.items():
+        assert list(result["table1"][method]) == rows
+        assert result["base_epochs"][method] == 2
+        for row in rows:
+            for column in columns:
+                cell = result["table1"][method][row][column]
+                assert 0.0 <= cell["mean"] <= 100.0 and math.isfinite(cell["mean"])
+
+    # The table is the evaluation run directories' numbers (one training and label seed).
+    ev = json.loads((out / "eval" / "main" / "vicreg" / "e2mc-s0" / "results.json").read_text())
+    assert ev["seeds"] == [0] and ev["fractions"] == [0.01, 0.1, 1.0]
+    for column in columns[:4]:
+        assert result["table1"]["vicreg"]["+E2MC"][column]["mean"] == pytest.approx(
+            float(np.mean(_primary(ev, column))))
+    # A paired test per column, and its difference is the difference of the table cells.
+    summary = result["tests"]["vicreg"]["+E2MC vs continued"]["summary"]
+    for column in columns:
+        t = summary[column]
+        assert t["pairs"] == 1 and 0.0 <= t["min_mcnemar_p"] <= 1.0
+        table = result["table1"]["vicreg"]
+        assert t["difference"]["mean"] == pytest.approx(
+            table["+E2MC"][column]["mean"] - table["continued"][column]["mean"])
+    assert set(result["claim"]) == {"vicreg", "swav"}
+
+    ablation = result["ablation"]
+    assert ablation["method"] == "vicreg"
+    assert [(r["beta_x"], r["gamma_x"]) for r in ablation["rows"]] == [(0, 0), (1, 0), (0, 1),
+                                                                      (1, 1)]
+    assert [(r["beta"], r["gamma"]) for r in ablation["rows"]][1:] == [(1000, 0), (0, 100),
+                                                                      (1000, 100)]
+    # (1, 1) x the preset is the +E2MC run itself: same checkpoint, same 1% probe.
+    assert ablation["rows"][3]["linear 1%"]["mean"] == pytest.approx(
+        result["table1"]["vicreg"]["+E2MC"]["linear 1%"]["mean"])
+
+    assert [p["epoch"] for p in result["base_curves"]["vicreg"]] == [0, 1, 2]
+    long_runs = result["epoch_curves"]["vicreg"]
+    assert set(long_runs) == {"continued", "e2mc"}
+    assert [p["epoch"] for p in long_runs["e2mc"]] == [0, 1, 2]
+    assert set(result["diagnostics"]) == {"vicreg", "swav", "simsiam"}
+
+    md = (out / "results.md").read_text()
+    for heading in ("Table 1", "Table 3 (SwAV)", "Paired tests", "Table A.2",
+                    "What we measured and what it means"):
+        assert heading in md
+    assert "--quick" in md and "Quick mode" in md
+    figures = sorted((out / "figures").glob("*.png"))
+    assert len(figures) == 2 + 2 * 3
+    assert all(0 < f.stat().st_size < 200_000 for f in figures)
+    for f in figures:
+        assert f"figures/{f.name}" in md
+
+    checkpoints = {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")}
+    second = _run(args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "  train " not in second.stdout and "skip (done)" in second.stdout
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")} == checkpoints
+    again = json.loads((out / "results.json").read_text())
+    assert again["table1"] == result["table1"]
+
+
+def test_bad_arguments_are_reported(tmp_path: Path) -> None:
+    proc = _run(["--quick", "--methods", "byol", "--out", str(tmp_path / "x"),
+                 "--stages", "report"])
+    assert proc.returncode == 2 and "unknown method" in proc.stderr
+    proc = _run(["--quick", "--stages", "bases,train", "--out", str(tmp_path / "x")])
+    assert proc.returncode == 2 and "unknown stage" in proc.stderr
