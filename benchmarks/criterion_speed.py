@@ -34,12 +34,18 @@ from e2mc.criterion import compact_transform, covariance_penalty, m_spacings_ent
 SHAPES = {"VICReg": (512, 8192), "SwAV": (512, 128), "SimSiam": (512, 2048)}
 
 
+def sorted_entropy(x: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1's m_spacings_estimator: torch.sort(dim=0) under autograd."""
+    n = x.shape[0]
+    m = round(n**0.5)
+    s, _ = torch.sort(x, dim=0)
+    return torch.log((s[m:] - s[: n - m]) * (n + 1) / m + 1e-7).sum(0).div(n - m).mean()
+
+
 def straightforward(z: torch.Tensor) -> torch.Tensor:
     x = torch.sigmoid(z)
     n, d = x.shape
-    m = round(n**0.5)
-    s, _ = torch.sort(x, dim=0)
-    entropy = torch.log((s[m:] - s[: n - m]) * (n + 1) / m + 1e-7).sum(0).div(n - m).mean()
+    entropy = sorted_entropy(x)
     xc = x - x.mean(dim=0)
     cov = xc.T @ xc / (n - 1)
     off = cov - torch.diag(torch.diag(cov))
@@ -49,9 +55,7 @@ def straightforward(z: torch.Tensor) -> torch.Tensor:
 def gram_only(z: torch.Tensor) -> torch.Tensor:
     x = torch.sigmoid(z)
     n, d = x.shape
-    m = round(n**0.5)
-    s, _ = torch.sort(x, dim=0)
-    entropy = torch.log((s[m:] - s[: n - m]) * (n + 1) / m + 1e-7).sum(0).div(n - m).mean()
+    entropy = sorted_entropy(x)
     xc = x - x.mean(dim=0)
     total = (xc @ xc.T).pow(2).sum() if n < d else (xc.T @ xc).pow(2).sum()
     diagonal = xc.pow(2).sum(0).pow(2).sum()

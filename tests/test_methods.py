@@ -18,22 +18,14 @@ from e2mc.methods import (
     sinkhorn,
     vicreg_loss,
 )
+from reference import reference_vicreg_std_cov
 
 
 # ---- references written from the official code ---------------------------------------------
 def ref_vicreg(x, y, sim=25.0, std=25.0, cov=1.0):
     """main_vicreg.VICReg.forward (single process)."""
-    n, d = x.shape
     repr_loss = ((x - y) ** 2).mean()
-    x = x - x.mean(dim=0)
-    y = y - y.mean(dim=0)
-    std_x = torch.sqrt(x.var(dim=0) + 0.0001)
-    std_y = torch.sqrt(y.var(dim=0) + 0.0001)
-    std_loss = torch.mean(torch.relu(1 - std_x)) / 2 + torch.mean(torch.relu(1 - std_y)) / 2
-    cov_x = (x.T @ x) / (n - 1)
-    cov_y = (y.T @ y) / (n - 1)
-    off = ~torch.eye(d, dtype=torch.bool)
-    cov_loss = cov_x[off].pow(2).sum() / d + cov_y[off].pow(2).sum() / d
+    std_loss, cov_loss = reference_vicreg_std_cov(x, y)
     return sim * repr_loss + std * std_loss + cov * cov_loss, (repr_loss, std_loss, cov_loss)
 
 
