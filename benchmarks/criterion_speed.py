@@ -7,9 +7,9 @@ Compares, in one run, at the paper's shapes (n = 512; d = 8192 VICReg, 128 SwAV,
 * ``gram``: the ``n x n`` Gram matrix for the covariance, sort still under autograd;
 * ``e2mc``: the package (Gram path, contiguous row sort, analytic spacing backward).
 
-Time: median of ``--repeats`` runs after a warm-up. Peak memory: the rise of the peak resident
-set size (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess over its resident
-size before the first call (CPU, Linux), or
+Time: median of ``--repeats`` runs after a warm-up, the variants taking turns. Peak memory:
+the rise of the peak resident set size (VmHWM, reset through /proc/self/clear_refs) of a fresh
+subprocess over its resident size before the first call (CPU, Linux), or
 ``torch.cuda.max_memory_allocated`` (GPU). Prints a table and writes JSON.
 
     python benchmarks/criterion_speed.py --out benchmarks/out/criterion_speed.json
@@ -84,18 +84,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_variant(name: str, n: int, d: int, device: torch.device, repeats: int) -> float:
-    z = torch.randn(n, d, device=device, requires_grad=True)
-    fn = VARIANTS[name]
-    step(fn, z)  # warm-up
-    times = []
+def time_variants(n: int, d: int, device: torch.device, repeats: int) -> dict[str, float]:
+    """Median seconds of one forward + backward per variant. The variants take turns within each
+    repeat, so that load drifting on a shared machine hits all of them alike."""
+    inputs = {name: torch.randn(n, d, device=device, requires_grad=True) for name in VARIANTS}
+    for name, fn in VARIANTS.items():
+        step(fn, inputs[name])  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        step(fn, z)
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in VARIANTS.items():
+            sync(device)
+            start = time.perf_counter()
+            step(fn, inputs[name])
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 _MEMORY_PROBE = """
@@ -146,8 +149,9 @@ def main() -> None:
     rows = []
     for method, (n, d) in SHAPES.items():
         ref_time = ref_mem = None
+        medians = time_variants(n, d, device, args.repeats)
         for name in VARIANTS:
-            seconds = time_variant(name, n, d, device, args.repeats)
+            seconds = medians[name]
             memory = peak_memory_mb(name, n, d, device)
             if name == "straightforward":
                 ref_time, ref_mem = seconds, memory
