@@ -38,6 +38,11 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
         raise ValueError(
             f"{what} must be 2-D [n samples, d dimensions], got shape {tuple(x.shape)}"
         )
+    # One reduction on the common path: a non-finite value makes the sum non-finite (a sum that
+    # overflows without one falls through to the exact check below and passes).
+    accumulate = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if bool(torch.isfinite(x.sum(dtype=accumulate))):
+        return
     finite = torch.isfinite(x)
     if not bool(finite.all()):
         bad = ~finite
@@ -118,7 +123,7 @@ class _SpacingsEntropy(torch.autograd.Function):
             grad_sorted = torch.zeros_like(s)
             grad_sorted[:, m:] += g
             grad_sorted[:, : n - m] -= g
-            grad_x[:, cols] = grad_sorted.scatter(1, idx, grad_sorted).t()
+            grad_x.t()[cols].scatter_(1, idx, grad_sorted)  # straight into the [n, d] layout
         return grad_x, None, None
 
 
@@ -171,9 +176,10 @@ class _OffDiagonalSquares(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         x, mean, gram, column_squares = ctx.saved_tensors
-        xc = x - mean
-        product = gram @ xc if ctx.use_rows else xc @ gram
-        product.addcmul_(xc, column_squares, value=-1)
+        # G xc = G x because the rows of G = xc xc^T sum to zero; xc G = x G - 1 (mean G).
+        # Either way the centred copy of x is never formed.
+        product = gram @ x if ctx.use_rows else (x @ gram).sub_(mean @ gram)
+        product.addcmul_(x, column_squares, value=-1).add_(mean * column_squares)
         return product.mul_(4 * grad_out)
 
 
