@@ -206,3 +206,16 @@ def test_bad_inputs_raise_clear_errors() -> None:
         covariance_penalty(torch.rand(10, 3), n=1)
     with pytest.raises(ValueError, match="eps must be >= 0"):
         m_spacings_entropy(torch.rand(10, 3), eps=-1.0)
+
+
+def test_covariance_gradient_stays_accurate_in_float32_for_inputs_with_a_large_mean() -> None:
+    # The analytic backward never forms the centred matrix; it must still not lose float32
+    # precision to the mean (both the Gram path n < d and the covariance path n > d).
+    for n, d in [(64, 1024), (1024, 64)]:
+        z = 0.3 * torch.randn(n, d, dtype=torch.float64) + 5.0
+        x64 = z.clone().requires_grad_(True)
+        x32 = z.float().requires_grad_(True)
+        covariance_penalty(x64).backward()
+        covariance_penalty(x32).backward()
+        rel = (x32.grad.double() - x64.grad).norm() / x64.grad.norm()
+        assert rel < 2e-5, (n, d, float(rel))

@@ -176,9 +176,13 @@ class _OffDiagonalSquares(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         x, mean, gram, column_squares = ctx.saved_tensors
-        # G xc = G x because the rows of G = xc xc^T sum to zero; xc G = x G - 1 (mean G).
-        # Either way the centred copy of x is never formed.
-        product = gram @ x if ctx.use_rows else (x @ gram).sub_(mean @ gram)
+        # G xc = G x - (G 1) mean and xc G = x G - 1 (mean G): the centred copy of x is never
+        # formed. (G 1 is zero up to rounding; subtracting it keeps float32 exact for inputs
+        # with a large mean.)
+        if ctx.use_rows:
+            product = (gram @ x).addr_(gram.sum(dim=1), mean.squeeze(0), alpha=-1)
+        else:
+            product = (x @ gram).sub_(mean @ gram)
         product.addcmul_(x, column_squares, value=-1).add_(mean * column_squares)
         return product.mul_(4 * grad_out)
 
