@@ -53,7 +53,9 @@ def torch_load(path: str | os.PathLike[str], trust: bool = False) -> Any:
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def _atomic_write(path: str | os.PathLike[str], write: Any, mode: str) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> None:
+    """Call ``write(file)`` on a temporary file beside ``path`` (``mode`` ``"wb"`` or ``"w"``),
+    flush and fsync it, then ``os.replace`` it onto ``path``; on failure nothing is left."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -72,8 +74,8 @@ def _atomic_write(path: str | os.PathLike[str], write: Any, mode: str) -> None:
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
     """``torch.save`` to a temporary file in the same directory, then ``os.replace``: readers
     never see a half-written file."""
-    _atomic_write(path, lambda f: torch.save(obj, f), "wb")
+    atomic_write(path, lambda f: torch.save(obj, f), "wb")
 
 
 def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
-    _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n"), "w")
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n"), "w")

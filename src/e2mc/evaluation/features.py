@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from e2mc.checkpoints.io import atomic_write
+
 
 @torch.no_grad()
 def extract_features(
@@ -140,9 +142,7 @@ class FeatureCache:
             with np.load(path) as stored:
                 return stored["features"], stored["labels"], True
         features, labels = extractor(backbone, dataset, **extract_kwargs)
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-        np.savez(tmp, features=features, labels=labels,
-                 identity=np.array(json.dumps(identity, sort_keys=True)))
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: np.savez(
+            f, features=features, labels=labels,
+            identity=np.array(json.dumps(identity, sort_keys=True))))
         return features, labels, False

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from e2mc.checkpoints.io import atomic_write
 from e2mc.evaluation.statistics import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -78,10 +79,8 @@ def write_results(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> Pa
     record = dict(record)
     record["summary"] = summarize(record["entries"])
     path = Path(run_dir) / "results.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=_jsonable))
-    os.replace(tmp, path)
+    text = json.dumps(record, indent=2, default=_jsonable)
+    atomic_write(path, lambda f: f.write(text), "w")
     return path
 
 
