@@ -21,7 +21,6 @@ from e2mc.evaluation import (
     knn_classify,
     linear_preset,
     linear_sweep,
-    stratified_subset,
     svm_transfer,
     train_augmented_linear_probe,
     train_linear_probe,
@@ -41,18 +40,6 @@ def blobs(n_per_class: int, classes: int, dim: int, sep: float, seed: int):
 
 
 # ---------------------------------------------------------------- subsets and presets
-def test_stratified_subset_counts_and_determinism():
-    y = np.repeat(np.arange(4), [100, 50, 30, 7])
-    idx = stratified_subset(y, 0.1, seed=0)
-    assert np.bincount(y[idx]).tolist() == [10, 5, 3, 1]  # at least one per class
-    assert len(np.unique(idx)) == len(idx)
-    assert np.array_equal(idx, stratified_subset(y, 0.1, seed=0))
-    assert not np.array_equal(idx, stratified_subset(y, 0.1, seed=1))
-    assert np.array_equal(stratified_subset(y, 1.0, seed=3), np.arange(len(y)))
-    with pytest.raises(ValueError, match="fraction"):
-        stratified_subset(y, 0.0, 0)
-
-
 def test_presets_follow_method_md():
     assert linear_preset("vicreg", 0.01).weight_decay == 1e-4
     assert linear_preset("vicreg", 1.0).weight_decay == 1e-6

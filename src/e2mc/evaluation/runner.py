@@ -17,13 +17,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
+from e2mc.data.subsets import label_fraction_indices
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.presets import finetune_preset, linear_preset
 from e2mc.evaluation.results import fraction_label, save_predictions, write_results
-from e2mc.evaluation.subsets import stratified_subset
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
 from e2mc.evaluation.sweep import linear_sweep
 
@@ -129,7 +129,7 @@ def run_evaluation(
                                   for f in options.fractions}
         for fraction in options.fractions:
             for seed in options.seeds:
-                idx = stratified_subset(train_y, fraction, seed)
+                idx = label_fraction_indices(train_y, fraction, seed)
                 result = train_augmented_linear_probe(
                     backbone, Subset(train_dataset, idx.tolist()), test_x, test_y,
                     num_classes, linear_config(fraction), seed=seed, device=device,
@@ -152,7 +152,7 @@ def run_evaluation(
             config = finetune_preset(options.method, fraction, **options.finetune_overrides)
             settings["finetune"][fraction_label(fraction)] = dataclasses.asdict(config)
             for seed in options.seeds:
-                idx = stratified_subset(train_y, fraction, seed)
+                idx = label_fraction_indices(train_y, fraction, seed)
                 result = finetune(backbone, feature_dim, num_classes,
                                   Subset(train_dataset, idx.tolist()), test_dataset, config,
                                   seed=seed, device=device, num_workers=options.num_workers,

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from e2mc.data.subsets import label_fraction_indices
 from e2mc.evaluation.linear import ProbeResult, train_linear_probe
 from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
-from e2mc.evaluation.subsets import stratified_subset
 
 
 def linear_sweep(
@@ -24,7 +24,7 @@ def linear_sweep(
     device: str | torch.device = "cpu",
 ) -> dict[float, list[tuple[int, ProbeResult]]]:
     """Train one probe per (fraction, seed). The seed picks the stratified label subset
-    (:func:`stratified_subset`) and the probe's initialization and batch order; the config
+    (:func:`label_fraction_indices`) and the probe's initialization and batch order; the config
     comes from ``config_for(fraction)`` or the method's preset (:func:`linear_preset`)."""
     if not fractions or not seeds:
         raise ValueError("need at least one fraction and one seed")
@@ -34,7 +34,7 @@ def linear_sweep(
         config = config_for(fraction) if config_for else linear_preset(method, fraction)
         out[fraction] = []
         for seed in seeds:
-            idx = stratified_subset(train_y, fraction, seed)
+            idx = label_fraction_indices(train_y, fraction, seed)
             result = train_linear_probe(train_x[idx], train_y[idx], test_x, test_y, config,
                                         seed=seed, num_classes=num_classes, device=device)
             out[fraction].append((seed, result))

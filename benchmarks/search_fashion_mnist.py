@@ -1,0 +1,312 @@
+"""Where, if anywhere, does E2MC help at this scale? A pre-declared search on a validation split
+(issue 7, section 3; docs/search.md).
+
+    python benchmarks/search_fashion_mnist.py --base-run vicreg=RUN --base-run swav=RUN \
+        --base-run simsiam=RUN --out /work/runs/search --cpu-threads 1
+
+Protocol, fixed before any result was seen:
+
+* The bases are the reproduction's base models (``--base-run METHOD=DIR``).
+* Validation split: 20% of the *training* images held out, stratified, with seed
+  ``VALIDATION_SEED``; probes train on label fractions of the other 80% and are scored on the
+  held-out images. The test split is never read by this script.
+* A trial is a setting (config overrides) of continued training. For each trial the
+  "continued" run (add-on ``none``) and the +E2MC run get the same overrides and training seed
+  (``--seed``, default 100, outside the confirmation seeds 0-2); trials that change only the
+  E2MC coefficients share the continued run of their setting.
+* Each run is scored with 1% and 10% linear probes (label seeds 0, 1, 2; the "generic" probe,
+  30 epochs) and kNN (k = 20) on the validation split; the table reports the paired
+  difference +E2MC minus continued (same label seed) and the entropy term of the last step.
+* Selection rule: per method, the trial with the largest mean paired difference at 1% labels
+  goes to confirmation on the test split with fresh training seeds (by
+  ``reproduce_fashion_mnist.py --continue-set``) if that difference is positive.
+
+Everything is cached in ``--out``: finished runs and evaluations are skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repro import runs  # noqa: E402
+from repro.evaluate import Evaluator, Split  # noqa: E402
+from repro.settings import ReproSettings  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+VALIDATION_SEED = 1234
+VALIDATION_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One setting: ``common`` overrides for both runs, ``e2mc`` overrides for +E2MC only."""
+
+    name: str
+    common: tuple[str, ...] = ()
+    e2mc: tuple[str, ...] = ()
+    why: str = ""
+
+
+def _coef(beta: float, gamma: float) -> tuple[str, ...]:
+    return (f"addon.params.beta={beta:g}", f"addon.params.gamma={gamma:g}")
+
+
+#: The grid, per method: learning rate, batch size, length, coefficients (scaled from the
+#: preset) and, for VICReg, the other compact transform. Presets: VICReg LARS lr 0.003,
+#: beta 1000, gamma 100, hypercube; SwAV LARC lr 0.001, beta 1, gamma 25, hypersphere;
+#: SimSiam SGD lr 0.001, beta 0.001, gamma 0.01, hypersphere; batch 256, 2 epochs.
+TRIALS: dict[str, tuple[Trial, ...]] = {
+    "vicreg": (
+        Trial("preset", why="the paper's coefficients, lr and length"),
+        Trial("lr x0.3", ("optim.base_lr=0.0009",), why="smaller steps"),
+        Trial("lr x3", ("optim.base_lr=0.009",), why="larger steps"),
+        Trial("lr x10", ("optim.base_lr=0.03",), why="much larger steps"),
+        Trial("batch 128", ("training.batch_size=128",), why="noisier entropy estimate"),
+        Trial("batch 512", ("training.batch_size=512",), why="better entropy estimate"),
+        Trial("1 epoch", ("training.epochs=1",), why="shorter continued phase"),
+        Trial("coef x0.3", e2mc=_coef(300, 30), why="weaker add-on"),
+        Trial("coef x3", e2mc=_coef(3000, 300), why="stronger add-on"),
+        Trial("hypersphere", e2mc=("addon.params.space=hypersphere",),
+              why="the other compact transform (less saturation of large z)"),
+    ),
+    "swav": (
+        Trial("preset", why="the paper's coefficients, lr and length"),
+        Trial("lr x10", ("optim.base_lr=0.01",), why="the preset barely moves the weights"),
+        Trial("lr x100", ("optim.base_lr=0.1",), why="closer to the pretraining lr (0.6)"),
+        Trial("coef x10", e2mc=_coef(10, 250), why="stronger add-on"),
+        Trial("coef x100", e2mc=_coef(100, 2500), why="add-on comparable to the SwAV loss"),
+    ),
+    "simsiam": (
+        Trial("preset", why="the paper's coefficients, lr and length"),
+        Trial("lr x10", ("optim.base_lr=0.01",), why="larger steps"),
+        Trial("coef x10", e2mc=_coef(0.01, 0.1), why="stronger add-on"),
+        Trial("coef x100", e2mc=_coef(0.1, 1), why="add-on ~1/1 of the loss"),
+        Trial("coef x1000", e2mc=_coef(1, 10), why="add-on dominating"),
+    ),
+}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_") or "preset"
+
+
+@dataclass
+class Search:
+    s: ReproSettings
+    seed: int
+    log: Any
+    split: Split = field(init=False)
+    evaluator: Evaluator = field(init=False)
+
+    def __post_init__(self) -> None:
+        from torch.utils.data import Subset
+
+        from e2mc.data import build_dataset, eval_transform
+        from e2mc.data.subsets import _labels_of, label_fraction_indices
+
+        self.evaluator = Evaluator(self.s)
+        train = build_dataset(self.s.data, "train", eval_transform(self.s.image_size, 1))
+        labels = _labels_of(train)
+        val = label_fraction_indices(labels, VALIDATION_FRACTION, VALIDATION_SEED)
+        rest = np.setdiff1d(np.arange(len(labels)), val)
+        probe_train, held_out = Subset(train, rest.tolist()), Subset(train, val.tolist())
+        probe_train.labels, held_out.labels = labels[rest], labels[val]  # type: ignore[attr-defined]
+        self.split = Split(probe_train, held_out,
+                           f"{self.s.data}|validation:{VALIDATION_FRACTION}:{VALIDATION_SEED}")
+
+    def _train(self, method: str, addon: str, trial: Trial, run_dir: Path) -> Path:
+        extra = [*trial.common, *(trial.e2mc if addon == "e2mc" else ())]
+        epochs = self.s.continued_epochs
+        for item in trial.common:
+            if item.startswith("training.epochs="):
+                epochs = int(item.split("=", 1)[1])
+        start = runs.base_dir(self.s, method) / "checkpoint.pt"
+        cfg = runs.continue_config(self.s, method, addon, self.seed, epochs, start, extra)
+        return runs.train(cfg, run_dir, self.log)
+
+    def _score(self, checkpoint: Path, out_dir: Path, method: str) -> dict[str, Any]:
+        record = self.evaluator.evaluate(checkpoint, out_dir, method, self.split,
+                                         ("linear", "knn"), self.s.fractions, self.s.label_seeds)
+        scores: dict[str, Any] = {}
+        for e in record["entries"]:
+            scores.setdefault(e["column"], {})[e.get("seed", 0)] = e["metrics"][e["primary"]]
+        return scores
+
+    def run_trial(self, method: str, trial: Trial) -> dict[str, Any]:
+        root = self.s.out / method
+        continued_dir = root / f"continued-{_slug(' '.join(trial.common))}-s{self.seed}"
+        e2mc_dir = root / f"e2mc-{_slug(trial.name)}-s{self.seed}"
+        self.log(f"{method} / {trial.name}")
+        result: dict[str, Any] = {"method": method, "trial": trial.name, "why": trial.why,
+                                  "common": list(trial.common), "e2mc": list(trial.e2mc)}
+        for addon, run_dir in (("none", continued_dir), ("e2mc", e2mc_dir)):
+            ckpt = self._train(method, addon, trial, run_dir)
+            result[addon] = self._score(ckpt, run_dir / "val-eval", method)
+            result[f"{addon}_last_step"] = _last_step(run_dir)
+        return result
+
+    def base_scores(self, method: str) -> dict[str, Any]:
+        ckpt = runs.base_dir(self.s, method) / "checkpoint.pt"
+        return self._score(ckpt, self.s.out / method / "base-val-eval", method)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from e2mc.checkpoints.io import atomic_write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(data, path)
+
+
+def _last_step(run_dir: Path) -> dict[str, float]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def paired(result: dict[str, Any], column: str) -> tuple[float, float, float]:
+    """(continued mean, +E2MC mean, mean paired difference) over label seeds, in points."""
+    a, b = result["none"][column], result["e2mc"][column]
+    seeds = sorted(set(a) & set(b))
+    ca = np.array([a[k] for k in seeds]) * 100
+    cb = np.array([b[k] for k in seeds]) * 100
+    return float(ca.mean()), float(cb.mean()), float((cb - ca).mean())
+
+
+def selection(results: list[dict[str, Any]], column: str) -> dict[str, str | None]:
+    """The declared rule: per method, the largest mean paired difference at 1%, if positive."""
+    chosen: dict[str, str | None] = {}
+    for method in dict.fromkeys(r["method"] for r in results):
+        rows = [r for r in results if r["method"] == method]
+        best = max(rows, key=lambda r: paired(r, column)[2])
+        chosen[method] = best["trial"] if paired(best, column)[2] > 0 else None
+    return chosen
+
+
+def table(results: list[dict[str, Any]], bases: dict[str, Any], columns: list[str]) -> list[str]:
+    head = "| method | trial | " + " | ".join(
+        f"{c}: continued | +E2MC | Δ" for c in columns) + " | entropy term (last step) |"
+    lines = [head, "|" + "---|" * (3 + 3 * len(columns)) ]
+    for method, scores in bases.items():
+        cells = [f"{np.mean(list(scores[c].values())) * 100:.2f} | | " for c in columns]
+        lines.append(f"| {method} | base | " + " | ".join(cells) + " | |")
+    for r in results:
+        cells = []
+        for c in columns:
+            cont, e2mc, delta = paired(r, c)
+            cells.append(f"{cont:.2f} | {e2mc:.2f} | **{delta:+.2f}**")
+        entropy = r["e2mc_last_step"].get("addon/entropy")
+        ent = f"{entropy:.3f}" if entropy is not None else ""
+        lines.append(f"| {r['method']} | {r['trial']} | " + " | ".join(cells) + f" | {ent} |")
+    return lines
+
+
+def figure(results: list[dict[str, Any]], columns: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in results))
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.6), squeeze=False)
+    for ax, method in zip(axes[0], methods, strict=True):
+        rows = [r for r in results if r["method"] == method]
+        y = np.arange(len(rows))
+        for j, c in enumerate(columns):
+            ax.barh(y + (j - (len(columns) - 1) / 2) * 0.8 / len(columns),
+                    [paired(r, c)[2] for r in rows], height=0.8 / len(columns), label=c)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(y, [r["trial"] for r in rows])
+        ax.invert_yaxis()
+        ax.set_title(method)
+        ax.set_xlabel("+E2MC − continued (points, validation)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="builtin")
+    p.add_argument("--base-run", action="append", default=[], metavar="METHOD=DIR",
+                   required=True)
+    p.add_argument("--base-epochs", type=int, default=16,
+                   help="length of the bases; the continued length is 10%% of it")
+    p.add_argument("--methods", help="subset of the methods given by --base-run")
+    p.add_argument("--trials", help="comma-separated trial names (default: all)")
+    p.add_argument("--seed", type=int, default=100, help="training seed of every search run")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cpu-threads", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--write-docs", action="store_true", help="also write docs/search.md")
+    args = p.parse_args(argv)
+    base_runs = dict(item.split("=", 1) for item in args.base_run)
+    methods = args.methods.split(",") if args.methods else list(base_runs)
+    unknown = [m for m in methods if m not in TRIALS or m not in base_runs]
+    if unknown:
+        print(f"error: no trials or no --base-run for {unknown}", file=sys.stderr)
+        return 2
+    s = ReproSettings(data=args.data, out=args.out, methods=tuple(methods),
+                      base_runs={m: Path(d) for m, d in base_runs.items()},
+                      base_epochs=args.base_epochs, fractions=(0.01, 0.1), knn_k=(20,),
+                      probe_epochs=30, probe_preset="generic", cpu_threads=args.cpu_threads,
+                      progress=not args.no_progress)
+    s.validate()
+    wanted = set(args.trials.split(",")) if args.trials else None
+    start = time.perf_counter()
+
+    def log(text: str) -> None:
+        print(f"[{time.perf_counter() - start:7.1f} s] {text}", flush=True)
+
+    search = Search(s, args.seed, log)
+    for method in methods:  # one file per method, so that methods can run in parallel
+        base = search.base_scores(method)
+        done: list[dict[str, Any]] = []
+        for trial in TRIALS[method]:
+            if wanted is None or trial.name in wanted:
+                done.append(search.run_trial(method, trial))
+                _write_json(s.out / method / "search.json",
+                            {"base": base, "results": done})
+    results, bases = [], {}
+    for method in TRIALS:  # the report covers every method searched so far in --out
+        path = s.out / method / "search.json"
+        if path.is_file():
+            record = json.loads(path.read_text())
+            results += record["results"]
+            bases[method] = record["base"]
+    columns = ["linear 1%", "linear 10%", "knn k=20"]
+    chosen = selection(results, "linear 1%")
+    command = shlex.join(["python", "benchmarks/search_fashion_mnist.py", *argv])
+    lines = [*table(results, bases, columns), "",
+             "Selected for confirmation (largest Δ at 1%, if positive): "
+             + ", ".join(f"{m}: {t or 'none'}" for m, t in chosen.items()),
+             "", f"Last command: `{command}`"]
+    _write_json(s.out / "search.json", {"results": results, "bases": bases, "selected": chosen})
+    (s.out / "search.md").write_text("\n".join(lines) + "\n")
+    figure(results, columns, s.out / "search.png")
+    print("\n".join(lines))
+    if args.write_docs:
+        figure(results, columns, REPO / "docs" / "figures" / "search_deltas.png")
+        (REPO / "docs" / "search_table.md").write_text("\n".join(lines) + "\n")
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
