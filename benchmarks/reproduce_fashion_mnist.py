@@ -81,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
                    help="config override for the base runs (repeatable)")
     p.add_argument("--continue-set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every continued run (repeatable)")
+    p.add_argument("--e2mc-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for the +E2MC runs only (repeatable), e.g. "
+                        "addon.params.beta=300")
     p.add_argument("--cpu-threads", type=int, help="torch.set_num_threads for every run")
     p.add_argument("--device", default="cpu")
     p.add_argument("--write-docs", action="store_true",
@@ -109,7 +112,7 @@ def settings_from(args: argparse.Namespace) -> ReproSettings:
     common = dict(data=args.data, transfer_data=args.transfer_data, out=args.out,
                   methods=tuple(m for m in args.methods.split(",") if m), device=args.device,
                   base_runs=base_runs, base_overrides=args.base_set,
-                  continue_overrides=args.continue_set)
+                  continue_overrides=args.continue_set, e2mc_overrides=args.e2mc_set)
     s = (ReproSettings.quick(**common, **changes) if args.quick
          else ReproSettings(**common, **changes))
     s.validate()

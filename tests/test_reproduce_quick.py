@@ -127,3 +127,18 @@ def test_bad_arguments_are_reported(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "unknown method" in proc.stderr
     proc = _run(["--quick", "--stages", "bases,train", "--out", str(tmp_path / "x")])
     assert proc.returncode == 2 and "unknown stage" in proc.stderr
+
+
+def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from repro.runs import continue_config
+    from repro.settings import ReproSettings
+
+    s = ReproSettings(out=tmp_path, continue_overrides=["optim.base_lr=0.0123"],
+                      e2mc_overrides=["addon.params.beta=7", "addon.params.gamma=0"])
+    start = tmp_path / "checkpoint.pt"
+    e2mc_cfg = continue_config(s, "vicreg", "e2mc", 0, 2, start)
+    none_cfg = continue_config(s, "vicreg", "none", 0, 2, start)
+    assert (e2mc_cfg.addon.params["beta"], e2mc_cfg.addon.params["gamma"]) == (7.0, 0.0)
+    assert none_cfg.addon.name == "none" and "beta" not in none_cfg.addon.params
+    assert e2mc_cfg.optim.base_lr == none_cfg.optim.base_lr == 0.0123

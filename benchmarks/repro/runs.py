@@ -67,7 +67,8 @@ def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs
 
     preset = f"fmnist-{method}-continue" + ("-e2mc" if addon == "e2mc" else "")
     overrides = [*_common(s, epochs, seed), f"addon.name={addon}",
-                 f"init.checkpoint={start}", *s.continue_overrides, *(extra or [])]
+                 f"init.checkpoint={start}", *s.continue_overrides,
+                 *(s.e2mc_overrides if addon == "e2mc" else []), *(extra or [])]
     return load_config(preset, overrides)
 
 

@@ -54,6 +54,7 @@ class ReproSettings:
     base_runs: dict[str, Path] = field(default_factory=dict)
     base_overrides: list[str] = field(default_factory=list)
     continue_overrides: list[str] = field(default_factory=list)
+    e2mc_overrides: list[str] = field(default_factory=list)  # +E2MC runs only
     progress: bool = True
     quick_mode: bool = False
 

@@ -1,0 +1,38 @@
+"""The selection rule and paired differences of ``benchmarks/search_fashion_mnist.py``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from search_fashion_mnist import TRIALS, paired, selection  # noqa: E402
+
+
+def _result(method: str, trial: str, continued: list[float], e2mc: list[float]) -> dict:
+    return {"method": method, "trial": trial,
+            "none": {"linear 1%": {str(i): v for i, v in enumerate(continued)}},
+            "e2mc": {"linear 1%": {str(i): v for i, v in enumerate(e2mc)}}}
+
+
+def test_paired_difference_is_per_label_seed_in_points() -> None:
+    r = _result("vicreg", "a", [0.50, 0.60, 0.70], [0.52, 0.59, 0.73])
+    cont, e2mc, delta = paired(r, "linear 1%")
+    assert cont == pytest.approx(60.0) and e2mc == pytest.approx(61.333333)
+    assert delta == pytest.approx((2 - 1 + 3) / 3)
+
+
+def test_selection_takes_the_largest_positive_difference_per_method() -> None:
+    results = [_result("vicreg", "a", [0.5], [0.51]), _result("vicreg", "b", [0.5], [0.53]),
+               _result("vicreg", "c", [0.6], [0.62]), _result("swav", "a", [0.5], [0.5]),
+               _result("swav", "b", [0.5], [0.49])]
+    assert selection(results, "linear 1%") == {"vicreg": "b", "swav": None}
+
+
+def test_every_method_has_a_preset_trial_and_unique_names() -> None:
+    for method, trials in TRIALS.items():
+        names = [t.name for t in trials]
+        assert names[0] == "preset" and len(set(names)) == len(names), method
