@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import e2mc
-from e2mc.evaluation.results import compare_runs, mean_se
+from e2mc.evaluation.results import compare_runs, comparison_markdown, mean_se
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
@@ -80,6 +80,14 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
     expected = "**" if worst < 0.01 else "*" if worst < 0.05 else ""
     assert comp.cells["b"]["linear 50%"][2] == expected
     assert any(m for run in comp.cells.values() for (_, _, m) in run.values())  # b is worse
+    # One pooled test per (run, column) over its two matched seeds, from the same predictions.
+    pooled = {t["column"]: t for t in comp.pooled}
+    per_column = {c: sum(t["column"] == c for t in comp.tests) for c in comp.columns}
+    assert set(pooled) == {c for c, n in per_column.items() if n >= 2}
+    p50 = pooled["linear 50%"]
+    assert p50["seeds"] == 2 and p50["run"] == "b" and 0 < p50["permutation_p"] <= 1
+    assert p50["difference"] == pytest.approx(np.mean([t["difference"] for t in tests]))
+    assert "Pooled over seeds" in comparison_markdown(comp)
     # Runs on different test labels cannot be paired.
     record = json.loads((b / "results.json").read_text())
     entry = record["entries"][0]

@@ -15,6 +15,7 @@ from e2mc.evaluation.statistics import (
     compare_predictions,
     mcnemar_test,
     paired_permutation_test,
+    pooled_permutation_test,
 )
 
 
@@ -134,3 +135,35 @@ def test_compare_predictions_bundle():
     assert out["mcnemar"]["p_value"] == pytest.approx(0.5)  # 2 * (1/2)^2
     with pytest.raises(ValueError, match="equal shapes"):
         compare_predictions(pa, pb[:-1], labels)
+
+
+def test_pooled_permutation_reduces_to_the_paired_test_for_one_or_identical_repeats():
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(0, 2, 300), rng.integers(0, 2, 300)
+    single = paired_permutation_test(a, b, n_resamples=2000, seed=1)
+    diff, p = pooled_permutation_test([(a, b)], n_resamples=2000, seed=1)
+    assert p == single and diff == pytest.approx(a.mean() - b.mean())
+    assert pooled_permutation_test([(a, b)] * 3, n_resamples=2000, seed=1)[1] == single
+
+
+def test_pooled_permutation_uses_the_evidence_of_every_repeat():
+    # Three repeats on the same 300 items, each discordant on its own 10 items (8 for A, 2
+    # for B): alone each is the exact sign test of 8 vs 2 (p = 0.109); pooled, each item's mean
+    # difference is +-1/3 on 30 items, i.e. the exact sign test of 24 vs 6 (p = 0.0014).
+    pairs = []
+    for r in range(3):
+        a, b = np.zeros(300), np.zeros(300)
+        items = np.arange(10 * r, 10 * r + 10)
+        a[items[:8]], b[items[8:]] = 1, 1
+        pairs.append((a, b))
+        assert paired_permutation_test(a, b, n_resamples=20_000) > 0.09
+    diff, p = pooled_permutation_test(pairs, n_resamples=20_000)
+    assert diff == pytest.approx(18 / 3 / 300)
+    assert p == pytest.approx(stats.binomtest(24, 30).pvalue, abs=0.0015)
+
+
+def test_pooled_permutation_rejects_mismatched_repeats():
+    with pytest.raises(ValueError, match="at least one"):
+        pooled_permutation_test([])
+    with pytest.raises(ValueError, match="same items"):
+        pooled_permutation_test([(np.ones(5), np.zeros(5)), (np.ones(6), np.zeros(6))])

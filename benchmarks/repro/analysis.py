@@ -61,6 +61,17 @@ def paired_tests(reference: Path, other: Path) -> list[dict[str, Any]]:
     return compare_runs([str(reference), str(other)], names=["reference", "other"]).tests
 
 
+def pooled_test(dir_pairs: list[tuple[Path, Path]], column: str) -> float | None:
+    """p of :func:`e2mc.evaluation.pooled_permutation_test` over every (training seed, label
+    seed) pair of ``column``: ``dir_pairs`` holds (reference, other) evaluation directories."""
+    from e2mc.evaluation import pooled_permutation_test
+    from e2mc.evaluation.results import matched_correctness
+
+    matched = [m for ref, other in dir_pairs if load(ref) is not None and load(other)
+               is not None for m in matched_correctness(ref, other, column)]
+    return pooled_permutation_test(matched)[1] if len(matched) >= 2 else None
+
+
 def summarize_tests(rows_by_seed: dict[int, list[dict[str, Any]]], column: str,
                     alpha: float = 0.05) -> dict[str, Any] | None:
     """One line per column: the difference (percentage points, other - reference) as mean ± SE
@@ -98,6 +109,7 @@ def fmt_diff(t: dict[str, Any] | None) -> str:
         return "–"
     d = t["difference"]
     text = f"{d['mean']:+.2f}" + (f" ± {d['se']:.2f}" if d["se"] is not None else "")
+    pooled = f"; pooled p {t['pooled_p']:.2g}" if t.get("pooled_p") is not None else ""
     return (f"{text} (better {t['significant_better']}/{t['pairs']}, worse "
             f"{t['significant_worse']}/{t['pairs']}; McNemar p {t['min_mcnemar_p']:.2g}–"
-            f"{t['max_mcnemar_p']:.2g})")
+            f"{t['max_mcnemar_p']:.2g}{pooled})")

@@ -99,6 +99,8 @@ def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, A
     for name, ref_addon, addon in comparisons:
         by_seed: dict[int, list[dict[str, Any]]] = {}
         by_seed_tr: dict[int, list[dict[str, Any]]] = {}
+        dirs: list[tuple[Path, Path]] = []
+        dirs_tr: list[tuple[Path, Path]] = []
         for t in s.seeds:
             other = runs.continue_dir(s, method, addon, t)
             if ref_addon is None:
@@ -107,10 +109,16 @@ def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, A
             else:
                 ref = runs.continue_dir(s, method, ref_addon, t)
                 ref_main, ref_tr = eval_dir(s, "main", ref), eval_dir(s, "transfer", ref)
+            dirs.append((ref_main, eval_dir(s, "main", other)))
+            dirs_tr.append((ref_tr, eval_dir(s, "transfer", other)))
             by_seed[t] = analysis.paired_tests(ref_main, eval_dir(s, "main", other))
             by_seed_tr[t] = analysis.paired_tests(ref_tr, eval_dir(s, "transfer", other))
         summary = {c: analysis.summarize_tests(by_seed, c) for c in cols}
         summary["transfer"] = analysis.summarize_tests(by_seed_tr, "linear 100%")
+        for key, column, pairs in [*((c, c, dirs) for c in cols),
+                                   ("transfer", "linear 100%", dirs_tr)]:
+            if summary[key] is not None:
+                summary[key]["pooled_p"] = analysis.pooled_test(pairs, column)
         out[name] = {"summary": summary,
                      "pairs": {str(t): rows for t, rows in by_seed.items()},
                      "transfer_pairs": {str(t): rows for t, rows in by_seed_tr.items()}}
@@ -258,8 +266,10 @@ def _tests_table(s: ReproSettings, r: dict[str, Any]) -> list[str]:
     out = ["## Paired tests", "",
            "Difference in points (second minus first) as mean ± SE over training seeds; then "
            "how many (training seed, label seed) pairs are significantly better / worse "
-           "(p < 0.05 under both McNemar and the paired permutation test, 10,000 sign flips) "
-           "and the range of McNemar p-values.", "",
+           "(p < 0.05 under both McNemar and the paired permutation test, 10,000 sign flips), "
+           "the range of McNemar p-values, and the pooled p: the paired permutation test on "
+           "each test image's difference averaged over all those pairs (one test that uses the "
+           "evidence of every pair; it treats the trained models as fixed, like McNemar).", "",
            "| method | comparison | " + " | ".join(r["columns"]) + " |",
            "|---|---|" + "---|" * len(r["columns"])]
     for method, comps in r["tests"].items():

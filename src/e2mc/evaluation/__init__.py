@@ -26,6 +26,7 @@ from e2mc.evaluation.statistics import (
     compare_predictions,
     mcnemar_test,
     paired_permutation_test,
+    pooled_permutation_test,
 )
 from e2mc.evaluation.svm import VOC07_COSTS, SVMResult, svm_transfer
 from e2mc.evaluation.sweep import linear_sweep
@@ -35,6 +36,6 @@ __all__ = [
     "ProbeResult", "SVMResult", "bootstrap_difference_ci", "cohens_d_paired",
     "compare_predictions", "compare_runs", "comparison_markdown", "extract_features",
     "finetune", "finetune_preset", "knn_classify", "linear_preset", "linear_sweep",
-    "mcnemar_test", "paired_permutation_test", "svm_transfer",
+    "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",
     "train_augmented_linear_probe", "train_linear_probe", "write_comparison",
 ]

@@ -29,6 +29,7 @@ from e2mc.evaluation.statistics import (
     cohens_d_paired,
     mcnemar_test,
     paired_permutation_test,
+    pooled_permutation_test,
 )
 
 
@@ -113,6 +114,7 @@ class Comparison:
     cells: dict[str, dict[str, tuple[float, float | None, str]]]
     tests: list[dict[str, Any]] = field(default_factory=list)
     metric_note: str = ""
+    pooled: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _marker(p: float) -> str:
@@ -132,7 +134,9 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
 
     A cell is marked ``*`` (``**``) when the largest p-value over its matched seeds, taking
     the larger of McNemar's and the permutation test's, is below 0.05 (0.01): i.e. the
-    difference is significant at every seed under both tests.
+    difference is significant at every seed under both tests. With two or more matched
+    seeds, :func:`~e2mc.evaluation.statistics.pooled_permutation_test` also gives one p-value
+    over all of them (``Comparison.pooled``).
     """
     if len(run_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
@@ -148,6 +152,7 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     primaries = {e["column"]: e["primary"] for run in runs for e in run["entries"]}
     cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
     tests: list[dict[str, Any]] = []
+    pooled: list[dict[str, Any]] = []
     base = runs[0]
     for name, run in zip(names, runs, strict=True):
         cells[name] = {}
@@ -157,24 +162,48 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
                 continue
             mean, se = mean_se([e["metrics"][primaries[column]] for e in entries])
             worst_p: float | None = None
+            matched: list[tuple[np.ndarray, np.ndarray]] = []
             if run is not base:
                 for e in entries:
                     ref = next((b for b in base["entries"] if b["column"] == column
                                 and b["seed"] == e["seed"]), None)
                     if ref is None or not e.get("predictions") or not ref.get("predictions"):
                         continue
-                    row = _paired_test(base, ref, run, e, n_resamples, seed)
+                    matched.append(_correctness(base, ref, run, e))
+                    row = _paired_test(*matched[-1], n_resamples, seed)
                     row.update(run=name, reference=names[0], column=column, seed=e["seed"])
                     tests.append(row)
                     p = max(row["mcnemar_p"], row["permutation_p"])
                     worst_p = p if worst_p is None else max(worst_p, p)
+            if len(matched) >= 2:
+                diff, p = pooled_permutation_test(matched, n_resamples, seed)
+                pooled.append({"run": name, "reference": names[0], "column": column,
+                               "seeds": len(matched), "difference": 100 * diff,
+                               "permutation_p": p})
             cells[name][column] = (mean, se, _marker(worst_p) if worst_p is not None else "")
     note = "; ".join(f"{c}: {primaries[c]}" for c in columns)
-    return Comparison(runs=names, columns=columns, cells=cells, tests=tests, metric_note=note)
+    return Comparison(runs=names, columns=columns, cells=cells, tests=tests, metric_note=note,
+                      pooled=pooled)
 
 
-def _paired_test(base: dict[str, Any], ref: dict[str, Any], run: dict[str, Any],
-                 entry: dict[str, Any], n_resamples: int, seed: int) -> dict[str, Any]:
+def matched_correctness(reference_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str],
+                        column: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(run, reference)`` per-image 0/1 correctness for every seed of ``column`` that both
+    evaluation runs have (the input of :func:`pooled_permutation_test`)."""
+    ref_run, run = load_run(reference_dir), load_run(run_dir)
+    out = []
+    for e in run["entries"]:
+        ref = next((b for b in ref_run["entries"] if b["column"] == column
+                    and b["seed"] == e["seed"]), None)
+        if e["column"] == column and ref is not None and e.get("predictions") \
+                and ref.get("predictions"):
+            out.append(_correctness(ref_run, ref, run, e))
+    return out
+
+
+def _correctness(base: dict[str, Any], ref: dict[str, Any], run: dict[str, Any],
+                 entry: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-image 0/1 correctness of ``run``'s ``entry`` and of the reference's ``ref``."""
     pred_a, labels_a = _load_predictions(base, ref)
     pred_b, labels_b = _load_predictions(run, entry)
     if labels_a.shape != labels_b.shape or not np.array_equal(labels_a, labels_b):
@@ -182,8 +211,11 @@ def _paired_test(base: dict[str, Any], ref: dict[str, Any], run: dict[str, Any],
                          "evaluated on different test sets (labels differ); paired tests "
                          "need the same images in the same order")
     # Positive difference = this run better than the reference (the first run).
-    cb = (pred_a == labels_a).astype(np.float64)
-    ca = (pred_b == labels_b).astype(np.float64)
+    return (pred_b == labels_b).astype(np.float64), (pred_a == labels_a).astype(np.float64)
+
+
+def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
+                 ) -> dict[str, Any]:
     mc = mcnemar_test(ca, cb)
     low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
     return {"difference": 100 * (ca.mean() - cb.mean()), "n10": mc.n10, "n01": mc.n01,
@@ -209,6 +241,12 @@ def comparison_markdown(comp: Comparison) -> str:
     lines += ["", f"Mean ± standard error over seeds (percent). Metrics: {comp.metric_note}.",
               f"* p < 0.05, ** p < 0.01 against {comp.runs[0]} at every seed under both "
               "McNemar and the paired permutation test."]
+    if comp.pooled:
+        lines += ["", "Pooled over seeds (each image's difference averaged over the matched "
+                  "seeds, then the paired permutation test on the images):", "",
+                  "| run | column | seeds | diff | permutation p |", "|---|---|---|---|---|"]
+        lines += [f"| {t['run']} | {t['column']} | {t['seeds']} | {t['difference']:+.2f} | "
+                  f"{t['permutation_p']:.3g} |" for t in comp.pooled]
     if comp.tests:
         lines += ["", "| run | column | seed | diff | n10 | n01 | McNemar p | permutation p | "
                   "Cohen's d | 95% CI |", "|---|---|---|---|---|---|---|---|---|---|"]

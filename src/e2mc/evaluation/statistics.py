@@ -7,6 +7,7 @@ usually correctness (1 = right, 0 = wrong). Conventions: ``n10`` = A right and B
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -103,6 +104,30 @@ def paired_permutation_test(scores_a: np.ndarray, scores_b: np.ndarray,
         signs = rng.integers(0, 2, size=(size, len(d)), dtype=np.int8) * 2 - 1
         hits += int(np.sum(np.abs(signs @ d) >= observed - tol))
     return (hits + 1) / (n_resamples + 1)
+
+
+def pooled_permutation_test(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
+                            n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Paired sign-flip test pooled over matched repeats (e.g. seeds) scored on the same items.
+
+    ``pairs`` holds one ``(scores_a, scores_b)`` per repeat, all over the same items in the same
+    order. Each item's difference is averaged over the repeats, ``D_i = mean_r (a_ri - b_ri)``,
+    and :func:`paired_permutation_test` runs on ``D``: under the null that A and B are
+    exchangeable on every item, swapping them flips ``D_i``'s sign. One p-value thus uses the
+    evidence of every repeat, where per-repeat tests each see a fraction of it. The unit is the
+    item, as in McNemar's test: the variation *between* repeats is not part of the null, so the
+    test is about these runs, not about the procedure that made them. Returns
+    ``(mean difference a - b, p)``.
+    """
+    if not pairs:
+        raise ValueError("need at least one (scores_a, scores_b) pair")
+    a_all, b_all = zip(*(_paired(a, b) for a, b in pairs), strict=True)
+    sizes = {len(a) for a in a_all}
+    if len(sizes) != 1:
+        raise ValueError(f"every repeat must score the same items; got lengths {sorted(sizes)}")
+    a_mean, b_mean = np.mean(a_all, axis=0), np.mean(b_all, axis=0)
+    return (float(np.mean(a_mean - b_mean)),
+            paired_permutation_test(a_mean, b_mean, n_resamples, seed))
 
 
 def cohens_d_paired(scores_a: np.ndarray, scores_b: np.ndarray) -> float:
