@@ -137,7 +137,7 @@ def _claim(s: ReproSettings, tests: dict[str, Any]) -> dict[str, Any]:
                  and t["significant_better"] == t["pairs"])
         out[method] = {"column": column, "difference": t["difference"]["mean"],
                        "significant_better": t["significant_better"], "pairs": t["pairs"],
-                       "holds": bool(holds)}
+                       "pooled_p": t.get("pooled_p"), "holds": bool(holds)}
     return out
 
 
@@ -366,7 +366,9 @@ def _what_it_means(s: ReproSettings, r: dict[str, Any]) -> list[str]:
                 if t is not None:
                     verdict = ("better" if t["significant_better"] == t["pairs"] else
                                "worse" if t["significant_worse"] == t["pairs"] else "mixed/n.s.")
-                    parts.append(f"{c} {t['difference']['mean']:+.2f} ({verdict})")
+                    pooled = (f"; pooled p {t['pooled_p']:.2g}" if t.get("pooled_p") is not None
+                              else "")
+                    parts.append(f"{c} {t['difference']['mean']:+.2f} ({verdict}{pooled})")
             if parts:
                 out.append(f"- {method}, {name}: " + "; ".join(parts) + ".")
     for method, c in r["claim"].items():
@@ -374,7 +376,9 @@ def _what_it_means(s: ReproSettings, r: dict[str, Any]) -> list[str]:
             f"- The paper's claim in miniature for {method} (+E2MC ≥ {CLAIM_POINTS:g} point "
             f"above continued at {c['column']}, significant at every matched pair): "
             f"{'HOLDS' if c['holds'] else 'does NOT hold'} here ({c['difference']:+.2f} points, "
-            f"{c['significant_better']}/{c['pairs']} pairs significantly better).")
+            f"{c['significant_better']}/{c['pairs']} pairs significantly better"
+            + (f"; pooled over the pairs p = {c['pooled_p']:.2g}" if c.get("pooled_p") is not None
+               else "") + ").")
     for method, diag in r["diagnostics"].items():
         emb = [(run["name"], run.get("projector embeddings")) for run in diag["runs"]]
         emb = [(n, st) for n, st in emb if st]
