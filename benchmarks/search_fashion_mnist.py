@@ -177,13 +177,16 @@ def _last_step(run_dir: Path) -> dict[str, float]:
     return json.loads(lines[-1]) if lines else {}
 
 
-def paired(result: dict[str, Any], column: str) -> tuple[float, float, float]:
-    """(continued mean, +E2MC mean, mean paired difference) over label seeds, in points."""
+def paired(result: dict[str, Any], column: str) -> tuple[float, float, float, float | None]:
+    """(continued mean, +E2MC mean, mean paired difference, its SE) over label seeds
+    (top-1 %)."""
     a, b = result["none"][column], result["e2mc"][column]
     seeds = sorted(set(a) & set(b))
-    ca = np.array([a[k] for k in seeds]) * 100
-    cb = np.array([b[k] for k in seeds]) * 100
-    return float(ca.mean()), float(cb.mean()), float((cb - ca).mean())
+    ca = np.array([a[k] for k in seeds])
+    cb = np.array([b[k] for k in seeds])
+    d = cb - ca
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None
+    return float(ca.mean()), float(cb.mean()), float(d.mean()), se
 
 
 def selection(results: list[dict[str, Any]], column: str) -> dict[str, str | None]:
@@ -201,13 +204,14 @@ def table(results: list[dict[str, Any]], bases: dict[str, Any], columns: list[st
         f"{c}: continued | +E2MC | Δ" for c in columns) + " | entropy term (last step) |"
     lines = [head, "|" + "---|" * (3 + 3 * len(columns)) ]
     for method, scores in bases.items():
-        cells = [f"{np.mean(list(scores[c].values())) * 100:.2f} | | " for c in columns]
+        cells = [f"{np.mean(list(scores[c].values())):.2f} | | " for c in columns]
         lines.append(f"| {method} | base | " + " | ".join(cells) + " | |")
     for r in results:
         cells = []
         for c in columns:
-            cont, e2mc, delta = paired(r, c)
-            cells.append(f"{cont:.2f} | {e2mc:.2f} | **{delta:+.2f}**")
+            cont, e2mc, delta, se = paired(r, c)
+            pm = f" ± {se:.2f}" if se is not None else ""
+            cells.append(f"{cont:.2f} | {e2mc:.2f} | **{delta:+.2f}**{pm}")
         entropy = r["e2mc_last_step"].get("addon/entropy")
         ent = f"{entropy:.3f}" if entropy is not None else ""
         lines.append(f"| {r['method']} | {r['trial']} | " + " | ".join(cells) + f" | {ent} |")

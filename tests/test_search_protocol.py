@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -19,10 +20,11 @@ def _result(method: str, trial: str, continued: list[float], e2mc: list[float]) 
 
 
 def test_paired_difference_is_per_label_seed_in_points() -> None:
-    r = _result("vicreg", "a", [0.50, 0.60, 0.70], [0.52, 0.59, 0.73])
-    cont, e2mc, delta = paired(r, "linear 1%")
+    r = _result("vicreg", "a", [50.0, 60.0, 70.0], [52.0, 59.0, 73.0])
+    cont, e2mc, delta, se = paired(r, "linear 1%")
     assert cont == pytest.approx(60.0) and e2mc == pytest.approx(61.333333)
     assert delta == pytest.approx((2 - 1 + 3) / 3)
+    assert se == pytest.approx(np.std([2, -1, 3], ddof=1) / np.sqrt(3))
 
 
 def test_selection_takes_the_largest_positive_difference_per_method() -> None:
