@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", help="subset of the methods given by --base-run")
     p.add_argument("--trials", help="comma-separated trial names (default: all)")
     p.add_argument("--seed", type=int, default=100, help="training seed of every search run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every run of the search (repeatable), e.g. "
+                        "method.params.projector=2048-2048-2048 for a wider base")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cpu-threads", type=int)
     p.add_argument("--no-progress", action="store_true")
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                       base_runs={m: Path(d) for m, d in base_runs.items()},
                       base_epochs=args.base_epochs, fractions=(0.01, 0.1), knn_k=(20,),
                       probe_epochs=30, probe_preset="generic", cpu_threads=args.cpu_threads,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, continue_overrides=args.set)
     s.validate()
     wanted = set(args.trials.split(",")) if args.trials else None
     start = time.perf_counter()
