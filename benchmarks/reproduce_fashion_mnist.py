@@ -1,7 +1,8 @@
 """The paper reproduced in miniature on Fashion-MNIST (issue 7, docs/reproduction.md).
 
     python benchmarks/reproduce_fashion_mnist.py --data /work/shared/data/fashion-mnist \
-        --transfer-data /work/shared/data/mnist --out benchmarks/out/repro --write-docs
+        --transfer-data /work/shared/data/mnist --out benchmarks/out/repro \
+        --write-docs docs/results/full.md
 
 Stages (``--stages``, in this order): ``bases`` (VICReg, SwAV, SimSiam base models with
 ``e2mc pretrain``'s trainer and their kNN-vs-epoch curve), ``continue`` (continued training with
@@ -86,8 +87,9 @@ def parser() -> argparse.ArgumentParser:
                         "addon.params.beta=300")
     p.add_argument("--cpu-threads", type=int, help="torch.set_num_threads for every run")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--write-docs", action="store_true",
-                   help="also write docs/results.md and docs/figures/ (never with --quick "
+    p.add_argument("--write-docs", type=Path, metavar="PAGE",
+                   help="also write this markdown page (e.g. docs/results/full.md) and its "
+                        "figures next to it under figures/ (never with --quick "
                         "unless given)")
     return p
 
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         md = report.write(s, result, s.out / "results.md")
         targets = [md]
         if args.write_docs:
-            targets.append(report.write(s, result, REPO / "docs" / "results.md"))
+            targets.append(report.write(s, result, REPO / args.write_docs))
         print("\n" + "\n".join(report.summary_lines(result)))
         log(f"done: {', '.join(str(t) for t in targets)}, {s.out / 'results.json'}")
     return 0

@@ -175,23 +175,25 @@ def _diagnostics(s: ReproSettings) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- markdown
 def write(s: ReproSettings, result: dict[str, Any], target: Path) -> Path:
-    """Write ``target`` (results.md) with its figures under ``target.parent/figures``."""
+    """Write ``target`` (a results page) with its figures under ``target.parent/figures``,
+    named ``<target stem>_*.png`` so that several pages can share the folder."""
     fig_dir = target.parent / "figures"
-    figs = _figures(s, result, fig_dir)
+    figs = _figures(s, result, fig_dir, target.stem)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(markdown(s, result, {k: f"figures/{p.name}" for k, p in figs.items()}))
     return target
 
 
-def _figures(s: ReproSettings, result: dict[str, Any], fig_dir: Path) -> dict[str, Path]:
+def _figures(s: ReproSettings, result: dict[str, Any], fig_dir: Path, prefix: str
+             ) -> dict[str, Path]:
     figs: dict[str, Path] = {}
     k = min(s.knn_k)
     if result["base_curves"]:
         figs["base"] = figures.plot_base_curves(result["base_curves"],
-                                                fig_dir / "repro_base_curves.png", k)
+                                                fig_dir / f"{prefix}_base_curves.png", k)
     if result["epoch_curves"]:
         figs["epochs"] = figures.plot_epoch_curves(
-            result["epoch_curves"], fig_dir / "repro_continued_epochs.png", k,
+            result["epoch_curves"], fig_dir / f"{prefix}_continued_epochs.png", k,
             _label(min(s.fractions)), s.continued_epochs)
     for method, diag in result["diagnostics"].items():
         for rel in diag["figures"].values():
@@ -199,7 +201,7 @@ def _figures(s: ReproSettings, result: dict[str, Any], fig_dir: Path) -> dict[st
             if name in ("marginals", "nn_distances"):
                 src = s.out / "diagnostics" / method / rel
                 figs[f"diag:{method}:{name}"] = figures.copy_small(
-                    src, fig_dir / f"repro_{method}_{name}.png")
+                    src, fig_dir / f"{prefix}_{method}_{name}.png")
     return figs
 
 
