@@ -59,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny everything (CI check)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seeds", type=_ints, help="training seeds of the continued runs")
+    p.add_argument("--addons", help="criteria of the continued runs besides 'none' (default: "
+                                    "e2mc, and for SwAV also vcreg,uniformity,mmcr)")
     p.add_argument("--label-seeds", type=_ints, help="label-subset seeds of the probes")
     p.add_argument("--stages", default=",".join(STAGES),
                    help=f"comma-separated subset of {','.join(STAGES)}")
@@ -103,6 +105,7 @@ def settings_from(args: argparse.Namespace) -> ReproSettings:
         "probe_epochs": args.probe_epochs, "probe_preset": args.probe_preset,
         "ablation_method": args.ablation_method, "ablation_pairs": args.ablation_pairs,
         "cpu_threads": args.cpu_threads,
+        "addons": tuple(a for a in args.addons.split(",") if a) if args.addons else None,
         "epochs_methods": tuple(args.epochs_methods.split(",")) if args.epochs_methods else None,
     }.items() if v is not None}
     base_runs = {}

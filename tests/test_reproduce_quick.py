@@ -142,3 +142,14 @@ def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:
     assert (e2mc_cfg.addon.params["beta"], e2mc_cfg.addon.params["gamma"]) == (7.0, 0.0)
     assert none_cfg.addon.name == "none" and "beta" not in none_cfg.addon.params
     assert e2mc_cfg.optim.base_lr == none_cfg.optim.base_lr == 0.0123
+
+
+def test_addons_restrict_the_criteria_of_the_continued_runs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from repro.settings import ReproSettings
+
+    assert ReproSettings().addons_of("swav") == ("none", "e2mc", "vcreg", "uniformity", "mmcr")
+    assert ReproSettings(addons=("e2mc",)).addons_of("swav") == ("none", "e2mc")
+    assert ReproSettings(addons=("mmcr",)).addons_of("vicreg") == ("none",)
+    with pytest.raises(ValueError, match="--addons"):
+        ReproSettings(out=tmp_path, addons=("byol",)).validate()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from repro import analysis, figures, runs
-from repro.settings import ADDONS, ROW_NAMES, ReproSettings
+from repro.settings import ROW_NAMES, ReproSettings
 from repro.stages import base_eval_dir, eval_dir
 
 #: A claim of the paper, in miniature: E2MC beats continued at the smallest label fraction by
@@ -52,7 +52,7 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
             rows["base"]["transfer"] = analysis.cell([base_tr], "linear 100%") if base_tr \
                 else None
         run_dirs = {a: [runs.continue_dir(s, method, a, t) for t in s.seeds]
-                    for a in ADDONS[method]}
+                    for a in s.addons_of(method)}
         for addon, dirs in run_dirs.items():
             main = [r for d in dirs if (r := analysis.load(eval_dir(s, "main", d)))]
             tr = [r for d in dirs if (r := analysis.load(eval_dir(s, "transfer", d)))]
@@ -95,7 +95,7 @@ def _checkpoint_epoch(path: Path) -> int | None:
 def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     comparisons = [("continued vs base", None, "none")] + [
-        (f"{ROW_NAMES[a]} vs continued", "none", a) for a in ADDONS[method] if a != "none"]
+        (f"{ROW_NAMES[a]} vs continued", "none", a) for a in s.addons_of(method) if a != "none"]
     for name, ref_addon, addon in comparisons:
         by_seed: dict[int, list[dict[str, Any]]] = {}
         by_seed_tr: dict[int, list[dict[str, Any]]] = {}

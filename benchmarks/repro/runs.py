@@ -137,11 +137,9 @@ def _base_checkpoint(s: ReproSettings, method: str) -> Path:
 
 
 def stage_continue(s: ReproSettings, log: Any) -> None:
-    from repro.settings import ADDONS
-
     for method in s.methods:
         start = _base_checkpoint(s, method)
-        for addon in ADDONS[method]:
+        for addon in s.addons_of(method):
             for seed in s.seeds:
                 cfg = continue_config(s, method, addon, seed, s.continued_epochs, start)
                 train(cfg, continue_dir(s, method, addon, seed), log)

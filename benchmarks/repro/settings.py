@@ -55,6 +55,7 @@ class ReproSettings:
     base_overrides: list[str] = field(default_factory=list)
     continue_overrides: list[str] = field(default_factory=list)
     e2mc_overrides: list[str] = field(default_factory=list)  # +E2MC runs only
+    addons: tuple[str, ...] | None = None  # default: every criterion of ADDONS
     progress: bool = True
     quick_mode: bool = False
 
@@ -84,6 +85,9 @@ class ReproSettings:
             raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
         if self.epochs_methods is not None and not set(self.epochs_methods) <= set(METHODS):
             raise ValueError(f"--epochs-methods must be among {METHODS}")
+        known = {a for addons in ADDONS.values() for a in addons}
+        if self.addons is not None and not set(self.addons) <= known:
+            raise ValueError(f"--addons must be among {sorted(known)}, got {list(self.addons)}")
         if self.ablation_method not in METHODS:
             raise ValueError(f"--ablation-method must be one of {METHODS}")
         if not self.seeds or not self.label_seeds:
@@ -100,6 +104,11 @@ class ReproSettings:
                 raise ValueError(f"--base-run {m}=...: unknown method {m!r}")
             if not (Path(path) / "checkpoint.pt").is_file():
                 raise ValueError(f"--base-run {m}={path}: no checkpoint.pt in that directory")
+
+    def addons_of(self, method: str) -> tuple[str, ...]:
+        """The continued-training criteria of ``method`` in this run ("none" always first)."""
+        return tuple(a for a in ADDONS[method]
+                     if self.addons is None or a == "none" or a in self.addons)
 
     @property
     def long_methods(self) -> tuple[str, ...]:

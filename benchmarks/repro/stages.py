@@ -9,7 +9,7 @@ from typing import Any
 
 from repro import runs
 from repro.evaluate import Evaluator
-from repro.settings import ADDONS, ReproSettings
+from repro.settings import ReproSettings
 
 
 def eval_dir(s: ReproSettings, kind: str, run_dir: Path) -> Path:
@@ -55,7 +55,7 @@ def stage_eval(s: ReproSettings, ev: Evaluator, log: Any) -> None:
         log(f"  {method}: base")
         ev.main_eval(base, base_eval_dir(s, "main", method), method)
         ev.transfer_eval(base, base_eval_dir(s, "transfer", method), method)
-        for addon in ADDONS[method]:
+        for addon in s.addons_of(method):
             for seed in s.seeds:
                 run_dir = runs.continue_dir(s, method, addon, seed)
                 if not runs.is_done(run_dir, s.continued_epochs):
