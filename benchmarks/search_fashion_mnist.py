@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - start:7.1f} s] {text}", flush=True)
 
     search = Search(s, args.seed, log, args.tag)
+    command = shlex.join(["python", "benchmarks/search_fashion_mnist.py", *argv])
     for method in methods:  # one file per method, so that methods can run in parallel
         base = search.base_scores(method)
         done: list[dict[str, Any]] = []
@@ -313,21 +314,22 @@ def main(argv: list[str] | None = None) -> int:
             if wanted is None or trial.name in wanted:
                 done.append(search.run_trial(method, trial))
                 _write_json(s.out / search.key(method) / "search.json",
-                            {"base": base, "results": done})
-    results, bases = [], {}
+                            {"base": base, "results": done, "command": command})
+    results, bases, commands = [], {}, {}
     order = {m: i for i, m in enumerate(TRIALS)}
     for path in sorted(s.out.glob("*/search.json"),  # every search so far in --out
                        key=lambda q: (order.get(q.parent.name.split("-")[0], 99), q.parent.name)):
         record = json.loads(path.read_text())
         results += record["results"]
         bases[path.parent.name] = record["base"]
+        commands[path.parent.name] = record.get("command", "")
     columns = ["linear 1%", "linear 10%", "knn k=20"]
     chosen = selection(results, "linear 1%")
-    command = shlex.join(["python", "benchmarks/search_fashion_mnist.py", *argv])
     lines = [*table(results, bases, columns), "",
              "Selected for confirmation (largest Δ at 1%, if positive): "
-             + ", ".join(f"{m}: {t or 'none'}" for m, t in chosen.items()),
-             "", f"Last command: `{command}`"]
+             + ", ".join(f"{m}: {t or 'none'}" for m, t in chosen.items()), "",
+             "Commands (`PYTHONPATH=src`; every run and evaluation is cached in `--out`):", "",
+             *(f"- {m}: `{c}`" for m, c in commands.items())]
     _write_json(s.out / "search.json", {"results": results, "bases": bases, "selected": chosen})
     (s.out / "search.md").write_text("\n".join(lines) + "\n")
     figure(results, columns, s.out / "search.png")
