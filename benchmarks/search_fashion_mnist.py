@@ -112,29 +112,22 @@ class Search:
     evaluator: Evaluator = field(init=False)
 
     def __post_init__(self) -> None:
-        from torch.utils.data import Subset
-
-        from e2mc.data import build_dataset, eval_transform
-        from e2mc.data.subsets import _labels_of, label_fraction_indices
+        from e2mc.data import LabeledSubset, build_dataset, eval_transform, label_fraction_indices
 
         self.evaluator = Evaluator(self.s)
         train = build_dataset(self.s.data, "train", eval_transform(self.s.image_size, 1))
-        labels = _labels_of(train)
-        val = label_fraction_indices(labels, VALIDATION_FRACTION, VALIDATION_SEED)
-        rest = np.setdiff1d(np.arange(len(labels)), val)
-        probe_train, held_out = Subset(train, rest.tolist()), Subset(train, val.tolist())
-        probe_train.labels, held_out.labels = labels[rest], labels[val]  # type: ignore[attr-defined]
-        self.split = Split(probe_train, held_out,
+        everything = LabeledSubset(train, np.arange(len(train)))
+        val = label_fraction_indices(everything.labels, VALIDATION_FRACTION, VALIDATION_SEED)
+        rest = np.setdiff1d(np.arange(len(train)), val)
+        self.split = Split(LabeledSubset(train, rest), LabeledSubset(train, val),
                            f"{self.s.data}|validation:{VALIDATION_FRACTION}:{VALIDATION_SEED}")
 
     def _train(self, method: str, addon: str, trial: Trial, run_dir: Path) -> Path:
         extra = [*trial.common, *(trial.e2mc if addon == "e2mc" else ())]
-        epochs = self.s.continued_epochs
-        for item in trial.common:
-            if item.startswith("training.epochs="):
-                epochs = int(item.split("=", 1)[1])
         start = runs.base_dir(self.s, method) / "checkpoint.pt"
-        cfg = runs.continue_config(self.s, method, addon, self.seed, epochs, start, extra)
+        # A trial's own ``training.epochs=`` comes later in the overrides and wins.
+        cfg = runs.continue_config(self.s, method, addon, self.seed, self.s.continued_epochs,
+                                   start, extra)
         return runs.train(cfg, run_dir, self.log)
 
     def _score(self, checkpoint: Path, out_dir: Path, method: str) -> dict[str, Any]:

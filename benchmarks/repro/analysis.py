@@ -67,8 +67,9 @@ def pooled_test(dir_pairs: list[tuple[Path, Path]], column: str) -> float | None
     from e2mc.evaluation import pooled_permutation_test
     from e2mc.evaluation.results import matched_correctness
 
-    matched = [m for ref, other in dir_pairs if load(ref) is not None and load(other)
-               is not None for m in matched_correctness(ref, other, column)]
+    matched = [m for ref, other in dir_pairs
+               if all((Path(d) / "results.json").is_file() for d in (ref, other))
+               for m in matched_correctness(ref, other, column)]
     return pooled_permutation_test(matched)[1] if len(matched) >= 2 else None
 
 

@@ -164,11 +164,7 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
             worst_p: float | None = None
             matched: list[tuple[np.ndarray, np.ndarray]] = []
             if run is not base:
-                for e in entries:
-                    ref = next((b for b in base["entries"] if b["column"] == column
-                                and b["seed"] == e["seed"]), None)
-                    if ref is None or not e.get("predictions") or not ref.get("predictions"):
-                        continue
+                for ref, e in _matched_entries(base, run, column):
                     matched.append(_correctness(base, ref, run, e))
                     row = _paired_test(*matched[-1], n_resamples, seed)
                     row.update(run=name, reference=names[0], column=column, seed=e["seed"])
@@ -191,13 +187,21 @@ def matched_correctness(reference_dir: str | os.PathLike[str], run_dir: str | os
     """``(run, reference)`` per-image 0/1 correctness for every seed of ``column`` that both
     evaluation runs have (the input of :func:`pooled_permutation_test`)."""
     ref_run, run = load_run(reference_dir), load_run(run_dir)
+    return [_correctness(ref_run, ref, run, e) for ref, e in _matched_entries(ref_run, run, column)]
+
+
+def _matched_entries(reference: dict[str, Any], run: dict[str, Any], column: str
+                     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(reference entry, run entry)`` of ``column`` with the same seed, both with saved
+    predictions, in the run's order."""
     out = []
     for e in run["entries"]:
-        ref = next((b for b in ref_run["entries"] if b["column"] == column
+        if e["column"] != column or not e.get("predictions"):
+            continue
+        ref = next((b for b in reference["entries"] if b["column"] == column
                     and b["seed"] == e["seed"]), None)
-        if e["column"] == column and ref is not None and e.get("predictions") \
-                and ref.get("predictions"):
-            out.append(_correctness(ref_run, ref, run, e))
+        if ref is not None and ref.get("predictions"):
+            out.append((ref, e))
     return out
 
 
