@@ -13,7 +13,8 @@ from e2mc.training.config import RunConfig, config_from_dict, load_config, prese
 
 RESOLVED = Path(__file__).parent / "data" / "presets_resolved.json"
 
-PAPER = {  # docs/method.md#settings-of-the-paper: (method, addon, lr after scaling, weight decay, base epoch)
+# docs/method.md#settings-of-the-paper: (method, addon, lr after scaling, weight decay, base epoch)
+PAPER = {
     "vicreg-e2mc": ("vicreg", "e2mc", 0.003 * 512 / 256, 1e-6, 1000),
     "vicreg-continued": ("vicreg", "none", 0.003 * 512 / 256, 1e-6, 1000),
     "swav-e2mc": ("swav", "e2mc", 0.001, 1e-6, 800),
@@ -138,3 +139,66 @@ def test_every_preset_resolves_to_its_recorded_config() -> None:
     defaults = RunConfig().to_dict()
     for name, values in recorded.items():
         assert load_config(name).to_dict() == _with_defaults(defaults, values), name
+
+
+def test_presets_inherit_and_state_only_their_differences() -> None:
+    from importlib import resources
+
+    from e2mc.training.config import preset_summary
+
+    assert preset_summary("vicreg-e2mc")[0] == "vicreg-continued"
+    raw = yaml.safe_load((resources.files("e2mc") / "configs" / "vicreg-e2mc.yaml").read_text())
+    assert set(raw) == {"base", "name", "addon"}
+    e2mc, continued = load_config("vicreg-e2mc"), load_config("vicreg-continued")
+    e2mc.addon, e2mc.name = continued.addon, continued.name
+    assert e2mc == continued  # the add-on and the name are the only differences
+
+
+def test_a_user_file_inherits_through_a_chain(tmp_path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mid.yaml").write_text(
+        "base: fmnist-swav-continue-e2mc\nname: mid\naddon: {params: {beta: 3}}\n"
+        "method: {params: {n_prototypes: 7}}\ntraining: {epochs: 2}\n")
+    (tmp_path / "top.yaml").write_text("base: sub/mid.yaml\ntraining: {seed: 4}\n")
+    cfg = load_config(str(tmp_path / "top.yaml"), ["training.batch_size=64"])
+    ref = load_config("fmnist-swav-continue-e2mc")
+    assert (cfg.name, cfg.training.epochs, cfg.training.seed, cfg.training.batch_size) == (
+        "mid", 2, 4, 64)
+    # params merge key by key: beta changed, gamma and the rest kept
+    assert cfg.addon.params == {**ref.addon.params, "beta": 3}
+    assert cfg.method.params == {**ref.method.params, "n_prototypes": 7}
+    assert cfg.optim == ref.optim and cfg.model == ref.model
+
+
+def test_a_new_addon_name_starts_its_params_afresh(tmp_path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text("base: swav-e2mc\naddon: {name: mmcr, params: {lam: 0.1}}\n")
+    assert load_config(str(path)).addon.params == {"lam": 0.1}  # no stale beta / gamma
+    path.write_text("base: swav-e2mc\naddon: {params: null}\n")
+    assert load_config(str(path)).addon.params == {}
+
+
+def test_inheritance_cycles_and_bad_bases_are_clear_errors(tmp_path) -> None:
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ValueError, match=r"cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(str(tmp_path / "a.yaml"))
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_config(str(tmp_path / "self.yaml"))
+    (tmp_path / "c.yaml").write_text("base: vicreg-e2mcc\n")
+    with pytest.raises(ValueError, match="unknown preset 'vicreg-e2mcc'; did you mean vicreg-e2mc"):
+        load_config(str(tmp_path / "c.yaml"))
+    (tmp_path / "d.yaml").write_text("base: [vicreg-e2mc]\n")
+    with pytest.raises(ValueError, match="'base' must be a preset name"):
+        load_config(str(tmp_path / "d.yaml"))
+    (tmp_path / "e.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(ValueError, match="'missing.yaml' does not exist"):
+        load_config(str(tmp_path / "e.yaml"))
+
+
+def test_an_unknown_key_is_reported_with_the_file_that_has_it(tmp_path) -> None:
+    (tmp_path / "parent.yaml").write_text("base: vicreg-e2mc\noptim: {lr: 0.1}\n")
+    (tmp_path / "child.yaml").write_text("base: parent.yaml\ntraining: {epochs: 1}\n")
+    with pytest.raises(ValueError, match=r"parent\.yaml: unknown config key 'optim\.lr'"):
+        load_config(str(tmp_path / "child.yaml"))

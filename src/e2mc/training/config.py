@@ -8,6 +8,7 @@ arguments handed to the method, add-on or optimizer builder (their own builders 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -291,30 +292,100 @@ def set_override(cfg: RunConfig, assignment: str) -> None:
 
 
 # --------------------------------------------------------------------------- presets
+# A preset or YAML file may start from another one: ``base: <preset name or YAML file>`` plus only
+# what changes. A relative file name in ``base`` is relative to the file that names it.
+BASE_KEY = "base"
+
+
 def preset_names() -> list[str]:
     """Names of the presets shipped in ``e2mc/configs``."""
     root = resources.files("e2mc") / "configs"
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def _preset_text(name_or_path: str) -> str:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+def _locate(ref: str, folder: Path | None,
+            preset_only: bool = False) -> tuple[str, Any, Path | None]:
+    """``(identity, readable source, folder for its relative bases)`` of a preset or file;
+    ``folder`` is None for a shipped preset (whose bases are presets too)."""
+    path = Path(ref)
+    if folder is not None and not path.is_absolute():
+        path = folder / path
+    if not preset_only and (path.suffix in (".yaml", ".yml") or path.exists()):
         if not path.is_file():
-            raise ValueError(f"config file {name_or_path!r} does not exist")
-        return path.read_text()
-    resource = resources.files("e2mc") / "configs" / f"{name_or_path}.yaml"
+            raise ValueError(f"config file {ref!r} does not exist")
+        path = path.resolve()
+        return str(path), path, path.parent
+    resource = resources.files("e2mc") / "configs" / f"{ref}.yaml"
     if not resource.is_file():
-        raise ValueError(f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())}")
-    return resource.read_text()
+        names = preset_names()
+        close = difflib.get_close_matches(ref, names, n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"unknown preset {ref!r}; {hint}presets: {', '.join(names)}")
+    return ref, resource, None
+
+
+def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` laid over ``base``: mappings merge key by key, anything else (lists too)
+    is replaced. A section whose ``name`` changes (another method or add-on) drops the base's
+    ``params``, which belong to the other builder; ``params: null`` clears them explicitly."""
+    merged = dict(base)
+    for key, value in override.items():
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            if "name" in value and value["name"] != old.get("name"):
+                old = {k: v for k, v in old.items() if k != "params"}
+            merged[key] = merge_config(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str, Any]:
+    ident, source, own_folder = _locate(ref, folder, preset_only=bool(chain) and folder is None)
+    if ident in chain:
+        raise ValueError(f"config inheritance cycle: {' -> '.join((*chain, ident))}")
+    data = yaml.safe_load(source.read_text()) or {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{ident}: a config file must be a mapping of sections")
+    data = dict(data)
+    base = data.pop(BASE_KEY, None)
+    try:  # strict per file, so that an unknown key is reported with the file that has it
+        _apply(RunConfig(), data)
+    except ValueError as err:
+        raise ValueError(f"{ident}: {err}") from None
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ValueError(f"{ident}: {BASE_KEY!r} must be a preset name or a YAML file, "
+                         f"got {base!r}")
+    return merge_config(_resolve(base, own_folder, (*chain, ident)), data)
+
+
+def resolve_config_file(name_or_path: str) -> dict[str, Any]:
+    """The mapping a preset or YAML file stands for, its ``base`` chain merged in."""
+    return _resolve(name_or_path, None, ())
+
+
+def preset_summary(name: str) -> tuple[str | None, str]:
+    """``(base, description)`` of a shipped preset; the description is its first comment line."""
+    _, resource, _ = _locate(name, None, preset_only=True)
+    text = resource.read_text()
+    description = ""
+    for line in text.splitlines():
+        if line.strip():
+            if line.lstrip().startswith("#"):
+                description = line.lstrip().lstrip("#").strip()
+            break
+    base = (yaml.safe_load(text) or {}).get(BASE_KEY)
+    return base, description
 
 
 def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Build a :class:`RunConfig` from a preset name or YAML file, then apply ``overrides``."""
+    """Build a :class:`RunConfig` from a preset name or YAML file (with its ``base`` chain),
+    then apply ``overrides``."""
     cfg = RunConfig()
     if name_or_path is not None:
-        data = yaml.safe_load(_preset_text(name_or_path)) or {}
-        _apply(cfg, data)
+        _apply(cfg, resolve_config_file(name_or_path))
     for assignment in overrides:
         set_override(cfg, assignment)
     cfg.validate()
