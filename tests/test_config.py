@@ -202,3 +202,40 @@ def test_an_unknown_key_is_reported_with_the_file_that_has_it(tmp_path) -> None:
     (tmp_path / "child.yaml").write_text("base: parent.yaml\ntraining: {epochs: 1}\n")
     with pytest.raises(ValueError, match=r"parent\.yaml: unknown config key 'optim\.lr'"):
         load_config(str(tmp_path / "child.yaml"))
+
+
+def test_config_show_prints_every_preset_as_recorded(capsys) -> None:
+    from e2mc.cli import main
+
+    recorded = json.loads(RESOLVED.read_text())
+    defaults = RunConfig().to_dict()
+    for name, values in recorded.items():
+        assert main(["config", "show", name]) == 0
+        assert yaml.safe_load(capsys.readouterr().out) == _with_defaults(defaults, values), name
+    assert main(["config", "show", "swav-e2mc", "--set", "addon.params.beta=2"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["addon"]["params"]["beta"] == 2
+
+
+def test_config_show_bad_input_is_one_error_line(capsys, tmp_path) -> None:
+    from e2mc.cli import main
+
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    for argv, message in ((["config", "show", "nope"], "unknown preset 'nope'"),
+                          (["config", "show", str(tmp_path / "loop.yaml")], "cycle"),
+                          (["config", "show", "swav-e2mc", "--set", "x.y=1"],
+                           "unknown config key")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and message in err and "Traceback" not in err
+
+
+def test_presets_lists_one_line_per_preset(capsys) -> None:
+    from e2mc.cli import main
+
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == preset_names()
+    by_name = {line.split()[0]: line for line in lines}
+    assert "[base: vicreg-continued]" in by_name["vicreg-e2mc"]
+    assert "beta 1000, gamma 100" in by_name["vicreg-e2mc"]
+    assert all(len(line.split()) > 3 for line in lines)  # every preset has a description
