@@ -48,7 +48,7 @@ def measure(preset: str, base: Path, work: Path, args: argparse.Namespace, tag: 
 
 
 def embedding_dim(method: str, params: dict) -> int:
-    """Width of the embeddings the add-on sees (METHOD.md §2)."""
+    """Width of the embeddings the add-on sees (docs/method.md#where-it-is-applied)."""
     if method == "vicreg":
         return int(str(params["projector"]).split("-")[-1])
     return int(params["output_dim"] if method == "swav" else params["dim"])

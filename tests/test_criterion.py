@@ -128,7 +128,7 @@ def test_entropy_invariant_to_column_shift_and_row_permutation() -> None:
     torch.testing.assert_close(m_spacings_entropy(x + shift), h, rtol=0, atol=1e-9)
     perm = torch.randperm(200)
     torch.testing.assert_close(m_spacings_entropy(x[perm]), h, rtol=0, atol=1e-12)
-    # centring first changes nothing either (METHOD.md §1.2)
+    # centring first changes nothing either (docs/method.md)
     torch.testing.assert_close(m_spacings_entropy(x - x.mean(0)), h, rtol=0, atol=1e-9)
 
 

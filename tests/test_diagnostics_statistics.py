@@ -31,7 +31,7 @@ def test_independent_uniform_is_maximal_entropy_uncorrelated_full_rank():
     torch.manual_seed(0)
     x = torch.rand(2000, 8)
     s = embedding_statistics(x, "unit", k=100)
-    # m-spacings estimate of U(0,1) is slightly below its maximum 0 (METHOD.md §1.2).
+    # m-spacings estimate of U(0,1) is slightly below its maximum 0 (docs/method.md).
     assert -0.05 < s.entropy_mean < 0.0
     assert s.entropy_min > -0.05
     assert s.abs_corr_mean < 0.04  # E|r| ~ sqrt(2/(pi n)) = 0.018 for independent columns
@@ -144,7 +144,7 @@ def test_compact_spaces_use_the_criterion_transforms():
     torch.testing.assert_close(marginal_values(z, "hypercube"), torch.sigmoid(z))
     torch.testing.assert_close(marginal_values(z, "hypersphere"),
                                0.5 * (1 + torch.erf(z / math.sqrt(2))))
-    # Known value (METHOD.md §1.2): at n=512, sigmoid(N(0,1)) has m-spacings entropy about
+    # Known value (docs/method.md): at n=512, sigmoid(N(0,1)) has m-spacings entropy about
     # -0.27 (the true entropy is -0.193; the estimator is biased low at small n).
     s = embedding_statistics(torch.randn(512, 20), "hypercube", k=5)
     assert s.entropy_mean == pytest.approx(-0.27, abs=0.02)

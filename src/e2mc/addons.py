@@ -70,7 +70,7 @@ class NoAddon(Addon):
 
 
 class E2MC(Addon):
-    """The E2MC criterion (paper Eq. fullloss, Algorithm 1; METHOD.md §1.4).
+    """The E2MC criterion (paper Eq. 6, Algorithm 1; docs/method.md#total-loss).
 
     ``loss = -beta * reduce_v(H_v) + gamma * sum_v C_v`` where ``H_v`` is the mean over dimensions
     of the m-spacings entropy of ``compact_transform(z_v, space)`` and ``C_v`` its covariance
@@ -156,7 +156,7 @@ def uniformity(z: torch.Tensor, t: float = 2.0) -> torch.Tensor:
 class Uniformity(Addon):
     """AUH uniformity (Wang & Isola 2020) as an add-on (paper Eq. unifloss; lambda 0.5, t 2).
 
-    ``loss = lam * reduce_v uniformity(z_v)``; averaged over the views by default (METHOD.md §2),
+    ``loss = lam * reduce_v uniformity(z_v)``; averaged over the views by default (docs/method.md),
     ``view_reduction="sum"`` for the paper's equation.
     """
 

@@ -1,7 +1,7 @@
 """The E2MC criterion as pure tensor functions (torch only, no state, no I/O).
 
 Paper: "Improving Pre-trained Self-Supervised Embeddings Through Effective Entropy Maximization"
-(AISTATS 2025), Eq. (fullloss) and Algorithm 1; exact forms in METHOD.md §1.
+(AISTATS 2025), Eqs. 4-8 and Algorithm 1; exact forms in docs/method.md#the-criterion.
 
 * :func:`compact_transform` maps embeddings into the unit hypercube (sigmoid) or through the
   standard normal CDF (for methods that L2-normalise, "hypersphere").
@@ -55,7 +55,7 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
 
 
 def compact_transform(z: torch.Tensor, space: Space) -> torch.Tensor:
-    """Map embeddings element-wise into ``[0, 1]`` (METHOD.md §1.1).
+    """Map embeddings element-wise into ``[0, 1]`` (paper Sec. 3.2; docs/method.md).
 
     ``"hypercube"``: sigmoid, for unnormalised embeddings (VICReg). ``"hypersphere"``: the standard
     normal CDF, for methods that L2-normalise (SwAV, SimSiam): uniform CDF-marginals mean N(0, 1)
@@ -130,7 +130,7 @@ class _SpacingsEntropy(torch.autograd.Function):
 def m_spacings_entropy(
     x: torch.Tensor, m: int | None = None, eps: float = 1e-7
 ) -> torch.Tensor:
-    """Vasicek's m-spacings entropy estimate of every column of ``x`` [n, d] (METHOD.md §1.2).
+    """Vasicek's m-spacings entropy estimate of every column of ``x`` [n, d] (paper Eq. 4).
 
     ``H_j = 1/(n-m) * sum_{i=1}^{n-m} log((n+1)/m * (x_(i+m),j - x_(i),j) + eps)`` with
     ``x_(i),j`` the i-th smallest value of column j and ``m = round(sqrt(n))`` by default.
@@ -188,7 +188,7 @@ class _OffDiagonalSquares(torch.autograd.Function):
 
 
 def covariance_penalty(x: torch.Tensor, n: int | None = None) -> torch.Tensor:
-    """Mean squared off-diagonal covariance ``(1/d) * sum_{j != k} C_jk^2`` (METHOD.md §1.3).
+    """Mean squared off-diagonal covariance ``(1/d) * sum_{j != k} C_jk^2`` (paper Eq. 8).
 
     ``C = centred(x)^T centred(x) / (n - 1)``; ``n`` defaults to the rows of ``x`` (the authors
     divide by their configured global batch size, so it can be passed). Computed from the

@@ -1,4 +1,4 @@
-"""The official VICReg, SwAV and SimSiam checkpoint layouts (METHOD.md section 3).
+"""The official VICReg, SwAV and SimSiam checkpoint layouts (docs/method.md#official-checkpoints).
 
 - VICReg ``resnet50_fullckpt.pth``: ``{"epoch", "model", "optimizer"}``, keys
   ``module.backbone.*`` and ``module.projector.*``.

@@ -1,4 +1,4 @@
-"""Semi-supervised fine-tuning: backbone and linear head trained together (METHOD.md §4).
+"""Semi-supervised fine-tuning: backbone and linear head trained together (docs/method.md).
 
 SGD with separate backbone / head learning rates, weight decay 0, 20 epochs, either cosine
 decay (VICReg) or steps at epochs 12 and 16 by x0.2 (SwAV). Training images get a random

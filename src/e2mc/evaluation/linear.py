@@ -1,6 +1,6 @@
 """Linear probes: on cached features (fast default) and with per-epoch augmentation.
 
-Protocol (METHOD.md §4): a linear layer on frozen pooled features, SGD momentum 0.9 (or LARS
+Protocol (docs/method.md): a linear layer on frozen pooled features, SGD momentum 0.9 (or LARS
 for SimSiam), cosine decay of the learning rate to 0 over the epochs (stepped per epoch, as the
 official scripts do), cross-entropy; top-1/top-5 on a held-out test set after every epoch, so
 both the last-epoch (reported by default: no test-set selection) and the best-epoch numbers

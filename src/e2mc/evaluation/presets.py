@@ -1,4 +1,4 @@
-"""The paper's evaluation hyper-parameters per method (METHOD.md §4), as dataclasses.
+"""The paper's evaluation hyper-parameters per method (docs/method.md), as dataclasses.
 
 Linear probe: 100 epochs, SGD momentum 0.9, cosine decay to 0, batch 256 unless stated.
 Semi-supervised fine-tuning: 20 epochs, SGD, weight decay 0, separate backbone / head rates.

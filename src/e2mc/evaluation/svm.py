@@ -1,4 +1,4 @@
-"""Transfer with one-vs-rest linear SVMs on frozen features (the VOC07 protocol, METHOD.md §4).
+"""Transfer with one-vs-rest linear SVMs on frozen features (the VOC07 protocol, docs/method.md).
 
 One ``sklearn.svm.LinearSVC`` per class; its cost ``C`` is chosen from the grid by k-fold
 cross-validation on the training split, scoring average precision. The metric is the mean over
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: The cost grid of the VOC07 SVM protocol (METHOD.md §4).
+#: The cost grid of the VOC07 SVM protocol (docs/method.md#evaluation-protocols).
 VOC07_COSTS: tuple[float, ...] = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03,
                                   0.1, 0.3, 1, 2, 5, 10, 15, 20, 50, 100, 200, 500, 1000)
 

@@ -1,6 +1,6 @@
 """The training loop: base loss + add-on, AMP, DDP, logging, checkpoints, exact resume.
 
-One loop serves ``e2mc continue`` (the paper's step 2, METHOD.md §2) and ``e2mc pretrain``. The
+One loop serves ``e2mc continue`` (the paper's step 2, docs/method.md) and ``e2mc pretrain``. The
 trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on called as
 ``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs.
 """
