@@ -1,7 +1,7 @@
 """Evaluation speed: full 1%/10%/100% linear sweep x 3 seeds + kNN on Fashion-MNIST,
 uncached (features extracted) vs cached (features loaded), in one run.
 
-    PYTHONPATH=src python benchmarks/eval_speed.py --data /work/shared/data/fashion-mnist \
+    PYTHONPATH=src python benchmarks/eval_speed.py --data PATH/TO/fashion-mnist \
         [--checkpoint FILE] [--arch resnet18] [--device cpu] [--out benchmarks/out/eval_speed.json]
 
 Without ``--checkpoint`` the backbone is a random-init ``resnet18`` with the small-image stem

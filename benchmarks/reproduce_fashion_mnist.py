@@ -1,7 +1,7 @@
-"""The paper reproduced in miniature on Fashion-MNIST (issue 7, docs/reproduction.md).
+"""The paper reproduced in miniature on Fashion-MNIST (docs/reproduction.md).
 
-    python benchmarks/reproduce_fashion_mnist.py --data /work/shared/data/fashion-mnist \
-        --transfer-data /work/shared/data/mnist --out benchmarks/out/repro \
+    python benchmarks/reproduce_fashion_mnist.py --data PATH/TO/fashion-mnist \
+        --transfer-data PATH/TO/mnist --out benchmarks/out/repro \
         --write-docs docs/results/full.md
 
 Stages (``--stages``, in this order): ``bases`` (VICReg, SwAV, SimSiam base models with

@@ -1,8 +1,8 @@
 """Where, if anywhere, does E2MC help at this scale? A pre-declared search on a validation split
-(issue 7, section 3; docs/search.md).
+(docs/search.md).
 
     python benchmarks/search_fashion_mnist.py --base-run vicreg=RUN --base-run swav=RUN \
-        --base-run simsiam=RUN --out /work/runs/search --cpu-threads 1
+        --base-run simsiam=RUN --out RUNS/search --cpu-threads 1
 
 Protocol, fixed before any result was seen:
 
@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from repro import runs  # noqa: E402
 from repro.evaluate import Evaluator, Split  # noqa: E402
+from repro.report import public_command  # noqa: E402
 from repro.settings import ReproSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
              "Selected for confirmation (largest Δ at 1%, if positive): "
              + ", ".join(f"{m}: {t or 'none'}" for m, t in chosen.items()), "",
              "Commands (`PYTHONPATH=src`; every run and evaluation is cached in `--out`):", "",
-             *(f"- {m}: `{c}`" for m, c in commands.items())]
+             *(f"- {m}: `{public_command(c)}`" for m, c in commands.items())]
     _write_json(s.out / "search.json", {"results": results, "bases": bases, "selected": chosen})
     (s.out / "search.md").write_text("\n".join(lines) + "\n")
     figure(results, columns, s.out / "search.png")

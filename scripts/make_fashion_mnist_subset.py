@@ -3,7 +3,7 @@
 Exact command that produced the shipped file (from the repository root)::
 
     PYTHONPATH=src python scripts/make_fashion_mnist_subset.py \
-        --src /work/shared/data/fashion-mnist --out src/e2mc/assets/fashion_mnist_subset.npz
+        --src PATH/TO/fashion-mnist --out src/e2mc/assets/fashion_mnist_subset.npz
 
 Steps: check the md5 of the four official Fashion-MNIST files (the published checksums), read them
 with ``e2mc.data.load_idx``, draw 1,000 images per class from the training set and 200 per class

@@ -4,6 +4,7 @@ summary written from the numbers (never from a choice made after seeing them).""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +206,48 @@ def _figures(s: ReproSettings, result: dict[str, Any], fig_dir: Path, prefix: st
     return figs
 
 
+#: Options whose value is a data set: the docs show it as ``PATH/TO/<folder name>``.
+DATA_OPTIONS = ("--data", "--transfer-data")
+
+
+def public_path(path: str | Path, runs_root: Path | None = None, data: bool = False) -> str:
+    """``path`` as the docs show it. An absolute path of this machine becomes a placeholder:
+    ``PATH/TO/<name>`` for a data set, ``RUNS/<path under runs_root>`` (else ``RUNS/<name>``)
+    for a run folder. Relative paths and names such as ``builtin`` are kept."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(path)
+    if data:
+        return f"PATH/TO/{p.name}"
+    if runs_root is not None and p.is_relative_to(runs_root):
+        return f"RUNS/{p.relative_to(runs_root).as_posix()}"
+    return f"RUNS/{p.name}"
+
+
+def public_command(command: str) -> str:
+    """A recorded command line with :func:`public_path` applied to each path in it (also in
+    ``--base-run METHOD=DIR``); run folders are named relative to the parent of ``--out``."""
+    tokens = [part for token in shlex.split(command)  # --opt=value as --opt value
+              for part in (token.split("=", 1) if token.startswith("--") else [token])]
+    out = next((v for k, v in zip(tokens, tokens[1:], strict=False) if k == "--out"), None)
+    runs_root = Path(out).parent if out and Path(out).is_absolute() else None
+    shown, previous = [], ""
+    for token in tokens:
+        if token.startswith("--"):
+            shown.append(token)
+            previous = token
+            continue
+        key, sep, value = token.partition("=") if not token.startswith("/") else ("", "", token)
+        data = previous in DATA_OPTIONS or key.endswith("dataset")
+        shown.append(f"{key}{sep}{public_path(value, runs_root, data)}" if sep
+                     else public_path(token, runs_root, data))
+        previous = ""
+    return shlex.join(shown)
+
+
 def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
-    cmd = f"`{r['command']}`"
+    cmd = f"`{public_command(r['command'])}`"
+    runs_root = s.out.parent if s.out.is_absolute() else None
     probe = ("the paper's per-method settings" if s.probe_preset == "method"
              else "generic settings")
     lines = ["# Results: the paper in miniature on Fashion-MNIST", ""]
@@ -214,14 +255,14 @@ def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
         lines += ["> **Quick mode** (pipeline check on a few hundred images, 1-2 epochs): the "
                   "numbers below mean nothing about the method.", ""]
     lines += [
-        f"Produced by {cmd} (see `docs/reproduction.md`). Data: `{s.data}` "
+        f"Produced by {cmd} (see `docs/reproduction.md`). Data: `{public_path(s.data, data=True)}` "
         f"(train limit {s.train_limit}, test limit {s.test_limit}), {s.image_size} px; backbone "
         f"`{s.backbone}`; base models {s.base_epochs} epochs (seed {s.base_seed}); continued "
         f"training {s.continued_epochs} epochs at the presets' constant learning rates, training "
         f"seeds {list(s.seeds)}; linear probes {s.probe_epochs} epochs "
         f"({probe}, last-epoch top-1 on the test split, label-subset seeds {list(s.label_seeds)}); "
-        f"kNN: cosine, T = 0.07. All runs and evaluations are in `{s.out}`; every number "
-        "is also in its `results.json`.", ""]
+        f"kNN: cosine, T = 0.07. All runs and evaluations are in "
+        f"`{public_path(s.out, runs_root)}`; every number is also in its `results.json`.", ""]
     lines += _table1(s, r)
     lines += _tests_table(s, r)
     lines += _ablation_table(s, r, cmd)
@@ -235,6 +276,12 @@ def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
                   + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
                   + f" (total {sum(t.values()):.0f})."]
     return "\n".join(lines) + "\n"
+
+
+def _transfer_source(s: ReproSettings, r: dict[str, Any]) -> str:
+    shown = public_path(s.transfer_data, data=True) if s.transfer_data else ""
+    note = r["transfer_note"]
+    return note.replace(str(s.transfer_data), shown) if note and shown else note or shown
 
 
 def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
@@ -254,7 +301,7 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
     out += ["", "Top-1 %, mean ± SE: over the training seeds for continued rows (each the mean "
             "over label-subset seeds), over label-subset seeds for the single base model. "
             "Transfer: a linear probe on the frozen features of MNIST "
-            f"({r['transfer_note'] or s.transfer_data}), label seed {s.label_seeds[0]}.", ""]
+            f"({_transfer_source(s, r)}), label seed {s.label_seeds[0]}.", ""]
     if other:
         out += ["## Table 3 (SwAV): other criteria in continued training", "",
                 "| method | model | " + " | ".join(head) + " |",
