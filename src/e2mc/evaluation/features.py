@@ -17,9 +17,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from e2mc.checkpoints.io import atomic_write
+
+
+def default_num_workers() -> int:
+    """DataLoader workers for extraction: one per available CPU core but one, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(8, cores - 1))
 
 
 @torch.no_grad()
@@ -28,8 +37,10 @@ def extract_features(
     dataset: Dataset,
     batch_size: int = 256,
     device: str | torch.device = "cpu",
-    num_workers: int = 0,
+    num_workers: int | None = None,
     progress: bool = True,
+    autocast: bool | None = None,
+    shard: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone``.
 
@@ -37,31 +48,79 @@ def extract_features(
     evaluation protocol) under ``torch.no_grad``; its previous train/eval mode is restored.
     Labels are whatever the dataset yields per item, stacked (class indices ``[N]`` or
     multi-label indicator rows ``[N, C]``).
+
+    ``num_workers`` None: :func:`default_num_workers` (0 for a data set of one batch).
+    ``autocast`` None: bfloat16 autocast on an accelerator, float32 on the CPU (``True`` forces
+    it on the CPU too); features are returned as float32 either way. Inside a
+    ``torch.distributed`` process group (``torchrun``) with ``shard``, rank ``r`` of ``W``
+    extracts the ``r``-th contiguous block of ``ceil(N / W)`` items and the blocks are
+    all-gathered in rank order, so every rank returns the features of the whole data set.
     """
     from tqdm.auto import tqdm
 
+    from e2mc.distributed import is_distributed, rank, world_size
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if len(dataset) == 0:  # type: ignore[arg-type]
+    n = len(dataset)  # type: ignore[arg-type]
+    if n == 0:
         raise ValueError("cannot extract features of an empty dataset")
     device = torch.device(device)
+    autocast = device.type != "cpu" if autocast is None else autocast
+    sharded = shard and is_distributed()
+    part: Dataset = dataset
+    if sharded:
+        per_rank = -(-n // world_size())
+        lo, hi = min(n, rank() * per_rank), min(n, (rank() + 1) * per_rank)
+        part = Subset(dataset, range(lo, hi))
+    if num_workers is None:
+        num_workers = default_num_workers() if len(part) > batch_size else 0  # type: ignore[arg-type]
     was_training = backbone.training
     backbone.eval().to(device)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+    loader = DataLoader(part, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                         pin_memory=device.type == "cuda")
     feats: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     try:
         for images, targets in tqdm(loader, desc="features", disable=not progress, leave=False):
-            out = backbone(images.to(device, non_blocking=True))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                out = backbone(images.to(device, non_blocking=True))
             if out.ndim != 2:
                 raise ValueError(f"backbone must return [B, D] pooled features, got "
                                  f"shape {tuple(out.shape)}")
             feats.append(out.float().cpu())
             labels.append(torch.as_tensor(targets))
+        if sharded:
+            if not feats:  # an empty shard (more ranks than items): learn the shapes
+                image, target = dataset[0]
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                    probe = backbone(torch.as_tensor(image)[None].to(device))
+                feats.append(probe.float().cpu()[:0])
+                labels.append(torch.as_tensor(np.asarray(target))[None][:0])
+            x, y = _gather_blocks(torch.cat(feats), torch.cat(labels), n, device)
+            return x.numpy(), y.numpy()
     finally:
         backbone.train(was_training)
     return torch.cat(feats).numpy(), torch.cat(labels).numpy()
+
+
+def _gather_blocks(x: torch.Tensor, y: torch.Tensor, n: int, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-gather every rank's block (padded to ``ceil(n / W)`` rows) and trim to ``n``."""
+    import torch.distributed as dist
+
+    per_rank = -(-n // dist.get_world_size())
+    comm = device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        padded = t.new_zeros((per_rank, *t.shape[1:]))
+        padded[:len(t)] = t
+        padded = padded.to(comm)
+        out = [torch.empty_like(padded) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, padded)
+        return torch.cat(out)[:n].cpu()
+
+    return gather(x), gather(y)
 
 
 def file_digest(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -102,28 +161,81 @@ def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:
     }
 
 
-class FeatureCache:
-    """Features on disk under ``root``, one ``.npz`` per (model, data, transform) key.
+#: Bumped when the stored layout or the identity changes; older entries are then stale.
+CACHE_FORMAT = 2
 
-    The model is identified by the SHA-256 of its checkpoint file when ``checkpoint`` is given,
-    else by :func:`state_dict_digest`; so a changed checkpoint gives a new key and the old
-    features are never reused for it. Writes are atomic (temporary file + rename).
+
+def model_signature(module: nn.Module) -> str:
+    """Class name plus the names and shapes of the state dict (cheap, no values): a checkpoint
+    file loaded into another architecture gets another cache key."""
+    h = hashlib.sha256(type(module).__name__.encode())
+    for name, tensor in module.state_dict().items():
+        h.update(f"{name}|{tuple(tensor.shape)}".encode())
+    return h.hexdigest()[:16]
+
+
+class FeatureCache:
+    """Features on disk under ``root``, one ``.npz`` per (model, data, split, transform) key.
+
+    The model is identified by the SHA-256 of its checkpoint file when ``checkpoint`` is given
+    (plus its architecture signature), else by :func:`state_dict_digest`; so a changed
+    checkpoint gives a new key and the old features are never reused for it. The data are
+    identified by :func:`dataset_fingerprint` (the caller's id with the split, size, transform,
+    first and last items), and the extraction precision (bf16 autocast or not) is part of the
+    key. Writes are atomic (temporary file + rename). A stored entry is used only if it reads
+    back whole (the zip CRC of every array is checked), its stored identity equals the key's and
+    its shapes match the data set; anything else (a truncated or corrupt file, an older format)
+    is stale: it is removed and the features are extracted again.
+
+    Under ``torchrun`` every rank calls :meth:`get_or_extract`; the entry is used only if every
+    rank can read it, extraction is sharded across the ranks (:func:`extract_features`) and rank
+    0 writes the entry.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        #: Keys found stale (and rebuilt) by this object, for reporting.
+        self.rebuilt: list[str] = []
 
     def key(self, backbone: nn.Module, dataset: Dataset, data_id: str,
-            checkpoint: str | os.PathLike[str] | None = None) -> tuple[str, dict[str, Any]]:
+            checkpoint: str | os.PathLike[str] | None = None,
+            precision: str = "float32") -> tuple[str, dict[str, Any]]:
         """The cache key (hex) and the identity it was computed from."""
-        model_id = (f"file:{file_digest(checkpoint)}" if checkpoint is not None
-                    else f"state:{state_dict_digest(backbone)}")
-        identity = {"model": model_id, **dataset_fingerprint(dataset, data_id)}
+        model_id = (f"file:{file_digest(checkpoint)}:{model_signature(backbone)}"
+                    if checkpoint is not None else f"state:{state_dict_digest(backbone)}")
+        identity = {"format": CACHE_FORMAT, "model": model_id, "precision": precision,
+                    **dataset_fingerprint(dataset, data_id)}
         blob = json.dumps(identity, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:32], identity
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.npz"
+
+    def load(self, key: str, identity: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The stored ``(features, labels)`` of ``key`` if the entry is present and valid, else
+        None (a stale entry is deleted)."""
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                features, labels = stored["features"], stored["labels"]
+                stored_identity = json.loads(str(stored["identity"]))
+            if stored_identity != identity:
+                raise ValueError("identity differs")
+            if features.ndim != 2 or len(features) != identity["size"] \
+                    or len(labels) != identity["size"]:
+                raise ValueError(f"shapes {features.shape}, {labels.shape} for "
+                                 f"{identity['size']} items")
+        except Exception as exc:  # noqa: BLE001 - any unreadable entry is stale
+            import warnings
+
+            warnings.warn(f"feature cache entry {path.name} is stale ({type(exc).__name__}: "
+                          f"{exc}); extracting again", stacklevel=2)
+            self.rebuilt.append(key)
+            path.unlink(missing_ok=True)
+            return None
+        return features, labels
 
     def get_or_extract(
         self,
@@ -134,15 +246,33 @@ class FeatureCache:
         extractor: Callable[..., tuple[np.ndarray, np.ndarray]] = extract_features,
         **extract_kwargs: Any,
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Return ``(features, labels, hit)``: cached arrays when the key exists (``hit``), else
-        ``extractor(backbone, dataset, **extract_kwargs)`` stored under the key."""
-        key, identity = self.key(backbone, dataset, data_id, checkpoint)
-        path = self.path(key)
-        if path.exists():
-            with np.load(path) as stored:
-                return stored["features"], stored["labels"], True
+        """Return ``(features, labels, hit)``: cached arrays when a valid entry exists
+        (``hit``), else ``extractor(backbone, dataset, **extract_kwargs)`` stored under the
+        key."""
+        from e2mc.distributed import is_distributed, is_main_process
+
+        device = torch.device(extract_kwargs.get("device", "cpu"))
+        autocast = extract_kwargs.get("autocast")
+        autocast = device.type != "cpu" if autocast is None else autocast
+        key, identity = self.key(backbone, dataset, data_id, checkpoint,
+                                 "bfloat16-autocast" if autocast else "float32")
+        loaded = self.load(key, identity)
+        if is_distributed():
+            import torch.distributed as dist
+
+            flags: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(flags, loaded is not None)
+            if not all(flags):
+                loaded = None
+        if loaded is not None:
+            return loaded[0], loaded[1], True
         features, labels = extractor(backbone, dataset, **extract_kwargs)
-        atomic_write(path, lambda f: np.savez(
-            f, features=features, labels=labels,
-            identity=np.array(json.dumps(identity, sort_keys=True))))
+        if is_main_process():
+            atomic_write(self.path(key), lambda f: np.savez(
+                f, features=features, labels=labels,
+                identity=np.array(json.dumps(identity, sort_keys=True))))
+        if is_distributed():
+            import torch.distributed as dist
+
+            dist.barrier()
         return features, labels, False

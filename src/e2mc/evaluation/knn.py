@@ -1,24 +1,35 @@
-"""Weighted k-nearest-neighbour classification with cosine similarity.
+"""k-nearest-neighbour classification with cosine similarity, every ``k`` and both weightings in
+one pass over the training bank.
 
-The InstDisc / DINO rule: features are L2-normalized; for a test image with neighbours
-``i = 1..k`` (largest cosine similarity ``s_i`` in the training bank), class ``c`` scores
-``sum_i exp(s_i / T) * [y_i = c]``; the prediction is the highest-scoring class.
-Similarities are computed in chunks of test images, so memory is ``O(chunk * N_train)``.
+Features are L2-normalized once. For a test image with neighbours ``i = 1..k`` (largest cosine
+similarity ``s_i`` in the training bank, ties to the lower training index), class ``c`` scores
+
+- ``weighted`` (InstDisc / DINO): ``sum_i exp(s_i / T) [y_i = c]``;
+- ``uniform`` (majority vote): ``sum_i [y_i = c]``;
+
+the prediction is the highest-scoring class (ties: the lower class index). The similarities are
+computed in blocks of ``chunk_size`` test images x ``bank_chunk`` training images and merged
+into a running top-``max(ks)``, so memory is ``O(chunk_size * (bank_chunk + k))`` and the
+``N_test x N_train`` matrix never exists; every ``k`` is read off the same sorted neighbour
+list.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+WEIGHTINGS = ("weighted", "uniform")
+
 
 @dataclass
 class KNNResult:
-    """Top-1/top-5 (percent) for one ``k`` and the per-test-image predictions ``[N]`` and
-    top-5 labels ``[N, min(5, C)]``."""
+    """Top-1/top-5 (percent) for one ``k`` and weighting, and the per-test-image predictions
+    ``[N]`` and top-5 labels ``[N, min(5, C)]``."""
 
     k: int
     temperature: float
@@ -26,10 +37,82 @@ class KNNResult:
     top5: float
     predictions: np.ndarray
     top5_predictions: np.ndarray
+    weighting: str = "weighted"
 
-    def metrics(self) -> dict[str, float]:
-        return {"k": self.k, "temperature": self.temperature, "top1": self.top1,
-                "top5": self.top5}
+    def metrics(self) -> dict[str, float | str]:
+        return {"k": self.k, "temperature": self.temperature, "weighting": self.weighting,
+                "top1": self.top1, "top5": self.top5}
+
+
+@torch.no_grad()
+def nearest_neighbours(
+    bank: torch.Tensor,
+    queries: torch.Tensor,
+    k: int,
+    chunk_size: int = 1024,
+    bank_chunk: int = 65536,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(similarities, indices)`` ``[N_q, k]`` of the ``k`` most similar bank rows of every
+    query (dot products of the given rows; normalize first for cosine), sorted by decreasing
+    similarity, ties to the lower bank index."""
+    if k < 1 or k > len(bank):
+        raise ValueError(f"k must be in [1, {len(bank)}] (training bank size), got {k}")
+    if chunk_size < 1 or bank_chunk < 1:
+        raise ValueError("chunk sizes must be >= 1")
+    sims_out = torch.empty(len(queries), k, dtype=bank.dtype, device=bank.device)
+    idx_out = torch.empty(len(queries), k, dtype=torch.long, device=bank.device)
+    for q0 in range(0, len(queries), chunk_size):
+        q = queries[q0:q0 + chunk_size]
+        best_s, best_i = q.new_empty(0), q.new_empty(0, dtype=torch.long)
+        for b0 in range(0, len(bank), bank_chunk):
+            sims = q @ bank[b0:b0 + bank_chunk].T
+            kk = min(k, sims.shape[1])
+            s, i = _sorted_topk(sims, kk)
+            if b0 == 0:
+                best_s, best_i = s, i
+                continue
+            # merge with the running list: a stable sort keeps the earlier block first on ties
+            cand_s = torch.cat([best_s, s], dim=1)
+            cand_i = torch.cat([best_i, i + b0], dim=1)
+            s, order = torch.sort(cand_s, dim=1, descending=True, stable=True)
+            best_s, best_i = s[:, :k], cand_i.gather(1, order[:, :k])
+        sims_out[q0:q0 + len(q)] = best_s
+        idx_out[q0:q0 + len(q)] = best_i
+    return sims_out, idx_out
+
+
+def _sorted_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest per row in decreasing order, ties to the lower column. ``topk(k + 1)``
+    finds them; rows whose ``k``-th and ``(k+1)``-th values are equal (an exact tie at the
+    border, e.g. duplicate images) are redone with a stable sort of the whole row."""
+    if k >= values.shape[1]:
+        return torch.sort(values, dim=1, descending=True, stable=True)
+    top_s, top_i = values.topk(k + 1, dim=1)
+    tied = (top_s[:, k - 1] == top_s[:, k]).nonzero().flatten()
+    top_s, top_i = top_s[:, :k], top_i[:, :k]
+    # within the k: ties by column (sort by column, then stably by value)
+    by_col = top_i.argsort(dim=1)
+    top_s, top_i = top_s.gather(1, by_col), top_i.gather(1, by_col)
+    order = torch.sort(top_s, dim=1, descending=True, stable=True).indices
+    top_s, top_i = top_s.gather(1, order), top_i.gather(1, order)
+    if len(tied):
+        s, i = torch.sort(values[tied], dim=1, descending=True, stable=True)
+        top_s[tied], top_i[tied] = s[:, :k], i[:, :k]
+    return top_s, top_i
+
+
+def class_scores(neighbour_sims: torch.Tensor, neighbour_labels: torch.Tensor, k: int,
+                 num_classes: int, weighting: str, temperature: float) -> torch.Tensor:
+    """Class scores ``[N, C]`` from the first ``k`` of the sorted neighbours."""
+    if weighting == "weighted":
+        weights = (neighbour_sims[:, :k] / temperature).exp()
+    elif weighting == "uniform":
+        weights = torch.ones_like(neighbour_sims[:, :k])
+    else:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    scores = torch.zeros(len(neighbour_sims), num_classes, dtype=weights.dtype,
+                         device=weights.device)
+    return scores.scatter_add_(1, neighbour_labels[:, :k], weights)
 
 
 @torch.no_grad()
@@ -41,25 +124,15 @@ def knn_scores(
     temperature: float,
     num_classes: int,
     chunk_size: int = 1024,
+    weighting: str = "weighted",
 ) -> torch.Tensor:
-    """Class scores ``[N_test, num_classes]`` of the weighted cosine kNN rule above."""
-    if k < 1 or k > len(train_x):
-        raise ValueError(f"k must be in [1, {len(train_x)}] (training bank size), got {k}")
+    """Class scores ``[N_test, num_classes]`` of the cosine kNN rule above for one ``k``."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     bank = F.normalize(train_x.float(), dim=1)
     queries = F.normalize(test_x.float(), dim=1)
-    out = torch.empty(len(queries), num_classes, device=queries.device)
-    for start in range(0, len(queries), chunk_size):
-        sims = queries[start:start + chunk_size] @ bank.T
-        top_sims, top_idx = sims.topk(k, dim=1)
-        weights = (top_sims / temperature).exp()
-        scores = torch.zeros(len(sims), num_classes, device=queries.device)
-        scores.scatter_add_(1, train_y[top_idx], weights)
-        out[start:start + chunk_size] = scores
-    return out
+    sims, idx = nearest_neighbours(bank, queries, k, chunk_size)
+    return class_scores(sims, train_y[idx], k, num_classes, weighting, temperature)
 
 
 def knn_classify(
@@ -67,14 +140,17 @@ def knn_classify(
     train_y: np.ndarray,
     test_x: np.ndarray,
     test_y: np.ndarray,
-    ks: tuple[int, ...] = (20, 200),
+    ks: Sequence[int] = (20, 200),
     temperature: float = 0.07,
     num_classes: int | None = None,
     chunk_size: int = 1024,
     device: str | torch.device = "cpu",
+    weightings: Sequence[str] = ("weighted",),
+    bank_chunk: int = 65536,
 ) -> list[KNNResult]:
-    """Weighted kNN accuracy for each ``k`` in ``ks`` (defaults: 20 and 200, ``T = 0.07``).
-    ``k`` larger than the training bank is an error."""
+    """kNN accuracy for each ``k`` in ``ks`` and each weighting in ``weightings`` (order: ks
+    outer, weightings inner), from one neighbour search with ``max(ks)`` neighbours (defaults:
+    k = 20 and 200, ``T = 0.07``). ``k`` larger than the training bank is an error."""
     train_y = np.asarray(train_y)
     test_y = np.asarray(test_y)
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
@@ -82,19 +158,33 @@ def knn_classify(
                          f"{test_x.shape}")
     if train_y.shape != (len(train_x),) or test_y.shape != (len(test_x),):
         raise ValueError("labels must be 1-D class indices, one per feature row")
+    if not ks:
+        raise ValueError("need at least one k")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    for w in weightings:
+        if w not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {w!r}")
+    for k in ks:
+        if k < 1 or k > len(train_x):
+            raise ValueError(f"k must be in [1, {len(train_x)}] (training bank size), got {k}")
     device = torch.device(device)
     num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
-    x = torch.as_tensor(train_x, device=device)
+    bank = F.normalize(torch.as_tensor(train_x, device=device).float(), dim=1)
+    queries = F.normalize(torch.as_tensor(test_x, device=device).float(), dim=1)
     y = torch.as_tensor(train_y, dtype=torch.long, device=device)
-    tx = torch.as_tensor(test_x, device=device)
     ty = torch.as_tensor(test_y, dtype=torch.long, device=device)
+    sims, idx = nearest_neighbours(bank, queries, max(ks), chunk_size, bank_chunk)
+    labels = y[idx]
     results = []
+    width = min(5, num_classes)
     for k in ks:
-        scores = knn_scores(x, y, tx, k, temperature, num_classes, chunk_size)
-        top = scores.topk(min(5, num_classes), dim=1).indices
-        hit1 = (top[:, 0] == ty).float().mean().item() * 100
-        hit5 = (top == ty[:, None]).any(dim=1).float().mean().item() * 100
-        results.append(KNNResult(k=k, temperature=temperature, top1=hit1, top5=hit5,
-                                 predictions=top[:, 0].cpu().numpy(),
-                                 top5_predictions=top.cpu().numpy()))
+        for weighting in weightings:
+            scores = class_scores(sims, labels, k, num_classes, weighting, temperature)
+            top = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :width]
+            hit1 = (top[:, 0] == ty).float().mean().item() * 100
+            hit5 = (top == ty[:, None]).any(dim=1).float().mean().item() * 100
+            results.append(KNNResult(k=k, temperature=temperature, top1=hit1, top5=hit5,
+                                     predictions=top[:, 0].cpu().numpy(),
+                                     top5_predictions=top.cpu().numpy(), weighting=weighting))
     return results

@@ -36,6 +36,11 @@ class ProbeResult:
     predictions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     top5: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     best_predictions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Mean cross-entropy on the evaluation set after the last epoch (NaN when not computed).
+    loss_last: float = float("nan")
+    #: Final ``[D, C]`` weight and ``[C]`` bias (only when asked for, e.g. ``keep_weights``).
+    weight: np.ndarray | None = None
+    bias: np.ndarray | None = None
 
     def metrics(self) -> dict[str, float | int]:
         return {"top1_last": self.top1_last, "top5_last": self.top5_last,
@@ -64,14 +69,21 @@ def _build_optimizer(params: list[nn.Parameter], config: LinearProbeConfig
                 weight_decay=config.weight_decay, trust_coefficient=0.001, clip=False)
 
 
+def init_head(dim: int, num_classes: int) -> nn.Linear:
+    """The probe's initial layer: ``nn.Linear`` (float32, on the CPU, drawn from the global RNG)
+    with weights re-drawn from N(0, 0.01^2) and zero bias. Seed the global RNG first."""
+    head = nn.Linear(dim, num_classes)
+    nn.init.normal_(head.weight, std=0.01)
+    nn.init.zeros_(head.bias)
+    return head
+
+
 class _LinearTrainer:
     """Head, optimizer and per-epoch cosine schedule shared by both probe variants."""
 
     def __init__(self, dim: int, num_classes: int, config: LinearProbeConfig,
-                 device: torch.device) -> None:
-        self.head = nn.Linear(dim, num_classes).to(device)
-        nn.init.normal_(self.head.weight, std=0.01)
-        nn.init.zeros_(self.head.bias)
+                 device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+        self.head = init_head(dim, num_classes).to(device=device, dtype=dtype)
         self.optimizer = _build_optimizer(list(self.head.parameters()), config)
         self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer,
                                                                     T_max=config.epochs)
@@ -97,15 +109,21 @@ class _Tracker:
         self.history: list[float] = []
         self.best: tuple[float, float, int, torch.Tensor] | None = None
         self.last: tuple[float, float, torch.Tensor] | None = None
+        self.loss = float("nan")
 
     def update(self, logits: torch.Tensor) -> None:
-        top1 = topk_accuracy(logits, self.test_y, 1)
-        top5 = topk_accuracy(logits, self.test_y, 5)
-        preds = logits.argmax(dim=1)
+        self.update_top(logits.topk(min(5, logits.shape[1]), dim=1).indices)
+
+    def update_top(self, top: torch.Tensor, loss: float = float("nan")) -> None:
+        """Record one epoch from the top-k labels ``[N, k]`` (best first) of every test row."""
+        hit = top == self.test_y[:, None]
+        top1 = 100.0 * hit[:, 0].float().mean().item()
+        top5 = 100.0 * hit.any(dim=1).float().mean().item()
         self.history.append(top1)
-        self.last = (top1, top5, logits.topk(min(5, logits.shape[1]), dim=1).indices)
+        self.last = (top1, top5, top)
+        self.loss = loss
         if self.best is None or top1 > self.best[0]:
-            self.best = (top1, top5, len(self.history), preds)
+            self.best = (top1, top5, len(self.history), top[:, 0].clone())
 
     def result(self) -> ProbeResult:
         assert self.best is not None and self.last is not None
@@ -114,7 +132,8 @@ class _Tracker:
                            top1_best=self.best[0], top5_best=self.best[1],
                            best_epoch=self.best[2], history=self.history,
                            predictions=top5[:, 0].copy(), top5=top5,
-                           best_predictions=self.best[3].cpu().numpy())
+                           best_predictions=self.best[3].cpu().numpy(),
+                           loss_last=self.loss)
 
 
 def _check_arrays(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
@@ -139,11 +158,16 @@ def train_linear_probe(
     seed: int = 0,
     num_classes: int | None = None,
     device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    keep_weights: bool = False,
 ) -> ProbeResult:
     """Train a linear classifier on fixed features; evaluate on the test set every epoch.
 
     The features live on ``device`` as one tensor and mini-batches are drawn by indexing a
     seeded permutation (no DataLoader). ``seed`` fixes the initialization and the batch order.
+    This is the sequential reference of :func:`e2mc.evaluation.batched.train_linear_heads`,
+    which trains many such probes at once. ``dtype`` is the arithmetic (the initialization is
+    always drawn in float32); ``keep_weights`` returns the final weight and bias.
     """
     config = config or LinearProbeConfig()
     train_y = np.asarray(train_y)
@@ -151,8 +175,8 @@ def train_linear_probe(
     _check_arrays(train_x, train_y, test_x, test_y)
     device = torch.device(device)
     num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
-    x = torch.as_tensor(train_x, dtype=torch.float32, device=device)
-    tx = torch.as_tensor(test_x, dtype=torch.float32, device=device)
+    x = torch.as_tensor(train_x, device=device).to(dtype)
+    tx = torch.as_tensor(test_x, device=device).to(dtype)
     if config.standardize:
         mean, std = x.mean(dim=0), x.std(dim=0, unbiased=False).clamp_min(1e-6)
         x, tx = (x - mean) / std, (tx - mean) / std
@@ -161,7 +185,7 @@ def train_linear_probe(
 
     torch.manual_seed(seed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    trainer = _LinearTrainer(x.shape[1], num_classes, config, device)
+    trainer = _LinearTrainer(x.shape[1], num_classes, config, device, dtype)
     tracker = _Tracker(ty)
     for _ in range(config.epochs):
         order = torch.randperm(len(x), generator=gen).to(device)
@@ -170,7 +194,11 @@ def train_linear_probe(
             trainer.step(x[idx], y[idx])
         trainer.scheduler.step()
         tracker.update(trainer.logits(tx))
-    return tracker.result()
+    result = tracker.result()
+    if keep_weights:
+        result.weight = trainer.head.weight.detach().T.cpu().numpy().copy()
+        result.bias = trainer.head.bias.detach().cpu().numpy().copy()
+    return result
 
 
 def random_resized_crop_flip(images: torch.Tensor, generator: torch.Generator,

@@ -1,15 +1,164 @@
-"""Label-fraction x seed sweeps of the linear probe on fixed features."""
+"""Label-fraction x seed sweeps of the linear probe on fixed features, with an optional
+learning-rate / weight-decay grid chosen on validation.
+
+:func:`linear_protocol` is what ``e2mc eval`` runs: every probe of the evaluation is a head of
+one batched model (:func:`e2mc.evaluation.batched.train_linear_heads`). Without a grid each
+(fraction, seed) trains one head with the fraction's preset. With a grid (more than one
+``(lr, weight_decay)`` pair for a fraction), each (fraction, seed) first trains one head per
+grid point on a part of its labelled subset and scores it on the rest (the *validation* part,
+stratified, ``val_fraction`` of the subset, at least one image of every class with two or
+more); the point with the best last-epoch validation top-1 (ties: lower validation
+cross-entropy, then grid order) is then trained on the whole subset and evaluated on the test
+split. The test labels play no part in the choice.
+
+:func:`linear_sweep` keeps the older per-fraction interface; ``batched=False`` runs today's
+sequential probes (:func:`e2mc.evaluation.linear.train_linear_probe`), the reference that
+``benchmarks/eval_speed.py`` times the batched path against.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 
-from e2mc.data.subsets import label_fraction_indices
+from e2mc.data.subsets import label_fraction_indices, per_class_indices
+from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 from e2mc.evaluation.linear import ProbeResult, train_linear_probe
 from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
+
+
+@dataclass
+class SweepEntry:
+    """One (fraction, seed) probe: its result on the test split, the configuration it was
+    trained with (the chosen grid point when there was a grid), the size of its labelled subset
+    and, with a grid, the validation record (``selection``)."""
+
+    fraction: float
+    seed: int
+    result: ProbeResult
+    config: LinearProbeConfig
+    subset_size: int
+    selection: dict[str, Any] | None = None
+
+
+def validation_split(labels: np.ndarray, val_fraction: float, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``(train, val)`` of a stratified split of ``labels``: each class with
+    ``n_c >= 2`` images gives ``min(n_c - 1, max(1, round(val_fraction * n_c)))`` to the
+    validation part (rounding half up); classes with one image stay in the training part."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    per_class = {int(c): (min(int(n) - 1, max(1, math.floor(val_fraction * int(n) + 0.5)))
+                          if n >= 2 else 0) for c, n in zip(classes, counts, strict=True)}
+    val = per_class_indices(labels, per_class, seed)
+    if val.size == 0:
+        raise ValueError("no class has two labelled images: nothing to validate on")
+    train = np.setdiff1d(np.arange(len(labels)), val)
+    return train, val
+
+
+def _grid_points(config: LinearProbeConfig, lrs: Sequence[float] | None,
+                 wds: Sequence[float] | None) -> list[tuple[float, float]]:
+    lrs = list(lrs) if lrs else [config.lr]
+    wds = list(wds) if wds else [config.weight_decay]
+    for lr in lrs:
+        if not lr > 0:
+            raise ValueError(f"learning rates of the grid must be > 0, got {lr}")
+    for wd in wds:
+        if not wd >= 0:
+            raise ValueError(f"weight decays of the grid must be >= 0, got {wd}")
+    return list(itertools.product(lrs, wds))
+
+
+def linear_protocol(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    fractions: Sequence[float],
+    seeds: Sequence[int],
+    config_for: Callable[[float], LinearProbeConfig],
+    lr_grid: Mapping[float, Sequence[float]] | None = None,
+    wd_grid: Mapping[float, Sequence[float]] | None = None,
+    val_fraction: float = 0.2,
+    subsets: Mapping[float, np.ndarray] | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[SweepEntry]:
+    """All linear probes of an evaluation, batched; one :class:`SweepEntry` per (fraction,
+    seed) in that order. ``subsets[fraction]`` (training row indices, e.g. from a SimCLR file
+    list) replaces the stratified random subset of that fraction for every seed (the seed then
+    sets only the initialization, order and validation split). ``lr_grid`` / ``wd_grid`` map a
+    fraction to its grid (missing: the preset's value)."""
+    if not fractions or not seeds:
+        raise ValueError("need at least one fraction and one seed")
+    train_y = np.asarray(train_y)
+    num_classes = int(max(np.max(train_y), np.max(test_y))) + 1
+    lr_grid, wd_grid, subsets = lr_grid or {}, wd_grid or {}, subsets or {}
+    plan = []  # (fraction, seed, subset, config, grid points)
+    for fraction in fractions:
+        config = config_for(fraction)
+        points = _grid_points(config, lr_grid.get(fraction), wd_grid.get(fraction))
+        for seed in seeds:
+            idx = (np.asarray(subsets[fraction], dtype=np.int64) if fraction in subsets
+                   else label_fraction_indices(train_y, fraction, seed))
+            plan.append((fraction, seed, idx, config, points))
+
+    # Stage 1: every grid point on the training part, scored on the validation part.
+    select_heads: list[HeadSpec] = []
+    select_where: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for k, (_, seed, idx, config, points) in enumerate(plan):
+        if len(points) == 1:
+            continue
+        tr, val = validation_split(train_y[idx], val_fraction, seed)
+        select_where.append((k, idx[tr], idx[val]))
+        for lr, wd in points:
+            select_heads.append(HeadSpec(idx[tr], replace(config, lr=lr, weight_decay=wd), seed,
+                                         eval_rows=idx[val], history=False))
+    chosen: dict[int, tuple[LinearProbeConfig, dict[str, Any]]] = {}
+    if select_heads:
+        scored = train_linear_heads(train_x, train_y, train_x, train_y, select_heads,
+                                    num_classes=num_classes, device=device, dtype=dtype)
+        pos = 0
+        for k, tr_rows, val_rows in select_where:
+            _, _, _, config, points = plan[k]
+            results = scored[pos:pos + len(points)]
+            pos += len(points)
+            grid = [{"lr": lr, "weight_decay": wd, "val_top1": r.top1_last,
+                     "val_loss": r.loss_last} for (lr, wd), r in zip(points, results, strict=True)]
+            best = min(range(len(points)),
+                       key=lambda i: (-grid[i]["val_top1"], _nan_last(grid[i]["val_loss"]), i))
+            lr, wd = points[best]
+            chosen[k] = (replace(config, lr=lr, weight_decay=wd), {
+                "rule": "best last-epoch validation top-1; ties: lower validation loss, then "
+                        "grid order",
+                "train_size": int(len(tr_rows)), "validation_size": int(len(val_rows)),
+                "grid": grid, "chosen": {"lr": lr, "weight_decay": wd}})
+
+    # Stage 2: the chosen (or fixed) configuration on the whole subset, evaluated on test.
+    final_heads = []
+    for k, (_, seed, idx, config, _) in enumerate(plan):
+        cfg = chosen[k][0] if k in chosen else config
+        final_heads.append(HeadSpec(idx, cfg, seed))
+    finals = train_linear_heads(train_x, train_y, test_x, test_y, final_heads,
+                                num_classes=num_classes, device=device, dtype=dtype)
+    return [SweepEntry(fraction=fraction, seed=seed, result=result,
+                       config=final_heads[k].config, subset_size=int(len(idx)),
+                       selection=chosen[k][1] if k in chosen else None)
+            for k, ((fraction, seed, idx, _, _), result) in enumerate(zip(plan, finals,
+                                                                          strict=True))]
+
+
+def _nan_last(value: float) -> float:
+    return math.inf if math.isnan(value) else value
 
 
 def linear_sweep(
@@ -22,16 +171,27 @@ def linear_sweep(
     method: str = "generic",
     config_for: Callable[[float], LinearProbeConfig] | None = None,
     device: str | torch.device = "cpu",
+    batched: bool = True,
 ) -> dict[float, list[tuple[int, ProbeResult]]]:
-    """Train one probe per (fraction, seed). The seed picks the stratified label subset
-    (:func:`label_fraction_indices`) and the probe's initialization and batch order; the config
-    comes from ``config_for(fraction)`` or the method's preset (:func:`linear_preset`)."""
+    """Train one probe per (fraction, seed) at the fraction's fixed preset. The seed picks the
+    stratified label subset (:func:`label_fraction_indices`) and the probe's initialization
+    and batch order; the config comes from ``config_for(fraction)`` or the method's preset
+    (:func:`linear_preset`). ``batched=False``: one :func:`train_linear_probe` after another."""
     if not fractions or not seeds:
         raise ValueError("need at least one fraction and one seed")
-    num_classes = int(max(np.max(train_y), np.max(test_y))) + 1
+
+    def config_of(fraction: float) -> LinearProbeConfig:
+        return config_for(fraction) if config_for else linear_preset(method, fraction)
+
     out: dict[float, list[tuple[int, ProbeResult]]] = {}
+    if batched:
+        for e in linear_protocol(train_x, train_y, test_x, test_y, fractions, seeds, config_of,
+                                 device=device):
+            out.setdefault(e.fraction, []).append((e.seed, e.result))
+        return out
+    num_classes = int(max(np.max(train_y), np.max(test_y))) + 1
     for fraction in fractions:
-        config = config_for(fraction) if config_for else linear_preset(method, fraction)
+        config = config_of(fraction)
         out[fraction] = []
         for seed in seeds:
             idx = label_fraction_indices(train_y, fraction, seed)
