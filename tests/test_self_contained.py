@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Written with escapes so that this file does not contain what it looks for.
 OUTSIDE = {
-    "the development machine's shared folders": re.compile(r"(?<![\w.~-])/work/"),
+    "the development machine's shared folders": re.compile(r"(?<![\w.~-])/work\/"),
     "a sibling folder of the checkout": re.compile(r"\.\./shared\b"),
-    "a home directory": re.compile(r"(?<![\w.~-])/(?:home|Users)/[\w.-]+/|(?<![\w.~-])/root/"),
+    "a home directory": re.compile(r"(?<![\w.~-])/(?:home|Users)/[\w.-]+\/|(?<![\w.~-])/root\/"),
     "a document kept outside the repository": re.compile(r"\b(?:METHOD|DESIGN)\.md\b"),
 }
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -50,7 +50,7 @@ def tracked_text_files() -> dict[str, str]:
 def _outside_patterns() -> dict[str, re.Pattern[str]]:
     patterns = dict(OUTSIDE)
     parent = REPO.parent
-    if parent != Path(parent.anchor):  # the folder that holds the checkout, e.g. /home/me/
+    if parent != Path(parent.anchor):  # the folder that holds the checkout
         patterns["the folder around the checkout"] = re.compile(re.escape(f"{parent}/"))
     return patterns
 
