@@ -52,7 +52,7 @@ def test_run_directory_contents(tmp_path):
     run = tiny_run(tmp_path, "a", 0, 0.0)
     record = json.loads((run / "results.json").read_text())
     cols = {e["column"] for e in record["entries"]}
-    assert cols == {"linear 50%", "linear 100%", "knn k=5", "svm"}
+    assert cols == {"linear 50%", "linear 100%", "knn k=5", "knn k=5 uniform", "svm"}
     assert record["seeds"] == [0, 1] and record["reported_epoch"] == "last"
     assert record["settings"]["linear"]["50%"]["epochs"] == 3
     lin = [e for e in record["entries"] if e["column"] == "linear 50%"]
@@ -107,11 +107,12 @@ def test_compare_command_writes_markdown_and_csv(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "| base |" in proc.stdout and "| e2mc |" in proc.stdout
     md = (tmp_path / "cmp" / "table.md").read_text()
-    assert md.splitlines()[0] == ("| run | linear 50% | linear 100% | knn k=5 | svm |")
+    assert md.splitlines()[0] == ("| run | linear 50% | linear 100% | knn k=5 | knn k=5 uniform "
+                                   "| svm |")
     rows = list(csv.DictReader((tmp_path / "cmp" / "table.csv").open()))
-    assert {r["run"] for r in rows} == {"base", "e2mc"} and len(rows) == 8
+    assert {r["run"] for r in rows} == {"base", "e2mc"} and len(rows) == 10
     tests = list(csv.DictReader((tmp_path / "cmp" / "table_tests.csv").open()))
-    assert len(tests) == 2 + 2 + 1 + 1  # two seeds x two linear columns, kNN, SVM
+    assert len(tests) == 2 + 2 + 2 + 1  # two seeds x two linear columns, 2 kNN, SVM
     bad = cli("compare", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "no results.json" in bad.stderr
 
@@ -141,9 +142,10 @@ def test_eval_command_end_to_end(tmp_path):
     record = json.loads((out / "results.json").read_text())
     assert record["feature_cache_hit"] == {"train": False, "test": False}
     assert record["num_train"] == 30 and record["feature_dim"] == 512
-    assert {e["column"] for e in record["entries"]} == {"linear 50%", "linear 100%", "knn k=3"}
+    assert {e["column"] for e in record["entries"]} == {"linear 50%", "linear 100%", "knn k=3",
+                                                       "knn k=3 uniform"}
     assert record["command"][-1] == str(out) and record["checkpoint"] == str(ckpt)
-    assert len(list((out / "predictions").glob("*.npz"))) == 5
+    assert len(list((out / "predictions").glob("*.npz"))) == 6
     # Same checkpoint and data again: the cached features are reused.
     again = cli("eval", *common, "--protocol", "knn", "--seeds", "0", "--out", str(out) + "2")
     assert again.returncode == 0, again.stderr

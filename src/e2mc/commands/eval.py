@@ -26,6 +26,34 @@ def _protocols(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
+def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
+    """``[FRACTION:]V1,V2,...``; a value ``xM`` is M times the fraction's preset value."""
+    fraction: float | None = None
+    if ":" in text:
+        head, text = text.split(":", 1)
+        fraction = _floats(head)[0] if head.strip() else None
+    values = []
+    for t in (t.strip() for t in text.split(",")):
+        if not t:
+            continue
+        relative = t.startswith("x")
+        try:
+            values.append((relative, float(t[1:] if relative else t)))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected [FRACTION:]V1,V2,... with numbers or "
+                                             f"xMULTIPLIER, got {t!r}") from exc
+    if not values:
+        raise argparse.ArgumentTypeError("empty grid")
+    return fraction, tuple(values)
+
+
+def _subset_file(text: str) -> tuple[float, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected FRACTION=PATH, got {text!r}")
+    head, path = text.split("=", 1)
+    return _floats(head)[0], path
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval", help="evaluate a backbone: linear probe, kNN, fine-tuning, SVM transfer",
@@ -57,15 +85,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None, help="override the linear probe's lr")
     p.add_argument("--weight-decay", type=float, default=None,
                    help="override the linear probe's weight decay")
+    p.add_argument("--lr-grid", type=_grid, action="append", default=[],
+                   metavar="[FRACTION:]LR,...",
+                   help="linear-probe learning rates to choose from on a validation part of "
+                        "the training labels (never the test split); 'x3' means 3 x the "
+                        "preset's lr; with 'FRACTION:' only for that fraction; repeatable")
+    p.add_argument("--wd-grid", type=_grid, action="append", default=[],
+                   metavar="[FRACTION:]WD,...", help="weight decays to choose from, as --lr-grid")
+    p.add_argument("--val-fraction", type=float, default=0.2,
+                   help="share of each labelled subset held out to choose from the grids "
+                        "(stratified; default 0.2)")
+    p.add_argument("--subset-file", type=_subset_file, action="append", default=[],
+                   metavar="FRACTION=PATH",
+                   help="the labelled subset of FRACTION from an image list (one file name per "
+                        "line, SimCLR's 1percent.txt / 10percent.txt) instead of a stratified "
+                        "random subset; needs an image-folder data set; repeatable")
     p.add_argument("--report", choices=("last", "best"), default="last",
                    help="which epoch's top-1 the table shows (default: last)")
     p.add_argument("--knn-k", type=_ints, default=(20, 200))
     p.add_argument("--knn-temperature", type=float, default=0.07)
+    p.add_argument("--knn-weighting", type=_protocols, default=("weighted", "uniform"),
+                   help="kNN votes: weighted (exp(sim / T)), uniform (majority); both by "
+                        "default, from one neighbour search")
     p.add_argument("--svm-costs", type=_floats, default=None,
                    help="SVM cost grid (default: the VOC07 grid of 23 values)")
     p.add_argument("--svm-folds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=256, help="feature extraction batch")
-    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--num-workers", type=int, default=None,
+                   help="DataLoader workers (default: one per core but one, at most 8)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bfloat16 autocast for feature extraction (default: on an accelerator "
+                        "only)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     p.add_argument("--cache", default=None,
                    help="feature cache directory (default: $E2MC_CACHE or ~/.cache/e2mc/features)")
@@ -78,16 +128,20 @@ def run(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    import torch
-
     from e2mc.checkpoints import load_backbone
     from e2mc.data import build_dataset, eval_transform
+    from e2mc.distributed import is_main_process
     from e2mc.evaluation.features import FeatureCache
+    from e2mc.evaluation.presets import linear_preset
     from e2mc.evaluation.runner import EvalOptions, run_evaluation
     from e2mc.evaluation.svm import VOC07_COSTS
+    from e2mc.training.trainer import init_runtime
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
-        else args.device
+    try:
+        device = str(init_runtime(args.device).device)  # joins the group under torchrun
+    except (ValueError, RuntimeError) as exc:
+        print(f"e2mc eval: error: {exc}", file=sys.stderr)
+        return 2
     linear_over: dict[str, object] = {}
     finetune_over: dict[str, object] = {}
     if args.epochs is not None:
@@ -97,14 +151,28 @@ def run(args: argparse.Namespace) -> int:
     if args.weight_decay is not None:
         linear_over["weight_decay"] = args.weight_decay
     try:
+        def grid(specs: list, field: str) -> dict[float, tuple[float, ...]]:
+            out: dict[float, tuple[float, ...]] = {}
+            for fraction, values in specs:
+                if fraction is not None and fraction not in args.fractions:
+                    raise ValueError(f"--{field.replace('_', '-')} names fraction {fraction:g}, "
+                                     f"which is not in --fractions")
+                for f in ([fraction] if fraction is not None else args.fractions):
+                    preset = getattr(linear_preset(args.method, f, **linear_over),
+                                     "lr" if field == "lr_grid" else "weight_decay")
+                    out[f] = tuple(v * preset if rel else v for rel, v in values)
+            return out
+
         options = EvalOptions(
             protocols=args.protocol, fractions=args.fractions, seeds=args.seeds,
             method=args.method, linear_overrides=linear_over,
             finetune_overrides=finetune_over, knn_k=args.knn_k,
-            knn_temperature=args.knn_temperature,
+            knn_temperature=args.knn_temperature, knn_weightings=args.knn_weighting,
+            lr_grid=grid(args.lr_grid, "lr_grid"), wd_grid=grid(args.wd_grid, "wd_grid"),
+            val_fraction=args.val_fraction, subset_files=dict(args.subset_file),
             svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
             report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
-            device=device, progress=not args.quiet)
+            autocast=args.bf16, device=device, progress=not args.quiet)
         backbone, feature_dim, info = load_backbone(
             args.checkpoint, arch=args.arch, small_images=args.small_images,
             in_channels=args.in_channels, trust=args.trust)
@@ -123,9 +191,11 @@ def run(args: argparse.Namespace) -> int:
             extra_record={"checkpoint": str(args.checkpoint), "command": sys.argv,
                           "checkpoint_info": _plain(info), "image_size": size,
                           "device": device})
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"e2mc eval: error: {exc}", file=sys.stderr)
         return 2
+    if not is_main_process():
+        return 0
     from e2mc.evaluation.results import summarize
 
     for column, metrics in summarize(record["entries"]).items():
@@ -133,6 +203,11 @@ def run(args: argparse.Namespace) -> int:
         m = metrics[primary]
         se = f" ± {m['se']:.2f}" if m["se"] is not None else ""
         print(f"{column:>20}: {primary} {m['mean']:.2f}{se} (n={m['n']})")
+    for column in dict.fromkeys(e["column"] for e in record["entries"] if "selection" in e):
+        chosen = ", ".join(
+            f"seed {e['seed']}: lr {e['config']['lr']:g} wd {e['config']['weight_decay']:g}"
+            for e in record["entries"] if e["column"] == column)
+        print(f"{column:>20}: chosen on validation: {chosen}")
     print(f"wrote {Path(args.out) / 'results.json'}")
     return 0
 

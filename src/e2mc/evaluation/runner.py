@@ -7,7 +7,9 @@ call :func:`run_evaluation` directly with any ``nn.Module`` and datasets.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from e2mc.data.subsets import label_fraction_indices
+from e2mc.data.subsets import label_fraction_indices, read_file_list, subset_from_file_list
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
@@ -25,7 +27,7 @@ from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.presets import finetune_preset, linear_preset
 from e2mc.evaluation.results import fraction_label, save_predictions, write_results
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
-from e2mc.evaluation.sweep import linear_sweep
+from e2mc.evaluation.sweep import SweepEntry, linear_protocol
 
 PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
 
@@ -34,7 +36,17 @@ PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
 class EvalOptions:
     """Settings of a run. ``linear_overrides`` / ``finetune_overrides`` change fields of the
     method presets (e.g. ``{"epochs": 10}``); ``report`` picks the last- or best-epoch top-1 as
-    the number the table shows (last-epoch by default: no selection on the test set)."""
+    the number the table shows (last-epoch by default: no selection on the test set).
+
+    ``lr_grid`` / ``wd_grid`` map a fraction to the linear probe's grid (chosen per fraction and
+    seed on ``val_fraction`` of its labelled subset, :func:`e2mc.evaluation.sweep.linear_protocol`);
+    fractions without a grid use the preset. ``subset_files`` map a fraction to a SimCLR-style
+    image list (one file name per line) that replaces its stratified random subset.
+    ``knn_weightings``: ``weighted`` (``exp(s / T)``, column ``knn k=K``) and/or ``uniform``
+    (majority vote, column ``knn k=K uniform``). ``num_workers`` None: automatic
+    (:func:`e2mc.evaluation.features.default_num_workers`); ``autocast`` None: bf16 on an
+    accelerator only.
+    """
 
     protocols: tuple[str, ...] = ("linear",)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
@@ -44,11 +56,17 @@ class EvalOptions:
     finetune_overrides: dict[str, Any] = field(default_factory=dict)
     knn_k: tuple[int, ...] = (20, 200)
     knn_temperature: float = 0.07
+    knn_weightings: tuple[str, ...] = ("weighted", "uniform")
+    lr_grid: dict[float, tuple[float, ...]] = field(default_factory=dict)
+    wd_grid: dict[float, tuple[float, ...]] = field(default_factory=dict)
+    val_fraction: float = 0.2
+    subset_files: dict[float, str] = field(default_factory=dict)
+    autocast: bool | None = None
     svm_costs: tuple[float, ...] = VOC07_COSTS
     svm_folds: int = 3
     report: str = "last"
     batch_size: int = 256
-    num_workers: int = 0
+    num_workers: int | None = None
     device: str = "cpu"
     progress: bool = True
 
@@ -63,6 +81,40 @@ class EvalOptions:
         for f in self.fractions:
             if not 0 < f <= 1:
                 raise ValueError(f"fractions must be in (0, 1], got {f}")
+        for name, table in (("lr_grid", self.lr_grid), ("wd_grid", self.wd_grid),
+                            ("subset_files", self.subset_files)):
+            extra = [f for f in table if f not in self.fractions]
+            if extra:
+                raise ValueError(f"{name} names fraction(s) {extra} that are not evaluated "
+                                 f"(fractions: {list(self.fractions)})")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+def _file_subsets(train_dataset: Dataset, files: dict[float, str]
+                  ) -> tuple[dict[float, np.ndarray], dict[str, Any]]:
+    """Training indices of each fraction's image list, and their description for
+    ``results.json`` (file, SHA-256 of the list, size)."""
+    subsets: dict[float, np.ndarray] = {}
+    info: dict[str, Any] = {}
+    for fraction, path in files.items():
+        names = read_file_list(path)
+        subsets[fraction] = subset_from_file_list(train_dataset, names).indices
+        info[fraction_label(fraction)] = {
+            "file": str(path), "size": int(len(subsets[fraction])),
+            "sha256": hashlib.sha256("\n".join(names).encode()).hexdigest()}
+    return subsets, info
+
+
+def _linear_entry(run_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
+                  subset: str) -> dict[str, Any]:
+    out = _probe_entry(run_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
+                       report)
+    out["subset"] = {"kind": subset, "size": entry.subset_size}
+    out["config"] = {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay}
+    if entry.selection is not None:
+        out["selection"] = entry.selection
+    return out
 
 
 def _probe_entry(run_dir: Path, protocol: str, fraction: float, seed: int,
@@ -91,11 +143,15 @@ def run_evaluation(
 ) -> dict[str, Any]:
     """Run ``options.protocols`` and write ``results.json`` + ``predictions/`` in ``out_dir``;
     returns the record. Features for frozen protocols come from ``cache`` when given."""
+    from e2mc.distributed import is_main_process
+
     run_dir = Path(out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(options.device)
     kw = {"batch_size": options.batch_size, "device": device,
-          "num_workers": options.num_workers, "progress": options.progress}
+          "num_workers": options.num_workers, "progress": options.progress,
+          "autocast": options.autocast}
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
 
     def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
         if cache is None:
@@ -105,6 +161,11 @@ def run_evaluation(
 
     train_x, train_y, hit_train = features(train_dataset, "train")
     test_x, test_y, hit_test = features(test_dataset, "test")
+    timings["features"] = time.perf_counter() - start
+    if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
+        return {}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loader_workers = options.num_workers or 0
     multilabel = train_y.ndim == 2
     if multilabel and any(p != "svm" for p in options.protocols):
         raise ValueError("multi-label data supports only the 'svm' protocol")
@@ -116,14 +177,26 @@ def run_evaluation(
         return linear_preset(options.method, fraction, **options.linear_overrides)
 
     if "linear" in options.protocols:
-        settings["linear"] = {fraction_label(f): dataclasses.asdict(linear_config(f))
-                              for f in options.fractions}
-        sweep = linear_sweep(train_x, train_y, test_x, test_y, options.fractions,
-                             options.seeds, config_for=linear_config, device=device)
-        for fraction, runs in sweep.items():
-            for seed, result in runs:
-                entries.append(_probe_entry(run_dir, "linear", fraction, seed, result, test_y,
-                                            options.report))
+        s = time.perf_counter()
+        subsets, subset_info = _file_subsets(train_dataset, options.subset_files)
+        settings["linear"] = {}
+        for f in options.fractions:
+            label = fraction_label(f)
+            settings["linear"][label] = {
+                **dataclasses.asdict(linear_config(f)),
+                "lr_grid": list(options.lr_grid.get(f, ())),
+                "wd_grid": list(options.wd_grid.get(f, ())),
+                "val_fraction": options.val_fraction,
+                "subset": subset_info.get(label, "stratified random (label seed)")}
+        sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
+                                options.seeds, config_for=linear_config,
+                                lr_grid=options.lr_grid, wd_grid=options.wd_grid,
+                                val_fraction=options.val_fraction, subsets=subsets,
+                                device=device)
+        for entry in sweep:
+            kind = "file" if entry.fraction in subsets else "stratified"
+            entries.append(_linear_entry(run_dir, entry, test_y, options.report, kind))
+        timings["linear"] = time.perf_counter() - s
     if "linear-aug" in options.protocols:
         settings["linear-aug"] = {fraction_label(f): dataclasses.asdict(linear_config(f))
                                   for f in options.fractions}
@@ -133,19 +206,25 @@ def run_evaluation(
                 result = train_augmented_linear_probe(
                     backbone, Subset(train_dataset, idx.tolist()), test_x, test_y,
                     num_classes, linear_config(fraction), seed=seed, device=device,
-                    num_workers=options.num_workers, progress=options.progress)
+                    num_workers=loader_workers, progress=options.progress)
                 entries.append(_probe_entry(run_dir, "linear-aug", fraction, seed, result,
                                             test_y, options.report))
     if "knn" in options.protocols:
+        s = time.perf_counter()
         settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
-                           "similarity": "cosine", "weighting": "exp(sim / T)"}
+                           "similarity": "cosine", "weighting": "exp(sim / T)",
+                           "weightings": list(options.knn_weightings)}
         for res in knn_classify(train_x, train_y, test_x, test_y, options.knn_k,
-                                options.knn_temperature, num_classes, device=device):
-            rel = save_predictions(run_dir, f"knn_k{res.k}", res.predictions, test_y,
+                                options.knn_temperature, num_classes, device=device,
+                                weightings=options.knn_weightings):
+            suffix = "" if res.weighting == "weighted" else f" {res.weighting}"
+            name = f"knn_k{res.k}" + ("" if not suffix else f"_{res.weighting}")
+            rel = save_predictions(run_dir, name, res.predictions, test_y,
                                    top5=res.top5_predictions)
-            entries.append({"protocol": "knn", "column": f"knn k={res.k}", "fraction": 1.0,
-                            "seed": 0, "primary": "top1", "metrics": res.metrics(),
-                            "predictions": rel})
+            entries.append({"protocol": "knn", "column": f"knn k={res.k}{suffix}",
+                            "fraction": 1.0, "seed": 0, "primary": "top1",
+                            "metrics": res.metrics(), "predictions": rel})
+        timings["knn"] = time.perf_counter() - s
     if "finetune" in options.protocols:
         settings["finetune"] = {}
         for fraction in options.fractions:
@@ -155,7 +234,7 @@ def run_evaluation(
                 idx = label_fraction_indices(train_y, fraction, seed)
                 result = finetune(backbone, feature_dim, num_classes,
                                   Subset(train_dataset, idx.tolist()), test_dataset, config,
-                                  seed=seed, device=device, num_workers=options.num_workers,
+                                  seed=seed, device=device, num_workers=loader_workers,
                                   progress=options.progress)
                 entries.append(_probe_entry(run_dir, "finetune", fraction, seed, result,
                                             test_y, options.report))
@@ -178,6 +257,8 @@ def run_evaluation(
         "method_preset": options.method,
         "reported_epoch": options.report,
         "feature_cache_hit": {"train": hit_train, "test": hit_test},
+        "feature_cache_rebuilt": list(cache.rebuilt) if cache is not None else [],
+        "timings_s": timings,
         "num_train": len(train_x), "num_test": len(test_x), "feature_dim": train_x.shape[1],
         "settings": settings,
         "entries": entries,
