@@ -103,7 +103,6 @@ def time_variants(n: int, d: int, device: torch.device, repeats: int) -> dict[st
 
 _MEMORY_PROBE = """
 import sys, torch
-sys.path.insert(0, sys.argv[1])
 from criterion_speed import VARIANTS, step, rss_mb
 dev, n, d, name = torch.device(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 z = torch.randn(n, d, device=dev, requires_grad=True)
@@ -131,8 +130,8 @@ def rss_mb(field: str) -> float:
 
 def peak_memory_mb(name: str, n: int, d: int, device: torch.device) -> float:
     """Peak extra memory of one forward + backward, measured in a fresh process."""
-    args = [str(Path(__file__).parent), str(device), str(n), str(d), name]
-    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, *args],
+    args = ["", str(device), str(n), str(d), name]  # run in this folder: it imports this file
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, *args], cwd=Path(__file__).parent,
                          capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 

@@ -23,10 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from repro import report, runs, stages  # noqa: E402
-from repro.settings import METHODS, STAGES, ReproSettings  # noqa: E402
+from repro import report, runs, stages
+from repro.settings import METHODS, STAGES, ReproSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -38,12 +38,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from repro import runs  # noqa: E402
-from repro.evaluate import Evaluator, Split  # noqa: E402
-from repro.report import public_command  # noqa: E402
-from repro.settings import ReproSettings  # noqa: E402
+from e2mc.artifacts import RunDir, mean_se
+from repro import runs
+from repro.evaluate import Evaluator, Split
+from repro.report import public_command
+from repro.settings import ReproSettings
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION_SEED = 1234
@@ -125,7 +124,7 @@ class Search:
 
     def _train(self, method: str, addon: str, trial: Trial, run_dir: Path) -> Path:
         extra = [*trial.common, *(trial.e2mc if addon == "e2mc" else ())]
-        start = runs.base_dir(self.s, method) / "checkpoint.pt"
+        start = RunDir(runs.base_dir(self.s, method)).checkpoint
         # A trial's own ``training.epochs=`` comes later in the overrides and wins.
         cfg = runs.continue_config(self.s, method, addon, self.seed, self.s.continued_epochs,
                                    start, extra)
@@ -135,8 +134,8 @@ class Search:
         record = self.evaluator.evaluate(checkpoint, out_dir, method, self.split,
                                          ("linear", "knn"), self.s.fractions, self.s.label_seeds)
         scores: dict[str, Any] = {}
-        for e in record["entries"]:
-            scores.setdefault(e["column"], {})[e.get("seed", 0)] = e["metrics"][e["primary"]]
+        for e in record.entries:
+            scores.setdefault(e.column, {})[e.seed or 0] = e.value
         return scores
 
     def key(self, method: str) -> str:
@@ -157,7 +156,7 @@ class Search:
         return result
 
     def base_scores(self, method: str) -> dict[str, Any]:
-        ckpt = runs.base_dir(self.s, method) / "checkpoint.pt"
+        ckpt = RunDir(runs.base_dir(self.s, method)).checkpoint
         return self._score(ckpt, self.s.out / self.key(method) / "base-val-eval", method)
 
 
@@ -169,11 +168,8 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _last_step(run_dir: Path) -> dict[str, float]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    return json.loads(lines[-1]) if lines else {}
+    records = RunDir(run_dir).read_metrics()
+    return records[-1] if records else {}
 
 
 def paired(result: dict[str, Any], column: str) -> tuple[float, float, float, float | None]:
@@ -183,9 +179,8 @@ def paired(result: dict[str, Any], column: str) -> tuple[float, float, float, fl
     seeds = sorted(set(a) & set(b))
     ca = np.array([a[k] for k in seeds])
     cb = np.array([b[k] for k in seeds])
-    d = cb - ca
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None
-    return float(ca.mean()), float(cb.mean()), float(d.mean()), se
+    diff, se = mean_se(cb - ca)
+    return float(ca.mean()), float(cb.mean()), diff, se
 
 
 def selection(results: list[dict[str, Any]], column: str) -> dict[str, str | None]:

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from e2mc.checkpoints import save_checkpoint
+from e2mc.training.build import build_method_from_config
 from e2mc.training.config import load_config
 from e2mc.training.logging import read_metrics
-from e2mc.training.run import build_method_from_config, run_training
+from e2mc.training.run import run_training
 
 PRESETS = {"vicreg": ("fmnist-vicreg-continue", "fmnist-vicreg-continue-e2mc"),
            "swav": ("fmnist-swav-continue", "fmnist-swav-continue-e2mc"),
@@ -58,7 +59,7 @@ def addon_ms(preset: str, batch: int, repeats: int = 20) -> float:
     """Median forward + backward time of the add-on alone on two random ``[batch, d]`` views:
     a load-robust complement to the end-to-end comparison."""
     from e2mc.addons import build_addon
-    from e2mc.training.run import build_addon_from_config
+    from e2mc.training.build import build_addon_from_config
 
     cfg = load_config(preset, [f"training.batch_size={batch}"])
     method = build_method_from_config(cfg)

@@ -130,7 +130,6 @@ def test_bad_arguments_are_reported(tmp_path: Path) -> None:
 
 
 def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from repro.runs import continue_config
     from repro.settings import ReproSettings
 
@@ -145,7 +144,6 @@ def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:
 
 
 def test_addons_restrict_the_criteria_of_the_continued_runs(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from repro.settings import ReproSettings
 
     assert ReproSettings().addons_of("swav") == ("none", "e2mc", "vcreg", "uniformity", "mmcr")

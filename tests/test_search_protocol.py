@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from search_fashion_mnist import TRIALS, paired, selection  # noqa: E402
+from search_fashion_mnist import TRIALS, paired, selection
 
 
 def _result(method: str, trial: str, continued: list[float], e2mc: list[float]) -> dict:

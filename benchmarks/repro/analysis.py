@@ -10,36 +10,32 @@ seed, probed with the same label-subset seed, on the same test images.
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def load(run_dir: Path) -> dict[str, Any] | None:
-    from e2mc.evaluation.results import load_run
-
-    return load_run(run_dir) if (Path(run_dir) / "results.json").is_file() else None
+from e2mc import artifacts
+from e2mc.artifacts import EvalDir, EvalResults
 
 
-def column_values(record: dict[str, Any], column: str) -> list[float]:
-    """The primary metric of every entry in ``column`` (one per label-subset seed)."""
-    return [float(e["metrics"][e["primary"]]) for e in record["entries"]
-            if e["column"] == column]
+def load(run_dir: Path) -> EvalResults | None:
+    """The evaluation of ``run_dir``, or None when it has not been run."""
+    eval_dir = EvalDir(run_dir)
+    return eval_dir.load() if eval_dir.exists() else None
 
 
 def mean_se(values: list[float]) -> dict[str, Any]:
-    arr = np.asarray(values, dtype=np.float64)
-    se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else None
-    return {"mean": float(arr.mean()), "se": se, "n": len(arr), "values": arr.tolist()}
+    """:func:`e2mc.artifacts.mean_se` as the dict the report stores (with the values)."""
+    mean, se = artifacts.mean_se(values)
+    return {"mean": mean, "se": se, "n": len(values), "values": [float(v) for v in values]}
 
 
-def cell(records: list[dict[str, Any]], column: str) -> dict[str, Any] | None:
+def cell(records: list[EvalResults], column: str) -> dict[str, Any] | None:
     """Mean ± SE over runs (training seeds) of each run's mean over label-subset seeds; with a
     single run, over its label-subset seeds."""
-    per_run = [column_values(r, column) for r in records]
+    per_run = [r.values(column) for r in records]
     per_run = [v for v in per_run if v]
     if not per_run:
         return None
@@ -68,7 +64,7 @@ def pooled_test(dir_pairs: list[tuple[Path, Path]], column: str) -> float | None
     from e2mc.evaluation.results import matched_correctness
 
     matched = [m for ref, other in dir_pairs
-               if all((Path(d) / "results.json").is_file() for d in (ref, other))
+               if all(EvalDir(d).exists() for d in (ref, other))
                for m in matched_correctness(ref, other, column)]
     return pooled_permutation_test(matched)[1] if len(matched) >= 2 else None
 

@@ -9,13 +9,13 @@ the same options.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from e2mc.artifacts import EvalDir, EvalResults
 from repro.settings import ReproSettings
 
 
@@ -83,7 +83,7 @@ class Evaluator:
 
     def evaluate(self, checkpoint: Path, out_dir: Path, method: str, split: Split,
                  protocols: tuple[str, ...], fractions: tuple[float, ...],
-                 seeds: tuple[int, ...]) -> dict[str, Any]:
+                 seeds: tuple[int, ...]) -> EvalResults:
         """``run_evaluation`` of ``checkpoint``'s backbone into ``out_dir`` (or its cached
         record when it exists for the same file and options)."""
         from e2mc.checkpoints import load_backbone
@@ -93,10 +93,10 @@ class Evaluator:
         options = self.options(method, protocols, fractions, seeds)
         stamp = {"checkpoint_sha256": file_digest(checkpoint), "data_id": split.data_id,
                  "options": repr(options)}
-        path = Path(out_dir) / "results.json"
-        if path.is_file():
-            record = json.loads(path.read_text())
-            if record.get("stamp") == stamp:
+        eval_dir = EvalDir(out_dir)
+        if eval_dir.exists():
+            record = eval_dir.load()
+            if record.info.get("stamp") == stamp:
                 return record
         backbone, feature_dim, _ = load_backbone(checkpoint)
         if self.s.cpu_threads is not None:
@@ -106,20 +106,20 @@ class Evaluator:
         run_evaluation(backbone, feature_dim, split.train, split.test, out_dir, options,
                        data_id=split.data_id, checkpoint=checkpoint, cache=self.cache,
                        extra_record={"checkpoint": str(checkpoint), "stamp": stamp})
-        return json.loads(path.read_text())
+        return eval_dir.load()
 
     # ------------------------------------------------------------------ the three kinds
-    def main_eval(self, checkpoint: Path, out_dir: Path, method: str) -> dict[str, Any]:
+    def main_eval(self, checkpoint: Path, out_dir: Path, method: str) -> EvalResults:
         """Linear probes at every fraction x label-subset seed, and kNN."""
         return self.evaluate(checkpoint, out_dir, method, self.main, ("linear", "knn"),
                              self.s.fractions, self.s.label_seeds)
 
-    def ablation_eval(self, checkpoint: Path, out_dir: Path, method: str) -> dict[str, Any]:
+    def ablation_eval(self, checkpoint: Path, out_dir: Path, method: str) -> EvalResults:
         return self.evaluate(checkpoint, out_dir, method, self.main, ("linear",),
                              self.s.ablation_fractions, self.s.label_seeds)
 
     def transfer_eval(self, checkpoint: Path, out_dir: Path, method: str
-                      ) -> dict[str, Any] | None:
+                      ) -> EvalResults | None:
         """Linear probe on all transfer training labels (first label seed)."""
         if self.transfer is None:
             return None
@@ -144,8 +144,8 @@ class Evaluator:
         return point
 
 
-def _mean(record: dict[str, Any], column: str) -> float:
-    values = [e["metrics"][e["primary"]] for e in record["entries"] if e["column"] == column]
+def _mean(record: EvalResults, column: str) -> float:
+    values = record.values(column)
     if not values:
-        raise ValueError(f"{column!r} missing from {record.get('checkpoint')}")
+        raise ValueError(f"{column!r} missing from {record.checkpoint}")
     return float(np.mean(values))

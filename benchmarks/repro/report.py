@@ -8,9 +8,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from e2mc.artifacts import RunDir
 from repro import analysis, figures, runs
 from repro.settings import ROW_NAMES, ReproSettings
-from repro.stages import base_eval_dir, eval_dir
+from repro.stages import base_eval_dir, eval_dir, random_eval_dir
+
+#: Row of the random-init floor (same architecture and seed as the base, no training).
+FLOOR = "random init"
 
 #: A claim of the paper, in miniature: E2MC beats continued at the smallest label fraction by
 #: at least this many points, significant (p < 0.05, both tests) at every matched pair.
@@ -47,7 +51,13 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
         rows: dict[str, dict[str, Any]] = {}
         base_main = analysis.load(base_eval_dir(s, "main", method))
         base_tr = analysis.load(base_eval_dir(s, "transfer", method))
-        base_epochs[method] = _checkpoint_epoch(runs.base_dir(s, method) / "checkpoint.pt")
+        base_epochs[method] = _checkpoint_epoch(RunDir(runs.base_dir(s, method)).checkpoint)
+        floor_main = analysis.load(random_eval_dir(s, "main", method))
+        floor_tr = analysis.load(random_eval_dir(s, "transfer", method))
+        if floor_main is not None:  # the floor first: what an untrained network scores
+            rows[FLOOR] = {c: analysis.cell([floor_main], c) for c in cols}
+            rows[FLOOR]["transfer"] = analysis.cell([floor_tr], "linear 100%") if floor_tr \
+                else None
         if base_main is not None:
             rows["base"] = {c: analysis.cell([base_main], c) for c in cols}
             rows["base"]["transfer"] = analysis.cell([base_tr], "linear 100%") if base_tr \
@@ -93,8 +103,29 @@ def _checkpoint_epoch(path: Path) -> int | None:
     return int(epoch) if epoch is not None else None
 
 
+def _floor_test(s: ReproSettings, method: str, cols: list[str]) -> dict[str, Any] | None:
+    """The base against its random-init floor (one model each, paired per label seed)."""
+    pairs = [(random_eval_dir(s, "main", method), base_eval_dir(s, "main", method))]
+    pairs_tr = [(random_eval_dir(s, "transfer", method), base_eval_dir(s, "transfer", method))]
+    if analysis.load(pairs[0][0]) is None or analysis.load(pairs[0][1]) is None:
+        return None
+    by_seed = {s.base_seed: analysis.paired_tests(*pairs[0])}
+    by_seed_tr = {s.base_seed: analysis.paired_tests(*pairs_tr[0])}
+    summary = {c: analysis.summarize_tests(by_seed, c) for c in cols}
+    summary["transfer"] = analysis.summarize_tests(by_seed_tr, "linear 100%")
+    for key, column, dirs in [*((c, c, pairs) for c in cols),
+                              ("transfer", "linear 100%", pairs_tr)]:
+        if summary[key] is not None:
+            summary[key]["pooled_p"] = analysis.pooled_test(dirs, column)
+    return {"summary": summary, "pairs": {str(s.base_seed): by_seed[s.base_seed]},
+            "transfer_pairs": {str(s.base_seed): by_seed_tr[s.base_seed]}}
+
+
 def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    floor = _floor_test(s, method, cols)
+    if floor is not None:
+        out[f"base vs {FLOOR}"] = floor
     comparisons = [("continued vs base", None, "none")] + [
         (f"{ROW_NAMES[a]} vs continued", "none", a) for a in s.addons_of(method) if a != "none"]
     for name, ref_addon, addon in comparisons:
@@ -294,12 +325,15 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
         epochs = r["base_epochs"].get(method)
         for name, cells in rows.items():
             model = (f"base ({epochs} ep)" if name == "base" else
+                     f"{FLOOR} (0 ep, the floor)" if name == FLOOR else
                      f"{name} ({epochs}+{s.continued_epochs} ep)")
             line = f"| {method} | {model} | " + " | ".join(
                 analysis.fmt(cells.get(c)) for c in cols) + " |"
             (other if name in ("+VCReg", "+AUH", "+MMCR") else out).append(line)
     out += ["", "Top-1 %, mean ± SE: over the training seeds for continued rows (each the mean "
-            "over label-subset seeds), over label-subset seeds for the single base model. "
+            "over label-subset seeds), over label-subset seeds for the single base model and "
+            f"the {FLOOR} row (the floor: the base's architecture and seed before its first "
+            "step). "
             "Transfer: a linear probe on the frozen features of MNIST "
             f"({_transfer_source(s, r)}), label seed {s.label_seeds[0]}.", ""]
     if other:

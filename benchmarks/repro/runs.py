@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from e2mc.artifacts import RunDir
 from repro.settings import ReproSettings
 
 RUN_DIR_NAMES = {"none": "continued", "e2mc": "e2mc", "vcreg": "vcreg",
@@ -19,23 +20,16 @@ RUN_DIR_NAMES = {"none": "continued", "e2mc": "e2mc", "vcreg": "vcreg",
 
 
 def epoch_checkpoint(run_dir: Path, epoch: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"epoch_{epoch:04d}.pt"
+    return RunDir(run_dir).epoch_checkpoint(epoch)
 
 
 def epoch_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """``(run epoch, path)`` of the per-epoch checkpoints of a run, in order."""
-    found = []
-    for path in (Path(run_dir) / "checkpoints").glob("epoch_*.pt"):
-        try:
-            found.append((int(path.stem.split("_")[1]), path))
-        except (IndexError, ValueError):
-            continue
-    return sorted(found)
+    return RunDir(run_dir).epoch_checkpoints()
 
 
 def is_done(run_dir: Path, epochs: int) -> bool:
-    return epoch_checkpoint(run_dir, epochs).is_file() and (Path(run_dir) / "checkpoint.pt"
-                                                           ).is_file()
+    return epoch_checkpoint(run_dir, epochs).is_file() and RunDir(run_dir).checkpoint.is_file()
 
 
 def _common(s: ReproSettings, epochs: int, seed: int) -> list[str]:
@@ -79,7 +73,7 @@ def train(cfg: Any, run_dir: Path, log: Any) -> Path:
     run_dir = Path(run_dir)
     if is_done(run_dir, cfg.training.epochs):
         log(f"  skip (done): {run_dir}")
-        return run_dir / "checkpoint.pt"
+        return RunDir(run_dir).checkpoint
     start = time.perf_counter()
     log(f"  train {cfg.mode} {cfg.method.name} + {cfg.addon.name} "
         f"({cfg.training.epochs} epochs, seed {cfg.training.seed}) -> {run_dir}")
@@ -93,6 +87,27 @@ def train(cfg: Any, run_dir: Path, log: Any) -> Path:
 def base_dir(s: ReproSettings, method: str) -> Path:
     """The base run directory: ``--base-run METHOD=DIR`` or ``OUT/bases/<method>``."""
     return Path(s.base_runs.get(method, s.out / "bases" / method))
+
+
+def random_init_checkpoint(s: ReproSettings, method: str) -> Path:
+    """The random-init floor of ``method``: the model of the base run before its first step
+    (``checkpoints/epoch_0000.pt``, which the trainer writes at the start of a fresh run: the
+    same architecture, seed and initialization), else a freshly built model of the base
+    preset with the base seed, written once to ``OUT/random-init/<method>.pt``."""
+    saved = epoch_checkpoint(base_dir(s, method), 0)
+    if saved.is_file():
+        return saved
+    path = s.out / "random-init" / f"{method}.pt"
+    if not path.is_file():
+        import torch
+
+        from e2mc.checkpoints import save_checkpoint
+        from e2mc.training.build import build_method_from_config
+
+        torch.manual_seed(s.base_seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(path, build_method_from_config(base_config(s, method)), epoch=0)
+    return path
 
 
 def continue_dir(s: ReproSettings, method: str, addon: str, seed: int) -> Path:
@@ -129,7 +144,7 @@ def stage_bases(s: ReproSettings, log: Any) -> None:
 
 
 def _base_checkpoint(s: ReproSettings, method: str) -> Path:
-    path = base_dir(s, method) / "checkpoint.pt"
+    path = RunDir(base_dir(s, method)).checkpoint
     if method not in s.base_runs and not is_done(base_dir(s, method), s.base_epochs):
         raise RuntimeError(f"the {method} base model is not trained yet ({base_dir(s, method)});"
                            " run the 'bases' stage first")

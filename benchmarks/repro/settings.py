@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2mc.artifacts import RunDir
+
 METHODS = ("vicreg", "swav", "simsiam")
 #: Add-ons of the continued runs per method ("none" = the paper's "continued" baseline);
 #: SwAV also gets the paper's alternative criteria (Table 3 of the paper).
@@ -102,7 +104,7 @@ class ReproSettings:
         for m, path in self.base_runs.items():
             if m not in METHODS:
                 raise ValueError(f"--base-run {m}=...: unknown method {m!r}")
-            if not (Path(path) / "checkpoint.pt").is_file():
+            if not RunDir(path).checkpoint.is_file():
                 raise ValueError(f"--base-run {m}={path}: no checkpoint.pt in that directory")
 
     def addons_of(self, method: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from e2mc.artifacts import RunDir
 from repro import runs
 from repro.evaluate import Evaluator
 from repro.settings import ReproSettings
@@ -21,6 +22,11 @@ def eval_dir(s: ReproSettings, kind: str, run_dir: Path) -> Path:
 
 def base_eval_dir(s: ReproSettings, kind: str, method: str) -> Path:
     return s.out / "eval" / kind / method / "base"
+
+
+def random_eval_dir(s: ReproSettings, kind: str, method: str) -> Path:
+    """The evaluation of the random-init floor (:func:`repro.runs.random_init_checkpoint`)."""
+    return s.out / "eval" / kind / method / "random-init"
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -44,14 +50,19 @@ def base_curves(s: ReproSettings, ev: Evaluator, log: Any) -> None:
 
 
 def stage_eval(s: ReproSettings, ev: Evaluator, log: Any) -> None:
-    """Linear probes + kNN (+ transfer) of each base and each finished continued run."""
+    """Linear probes + kNN (+ transfer) of the random-init floor, each base and each finished
+    continued run."""
     if ev.transfer is None:
         log(f"  note: {ev.transfer_note}")
     for method in s.methods:
-        base = runs.base_dir(s, method) / "checkpoint.pt"
+        base = RunDir(runs.base_dir(s, method)).checkpoint
         if not base.is_file():
             log(f"  {method}: no base model yet, skipped")
             continue
+        floor = runs.random_init_checkpoint(s, method)
+        log(f"  {method}: random init (the floor)")
+        ev.main_eval(floor, random_eval_dir(s, "main", method), method)
+        ev.transfer_eval(floor, random_eval_dir(s, "transfer", method), method)
         log(f"  {method}: base")
         ev.main_eval(base, base_eval_dir(s, "main", method), method)
         ev.transfer_eval(base, base_eval_dir(s, "transfer", method), method)
@@ -62,7 +73,7 @@ def stage_eval(s: ReproSettings, ev: Evaluator, log: Any) -> None:
                     log(f"  {method}: {run_dir.name} not trained, skipped")
                     continue
                 log(f"  {method}: {run_dir.name}")
-                ckpt = run_dir / "checkpoint.pt"
+                ckpt = RunDir(run_dir).checkpoint
                 ev.main_eval(ckpt, eval_dir(s, "main", run_dir), method)
                 ev.transfer_eval(ckpt, eval_dir(s, "transfer", run_dir), method)
 
@@ -71,7 +82,7 @@ def ablation_eval(s: ReproSettings, ev: Evaluator, log: Any) -> None:
     for beta, gamma in runs.ablation_grid(s):
         run_dir = runs.ablation_dir(s, beta, gamma, s.seeds[0])
         log(f"  ablation beta={beta:g} gamma={gamma:g}: {run_dir.name}")
-        ev.ablation_eval(run_dir / "checkpoint.pt",
+        ev.ablation_eval(RunDir(run_dir).checkpoint,
                          s.out / "eval" / "ablation" / f"b{beta:g}_g{gamma:g}",
                          s.ablation_method)
 
@@ -102,12 +113,12 @@ def stage_diagnostics(s: ReproSettings, log: Any) -> None:
     for method in s.methods:
         inputs = [runs.base_dir(s, method), runs.continue_dir(s, method, "none", seed),
                   runs.continue_dir(s, method, "e2mc", seed)]
-        missing = [str(p) for p in inputs if not (p / "checkpoint.pt").is_file()]
+        missing = [str(p) for p in inputs if not RunDir(p).checkpoint.is_file()]
         if missing:
             log(f"  {method}: skipped, missing {', '.join(missing)}")
             continue
         out = s.out / "diagnostics" / method
-        stamp = [str((p / "checkpoint.pt").stat().st_mtime_ns) for p in inputs]
+        stamp = [str(RunDir(p).checkpoint.stat().st_mtime_ns) for p in inputs]
         stamp_path = out / "inputs.json"
         if (out / "diagnostics.json").is_file() and stamp_path.is_file() and \
                 json.loads(stamp_path.read_text()) == stamp:

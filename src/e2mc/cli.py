@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     import e2mc.commands as commands
 
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):  # shared helpers of several commands
+            continue
         module = importlib.import_module(f"e2mc.commands.{info.name}")
         module.register(subparsers)
     return parser

@@ -7,6 +7,7 @@ from e2mc.checkpoints.api import (
     export_backbone,
     load_backbone,
     load_checkpoint,
+    load_for_training,
     load_official,
     restore_optimizer_state,
     save_checkpoint,
@@ -18,5 +19,5 @@ from e2mc.checkpoints.strict import CheckpointMismatchError
 
 __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
            "UntrustedCheckpointError", "atomic_save", "detect", "export_backbone",
-           "load_backbone", "load_checkpoint", "load_official", "restore_optimizer_state",
-           "save_checkpoint", "sidecar_path", "torch_load"]
+           "load_backbone", "load_checkpoint", "load_for_training", "load_official",
+           "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]

@@ -177,6 +177,31 @@ def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, 
     return model, info
 
 
+def load_for_training(path: PathOrState, method: str, trust: bool = False,
+                      **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
+    """The starting model of a run of ``method`` built with ``method_hparams`` (the run's
+    configuration): a project checkpoint of that method, loaded strictly into the configured
+    model, or an official file (:func:`load_official`).
+
+    ``info`` holds ``epoch``, ``optimizer`` (a state dict or None), ``source`` and
+    ``optimizer_layout``: ``"project"`` (written by this package's optimizer: load it as is) or
+    ``"official"`` (apply it with :func:`restore_optimizer_state`).
+    """
+    obj, source = _load_obj(path, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        if obj.get("method") != method:
+            raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
+                             f"this run trains {method!r}")
+        model = load_strict(lambda: build_method(method, **method_hparams), obj["model"],
+                            f"e2mc ({method})")
+        info = {k: v for k, v in obj.items() if k != "model"}
+        info.update(source=source, optimizer_layout="project")
+        return model, info  # type: ignore[return-value]
+    model, info = load_official(obj, method=method, trust=trust, **method_hparams)
+    info.update(source=source, optimizer_layout="official")
+    return model, info
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """Where :func:`export_backbone` writes the architecture of ``path``: ``<path>.json``."""
     return Path(f"{os.fspath(path)}.json")

@@ -7,7 +7,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from e2mc.training.run import add_run_arguments
+    from e2mc.commands._run_options import add_run_arguments
 
     parser = subparsers.add_parser(
         "continue",
@@ -19,6 +19,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from e2mc.training.run import run_command
+    from e2mc.commands._run_options import run_command
 
     return run_command(args, "continue")

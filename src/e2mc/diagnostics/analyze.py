@@ -12,7 +12,6 @@ is taken from the method itself, called in eval mode under ``no_grad`` on two id
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir
 from e2mc.diagnostics.figures import (
     plot_accuracy_curves,
     plot_loss_terms,
@@ -36,7 +36,6 @@ from e2mc.diagnostics.statistics import (
     nearest_neighbor_distances,
 )
 
-_EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
 FEATURES = "backbone features"
 EMBEDDINGS = "projector embeddings"
 
@@ -63,17 +62,13 @@ def resolve_run(path: str | Path) -> RunSource:
         return RunSource(path.stem, path)
     if not path.is_dir():
         raise ValueError(f"{path} is neither a run directory nor a checkpoint file")
-    epochs = sorted(
-        (int(m.group(1)), p) for p in (path / "checkpoints").glob("epoch_*.pt")
-        if (m := _EPOCH_FILE.match(p.name)))
-    latest = path / "checkpoint.pt"
-    if not latest.is_file():
-        if not epochs:
-            raise ValueError(f"run directory {path} has no checkpoint.pt and no "
-                             "checkpoints/epoch_XXXX.pt")
-        latest = epochs[-1][1]
-    metrics = path / "metrics.jsonl"
-    return RunSource(path.resolve().name, latest, metrics if metrics.is_file() else None, epochs)
+    run = RunDir(path)
+    latest = run.latest_checkpoint()
+    if latest is None:
+        raise ValueError(f"run directory {path} has no {CHECKPOINT} and no "
+                         f"{EPOCH_DIR}/epoch_XXXX.pt")
+    metrics = run.metrics if run.metrics.is_file() else None
+    return RunSource(path.resolve().name, latest, metrics, run.epoch_checkpoints())
 
 
 def _unique_names(sources: Sequence[RunSource]) -> None:
@@ -168,6 +163,24 @@ def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
     return Subset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values.tolist())
 
 
+def _collapse_signals(src: RunSource, method: nn.Module | None,
+                      embeddings: torch.Tensor | None) -> list[dict[str, Any]]:
+    """:func:`e2mc.diagnostics.collapse.check_run` on the run's logged base loss (last 20
+    records of ``metrics.jsonl``) and its projector embeddings; each signal also printed."""
+    from e2mc.diagnostics.collapse import check_run, collapse_value, read_term
+
+    if method is None:
+        return []
+    name, hparams = getattr(method, "name", ""), getattr(method, "hparams", {})
+    target = collapse_value(name, hparams)
+    losses = read_term(src.metrics, target.term) if target and src.metrics else None
+    signals = check_run(name, hparams, losses, embeddings)
+    for signal in signals:
+        print(f"warning: {src.name}: possible collapse ({signal.kind} signal): "
+              f"{signal.message}", file=sys.stderr)
+    return [signal.to_dict() for signal in signals]
+
+
 def _knn_accuracy(backbone: nn.Module, train: Dataset, test: Dataset, k: int, batch_size: int,
                   device: str, progress: bool) -> float:
     import numpy as np
@@ -248,6 +261,7 @@ def analyze(
             nn_emb[src.name] = nn_e
         info = {k: v for k, v in info.items() if isinstance(v, str | int | float | bool)}
         run = RunDiagnostics(src.name, str(src.checkpoint), stats, info)
+        run.collapse = _collapse_signals(src, method, embs)
         if src.metrics is not None:
             run.figures.append(("loss terms", plot_loss_terms(
                 src.metrics, out / f"loss_{src.name}.png", title=src.name)))

@@ -12,7 +12,6 @@ returns the path.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+
+from e2mc.artifacts import read_jsonl  # noqa: E402
 
 #: Keys of a ``metrics.jsonl`` record that are coordinates, not loss terms.
 _COORDINATES = ("step", "epoch")
@@ -162,20 +163,8 @@ def plot_accuracy_curves(
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    """The records of a ``metrics.jsonl`` (one JSON object per line); blank lines are skipped."""
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object")
-            records.append(record)
-    return records
+    """The records of a ``metrics.jsonl`` file (:func:`e2mc.artifacts.read_jsonl`)."""
+    return read_jsonl(path)
 
 
 def loss_terms(

@@ -1,6 +1,7 @@
-"""Run directories of ``e2mc eval`` and the comparison table of ``e2mc compare``.
+"""Evaluation directories of ``e2mc eval`` and the comparison table of ``e2mc compare``.
 
-A run directory holds ``results.json`` and ``predictions/*.npz``. ``results.json``::
+Files and reader: :class:`e2mc.artifacts.EvalDir`, :class:`~e2mc.artifacts.EvalResults`.
+``results.json``::
 
     {"checkpoint": ..., "command": [...], "data": ..., "protocols": [...], "seeds": [...],
      "fractions": [...], "settings": {...},
@@ -14,8 +15,6 @@ Each ``predictions/*.npz`` has ``predictions`` (top-1 label per test image) and 
 from __future__ import annotations
 
 import csv
-import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from e2mc.checkpoints.io import atomic_write
+from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se, summarize
+
+__all__ = ["Comparison", "compare_runs", "comparison_markdown", "fraction_label", "load_run",
+           "matched_correctness", "mean_se", "save_predictions", "summarize", "write_comparison",
+           "write_results"]
 from e2mc.evaluation.statistics import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -31,15 +34,6 @@ from e2mc.evaluation.statistics import (
     paired_permutation_test,
     pooled_permutation_test,
 )
-
-
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """Mean and standard error ``std(ddof=1) / sqrt(n)``; SE is None for a single value."""
-    if not values:
-        raise ValueError("mean_se of an empty list")
-    arr = np.asarray(values, dtype=np.float64)
-    se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else None
-    return float(arr.mean()), se
 
 
 def fraction_label(fraction: float) -> str:
@@ -50,58 +44,22 @@ def fraction_label(fraction: float) -> str:
 def save_predictions(run_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,
                      labels: np.ndarray, **extra: np.ndarray) -> str:
     """Write ``predictions/<name>.npz`` and return its path relative to ``run_dir``."""
-    rel = Path("predictions") / f"{name}.npz"
+    rel = EvalDir(run_dir).prediction_file(name)
     path = Path(run_dir) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, predictions=np.asarray(predictions), labels=np.asarray(labels),
                         **extra)
-    return rel.as_posix()
-
-
-def summarize(entries: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Mean and SE over seeds of every numeric metric, per column."""
-    grouped: dict[str, dict[str, list[float]]] = {}
-    for e in entries:
-        col = grouped.setdefault(e["column"], {})
-        for key, value in e["metrics"].items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                col.setdefault(key, []).append(float(value))
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for column, metrics in grouped.items():
-        out[column] = {}
-        for key, values in metrics.items():
-            mean, se = mean_se(values)
-            out[column][key] = {"mean": mean, "se": se, "n": len(values)}
-    return out
+    return rel
 
 
 def write_results(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> Path:
-    """Add the summary to ``record`` and write ``results.json`` atomically."""
-    record = dict(record)
-    record["summary"] = summarize(record["entries"])
-    path = Path(run_dir) / "results.json"
-    text = json.dumps(record, indent=2, default=_jsonable)
-    atomic_write(path, lambda f: f.write(text), "w")
-    return path
+    """Write ``results.json`` atomically, with its summary (:meth:`EvalDir.write`)."""
+    return EvalDir(run_dir).write(record)
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
-
-
-def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    path = Path(run_dir) / "results.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir} is not an evaluation run directory (no results.json)")
-    record = json.loads(path.read_text())
-    record["_dir"] = str(run_dir)
-    return record
+def load_run(run_dir: str | os.PathLike[str]) -> EvalResults:
+    """The checked ``results.json`` of an evaluation directory (:meth:`EvalDir.load`)."""
+    return EvalDir(run_dir).load()
 
 
 @dataclass
@@ -121,12 +79,6 @@ def _marker(p: float) -> str:
     return "**" if p < 0.01 else "*" if p < 0.05 else ""
 
 
-def _load_predictions(run: dict[str, Any], entry: dict[str, Any]) -> tuple[np.ndarray,
-                                                                             np.ndarray]:
-    with np.load(Path(run["_dir"]) / entry["predictions"]) as f:
-        return f["predictions"], f["labels"]
-
-
 def compare_runs(run_dirs: list[str], names: list[str] | None = None,
                  n_resamples: int = 10_000, seed: int = 0) -> Comparison:
     """Table of mean ± SE (each column's primary metric) and paired tests of every run
@@ -141,15 +93,14 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     if len(run_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
     runs = [load_run(d) for d in run_dirs]
-    names = names or [Path(d).name or str(d) for d in run_dirs]
+    names = list(names) if names else run_names(run_dirs)
     if len(names) != len(runs):
         raise ValueError(f"{len(names)} names for {len(runs)} runs")
-    columns: list[str] = []
-    for run in runs:
-        for e in run["entries"]:
-            if e["column"] not in columns:
-                columns.append(e["column"])
-    primaries = {e["column"]: e["primary"] for run in runs for e in run["entries"]}
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"run names must be unique; repeated: {', '.join(repeated)}")
+    columns = list(dict.fromkeys(c for run in runs for c in run.columns()))
+    primaries = {e.column: e.primary for run in runs for e in run.entries}
     cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
     tests: list[dict[str, Any]] = []
     pooled: list[dict[str, Any]] = []
@@ -157,17 +108,17 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     for name, run in zip(names, runs, strict=True):
         cells[name] = {}
         for column in columns:
-            entries = [e for e in run["entries"] if e["column"] == column]
+            entries = run.column(column)
             if not entries:
                 continue
-            mean, se = mean_se([e["metrics"][primaries[column]] for e in entries])
+            mean, se = mean_se([e.metrics[primaries[column]] for e in entries])
             worst_p: float | None = None
             matched: list[tuple[np.ndarray, np.ndarray]] = []
             if run is not base:
                 for ref, e in _matched_entries(base, run, column):
                     matched.append(_correctness(base, ref, run, e))
                     row = _paired_test(*matched[-1], n_resamples, seed)
-                    row.update(run=name, reference=names[0], column=column, seed=e["seed"])
+                    row.update(run=name, reference=names[0], column=column, seed=e.seed)
                     tests.append(row)
                     p = max(row["mcnemar_p"], row["permutation_p"])
                     worst_p = p if worst_p is None else max(worst_p, p)
@@ -190,28 +141,39 @@ def matched_correctness(reference_dir: str | os.PathLike[str], run_dir: str | os
     return [_correctness(ref_run, ref, run, e) for ref, e in _matched_entries(ref_run, run, column)]
 
 
-def _matched_entries(reference: dict[str, Any], run: dict[str, Any], column: str
-                     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def run_names(run_dirs: list[str]) -> list[str]:
+    """Short unique names for evaluation directories: the folder name, with as many parent
+    folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
+    parts = [Path(d).resolve().parts for d in run_dirs]
+    depth = 1
+    while True:
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names) or depth >= max(len(p) for p in parts):
+            return names
+        depth += 1
+
+
+def _matched_entries(reference: EvalResults, run: EvalResults, column: str
+                     ) -> list[tuple[EvalEntry, EvalEntry]]:
     """``(reference entry, run entry)`` of ``column`` with the same seed, both with saved
     predictions, in the run's order."""
     out = []
-    for e in run["entries"]:
-        if e["column"] != column or not e.get("predictions"):
+    for e in run.column(column):
+        if not e.predictions:
             continue
-        ref = next((b for b in reference["entries"] if b["column"] == column
-                    and b["seed"] == e["seed"]), None)
-        if ref is not None and ref.get("predictions"):
+        ref = next((b for b in reference.column(column) if b.seed == e.seed), None)
+        if ref is not None and ref.predictions:
             out.append((ref, e))
     return out
 
 
-def _correctness(base: dict[str, Any], ref: dict[str, Any], run: dict[str, Any],
-                 entry: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def _correctness(base: EvalResults, ref: EvalEntry, run: EvalResults,
+                 entry: EvalEntry) -> tuple[np.ndarray, np.ndarray]:
     """Per-image 0/1 correctness of ``run``'s ``entry`` and of the reference's ``ref``."""
-    pred_a, labels_a = _load_predictions(base, ref)
-    pred_b, labels_b = _load_predictions(run, entry)
+    pred_a, labels_a = base.predictions(ref)
+    pred_b, labels_b = run.predictions(entry)
     if labels_a.shape != labels_b.shape or not np.array_equal(labels_a, labels_b):
-        raise ValueError(f"column {entry['column']!r}, seed {entry['seed']}: the two runs were "
+        raise ValueError(f"column {entry.column!r}, seed {entry.seed}: the two runs were "
                          "evaluated on different test sets (labels differ); paired tests "
                          "need the same images in the same order")
     # Positive difference = this run better than the reference (the first run).

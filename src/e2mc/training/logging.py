@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from e2mc.artifacts import RunDir
+
 
 class MetricsLogger:
     """Append metrics to ``run_dir/metrics.jsonl`` and ``run_dir/tensorboard`` (if importable).
@@ -21,7 +23,8 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True) -> None:
         self.enabled = enabled
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.run = RunDir(run_dir)
+        self.path = self.run.metrics
         self._file = None
         self._writer = None
         if not enabled:
@@ -35,7 +38,7 @@ class MetricsLogger:
                 print("note: tensorboard is not installed; logging to metrics.jsonl only",
                       file=sys.stderr)
             else:
-                self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+                self._writer = SummaryWriter(log_dir=str(self.run.tensorboard))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled or self._file is None:
@@ -71,19 +74,11 @@ def _plain(value: Any) -> Any:
 
 
 def truncate_metrics(run_dir: str | Path, last_step: int) -> None:
-    """Drop records with ``step > last_step`` (logged after the checkpoint a run resumes from),
-    so that a resumed run's ``metrics.jsonl`` has each step once."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return
-    kept = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept), encoding="utf-8")
-    tmp.replace(path)
+    """:meth:`e2mc.artifacts.RunDir.truncate_metrics`."""
+    RunDir(run_dir).truncate_metrics(last_step)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of ``run_dir/metrics.jsonl`` in order."""
-    path = Path(run_dir) / "metrics.jsonl"
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """All records of ``run_dir``'s ``metrics.jsonl`` in order
+    (:meth:`e2mc.artifacts.RunDir.read_metrics`)."""
+    return RunDir(run_dir).read_metrics()

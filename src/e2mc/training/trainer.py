@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from e2mc.artifacts import CHECKPOINT, RunDir
+from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import (
     load_training_checkpoint,
     rng_state,
@@ -30,10 +32,11 @@ from e2mc.training.checkpointing import (
     set_rng_state,
 )
 from e2mc.training.config import RunConfig
-from e2mc.training.logging import MetricsLogger, truncate_metrics
+from e2mc.training.logging import MetricsLogger
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples, collate_views
 
-CHECKPOINT = "checkpoint.pt"
+__all__ = ["CHECKPOINT", "NonFiniteLossError", "Runtime", "TrainResult", "Trainer",
+           "init_runtime", "lr_factor"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -116,6 +119,7 @@ class TrainResult:
     checkpoint: Path | None
     last_metrics: dict[str, float]
     method: nn.Module | None = None
+    stop_reason: str | None = None
 
 
 class Trainer:
@@ -123,18 +127,23 @@ class Trainer:
 
     ``dataset[i]`` yields the views of image ``i`` (``views`` or ``(views, label)``).
     ``base_epoch``: epochs the starting weights were trained (continued runs), added to the
-    epoch and iteration numbers the method's hooks receive. If ``run_dir/checkpoint.pt`` exists
-    the run resumes from it.
+    epoch and iteration numbers the method's hooks receive. If the run directory's checkpoint
+    exists the run resumes from it. ``callbacks`` (:class:`~e2mc.training.callbacks.Callback`)
+    see the start, every step and the end; their state is saved in the checkpoint.
     """
 
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
                  run_dir: str | Path, runtime: Runtime | None = None, base_epoch: int = 0,
                  collate_fn: Any = None,
-                 prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None
-                 ) -> None:
+                 prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,
+                 callbacks: list[Callback] | None = None) -> None:
         self.cfg = cfg
         self.tc = cfg.training
         self.run_dir = Path(run_dir)
+        self.run = RunDir(run_dir)
+        self.callbacks: list[Callback] = list(callbacks or [])
+        self.logger: MetricsLogger | None = None
+        self.postfix: dict[str, str] = {}  # extra progress-bar fields set by callbacks
         self.rt = runtime or init_runtime(self.tc.device)
         self.method = method
         self.addon = addon
@@ -205,26 +214,37 @@ class Trainer:
             "training_state": method_states[0], "training_states": list(method_states),
             "addon": {"name": self.cfg.addon.name, "state": self.addon.state_dict()},
             "run_config": self.cfg.to_dict(), "world_size": self.rt.world_size,
+            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
         }
 
     def _save(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int) -> Path:
         state = self._state(run_epoch, step, batch_in_epoch, skipped)  # collective under DDP
-        path = self.run_dir / CHECKPOINT
+        path = self.run.checkpoint
         if self.rt.is_main:
             save_training_checkpoint(path, self.method, **state)
         return path
 
-    def _save_epoch_copy(self, run_epoch: int) -> None:
-        """Model-only checkpoint ``checkpoints/epoch_XXXX.pt`` (for accuracy-vs-epoch curves)."""
-        if self.rt.is_main and self.tc.keep_epoch_checkpoints:
+    def save_model(self, path: Path, run_epoch: int, step: int) -> None:
+        """Model-only checkpoint of the current weights (epoch copies, ``best.pt``); main
+        process only, written atomically."""
+        if self.rt.is_main:
             save_training_checkpoint(
-                self.run_dir / "checkpoints" / f"epoch_{run_epoch:04d}.pt", self.method,
-                epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
-                base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
+                path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
+                step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
+
+    def _save_epoch_copy(self, run_epoch: int, step: int) -> None:
+        """Model-only checkpoint ``checkpoints/epoch_XXXX.pt`` (for accuracy-vs-epoch curves)."""
+        if self.tc.keep_epoch_checkpoints:
+            self.save_model(self.run.epoch_checkpoint(run_epoch), run_epoch, step)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append a record to ``metrics.jsonl`` / TensorBoard (main process; callbacks use it)."""
+        if self.logger is not None:
+            self.logger.log(step, metrics)
 
     def _resume(self) -> tuple[int, int, int]:
-        """Load ``checkpoint.pt`` if present; returns ``(run_epoch, step, skipped)``."""
-        path = self.run_dir / CHECKPOINT
+        """Load the run's checkpoint if present; returns ``(run_epoch, step, skipped)``."""
+        path = self.run.checkpoint
         if not path.exists():
             if self.prepare_optimizer is not None:
                 self.prepare_optimizer(self.optimizer)
@@ -244,10 +264,14 @@ class Trainer:
         if addon_state:
             self.addon.load_state_dict(addon_state)
         self.base_epoch = int(ckpt.get("base_epoch", self.base_epoch))
+        saved_callbacks = ckpt.get("callbacks", {})
+        for cb in self.callbacks:
+            if cb.name in saved_callbacks:
+                cb.load_state_dict(saved_callbacks[cb.name])
         rngs = ckpt["rng"]
         set_rng_state(rngs[self.rt.rank] if len(rngs) == self.rt.world_size else rngs[0])
         if self.rt.is_main:
-            truncate_metrics(self.run_dir, int(ckpt["step"]))
+            self.run.truncate_metrics(int(ckpt["step"]))
             print(f"resuming from {path}: epoch {ckpt['run_epoch']}, "
                   f"batch {ckpt['batch_in_epoch']}, step {ckpt['step']}", file=sys.stderr)
         return int(ckpt["run_epoch"]), int(ckpt["step"]), int(ckpt.get("skipped_steps", 0))
@@ -311,12 +335,15 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         spe = self.steps_per_epoch
         start_batch = step - run_epoch * spe
-        logger = MetricsLogger(self.run_dir, enabled=rt.is_main)
-        ckpt_path: Path | None = self.run_dir / CHECKPOINT if step else None
+        logger = self.logger = MetricsLogger(self.run_dir, enabled=rt.is_main)
+        ckpt_path: Path | None = self.run.checkpoint if step else None
         if step == 0 and run_epoch == 0:
-            self._save_epoch_copy(0)
+            self._save_epoch_copy(0, 0)
         last: dict[str, float] = {}
         stopped = False
+        stop_reason: str | None = None
+        for cb in self.callbacks:
+            cb.on_fit_start(self, step)
         try:
             while run_epoch < tc.epochs and not stopped:
                 self._enter_epoch(run_epoch, mid_epoch=start_batch > 0)
@@ -364,28 +391,37 @@ class Trainer:
                                     skipped_steps=skipped)
                         logger.log(step, {"epoch": run_epoch, "batch": batch_idx, **last})
                         if bar is not None:
-                            bar.set_postfix(self._postfix(last), refresh=False)
+                            bar.set_postfix({**self._postfix(last), **self.postfix},
+                                            refresh=False)
                         window_images, window_start = 0, time.perf_counter()
                     done_epoch = batch_idx == spe - 1
                     if done_epoch:
                         run_epoch += 1
                     if tc.max_steps is not None and step >= tc.max_steps:
-                        stopped = True
+                        stopped, stop_reason = True, f"training.max_steps={tc.max_steps}"
+                    for cb in self.callbacks:
+                        reason = cb.on_step_end(self, step, run_epoch, terms)
+                        if reason and not stopped:
+                            stopped, stop_reason = True, reason
                     every = tc.checkpoint_every_steps
                     if done_epoch or stopped or (every and step % every == 0):
                         ckpt_path = self._save(run_epoch, step, step - run_epoch * spe, skipped)
                         if done_epoch:
-                            self._save_epoch_copy(run_epoch)
+                            self._save_epoch_copy(run_epoch, step)
                     if stopped:
                         break
                 if bar is not None:
                     bar.close()
                 start_batch = 0
+            result = TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
+                                 completed=run_epoch >= tc.epochs, checkpoint=ckpt_path,
+                                 last_metrics=last, method=self.method, stop_reason=stop_reason)
+            for cb in self.callbacks:
+                cb.on_fit_end(self, result)
         finally:
             logger.close()
-        return TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
-                           completed=run_epoch >= tc.epochs, checkpoint=ckpt_path,
-                           last_metrics=last, method=self.method)
+            self.logger = None
+        return result
 
     def _bar(self, run_epoch: int, start_batch: int) -> Any:
         if not (self.rt.is_main and self.tc.progress):

@@ -1,0 +1,94 @@
+"""The options and the body shared by ``e2mc continue`` and ``e2mc pretrain``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from e2mc.training.config import RunConfig, load_config, preset_names
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
+    """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
+    parser.add_argument("--config", required=True,
+                        help=f"preset name or YAML file; presets: {', '.join(_safe_presets())}")
+    parser.add_argument("--run-dir", required=True, type=Path,
+                        help="run directory (config.yaml, metrics.jsonl, checkpoints); running "
+                             "the same command again resumes from its checkpoint")
+    if mode == "continue":
+        parser.add_argument("--from", dest="init_checkpoint", metavar="CHECKPOINT",
+                            help="official (VICReg, SwAV, SimSiam) or e2mc checkpoint to start "
+                                 "from (init.checkpoint)")
+        parser.add_argument("--trust-checkpoint", dest="trust", action="store_true",
+                            help="allow pickled objects when loading the starting checkpoint "
+                                 "(only for files you trust)")
+    parser.add_argument("--data", help="training data set (data.dataset)")
+    parser.add_argument("--epochs", type=int,
+                        help="epochs of this run (for continue: continued epochs)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 or auto (training.device)")
+    parser.add_argument("--skip-nonfinite", action="store_true",
+                        help="skip steps whose loss is NaN/inf (counted) instead of stopping")
+    parser.add_argument("--skip-corrupt", action="store_true",
+                        help="skip unreadable images of an image folder (counted)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config key, e.g. "
+                                                  "--set training.batch_size=256 (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
+    """Preset + ``--set`` overrides + the dedicated options, validated."""
+    overrides = [f"mode={mode}", *args.overrides]
+    if getattr(args, "init_checkpoint", None):
+        overrides.append(f"init.checkpoint={args.init_checkpoint}")
+    if getattr(args, "trust", False):
+        overrides.append("init.trust=true")
+    if args.data:
+        overrides.append(f"data.dataset={args.data}")
+    if args.epochs is not None:
+        overrides.append(f"training.epochs={args.epochs}")
+    if args.device:
+        overrides.append(f"training.device={args.device}")
+    if args.skip_nonfinite:
+        overrides.append("training.skip_nonfinite=true")
+    if args.skip_corrupt:
+        overrides.append("data.skip_corrupt=true")
+    return load_config(args.config, overrides)
+
+
+def run_command(args: argparse.Namespace, mode: str) -> int:
+    """Body of ``e2mc continue`` / ``e2mc pretrain``: exit 0 when done, 1 when stopped by a
+    non-finite loss, 2 for a bad configuration, data set or checkpoint."""
+    from e2mc.training.run import run_training
+    from e2mc.training.trainer import NonFiniteLossError
+
+    try:
+        cfg = config_from_args(args, mode)
+        result = run_training(cfg, args.run_dir)
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as err:  # OSError: missing or corrupt files
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        _destroy_process_group()
+    state = "done" if result.completed else "stopped"
+    print(f"{state}: epoch {result.run_epoch}/{cfg.training.epochs}, step {result.step}, "
+          f"{result.skipped_steps} skipped step(s); checkpoint {result.checkpoint}",
+          file=sys.stderr)
+    return 0
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _safe_presets() -> list[str]:
+    try:
+        return preset_names()
+    except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover - broken install
+        return []

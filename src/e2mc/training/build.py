@@ -1,0 +1,98 @@
+"""From a :class:`~e2mc.training.config.RunConfig` to the objects a run trains: the method,
+the add-on, the training data set with its views, and the starting model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from e2mc.training.config import RunConfig
+
+
+def build_method_from_config(cfg: RunConfig) -> Any:
+    """``e2mc.methods.build_method(name, backbone=..., small_images=..., in_channels=...,
+    **method.params)``."""
+    from e2mc.methods import build_method
+
+    return build_method(cfg.method.name, **method_kwargs(cfg))
+
+
+def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
+    """``e2mc.addons.build_addon(name, **addon.params)``; for ``e2mc`` the compact space defaults
+    to the method's and ``batch_size_for_cov`` to the global batch size (as the authors ran it)."""
+    from e2mc.addons import build_addon
+
+    params = dict(cfg.addon.params)
+    if cfg.addon.name == "e2mc":
+        params.setdefault("space", method.compact_space)
+        params.setdefault("batch_size_for_cov", cfg.training.batch_size)
+    return build_addon(cfg.addon.name, **params)
+
+
+def build_train_dataset(cfg: RunConfig, method: Any) -> Any:
+    """The training images with the method's view recipe (or ``data.recipe``)."""
+    from torch.utils.data import Subset
+
+    from e2mc.data import MultiViewDataset, build_dataset, build_views
+
+    if cfg.data.dataset is None:
+        raise ValueError("data.dataset is not set: give a data set ('builtin', an IDX folder, an "
+                         "image folder or an .npz file) with --data or --set data.dataset=...")
+    base = build_dataset(cfg.data.dataset, cfg.data.split, transform=None,
+                         skip_corrupt=cfg.data.skip_corrupt)
+    skipped = int(getattr(base, "num_skipped", 0))
+    if cfg.data.limit is not None:
+        if cfg.data.limit < 1:
+            raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
+        base = Subset(base, range(min(cfg.data.limit, len(base))))
+    views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
+                        cfg.data.channels)
+    dataset = MultiViewDataset(base, views)
+    dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt
+    return dataset
+
+
+def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword arguments of ``build_method`` (besides the name) from the config."""
+    return {"backbone": cfg.model.backbone, "small_images": cfg.model.small_images,
+            "in_channels": cfg.model.in_channels, **cfg.method.params}
+
+
+def load_start(cfg: RunConfig) -> tuple[Any, int, Callable[[Any], None] | None]:
+    """The starting model of a run: ``init.checkpoint`` loaded strictly (an official VICReg /
+    SwAV / SimSiam file through ``e2mc.checkpoints.load_official``, or a project checkpoint of
+    the same method), else fresh weights (``pretrain`` only).
+
+    Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch``
+    if set, else the checkpoint's epoch (0 without one); ``prepare_optimizer`` restores the
+    checkpoint's optimizer state (momentum) into a new optimizer when it has one and
+    ``init.load_optimizer`` is true.
+    """
+    from e2mc.checkpoints import load_for_training, restore_optimizer_state
+    from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters
+
+    if cfg.init.checkpoint is None:
+        if cfg.mode == "continue":
+            raise ValueError("continue needs a starting checkpoint: --from PATH "
+                             "(or --set init.checkpoint=PATH)")
+        return build_method_from_config(cfg), cfg.init.base_epoch or 0, None
+    path = Path(cfg.init.checkpoint)
+    if path.is_dir():
+        raise ValueError(f"starting checkpoint {path} is a directory, not a checkpoint file")
+    if not path.is_file():
+        raise ValueError(f"starting checkpoint {path} does not exist")
+    method, info = load_for_training(path, cfg.method.name, trust=cfg.init.trust,
+                                     **method_kwargs(cfg))
+    opt_state = info.get("optimizer")
+    prepare: Callable[[Any], None] | None = None
+    if opt_state is not None and cfg.init.load_optimizer:
+        if info["optimizer_layout"] == "project":
+            def prepare(optimizer: Any) -> None:
+                load_optimizer_state_keep_hyperparameters(optimizer, opt_state)
+        else:
+            def prepare(optimizer: Any) -> None:
+                restore_optimizer_state(optimizer, method, opt_state)
+    epoch = info.get("epoch")
+    base_epoch = cfg.init.base_epoch if cfg.init.base_epoch is not None else int(epoch or 0)
+    return method, base_epoch, prepare
