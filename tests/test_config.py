@@ -133,7 +133,10 @@ def _with_defaults(defaults: dict[str, Any], recorded: dict[str, Any]) -> dict[s
 def test_every_preset_resolves_to_its_recorded_config() -> None:
     # tests/data/presets_resolved.json: RunConfig.to_dict() of every preset, recorded when the
     # presets were still full copies (before `base:` inheritance). Whoever changes a preset's
-    # values on purpose re-records it.
+    # values on purpose re-records it (from the repository root):
+    #   python -c "import json; from e2mc.training.config import load_config as c, preset_names
+    #   as n; print(json.dumps({p: c(p).to_dict() for p in n()}, indent=1, sort_keys=True))" \
+    #   > tests/data/presets_resolved.json
     recorded = json.loads(RESOLVED.read_text())
     assert sorted(recorded) == preset_names()
     defaults = RunConfig().to_dict()
