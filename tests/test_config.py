@@ -195,6 +195,9 @@ def test_inheritance_cycles_and_bad_bases_are_clear_errors(tmp_path) -> None:
     (tmp_path / "d.yaml").write_text("base: [vicreg-e2mc]\n")
     with pytest.raises(ValueError, match="'base' must be a preset name"):
         load_config(str(tmp_path / "d.yaml"))
+    (tmp_path / "bad.yaml").write_text("training: {epochs: 2\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml: not valid YAML"):
+        load_config(str(tmp_path / "bad.yaml"))
     (tmp_path / "e.yaml").write_text("base: missing.yaml\n")
     with pytest.raises(ValueError, match="'missing.yaml' does not exist"):
         load_config(str(tmp_path / "e.yaml"))

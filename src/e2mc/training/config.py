@@ -344,7 +344,10 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     ident, source, own_folder = _locate(ref, folder, preset_only=bool(chain) and folder is None)
     if ident in chain:
         raise ValueError(f"config inheritance cycle: {' -> '.join((*chain, ident))}")
-    data = yaml.safe_load(source.read_text()) or {}
+    try:
+        data = yaml.safe_load(source.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{ident}: not valid YAML: {err}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"{ident}: a config file must be a mapping of sections")
     data = dict(data)
