@@ -128,8 +128,8 @@ def test_pointers_to_docs_resolve() -> None:
     broken = []
     for name, text in tracked_text_files().items():
         for m in POINTER.finditer(text):
-            if text[max(0, m.start() - 13):m.start()].endswith("--write-docs ") or (
-                    m.group(2) is None and m.group(1).startswith("docs/results/")):
+            before = text[max(0, m.start() - 13):m.start()]
+            if before.endswith(("--write-docs ", "(e.g. ")):  # a page a script would write
                 continue
             error = _check_target(name, REPO / m.group(1), (m.group(2) or "#")[1:])
             if error:
