@@ -45,12 +45,15 @@ class RunDiagnostics:
     statistics: dict[str, EmbeddingStatistics] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     figures: list[tuple[str, Path]] = field(default_factory=list)
+    #: Collapse signals that fired (``e2mc.diagnostics.collapse.CollapseSignal.to_dict``).
+    collapse: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self, root: Path) -> dict[str, Any]:
         return {
             "name": self.name,
             "source": self.source,
             "info": self.info,
+            "collapse": list(self.collapse),
             "statistics": {kind: s.to_dict() for kind, s in self.statistics.items()},
             "figures": {caption: _relative(p, root) for caption, p in self.figures},
         }
@@ -107,6 +110,7 @@ th:first-child{text-align:left}.hint{color:#888;font-weight:normal;font-size:11p
 figure{display:inline-block;margin:0.5em;vertical-align:top}
 img{max-width:100%}figcaption{font-size:12px;color:#444}
 .runs{display:flex;flex-wrap:wrap;gap:1em}.run{border:1px solid #ddd;padding:0.5em}
+.warn{color:#b00}
 """
 
 
@@ -152,6 +156,11 @@ def write_report(
         f"<h1>{html.escape(title)}</h1><ul>{sources}</ul>",
         "<h2>Statistics</h2>" + "".join(_stats_table(k, runs) for k in kinds),
     ]
+    flagged = [(r.name, c) for r in runs for c in r.collapse]
+    if flagged:
+        body.insert(1, '<h2 class="warn">Possible collapse</h2><ul>' + "".join(
+            f"<li><b>{html.escape(name)}</b> ({html.escape(c['kind'])} signal): "
+            f"{html.escape(c['message'])}</li>" for name, c in flagged) + "</ul>")
     if figures:
         body.append("<h2>Figures</h2>" + "".join(_img(c, p, root) for c, p in figures))
     if per_run:
