@@ -89,6 +89,12 @@ class EvalOptions:
                                  f"(fractions: {list(self.fractions)})")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        for f, values in self.lr_grid.items():
+            if not values or any(not v > 0 for v in values):
+                raise ValueError(f"learning rates of the grid must be > 0, got {values} at {f}")
+        for f, values in self.wd_grid.items():
+            if not values or any(not v >= 0 for v in values):
+                raise ValueError(f"weight decays of the grid must be >= 0, got {values} at {f}")
 
 
 def _file_subsets(train_dataset: Dataset, files: dict[float, str]
@@ -151,6 +157,8 @@ def run_evaluation(
           "num_workers": options.num_workers, "progress": options.progress,
           "autocast": options.autocast}
     timings: dict[str, float] = {}
+    subsets, subset_info = ({}, {}) if "linear" not in options.protocols else \
+        _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
     start = time.perf_counter()
 
     def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -178,7 +186,6 @@ def run_evaluation(
 
     if "linear" in options.protocols:
         s = time.perf_counter()
-        subsets, subset_info = _file_subsets(train_dataset, options.subset_files)
         settings["linear"] = {}
         for f in options.fractions:
             label = fraction_label(f)
