@@ -1,0 +1,424 @@
+"""The fast view pipeline: the recipes of :func:`~e2mc.data.views.build_views`, drawn the same way
+and applied to uint8/float tensors instead of PIL images.
+
+For each image file (in a DataLoader worker):
+
+1. read the bytes and the JPEG header (size) without decoding;
+2. draw every view's parameters by walking the recipe's own torchvision transforms in order and
+   calling their ``get_params`` / ``torch.rand`` exactly as their ``forward`` does, so a seed gives
+   the same crops, flips and factors as :func:`build_views` and the distributions are those of
+   the recipe by construction (:func:`draw_view_params`);
+3. decode once: at 1/2, 1/4 or 1/8 scale with libjpeg's DCT scaling (PIL ``draft``) when every
+   crop of the image still has at least the view's side in pixels at that scale, else at full
+   size with ``torchvision.io.decode_jpeg`` (libjpeg-turbo);
+4. crop and resize every view on the uint8 tensor (``torchvision.transforms.v2.functional``,
+   antialiased, the recipe's interpolation);
+5. ``mode="cpu"``: flip, colour jitter (per-sample order), grayscale, blur, solarize and normalise
+   the views of one image batched by size (:mod:`e2mc.data.photometric`), returning float views
+   like :func:`build_views`; ``mode="device"``: return the uint8 crops and their parameters, and
+   :class:`DeviceAugment` applies the same operations batched on the training device.
+
+Differences from the PIL path, none of which changes a parameter distribution: the photometric
+operations run in float without rounding to uint8 between them (within about one gray level),
+the hue is shifted in float HSV instead of PIL's 8-bit HSV, and reduced-scale decoding replaces
+part of the antialiasing of the resize by libjpeg's DCT scaling.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import transforms as T
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from . import photometric_cv2
+from .image_folder import CorruptImageError
+from .photometric import (
+    adjust_brightness,
+    adjust_contrast,
+    adjust_hue,
+    adjust_saturation,
+    gaussian_blur,
+    grayscale,
+    solarize,
+)
+from .views import MultiCropTransform, build_views
+
+__all__ = [
+    "PARAM_FIELDS",
+    "DeviceAugment",
+    "FastViewDataset",
+    "FastViews",
+    "ViewSpec",
+    "apply_photometric",
+    "collate_device_views",
+    "draw_view_params",
+    "view_specs",
+]
+
+# Layout of one view's parameter vector (float32). Crop box in full-resolution pixels.
+PARAM_FIELDS = ("top", "left", "height", "width", "flip", "jitter", "brightness", "contrast",
+                "saturation", "hue", "order0", "order1", "order2", "order3", "gray", "blur",
+                "sigma", "solarize")
+_I = {name: k for k, name in enumerate(PARAM_FIELDS)}
+_IDENTITY = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0,
+             0.0]
+# photometric steps must come in this order in a recipe (the flip commutes with all of them)
+_ORDER = ("jitter", "gray", "blur", "solarize")
+_DCT_SCALES = (8, 4, 2)
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """One view of a recipe, read from its torchvision ``Compose``."""
+
+    transforms: tuple[Any, ...]
+    size: int
+    interpolation: T.InterpolationMode
+    channels: int
+    jitter: tuple[tuple[float, float] | None, ...]  # brightness, contrast, saturation, hue ranges
+    blur_kernel: int
+    solarize_threshold: float  # on the 0-255 scale
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def _unwrap(t: Any) -> list[Any]:
+    return list(t.transforms) if isinstance(t, T.RandomApply) else [t]
+
+
+def view_specs(views: MultiCropTransform) -> list[ViewSpec]:
+    """Parse the views of :func:`build_views` (or any ``MultiCropTransform`` of ``Compose`` made of
+    the same transform types). Raises ``ValueError`` on a transform the fast pipeline lacks or on
+    photometric steps in another order than jitter, grayscale, blur, solarize."""
+    specs = []
+    for compose in views.transforms:
+        if not isinstance(compose, T.Compose):
+            raise ValueError(f"expected a torchvision Compose per view, got {type(compose)}")
+        size, interp, channels = None, T.InterpolationMode.BILINEAR, 3
+        jitter: tuple = (None, None, None, None)
+        kernel, threshold, mean, std, kinds = 0, 128.0, None, None, []
+        for t in compose.transforms:
+            for inner in _unwrap(t):
+                if isinstance(inner, T.RandomResizedCrop):
+                    size, interp = inner.size[0], inner.interpolation
+                    if inner.size[0] != inner.size[1]:
+                        raise ValueError("the fast pipeline needs square crops")
+                elif isinstance(inner, T.ColorJitter):
+                    jitter = (inner.brightness, inner.contrast, inner.saturation, inner.hue)
+                    kinds.append("jitter")
+                elif isinstance(inner, T.RandomGrayscale):
+                    kinds.append("gray")
+                elif isinstance(inner, T.GaussianBlur):
+                    kernel = inner.kernel_size[0]
+                    if inner.kernel_size[0] != inner.kernel_size[1]:
+                        raise ValueError("the fast pipeline needs square blur kernels")
+                    kinds.append("blur")
+                elif isinstance(inner, T.RandomSolarize):
+                    threshold = float(inner.threshold)
+                    kinds.append("solarize")
+                elif isinstance(inner, T.Normalize):
+                    mean, std = tuple(inner.mean), tuple(inner.std)
+                elif type(inner).__name__ == "_ToMode":
+                    channels = 1 if inner.mode == "L" else 3
+                elif not isinstance(inner, (T.RandomHorizontalFlip, T.ToTensor)):
+                    raise ValueError(f"the fast pipeline has no {type(inner).__name__}")
+        if size is None or mean is None or std is None:
+            raise ValueError("each view needs a RandomResizedCrop and a Normalize")
+        if [k for k in _ORDER if k in kinds] != kinds:
+            raise ValueError(f"photometric steps in order {kinds}; the fast pipeline applies "
+                             f"them as {list(_ORDER)}")
+        specs.append(ViewSpec(tuple(compose.transforms), int(size), interp, channels, jitter,
+                              int(kernel), threshold, mean, std))
+    return specs
+
+
+def _dims(width: int, height: int) -> torch.Tensor:
+    """A stand-in image for ``RandomResizedCrop.get_params`` (only its size is read)."""
+    return torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
+
+
+def _draw_one(t: Any, p: list[float], width: int, height: int) -> None:
+    if isinstance(t, T.RandomResizedCrop):
+        i, j, h, w = t.get_params(_dims(width, height), t.scale, t.ratio)
+        p[0:4] = [float(i), float(j), float(h), float(w)]
+    elif isinstance(t, T.RandomHorizontalFlip):
+        p[_I["flip"]] = float(bool(torch.rand(1) < t.p))
+    elif isinstance(t, T.RandomApply):
+        if t.p < torch.rand(1):
+            return
+        for inner in t.transforms:
+            _draw_one(inner, p, width, height)
+    elif isinstance(t, T.ColorJitter):
+        order, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+        p[_I["jitter"]] = 1.0
+        for name, value in (("brightness", b), ("contrast", c), ("saturation", s), ("hue", h)):
+            if value is not None:
+                p[_I[name]] = float(value)
+        p[_I["order0"]: _I["order0"] + 4] = [float(k) for k in order.tolist()]
+    elif isinstance(t, T.RandomGrayscale):
+        p[_I["gray"]] = float(bool(torch.rand(1) < t.p))
+    elif isinstance(t, T.GaussianBlur):
+        p[_I["blur"]] = 1.0
+        p[_I["sigma"]] = float(t.get_params(t.sigma[0], t.sigma[1]))
+    elif isinstance(t, T.RandomSolarize):
+        p[_I["solarize"]] = float(torch.rand(1).item() < t.p)
+
+
+def draw_view_params(spec: ViewSpec, width: int, height: int) -> torch.Tensor:
+    """One view's parameters (``PARAM_FIELDS``) for a ``width x height`` image, drawn from torch's
+    global generator with the same calls, in the same order, as the recipe's transforms."""
+    p = list(_IDENTITY)
+    for t in spec.transforms:
+        _draw_one(t, p, width, height)
+    return torch.tensor(p, dtype=torch.float32)
+
+
+_JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+
+
+def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
+    """Flip, jitter, grayscale, blur, solarize and normalise a float ``[B, C, S, S]`` batch in
+    [0, 1] of views of ``spec``, sample ``b`` with ``params[b]``. Returns the normalised batch."""
+    cpu = params.detach().to("cpu", torch.float32)
+    dev = params.to(x.device)
+
+    def on(name: str) -> list[bool]:
+        return [v > 0.5 for v in cpu[:, _I[name]].tolist()]
+
+    x = _apply(x, on("flip"), lambda v: v.flip(-1))
+    jitter = on("jitter")
+    if any(jitter):
+        factors = dev[:, _I["brightness"]: _I["hue"] + 1]
+        order = cpu[:, _I["order0"]: _I["order0"] + 4].round().long().tolist()
+        for pos in range(4):
+            for op in range(4):
+                if spec.jitter[op] is not None:
+                    mask = [j and o[pos] == op for j, o in zip(jitter, order, strict=True)]
+                    x = _apply(x, mask, _JITTER_OPS[op], factors[:, op])
+    if spec.channels == 3:
+        x = _apply(x, on("gray"), lambda v: grayscale(v).expand(-1, 3, -1, -1).contiguous())
+    x = _apply(x, on("blur"), lambda v, s: gaussian_blur(v, s, spec.blur_kernel),
+               dev[:, _I["sigma"]])
+    threshold = spec.solarize_threshold / 255.0
+    x = _apply(x, on("solarize"), lambda v: solarize(v, threshold))
+    inv_std = 1.0 / torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    mean = torch.tensor(spec.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return torch.addcmul(-mean * inv_std, x, inv_std)
+
+
+def _apply(x: torch.Tensor, mask: list[bool], fn: Any, arg: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``fn`` (with the per-sample ``arg``) applied to the samples where ``mask`` is true."""
+    if not any(mask):
+        return x
+    if all(mask):
+        return fn(x) if arg is None else fn(x, arg)
+    idx = torch.tensor([k for k, m in enumerate(mask) if m], device=x.device)
+    x[idx] = fn(x[idx]) if arg is None else fn(x[idx], arg[idx])
+    return x
+
+
+@functools.lru_cache(maxsize=64)
+def _normalization(spec: ViewSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(1 / std, -mean / std)`` as ``[C, 1, 1]`` tensors: ``x * scale + shift`` normalises."""
+    scale = 1.0 / torch.tensor(spec.std, dtype=torch.float32).view(-1, 1, 1)
+    return scale, -torch.tensor(spec.mean, dtype=torch.float32).view(-1, 1, 1) * scale
+
+
+def _groups(specs: Sequence[ViewSpec]) -> list[list[int]]:
+    """Indices of views that can be processed as one batch (same size, kernel, normalisation,
+    jitter ranges and solarize threshold)."""
+    groups: dict[tuple, list[int]] = {}
+    for k, s in enumerate(specs):
+        key = (s.size, s.blur_kernel, s.mean, s.std, s.jitter, s.solarize_threshold, s.channels)
+        groups.setdefault(key, []).append(k)
+    return list(groups.values())
+
+
+class FastViews:
+    """The views of ``build_views(recipe, ...)`` from an image file, through the fast pipeline.
+
+    ``FastViews(build_views("vicreg", 224))(path)`` returns the float views (``mode="cpu"``) or
+    ``(uint8 crops, params)`` for :class:`DeviceAugment` (``mode="device"``). ``draft=False``
+    always decodes at full size. An unreadable file raises :class:`CorruptImageError` naming it.
+    """
+
+    def __init__(self, views: MultiCropTransform, mode: str = "cpu", draft: bool = True,
+                 backend: str = "auto") -> None:
+        if mode not in ("cpu", "device"):
+            raise ValueError(f"mode must be 'cpu' or 'device', got {mode!r}")
+        if backend not in ("auto", "opencv", "torch"):
+            raise ValueError(f"backend must be 'auto', 'opencv' or 'torch', got {backend!r}")
+        if backend == "opencv" and not photometric_cv2.available():
+            raise ValueError("backend 'opencv' needs opencv-python-headless (pip install "
+                             "'e2mc[fast]')")
+        self.backend = ("opencv" if photometric_cv2.available() else "torch") \
+            if backend == "auto" else backend
+        self.views = views
+        self.specs = view_specs(views)
+        self.num_main_views = views.num_main_views
+        self.mode = mode
+        self.draft = draft
+        self.channels = self.specs[0].channels
+        # in a worker, views of at least 128 px go one by one (whole-batch operations, no
+        # gathers of the selected samples); smaller ones are batched (fewer small operations)
+        self.cpu_groups = [g2 for g in _groups(self.specs)
+                           for g2 in ([g] if self.specs[g[0]].size < 128 else [[k] for k in g])]
+
+    @property
+    def num_views(self) -> int:
+        return len(self.specs)
+
+    @classmethod
+    def from_recipe(cls, recipe: str, image_size: int, channels: int = 3, mode: str = "cpu",
+                    draft: bool = True, backend: str = "auto", **kwargs: Any) -> FastViews:
+        """``FastViews(build_views(recipe, image_size, channels, **kwargs), ...)``."""
+        return cls(build_views(recipe, image_size, channels, **kwargs), mode=mode, draft=draft,
+                   backend=backend)
+
+    # ------------------------------------------------------------------ decoding
+    def _reduction(self, params: list[torch.Tensor]) -> int:
+        """The largest DCT scale reduction (8, 4, 2) at which every crop keeps at least its view's
+        side in pixels; 1 if none."""
+        for r in _DCT_SCALES:
+            if all(min(float(p[2]), float(p[3])) / r >= s.size
+                   for p, s in zip(params, self.specs, strict=True)):
+                return r
+        return 1
+
+    def _decode(self, data: bytes, img: Image.Image, reduce: int) -> torch.Tensor:
+        mode = "L" if self.channels == 1 else "RGB"
+        if img.format == "JPEG" and reduce > 1:
+            img.draft(mode, (max(1, img.width // reduce), max(1, img.height // reduce)))
+        elif img.format == "JPEG" and img.mode in ("RGB", "L"):
+            read = ImageReadMode.GRAY if self.channels == 1 else ImageReadMode.RGB
+            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=read)
+        img.load()
+        if img.mode != mode:
+            img = img.convert(mode)
+        return TF.pil_to_tensor(img)
+
+    def _crops(self, path: str | Path) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        path = str(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            img = Image.open(io.BytesIO(data))
+            width, height = img.size
+            params = [draw_view_params(s, width, height) for s in self.specs]
+            reduce = self._reduction(params) if self.draft and img.format == "JPEG" else 1
+            image = self._decode(data, img, reduce)
+        except (OSError, SyntaxError, ValueError, RuntimeError, Image.DecompressionBombError) \
+                as err:
+            raise CorruptImageError(f"cannot read image file {path}: {err}") from err
+        scale_y, scale_x = image.shape[-2] / height, image.shape[-1] / width
+        if reduce > 1:  # DCT scaling maps pixel x to x / reduce exactly
+            scale_y = scale_x = 1.0 / reduce
+        crops = []
+        for p, s in zip(params, self.specs, strict=True):
+            top, left, h, w = (float(v) for v in p[:4])
+            y0, x0 = round(top * scale_y), round(left * scale_x)
+            y1 = min(max(round((top + h) * scale_y), y0 + 1), image.shape[-2])
+            x1 = min(max(round((left + w) * scale_x), x0 + 1), image.shape[-1])
+            crops.append(TF.resize(image[:, y0:y1, x0:x1], [s.size, s.size],
+                                   interpolation=s.interpolation, antialias=True))
+        return crops, params
+
+    def __call__(self, path: str | Path) -> Any:
+        crops, params = self._crops(path)
+        if self.mode == "device":
+            return crops, params
+        if self.backend == "opencv":
+            return [self._opencv_view(c, p, s) for c, p, s in zip(crops, params, self.specs,
+                                                                  strict=True)]
+        out: list[torch.Tensor] = [torch.empty(0)] * len(crops)
+        for group in self.cpu_groups:
+            x = torch.stack([crops[k] for k in group]).float().div_(255.0)
+            x = apply_photometric(x, torch.stack([params[k] for k in group]),
+                                  self.specs[group[0]])
+            for k, view in zip(group, x, strict=True):
+                out[k] = view
+        return out
+
+    @staticmethod
+    def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
+        c, h, w = crop.shape
+        hwc = torch.empty((h, w, c), dtype=torch.float32).copy_(crop.permute(1, 2, 0))
+        x = hwc.mul_(1.0 / 255).numpy()
+        x = x[..., 0] if c == 1 else x
+        x = photometric_cv2.photometric_hwc(x, params.tolist(), _I, spec.jitter,
+                                            spec.blur_kernel, spec.solarize_threshold / 255.0)
+        src = torch.from_numpy(x)
+        out = torch.empty((c, h, w), dtype=torch.float32)
+        out.copy_(src.unsqueeze(0) if c == 1 else src.permute(2, 0, 1))
+        scale, shift = _normalization(spec)
+        return out.mul_(scale).add_(shift)
+
+    def __repr__(self) -> str:
+        return (f"FastViews(mode={self.mode!r}, draft={self.draft}, backend={self.backend!r}, "
+                f"{self.views!r})")
+
+
+class DeviceAugment:
+    """The photometric half of :class:`FastViews` (``mode="device"``) on whole batches.
+
+    ``DeviceAugment(fast_views)(crops, params)``: ``crops[v]`` is the uint8 ``[B, C, S, S]``
+    batch of view ``v`` (on any device), ``params[v]`` its ``[B, len(PARAM_FIELDS)]`` parameters
+    (drawn in the workers, so resuming replays them). Returns the float, normalised views.
+    """
+
+    def __init__(self, views: FastViews | MultiCropTransform) -> None:
+        self.specs = views.specs if isinstance(views, FastViews) else view_specs(views)
+
+    def __call__(self, crops: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+                 ) -> list[torch.Tensor]:
+        if len(crops) != len(self.specs) or len(params) != len(self.specs):
+            raise ValueError(f"expected {len(self.specs)} views, got {len(crops)} crops and "
+                             f"{len(params)} parameter sets")
+        return [apply_photometric(c.float().div_(255.0), p, s)
+                for c, p, s in zip(crops, params, self.specs, strict=True)]
+
+
+class FastViewDataset(Dataset):
+    """An image folder (``samples`` of ``(path, label)``, e.g. :class:`SafeImageFolder`, whose
+    ``skip_corrupt`` scan has already dropped unreadable files) read through ``views``: item
+    ``i`` is ``(views(path_i), label_i)``."""
+
+    def __init__(self, folder: Any, views: FastViews) -> None:
+        self.samples = list(folder.samples)
+        self.views = views
+        self.labels = getattr(folder, "labels", None)
+        self.classes = getattr(folder, "classes", None)
+        self.num_skipped = int(getattr(folder, "num_skipped", 0))
+
+    @property
+    def targets(self) -> Any:
+        return self.labels
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        return self.views(path), int(label)
+
+
+def collate_device_views(items: Sequence[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Collate ``((crops, params), label)`` items of a ``mode="device"`` dataset into per-view
+    uint8 batches and parameter batches (the labels are dropped)."""
+    per_item = [it[0] if isinstance(it, tuple) and len(it) == 2 and isinstance(it[1], int)
+                else it for it in items]
+    n_views = len(per_item[0][0])
+    crops = [torch.stack([c[v] for c, _ in per_item]) for v in range(n_views)]
+    params = [torch.stack([p[v] for _, p in per_item]) for v in range(n_views)]
+    return crops, params

@@ -1,0 +1,150 @@
+"""Photometric augmentations on batches of float images in [0, 1] with per-sample parameters.
+
+The operations of torchvision's ``ColorJitter`` (brightness, contrast, saturation, hue),
+``RandomGrayscale``, ``GaussianBlur`` and ``RandomSolarize`` and a horizontal flip, with the same
+formulas as torchvision's tensor kernels (``torchvision.transforms.v2.functional``), but each sample
+of a ``[B, C, H, W]`` batch gets its own parameters (a factor, a sigma, an on/off flag, its own
+order of the four jitter operations). torchvision's transforms draw one parameter set per call,
+that is per batch, so they cannot do this; kornia can, but draws the jitter order once per batch
+and is one more dependency. The same code runs in DataLoader workers (on the views of one image)
+and batched on the training device.
+
+Two implementation choices keep it fast on a CPU core: the Gaussian blur is separable (two 1-D
+passes of shifted multiply-adds, reflect padding as torchvision; taps whose weight is below
+``1e-7`` of the total are dropped, a change below 1e-4 gray levels), and the hue shift rebuilds RGB
+from (value, chroma, hue) with the closed form ``V - C * clamp(min(k, 4 - k), 0, 1)``,
+``k = (n + 6 h) mod 6``, ``n = 5, 3, 1``, instead of a full RGB -> HSV -> RGB round trip.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "GRAY_WEIGHTS",
+    "adjust_brightness",
+    "adjust_contrast",
+    "adjust_hue",
+    "adjust_saturation",
+    "gaussian_blur",
+    "gaussian_kernels",
+    "grayscale",
+    "solarize",
+]
+
+GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale (ITU-R 601-2)
+_TAP_CUTOFF = 1e-7
+
+
+def _per_sample(value: torch.Tensor | float, x: torch.Tensor) -> torch.Tensor:
+    """``value`` as a ``[B, 1, 1, 1]`` tensor on ``x``'s device."""
+    v = torch.as_tensor(value, dtype=x.dtype, device=x.device)
+    return v.reshape(-1, 1, 1, 1) if v.dim() else v.reshape(1, 1, 1, 1).expand(x.shape[0], 1, 1, 1)
+
+
+def grayscale(x: torch.Tensor) -> torch.Tensor:
+    """Luma of ``[B, 3, H, W]`` (``[B, 1, H, W]``), torchvision's weights; 1 channel: ``x``."""
+    if x.shape[-3] == 1:
+        return x
+    r, g, b = x.unbind(-3)
+    return (GRAY_WEIGHTS[0] * r + GRAY_WEIGHTS[1] * g + GRAY_WEIGHTS[2] * b).unsqueeze(-3)
+
+
+def adjust_brightness(x: torch.Tensor, factor: torch.Tensor | float) -> torch.Tensor:
+    """``clamp(x * factor)`` per sample."""
+    return (x * _per_sample(factor, x)).clamp_(0, 1)
+
+
+def adjust_contrast(x: torch.Tensor, factor: torch.Tensor | float) -> torch.Tensor:
+    """Blend with the mean luma of each image (torchvision's contrast)."""
+    f = _per_sample(factor, x)
+    channel_means = x.mean(dim=(-2, -1), keepdim=True)  # the luma mean from the channel means
+    mean = grayscale(channel_means) if x.shape[-3] == 3 else channel_means
+    return torch.addcmul((1 - f) * mean, x, f).clamp_(0, 1)
+
+
+def adjust_saturation(x: torch.Tensor, factor: torch.Tensor | float) -> torch.Tensor:
+    """Blend with the luma image (torchvision's saturation); a no-op on one channel."""
+    if x.shape[-3] == 1:
+        return x
+    f = _per_sample(factor, x)
+    return torch.addcmul(grayscale(x).mul_(1 - f), x, f).clamp_(0, 1)
+
+
+def adjust_hue(x: torch.Tensor, shift: torch.Tensor | float) -> torch.Tensor:
+    """Rotate the HSV hue of each RGB image by ``shift`` (a fraction of a turn, in [-0.5, 0.5]).
+
+    Same result as torchvision's ``adjust_hue`` on float tensors (up to float rounding): value and
+    chroma are kept and RGB is rebuilt from the shifted hue in closed form.
+    """
+    if x.shape[-3] == 1:
+        return x
+    r, g, b = x.unbind(-3)
+    maxc = x.amax(dim=-3)
+    chroma = maxc - x.amin(dim=-3)
+    # hue in sixths of a turn; red wins ties, then green (torchvision's rule)
+    is_r = r == maxc
+    is_g = (g == maxc) & ~is_r
+    h6 = torch.where(is_r, g - b, torch.where(is_g, b - r + 2 * chroma, r - g + 4 * chroma))
+    h6 = h6 / chroma.clamp(min=1e-12) + 6.0 * _per_sample(shift, x)[:, 0]
+    h6 = torch.remainder(h6, 6.0).unsqueeze(-3)
+    # channel n in (5, 3, 1): V - C * clamp(min(k, 4 - k), 0, 1), k = (n + h6) mod 6, in [1, 11):
+    # the triangle min(k, 4 - k) = 2 - |k - 2| and its copy 6 to the right replace the modulo
+    n = torch.tensor((5.0, 3.0, 1.0), dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    k = h6 + n
+    weight = (2.0 - (k - 2.0).abs_()).clamp_(0, 1) + (2.0 - (k - 8.0).abs_()).clamp_(0, 1)
+    return maxc.unsqueeze(-3) - chroma.unsqueeze(-3) * weight
+
+
+def solarize(x: torch.Tensor, threshold: float, on: torch.Tensor | None = None) -> torch.Tensor:
+    """Invert the pixels ``>= threshold`` (in [0, 1]) of the samples where ``on`` is true."""
+    inverted = torch.where(x >= threshold, 1.0 - x, x)
+    if on is None:
+        return inverted
+    return torch.where(on.reshape(-1, 1, 1, 1).to(x.device), inverted, x)
+
+
+def gaussian_kernels(sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """``[B, kernel_size]`` normalised 1-D Gaussian kernels, torchvision's sampling grid."""
+    half = (kernel_size - 1) * 0.5
+    grid = torch.linspace(-half, half, kernel_size, dtype=torch.float64, device=sigma.device)
+    pdf = torch.exp(-0.5 * (grid / sigma.to(torch.float64).reshape(-1, 1)) ** 2)
+    return pdf / pdf.sum(dim=1, keepdim=True)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """Blur each sample with its own ``sigma`` (``[B]``): torchvision's ``gaussian_blur`` with a
+    square ``kernel_size`` kernel and reflect padding, computed as two separable passes."""
+    if kernel_size % 2 != 1 or kernel_size < 1:
+        raise ValueError(f"kernel_size must be odd and positive, got {kernel_size}")
+    kernels = gaussian_kernels(sigma, kernel_size)
+    half = kernel_size // 2
+    # drop the outer taps that no sample needs (negligible weight), renormalise
+    needed = (kernels > _TAP_CUTOFF).any(dim=0).nonzero()
+    radius = int(max(half - int(needed.min()), 0)) if needed.numel() else 0
+    kernels = kernels[:, half - radius: half + radius + 1]
+    kernels = (kernels / kernels.sum(dim=1, keepdim=True)).to(x.dtype)
+    if radius == 0:
+        return x
+    size = kernels.shape[1]
+    w = kernels.view(-1, 1, 1, 1, size)
+    h_pad = min(radius, x.shape[-1] - 1)
+    v_pad = min(radius, x.shape[-2] - 1)
+    if h_pad < radius or v_pad < radius:  # image smaller than the kernel: torchvision's own op
+        import torchvision.transforms.v2.functional as TF
+
+        return torch.stack([TF.gaussian_blur(xi, [kernel_size, kernel_size], [float(s)] * 2)
+                            for xi, s in zip(x, sigma, strict=True)])
+    out = F.pad(x, (radius, radius, 0, 0), mode="reflect")
+    width = x.shape[-1]
+    acc = out[..., 0:width] * w[..., 0]
+    for j in range(1, size):
+        acc.addcmul_(out[..., j: j + width], w[..., j])
+    out = F.pad(acc, (0, 0, radius, radius), mode="reflect")
+    height = x.shape[-2]
+    wv = kernels.view(-1, 1, 1, size, 1)
+    acc = out[..., 0:height, :] * wv[..., 0, :]
+    for j in range(1, size):
+        acc.addcmul_(out[..., j: j + height, :], wv[..., j, :])
+    return acc

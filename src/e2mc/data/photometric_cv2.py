@@ -1,0 +1,125 @@
+"""The photometric augmentations of one view with OpenCV (float32, height x width x channels).
+
+Used by the fast pipeline in DataLoader workers when ``opencv-python-headless`` is installed (the
+``fast`` extra); :mod:`e2mc.data.photometric` (torch, batched) is the fallback and the on-device
+version. OpenCV's colour conversions and separable filters are vectorised, which makes a 224 px
+view's jitter, blur and normalisation several times cheaper than with PIL or with elementwise
+torch operations on one core. The formulas are torchvision's on float images:
+
+* brightness ``clamp(x f)``; contrast ``clamp(f x + (1 - f) mean(luma))``; saturation
+  ``clamp(f x + (1 - f) luma)``; hue: RGB -> HSV (float, hue in degrees), hue + 360 h mod 360,
+  back to RGB; grayscale: luma in every channel (OpenCV's 0.299/0.587/0.114 weights,
+  torchvision's 0.2989: a difference below 1e-4);
+* blur: ``cv2.GaussianBlur`` with the recipe's square kernel and sigma, ``BORDER_REFLECT_101``
+  (torchvision's ``reflect`` padding); OpenCV samples the Gaussian at the same integer offsets;
+* solarize: ``1 - x`` where ``x >= threshold``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+try:  # optional dependency (the ``fast`` extra)
+    import cv2
+except ImportError:  # pragma: no cover - exercised where OpenCV is absent
+    cv2 = None
+
+__all__ = ["available", "photometric_hwc"]
+
+_THREADS_SET_IN: int | None = None
+
+
+def available() -> bool:
+    """Whether OpenCV can be imported."""
+    return cv2 is not None
+
+
+def _one_thread() -> None:
+    """OpenCV on one thread per process: DataLoader workers are the parallelism."""
+    global _THREADS_SET_IN
+    if os.getpid() != _THREADS_SET_IN:
+        cv2.setNumThreads(1)
+        _THREADS_SET_IN = os.getpid()
+
+
+def _luma(x: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(x, cv2.COLOR_RGB2GRAY)
+
+
+def _brightness(x: np.ndarray, f: float) -> np.ndarray:
+    x *= f
+    return np.clip(x, 0.0, 1.0, out=x)
+
+
+def _contrast(x: np.ndarray, f: float) -> np.ndarray:
+    means = cv2.mean(x)
+    mean = (0.299 * means[0] + 0.587 * means[1] + 0.114 * means[2]) if x.ndim == 3 else means[0]
+    x *= f
+    x += (1.0 - f) * mean
+    return np.clip(x, 0.0, 1.0, out=x)
+
+
+def _saturation(x: np.ndarray, f: float) -> np.ndarray:
+    if x.ndim == 2:
+        return x
+    gray = cv2.cvtColor(_luma(x), cv2.COLOR_GRAY2RGB)
+    out = cv2.addWeighted(x, f, gray, 1.0 - f, 0.0)
+    return np.clip(out, 0.0, 1.0, out=out)
+
+
+def _hue(x: np.ndarray, h: float) -> np.ndarray:
+    if x.ndim == 2:
+        return x
+    hsv = cv2.cvtColor(x, cv2.COLOR_RGB2HSV)
+    # OpenCV's HSV -> RGB wraps hues in [360, 720) but not negative ones: shift by 360 h mod 360
+    hsv = cv2.add(hsv, (360.0 * h % 360.0, 0.0, 0.0, 0.0))
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+_JITTER = (_brightness, _contrast, _saturation, _hue)
+
+
+def blur_size(sigma: float, kernel_size: int, tail: float = 1e-6) -> int:
+    """The smallest odd kernel, at most ``kernel_size``, holding all but ``tail`` of the mass of
+    the recipe's ``kernel_size`` Gaussian kernel (the dropped taps change a pixel by at most
+    ``tail`` of the range)."""
+    half = kernel_size // 2
+    weights = [math.exp(-0.5 * (i / sigma) ** 2) for i in range(half + 1)]
+    total = weights[0] + 2 * sum(weights[1:])
+    outside = 0.0
+    for radius in range(half, 0, -1):  # grow the dropped tail from the outermost tap inwards
+        outside += 2 * weights[radius] / total
+        if outside > tail:
+            return 2 * radius + 1
+    return 1
+
+
+def photometric_hwc(x: np.ndarray, p: Sequence[float], index: dict[str, int],
+                    jitter_ranges: Sequence[object], blur_kernel: int, threshold: float
+                    ) -> np.ndarray:
+    """Flip, jitter (in the drawn order), grayscale, blur and solarize one float32 view in
+    [0, 1] (``H x W x 3`` or ``H x W``) with its parameter vector ``p`` (fields at ``index``).
+    Returns a float32 array in [0, 1] (same layout); normalisation is left to the caller."""
+    _one_thread()
+    if p[index["flip"]] > 0.5:
+        x = cv2.flip(x, 1)
+    if p[index["jitter"]] > 0.5:
+        factors = [p[index[k]] for k in ("brightness", "contrast", "saturation", "hue")]
+        for k in range(4):
+            op = int(round(p[index["order0"] + k]))
+            if jitter_ranges[op] is not None:
+                x = _JITTER[op](x, factors[op])
+    if x.ndim == 3 and p[index["gray"]] > 0.5:
+        x = cv2.cvtColor(_luma(x), cv2.COLOR_GRAY2RGB)
+    if p[index["blur"]] > 0.5:
+        s = p[index["sigma"]]
+        k = blur_size(s, blur_kernel)
+        if k > 1:
+            x = cv2.GaussianBlur(x, (k, k), sigmaX=s, sigmaY=s, borderType=cv2.BORDER_REFLECT_101)
+    if p[index["solarize"]] > 0.5:
+        x = np.where(x >= threshold, np.float32(1.0) - x, x)
+    return x
