@@ -1,7 +1,9 @@
 """Evaluation of frozen or fine-tuned backbones and paired statistics (paper step 3, app. C).
 
-Protocols: linear probe on cached features (:func:`train_linear_probe`) or with per-epoch
-augmentation (:func:`train_augmented_linear_probe`), weighted kNN (:func:`knn_classify`),
+Protocols: linear probes on cached features, all of an evaluation trained at once
+(:func:`train_linear_heads`, :func:`linear_protocol` with a learning-rate grid chosen on
+validation; :func:`train_linear_probe` is the sequential reference) or with per-epoch
+augmentation (:func:`train_augmented_linear_probe`), kNN (:func:`knn_classify`),
 semi-supervised fine-tuning (:func:`finetune`), transfer with linear SVMs
 (:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.statistics`. Run directories and the
 comparison table: :mod:`e2mc.evaluation.results`.
@@ -9,6 +11,7 @@ comparison table: :mod:`e2mc.evaluation.results`.
 
 from __future__ import annotations
 
+from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import KNNResult, knn_classify
@@ -29,13 +32,16 @@ from e2mc.evaluation.statistics import (
     pooled_permutation_test,
 )
 from e2mc.evaluation.svm import VOC07_COSTS, SVMResult, svm_transfer
-from e2mc.evaluation.sweep import linear_sweep
+from e2mc.evaluation.sweep import SweepEntry, linear_protocol, linear_sweep, validation_split
 
 __all__ = [
-    "VOC07_COSTS", "FeatureCache", "FinetuneConfig", "KNNResult", "LinearProbeConfig",
-    "ProbeResult", "SVMResult", "bootstrap_difference_ci", "cohens_d_paired",
+    "VOC07_COSTS", "FeatureCache", "FinetuneConfig", "HeadSpec", "KNNResult",
+    "LinearProbeConfig", "ProbeResult", "SVMResult", "SweepEntry", "bootstrap_difference_ci",
+    "cohens_d_paired",
     "compare_predictions", "compare_runs", "comparison_markdown", "extract_features",
-    "finetune", "finetune_preset", "knn_classify", "linear_preset", "linear_sweep",
+    "finetune", "finetune_preset", "knn_classify", "linear_preset", "linear_protocol",
+    "linear_sweep",
     "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",
-    "train_augmented_linear_probe", "train_linear_probe", "write_comparison",
+    "train_augmented_linear_probe", "train_linear_heads", "train_linear_probe",
+    "validation_split", "write_comparison",
 ]
