@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import io
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,7 +303,10 @@ class FastViews:
             img.draft(mode, (max(1, img.width // reduce), max(1, img.height // reduce)))
         elif img.format == "JPEG" and img.mode in ("RGB", "L"):
             read = ImageReadMode.GRAY if self.channels == 1 else ImageReadMode.RGB
-            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=read)
+            with warnings.catch_warnings():  # torchvision >= 0.29 points to TorchCodec
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                   mode=read)
         img.load()
         if img.mode != mode:
             img = img.convert(mode)

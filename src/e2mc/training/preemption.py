@@ -1,0 +1,152 @@
+"""Pre-emption: stop at a step boundary on a signal, checkpoint, exit with a distinct code.
+
+Clusters pre-empt jobs with a signal (SLURM: ``SIGTERM`` at the deadline or on pre-emption,
+``SIGUSR1`` or another one ahead of time with ``#SBATCH --signal=B:USR1@120``) and kill them some
+time later. :class:`PreemptionHandler` only records the signal (nothing is done inside the
+handler, so a checkpoint being written when it arrives is finished normally; checkpoints are
+written to a temporary file and renamed, so even a kill during a write leaves the previous one
+intact). The trainer polls :meth:`PreemptionHandler.should_stop` after every optimizer step, all
+processes agree on the answer, and it then writes ``checkpoint.pt`` and stops.
+``e2mc continue`` / ``e2mc pretrain`` then exit with :data:`PREEMPTED_EXIT_CODE` (75,
+``EX_TEMPFAIL``: "try again"), after asking SLURM to requeue the job when ``SLURM_JOB_ID`` is set
+and requeueing is on. Running the same command again resumes exactly.
+
+DataLoader workers ignore the pre-emption signals (:func:`ignore_in_worker`): SLURM signals every
+process of the job, and a worker killed by it would abort the step the trainer is finishing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "PREEMPTED_EXIT_CODE",
+    "PreemptionHandler",
+    "WorkerInit",
+    "ignore_in_worker",
+    "parse_signals",
+    "requeue_slurm_job",
+]
+
+PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, run again to resume
+DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
+
+
+def parse_signals(spec: str | Sequence[str] | None) -> tuple[signal.Signals, ...]:
+    """``"SIGTERM,SIGUSR1"`` (names with or without ``SIG``, any case, or numbers) -> signals;
+    ``""``, ``"none"`` or ``None`` -> none. Raises ``ValueError`` naming an unknown signal or one
+    that cannot be handled (``SIGKILL``, ``SIGSTOP``)."""
+    if spec is None:
+        return ()
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+    names = [n for n in names if n and n.lower() != "none"]
+    out = []
+    for name in names:
+        try:
+            sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[
+                name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown signal {name!r} in training.preempt_signals "
+                             f"(e.g. SIGTERM,SIGUSR1)") from None
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"{sig.name} cannot be caught; use e.g. SIGTERM or SIGUSR1")
+        out.append(sig)
+    return tuple(dict.fromkeys(out))
+
+
+class PreemptionHandler:
+    """Records the first of ``signals`` received while installed (a context manager).
+
+    ``should_stop()`` is true on every process once any process got a signal (an all-reduce when
+    ``torch.distributed`` is initialised). Handlers are installed only in the main thread and the
+    previous ones are restored on exit.
+    """
+
+    def __init__(self, signals: str | Sequence[str] | None = DEFAULT_SIGNALS) -> None:
+        self.signals = parse_signals(signals)
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    def install(self) -> PreemptionHandler:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def __enter__(self) -> PreemptionHandler:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process received a pre-emption signal."""
+        return self.received is not None
+
+    def should_stop(self, device: torch.device | None = None) -> bool:
+        """Whether any process received a signal (collective under ``torch.distributed``)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.requested
+        flag = torch.tensor([int(self.requested)], dtype=torch.int32,
+                            device=device or torch.device("cpu"))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def ignore_in_worker(signals: str | Sequence[str] | None = DEFAULT_SIGNALS) -> None:
+    """In a DataLoader worker: ignore the pre-emption signals (the main process decides)."""
+    for sig in parse_signals(signals):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class WorkerInit:
+    """A picklable ``worker_init_fn`` calling :func:`ignore_in_worker` (then ``inner``)."""
+
+    def __init__(self, signals: str | Sequence[str] | None, inner: Any = None) -> None:
+        self.signals, self.inner = signals, inner
+
+    def __call__(self, worker_id: int) -> None:
+        ignore_in_worker(self.signals)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
+    """``scontrol requeue $SLURM_JOB_ID`` when ``SLURM_JOB_ID`` is set; returns whether it ran
+    and succeeded (a failure is reported on stderr, not raised: the checkpoint is written)."""
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return False
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"warning: could not requeue SLURM job {job}: {err}", file=sys.stderr)
+        return False
+    if done.returncode != 0:
+        print(f"warning: scontrol requeue {job} failed: {done.stderr.strip()}", file=sys.stderr)
+        return False
+    return True
