@@ -284,7 +284,7 @@ def test_checkpoint_of_another_method_gives_the_loaders_error(
     rc = _cli("continue", "--config", PRESET["swav"], "--run-dir", str(tmp_path / "a"),
               "--from", str(official), *common)
     err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert rc == 2 and "error: " in err and "Traceback" not in err
     assert "swav" in err.lower() or "vicreg" in err.lower()
     project = _base_checkpoint(tmp_path, "vicreg")
     rc = _cli("continue", "--config", PRESET["swav"], "--run-dir", str(tmp_path / "b"),

@@ -8,6 +8,7 @@ A **training run directory** (``e2mc continue`` / ``e2mc pretrain``)::
     best.pt                  the best step by the monitored metric (``--keep-best``)
     checkpoints/epoch_XXXX.pt  model-only copy after each epoch (epoch 0 = the start)
     metrics.jsonl            one JSON object per logged step (training terms, monitor values)
+    config_changes.jsonl     configuration changes accepted on resume, with their first step
     val_split.json           the held-out validation indices (``--val-split``)
     tensorboard/             the same scalars for TensorBoard
     figures/                 plots written by the run (monitor trajectory)
@@ -46,6 +47,7 @@ RESULTS = "results.json"
 PREDICTIONS_DIR = "predictions"
 SEARCH_JSON = "search.json"
 SEARCH_MD = "search.md"
+CONFIG_CHANGES = "config_changes.jsonl"
 
 _EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
 
@@ -178,6 +180,20 @@ class RunDir:
                 found += [p for p in folder.iterdir()
                           if p.name.startswith(".") and p.name.endswith(".tmp")]
         return sorted(found)
+
+    @property
+    def config_changes(self) -> Path:
+        return self.root / CONFIG_CHANGES
+
+    def record_config_change(self, step: int, changes: dict[str, Any]) -> None:
+        """Append ``{"step": first step with the change, "changes": {key: {"old", "new"}}}`` to
+        ``config_changes.jsonl`` (rewritten atomically)."""
+        previous = read_jsonl(self.config_changes, True) if self.config_changes.is_file() else []
+        write_jsonl(self.config_changes, [*previous, {"step": int(step), "changes": changes}])
+
+    def read_config_changes(self) -> list[dict[str, Any]]:
+        """The records of ``config_changes.jsonl`` (``[]`` when the config never changed)."""
+        return read_jsonl(self.config_changes, True) if self.config_changes.is_file() else []
 
 
 # --------------------------------------------------------------------------- evaluations

@@ -3,6 +3,11 @@
 Each subcommand lives in its own module under :mod:`e2mc.commands` and exposes
 ``register(subparsers) -> None``; the parser created there sets ``func`` (a callable taking the
 parsed ``argparse.Namespace`` and returning an exit code). New commands need no change here.
+
+Errors have one path for every subcommand (docs/cli.md): a command raises, :func:`main` prints one
+``e2mc COMMAND: error: ...`` line and returns the exit code of :func:`e2mc.errors.describe`
+(2 bad input, 1 failure while running, 3 non-finite training, 130 interrupted). ``--debug``
+(anywhere on the command line) or ``E2MC_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from e2mc import __version__
+from e2mc.errors import describe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"e2mc {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (also E2MC_DEBUG=1); accepted "
+                             "anywhere on the command line")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     import e2mc.commands as commands
 
@@ -38,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns its exit code (see :mod:`e2mc.errors`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("E2MC_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
@@ -45,16 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args.command is None else 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input (a wrong path, an unknown key, a mismatched checkpoint): the message says
-        # what is wrong; set E2MC_DEBUG=1 for the traceback.
-        if os.environ.get("E2MC_DEBUG"):
+    except (Exception, KeyboardInterrupt) as error:
+        if debug:
             raise
-        print(f"e2mc {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        code, message = describe(error)
+        print(f"e2mc {args.command}: error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from e2mc.errors import CorruptFileError
 
 
 class UntrustedCheckpointError(ValueError):
@@ -37,11 +40,20 @@ def torch_load(path: str | os.PathLike[str], trust: bool = False) -> Any:
 
     Full unpickling can execute arbitrary code stored in the file, so it is refused unless the
     caller says the file comes from a trusted source (``trust=True``, ``--trust-checkpoint``).
+    A file that is empty, truncated or not a PyTorch file at all (text, JSON) is a
+    :class:`~e2mc.errors.CorruptFileError` naming it.
     """
+    check_torch_file(path)
     try:
         with torch.serialization.safe_globals(OFFICIAL_SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, RuntimeError) as err:  # a cut zip archive or pickle stream
+        cause = str(err).split(". ")[0] or type(err).__name__
+        raise CorruptFileError(f"{path}: truncated or damaged checkpoint file ({cause}); "
+                               "download or write it again") from err
     except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise CorruptFileError(f"{path}: not a readable PyTorch checkpoint ({err})") from err
         if not trust:
             raise UntrustedCheckpointError(
                 f"{path}: the file holds Python objects other than tensors and plain containers, "
@@ -53,21 +65,61 @@ def torch_load(path: str | os.PathLike[str], trust: bool = False) -> Any:
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_MAGIC = b"\x80"  # legacy torch.save files (the official .pth.tar) are pickle streams
+
+
+def check_torch_file(path: Any) -> None:
+    """Raise :class:`~e2mc.errors.CorruptFileError` unless ``path`` (a path; file objects pass)
+    begins like a file of ``torch.save`` (a zip archive or a pickle stream)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return
+    with open(path, "rb") as f:  # FileNotFoundError / IsADirectoryError name the path
+        head = f.read(64)
+    if not head:
+        raise CorruptFileError(f"{path}: the checkpoint file is empty (0 bytes)")
+    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC):
+        return
+    text = head.decode("utf-8", errors="replace").strip()
+    kind = "JSON" if text[:1] in "{[" else "text" if text.isprintable() else "unknown data"
+    raise CorruptFileError(f"{path}: not a PyTorch checkpoint (it holds {kind}, beginning "
+                           f"{text[:24]!r})")
+
+
+def _new_file_mode(target: Path) -> int:
+    """The mode a plain ``open(target, "w")`` would give: the existing file's, else 0o666 less
+    the umask (``mkstemp`` would leave 0o600, unreadable for colleagues)."""
+    try:
+        return target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> None:
     """Call ``write(file)`` on a temporary file beside ``path`` (``mode`` ``"wb"`` or ``"w"``),
-    flush and fsync it, then ``os.replace`` it onto ``path``; on failure nothing is left."""
+    flush and fsync it, then ``os.replace`` it onto ``path``; on failure nothing is left and
+    ``path`` is untouched. The file gets the mode a plain write would give (umask). A full disk
+    is an ``OSError(ENOSPC)`` naming ``path``. A temporary file left by a killed process is
+    named ``.NAME.*.tmp`` (``RunDir.stale_temp_files``)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    file_mode = _new_file_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, file_mode)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) \
+                and err.filename is None:
+            raise OSError(err.errno, os.strerror(err.errno), str(target)) from err
         raise
 
 

@@ -28,7 +28,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                         help="epochs of this run (for continue: continued epochs)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 or auto (training.device)")
     parser.add_argument("--skip-nonfinite", action="store_true",
-                        help="skip steps whose loss is NaN/inf (counted) instead of stopping")
+                        help="skip steps whose loss, gradients or updated weights are NaN/inf "
+                             "or exploded (counted; the step's update is undone) instead of "
+                             "stopping with exit code 3")
+    parser.add_argument("--override-config", action="store_true",
+                        help="resume a run directory with a configuration that differs from "
+                             "its checkpoint's; the change is recorded in "
+                             "config_changes.jsonl with the step it takes effect")
     parser.add_argument("--skip-corrupt", action="store_true",
                         help="skip unreadable images of an image folder (counted)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -57,20 +63,13 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
 
 
 def run_command(args: argparse.Namespace, mode: str) -> int:
-    """Body of ``e2mc continue`` / ``e2mc pretrain``: exit 0 when done, 1 when stopped by a
-    non-finite loss, 2 for a bad configuration, data set or checkpoint."""
+    """Body of ``e2mc continue`` / ``e2mc pretrain``; errors end through :func:`e2mc.cli.main`
+    (exit 2 bad configuration / data / checkpoint, 3 non-finite training, 1 other failures)."""
     from e2mc.training.run import run_training
-    from e2mc.training.trainer import NonFiniteLossError
 
     try:
         cfg = config_from_args(args, mode)
-        result = run_training(cfg, args.run_dir)
-    except NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError) as err:  # OSError: missing or corrupt files
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        result = run_training(cfg, args.run_dir, override_config=args.override_config)
     finally:
         _destroy_process_group()
     state = "done" if result.completed else "stopped"

@@ -48,22 +48,20 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from e2mc.diagnostics.analyze import analyze, default_loader
+    from e2mc.errors import InputError
 
-    for name in ("num_samples", "batch_size", "knn_k", "accuracy_train_samples"):
+    for name in ("num_samples", "batch_size", "knn_k", "accuracy_train_samples", "image_size"):
         value = getattr(args, name)
-        if value < (0 if name == "num_samples" else 1):
-            raise SystemExit(f"e2mc analyze: --{name.replace('_', '-')} must be positive, "
-                             f"got {value}")
+        if value is not None and value < (0 if name == "num_samples" else 1):
+            raise InputError(f"--{name.replace('_', '-')} must be "
+                             f"{'>= 0' if name == 'num_samples' else '>= 1'}, got {value}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        json_path, html_path = analyze(
-            args.runs, args.data, args.out, split=args.split,
-            num_samples=args.num_samples or None, image_size=args.image_size,
-            batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.seed,
-            accuracy_curve=args.accuracy_curve,
-            accuracy_train_samples=args.accuracy_train_samples,
-            loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress)
-    except ValueError as err:
-        raise SystemExit(f"e2mc analyze: {err}") from err
+    json_path, html_path = analyze(
+        args.runs, args.data, args.out, split=args.split,
+        num_samples=args.num_samples or None, image_size=args.image_size,
+        batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.seed,
+        accuracy_curve=args.accuracy_curve,
+        accuracy_train_samples=args.accuracy_train_samples,
+        loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress)
     print(f"wrote {json_path}\nwrote {html_path}")
     return 0

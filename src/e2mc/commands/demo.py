@@ -29,12 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from e2mc.demo import DemoSettings, run_demo
+    from pathlib import Path
 
+    from e2mc.demo import DemoSettings, run_demo
+    from e2mc.errors import InputError
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InputError(f"--out {args.out} is an existing file; give a directory")
     settings = DemoSettings.quick() if args.quick else DemoSettings()
     if args.epochs is not None:
         if args.epochs < 1:
-            raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
+            raise InputError(f"--epochs must be >= 1, got {args.epochs}")
         settings.continued_epochs = args.epochs
     settings.overrides = list(args.overrides)
     from e2mc.demo import BASE_CHECKPOINT

@@ -22,6 +22,49 @@ def _ints(text: str) -> tuple[int, ...]:
             from exc
 
 
+def _checked(parse, what: str, low: float, low_open: bool = False, high: float | None = None,
+             unique: bool = True):
+    """An argparse type: ``parse(text)`` (a tuple of numbers), each finite and in range
+    (``low`` < or <= x <= ``high``), no value twice."""
+    import math
+
+    def check(text: str) -> tuple:
+        values = parse(text)
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one {what}, got {text!r}")
+        for v in values:
+            below = v <= low if low_open else v < low
+            if not math.isfinite(v) or below or (high is not None and v > high):
+                bound = f"{'>' if low_open else '>='} {low:g}" + \
+                    (f" and <= {high:g}" if high is not None else "")
+                raise argparse.ArgumentTypeError(f"each {what} must be {bound}, got {v:g}")
+        if unique and len(set(values)) != len(values):
+            twice = sorted({v for v in values if values.count(v) > 1})
+            raise argparse.ArgumentTypeError(f"{', '.join(f'{v:g}' for v in twice)} given "
+                                             f"twice (each {what} counts once)")
+        return values
+
+    return check
+
+
+def _at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return check
+
+
+def _positive_float(text: str) -> float:
+    return _checked(_floats, "value", 0.0, low_open=True)(text)[0]
+
+
 def _protocols(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
@@ -60,29 +103,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Evaluate the backbone of CHECKPOINT. Frozen-feature protocols share "
                     "cached features. Writes RUN_DIR/results.json and RUN_DIR/predictions/.")
     p.add_argument("checkpoint", help="checkpoint file (official, project or exported)")
-    p.add_argument("--data", required=True, help="dataset spec (e.g. 'builtin', 'idx:DIR')")
+    p.add_argument("--data", required=True,
+                   help="dataset: 'builtin', an IDX folder, an image folder with train/ and "
+                        "test/ (or val/), or an .npz file")
     p.add_argument("--test-data", default=None,
                    help="dataset spec of the test set (default: --data, split 'test'); for "
                         "transfer, give the other data set in both --data and --test-data")
     p.add_argument("--protocol", type=_protocols, default=("linear",),
                    help="comma-separated: linear, linear-aug (per-epoch augmentation, GPU), "
                         "knn, finetune, svm (default: linear)")
-    p.add_argument("--fractions", type=_floats, default=(0.01, 0.1, 1.0),
+    p.add_argument("--fractions", type=_checked(_floats, "fraction", 0.0, True, 1.0),
+                   default=(0.01, 0.1, 1.0),
                    help="label fractions in (0, 1] (default: 0.01,0.1,1)")
-    p.add_argument("--seeds", type=_ints, default=(0, 1, 2), help="seeds (default: 0,1,2)")
+    p.add_argument("--seeds", type=_checked(_ints, "seed", 0), default=(0, 1, 2),
+                   help="label-subset seeds, each once (default: 0,1,2)")
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--method", default="generic",
                    choices=("vicreg", "swav", "simsiam", "generic"),
                    help="which paper preset to use for learning rates (default: generic)")
-    p.add_argument("--arch", default=None, help="backbone architecture (default: from the file)")
+    p.add_argument("--arch", default=None,
+                   help="backbone architecture of a plain state dict (e2mc and official files "
+                        "record theirs; --arch is then ignored, with a warning)")
     p.add_argument("--small-images", action="store_true", help="ResNet stem for 28-32 px")
-    p.add_argument("--in-channels", type=int, default=3)
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--in-channels", type=_at_least(1), default=None,
+                   help="image channels (default: the model's first layer's)")
+    p.add_argument("--image-size", type=_at_least(1), default=None,
                    help="evaluation image size (default: 32 with --small-images, else 224)")
     p.add_argument("--trust-checkpoint", "--trust", dest="trust", action="store_true",
                    help="allow torch.load(weights_only=False) for a trusted checkpoint")
-    p.add_argument("--epochs", type=int, default=None, help="override the preset's epochs")
-    p.add_argument("--lr", type=float, default=None, help="override the linear probe's lr")
+    p.add_argument("--epochs", type=_at_least(1), default=None,
+                   help="override the preset's epochs")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help="override the linear probe's lr")
     p.add_argument("--weight-decay", type=float, default=None,
                    help="override the linear probe's weight decay")
     p.add_argument("--lr-grid", type=_grid, action="append", default=[],
@@ -102,16 +154,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "random subset; needs an image-folder data set; repeatable")
     p.add_argument("--report", choices=("last", "best"), default="last",
                    help="which epoch's top-1 the table shows (default: last)")
-    p.add_argument("--knn-k", type=_ints, default=(20, 200))
-    p.add_argument("--knn-temperature", type=float, default=0.07)
+    p.add_argument("--knn-k", type=_checked(_ints, "k", 1), default=(20, 200))
+    p.add_argument("--knn-temperature", type=_positive_float, default=0.07)
     p.add_argument("--knn-weighting", type=_protocols, default=("weighted", "uniform"),
                    help="kNN votes: weighted (exp(sim / T)), uniform (majority); both by "
                         "default, from one neighbour search")
-    p.add_argument("--svm-costs", type=_floats, default=None,
+    p.add_argument("--svm-costs", type=_checked(_floats, "cost", 0.0, True), default=None,
                    help="SVM cost grid (default: the VOC07 grid of 23 values)")
-    p.add_argument("--svm-folds", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=256, help="feature extraction batch")
-    p.add_argument("--num-workers", type=int, default=None,
+    p.add_argument("--svm-folds", type=_at_least(2), default=3)
+    p.add_argument("--batch-size", type=_at_least(1), default=256,
+                   help="feature extraction batch")
+    p.add_argument("--num-workers", type=_at_least(0), default=None,
                    help="DataLoader workers (default: one per core but one, at most 8)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast for feature extraction (default: on an accelerator "
@@ -120,6 +173,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", default=None,
                    help="feature cache directory (default: $E2MC_CACHE or ~/.cache/e2mc/features)")
     p.add_argument("--no-cache", action="store_true", help="always extract features")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip unreadable images of an image folder (counted) instead of "
+                        "stopping with an error that names the file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -137,11 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from e2mc.evaluation.svm import VOC07_COSTS
     from e2mc.training.trainer import init_runtime
 
-    try:
-        device = str(init_runtime(args.device).device)  # joins the group under torchrun
-    except (ValueError, RuntimeError) as exc:
-        print(f"e2mc eval: error: {exc}", file=sys.stderr)
-        return 2
+    device = str(init_runtime(args.device).device)  # joins the group under torchrun
     linear_over: dict[str, object] = {}
     finetune_over: dict[str, object] = {}
     if args.epochs is not None:
@@ -150,50 +202,49 @@ def run(args: argparse.Namespace) -> int:
         linear_over["lr"] = args.lr
     if args.weight_decay is not None:
         linear_over["weight_decay"] = args.weight_decay
-    try:
-        def grid(specs: list, field: str) -> dict[float, tuple[float, ...]]:
-            out: dict[float, tuple[float, ...]] = {}
-            for fraction, values in specs:
-                if fraction is not None and fraction not in args.fractions:
-                    raise ValueError(f"--{field.replace('_', '-')} names fraction {fraction:g}, "
-                                     f"which is not in --fractions")
-                for f in ([fraction] if fraction is not None else args.fractions):
-                    preset = getattr(linear_preset(args.method, f, **linear_over),
-                                     "lr" if field == "lr_grid" else "weight_decay")
-                    out[f] = tuple(v * preset if rel else v for rel, v in values)
-            return out
 
-        options = EvalOptions(
-            protocols=args.protocol, fractions=args.fractions, seeds=args.seeds,
-            method=args.method, linear_overrides=linear_over,
-            finetune_overrides=finetune_over, knn_k=args.knn_k,
-            knn_temperature=args.knn_temperature, knn_weightings=args.knn_weighting,
-            lr_grid=grid(args.lr_grid, "lr_grid"), wd_grid=grid(args.wd_grid, "wd_grid"),
-            val_fraction=args.val_fraction, subset_files=dict(args.subset_file),
-            svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
-            report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
-            autocast=args.bf16, device=device, progress=not args.quiet)
-        backbone, feature_dim, info = load_backbone(
-            args.checkpoint, arch=args.arch, small_images=args.small_images,
-            in_channels=args.in_channels, trust=args.trust)
-        size = args.image_size or (32 if args.small_images else 224)
-        transform = eval_transform(size, args.in_channels)
-        train_ds = build_dataset(args.data, "train", transform)
-        test_spec = args.test_data or args.data
-        test_ds = build_dataset(test_spec, "test", transform)
-        cache = None if args.no_cache else FeatureCache(
-            args.cache or os.environ.get("E2MC_CACHE")
-            or Path.home() / ".cache" / "e2mc" / "features")
-        record = run_evaluation(
-            backbone, feature_dim, train_ds, test_ds, args.out, options,
-            data_id=f"{args.data}|{test_spec}|size={size}|ch={args.in_channels}",
-            checkpoint=args.checkpoint, cache=cache,
-            extra_record={"checkpoint": str(args.checkpoint), "command": sys.argv,
-                          "checkpoint_info": _plain(info), "image_size": size,
-                          "device": device})
-    except (ValueError, OSError) as exc:
-        print(f"e2mc eval: error: {exc}", file=sys.stderr)
-        return 2
+    def grid(specs: list, field: str) -> dict[float, tuple[float, ...]]:
+        out: dict[float, tuple[float, ...]] = {}
+        for fraction, values in specs:
+            if fraction is not None and fraction not in args.fractions:
+                raise ValueError(f"--{field.replace('_', '-')} names fraction {fraction:g}, "
+                                 f"which is not in --fractions")
+            for f in ([fraction] if fraction is not None else args.fractions):
+                preset = getattr(linear_preset(args.method, f, **linear_over),
+                                 "lr" if field == "lr_grid" else "weight_decay")
+                out[f] = tuple(v * preset if rel else v for rel, v in values)
+        return out
+
+    options = EvalOptions(
+        protocols=args.protocol, fractions=args.fractions, seeds=args.seeds,
+        method=args.method, linear_overrides=linear_over,
+        finetune_overrides=finetune_over, knn_k=args.knn_k,
+        knn_temperature=args.knn_temperature, knn_weightings=args.knn_weighting,
+        lr_grid=grid(args.lr_grid, "lr_grid"), wd_grid=grid(args.wd_grid, "wd_grid"),
+        val_fraction=args.val_fraction, subset_files=dict(args.subset_file),
+        svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
+        report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
+        autocast=args.bf16, device=device, progress=not args.quiet)
+    backbone, feature_dim, info = load_backbone(
+        args.checkpoint, arch=args.arch, small_images=args.small_images,
+        in_channels=args.in_channels or 3, trust=args.trust)
+    channels = _model_channels(backbone, args, info)
+    size = args.image_size or (32 if args.small_images else 224)
+    transform = eval_transform(size, channels)
+    train_ds = build_dataset(args.data, "train", transform, skip_corrupt=args.skip_corrupt)
+    test_spec = args.test_data or args.data
+    test_ds = build_dataset(test_spec, "test", transform, skip_corrupt=args.skip_corrupt)
+    cache = None if args.no_cache else FeatureCache(
+        args.cache or os.environ.get("E2MC_CACHE")
+        or Path.home() / ".cache" / "e2mc" / "features")
+    record = run_evaluation(
+        backbone, feature_dim, train_ds, test_ds, args.out, options,
+        data_id=f"{args.data}|{test_spec}|size={size}|ch={channels}"
+                + ("|skip-corrupt" if args.skip_corrupt else ""),
+        checkpoint=args.checkpoint, cache=cache,
+        extra_record={"checkpoint": str(args.checkpoint), "command": sys.argv,
+                      "checkpoint_info": _plain(info), "image_size": size,
+                      "device": device})
     if not is_main_process():
         return 0
     from e2mc.evaluation.results import summarize
@@ -210,6 +261,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"{column:>20}: chosen on validation: {chosen}")
     print(f"wrote {Path(args.out) / 'results.json'}")
     return 0
+
+
+def _model_channels(backbone: object, args: argparse.Namespace, info: dict) -> int:
+    """The image channels the model takes (its first layer's), checked against
+    ``--in-channels``; warns when ``--arch`` is ignored because the file records its own."""
+    from e2mc.diagnostics.analyze import input_channels
+    from e2mc.errors import InputError
+
+    if args.arch is not None and info.get("format") != "backbone":
+        print(f"warning: --arch {args.arch} is ignored: {args.checkpoint} is a "
+              f"{info.get('format', 'e2mc')} checkpoint, which records its architecture "
+              f"({(info.get('hparams') or {}).get('backbone', 'see the file')})", file=sys.stderr)
+    channels = input_channels(backbone)
+    if args.in_channels is not None and args.in_channels != channels:
+        raise InputError(f"--in-channels {args.in_channels} does not fit {args.checkpoint}, "
+                         f"whose first layer takes {channels} channel(s)")
+    return channels
 
 
 def _plain(info: object) -> object:

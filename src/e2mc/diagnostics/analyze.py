@@ -86,12 +86,13 @@ def default_loader(trust: bool = False) -> Loader:
     from e2mc.checkpoints import load_backbone, load_checkpoint
     from e2mc.checkpoints.io import UntrustedCheckpointError
     from e2mc.checkpoints.strict import CheckpointMismatchError
+    from e2mc.errors import CorruptFileError
 
     def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
         try:
             method, info = load_checkpoint(path, trust=trust)
             return method.backbone, method, dict(info)
-        except (UntrustedCheckpointError, CheckpointMismatchError):
+        except (UntrustedCheckpointError, CheckpointMismatchError, CorruptFileError):
             raise
         except ValueError as err:
             print(f"warning: {path}: no full method ({err}); analysing backbone features only",

@@ -99,3 +99,105 @@ def load_optimizer_state_keep_hyperparameters(optimizer: torch.optim.Optimizer,
                          f"optimizer state") from err
     for group, hyper in zip(optimizer.param_groups, ours, strict=True):
         group.update(hyper)
+
+
+# --------------------------------------------------------------------------- resume checks
+#: Keys that may differ when a run directory is resumed: where and how fast the run computes,
+#: what it logs and saves, when it stops, how it handles a bad step; none changes what a step
+#: computes (the data order does not depend on the workers). ``training.epochs`` extends (or
+#: shortens) the run: a ``cosine`` schedule is then laid over the new total. Differences are
+#: recorded in ``config_changes.jsonl`` all the same.
+RESUME_FREE_KEYS = frozenset({
+    "training.epochs", "training.max_steps", "training.progress", "training.device",
+    "training.cpu_threads", "training.log_every", "training.checkpoint_every_steps",
+    "training.keep_epoch_checkpoints", "training.skip_nonfinite", "training.channels_last",
+    "training.find_unused_parameters", "data.num_workers", "init.trust",
+})
+#: Keys that cannot change within a run directory, not even with ``--override-config``: they
+#: change the model's shape, the method, the images or the position in the data
+#: (``batch_size``: steps per epoch).
+RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "data.dataset",
+                     "data.split", "data.limit", "data.skip_corrupt", "data.val_split",
+                     "data.val_seed")
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and not full.endswith("params"):
+            out.update(_flatten(value, f"{full}."))
+        else:
+            out[full] = value
+    return out
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, new value)}`` of every key whose value differs (``params``
+    sections are compared whole). A key the saved config lacks (written by an older version)
+    counts as its default."""
+    from e2mc.training.config import RunConfig, _apply
+
+    full = RunConfig()
+    try:
+        _apply(full, saved)
+        saved = full.to_dict()
+    except ValueError:  # a key this version no longer knows: compare what there is
+        pass
+    a, b = _flatten(saved), _flatten(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], int]:
+    """``(run_config, step)`` of a training checkpoint, read without loading its tensors."""
+    from e2mc.errors import CorruptFileError
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return ckpt["run_config"], int(ckpt["step"])
+    except Exception as err:  # noqa: BLE001 - any failure means the file is not usable
+        raise CorruptFileError(f"cannot read the run's checkpoint {path} ({err}); delete it to "
+                               "start the run again") from err
+
+
+def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool = False,
+                        record: bool = True) -> dict[str, tuple[Any, Any]]:
+    """Compare the configuration ``new`` (``RunConfig.to_dict()``) of a run about to resume in
+    ``run_dir`` with the one its checkpoint was trained with.
+
+    A difference outside :data:`RESUME_FREE_KEYS` is a :class:`~e2mc.errors.ConfigMismatchError`
+    naming the keys unless ``override`` (``--override-config``); a key of
+    :data:`RESUME_FIXED_KEYS` is one even then. Accepted differences are appended to the run's
+    ``config_changes.jsonl`` (with ``record``) with the first step that uses them. Returns the
+    differences (empty without a checkpoint)."""
+    from e2mc.artifacts import RunDir
+    from e2mc.errors import ConfigMismatchError
+
+    run = RunDir(run_dir)
+    if not run.checkpoint.is_file():
+        return {}
+    saved, step = read_checkpoint_config(run.checkpoint)
+    changes = config_differences(saved, new)
+    if not changes:
+        return changes
+
+    def listing(keys: list[str]) -> str:
+        return "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in keys)
+
+    fixed = [k for k in changes if any(k == f or (f.endswith(".") and k.startswith(f))
+                                       for f in RESUME_FIXED_KEYS)]
+    if fixed:
+        raise ConfigMismatchError(
+            f"{run.root} was trained with another configuration, and these keys cannot change "
+            f"within a run: {listing(fixed)}; use a new run directory")
+    guarded = [k for k in changes if k not in RESUME_FREE_KEYS]
+    if guarded and not override:
+        raise ConfigMismatchError(
+            f"{run.root} was trained with another configuration ({run.checkpoint}, step "
+            f"{step}): {listing(guarded)}. Resume with the same settings, use a new run "
+            "directory, or pass --override-config to apply the change from step "
+            f"{step + 1} (recorded in the run directory)")
+    if record:
+        run.record_config_change(step + 1, {k: {"old": old, "new": value}
+                                            for k, (old, value) in changes.items()})
+    return changes

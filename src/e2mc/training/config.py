@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -145,6 +147,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Check the values whose range the types cannot express."""
+        _check_ranges(self)
         _choice("mode", self.mode, MODES)
         _choice("training.precision", self.training.precision, PRECISIONS)
         _choice("optim.schedule", self.optim.schedule, SCHEDULES)
@@ -180,6 +183,36 @@ def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:
         raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """Every float is finite; the ranges of the numbers and the device string (each error
+    names its key)."""
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(obj):
+            continue
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{section.name}.{f.name} must be a finite number, got {value}")
+    t, o = cfg.training, cfg.optim
+    for key, value, low in (("training.seed", t.seed, 0), ("training.max_steps", t.max_steps, 1),
+                            ("training.cpu_threads", t.cpu_threads, 1),
+                            ("init.base_epoch", cfg.init.base_epoch, 0),
+                            ("optim.weight_decay", o.weight_decay, 0),
+                            ("optim.warmup_epochs", o.warmup_epochs, 0),
+                            ("optim.final_lr_fraction", o.final_lr_fraction, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{key} must be >= {low}, got {value}")
+    if o.final_lr_fraction > 1:
+        raise ValueError(f"optim.final_lr_fraction must be <= 1, got {o.final_lr_fraction}")
+    if not _DEVICE.match(t.device):
+        raise ValueError(f"training.device must be auto, cpu, cuda, cuda:N or mps; got "
+                         f"{t.device!r}")
 
 
 # --------------------------------------------------------------------------- coercion

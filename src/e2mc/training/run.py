@@ -15,18 +15,22 @@ from e2mc.training.build import (
     build_train_dataset,
     load_start,
 )
+from e2mc.training.checkpointing import check_resume_config
 from e2mc.training.config import RunConfig
 
 
-def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
+def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False) -> Any:
     """Build everything from ``cfg`` and train in ``run_dir`` (resuming if it holds a
-    checkpoint). Returns the :class:`~e2mc.training.trainer.TrainResult`."""
+    checkpoint, whose configuration must equal ``cfg`` up to the keys of
+    :func:`~e2mc.training.checkpointing.check_resume_config`, or ``override_config``).
+    Returns the :class:`~e2mc.training.trainer.TrainResult`."""
     import torch
 
     from e2mc.data import collate_views
     from e2mc.training.trainer import Trainer, init_runtime
 
     run = RunDir(run_dir)
+    check_resume_config(run.root, cfg.to_dict(), override_config, record=False)
     runtime = init_runtime(cfg.training.device)
     if cfg.training.cpu_threads is not None:
         torch.set_num_threads(cfg.training.cpu_threads)
@@ -39,6 +43,9 @@ def run_training(cfg: RunConfig, run_dir: str | Path) -> Any:
     dataset = build_train_dataset(cfg, method)
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
+        for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
+                                                   record=True).items():
+            print(f"config change on resume: {key}: {old!r} -> {new!r}", file=sys.stderr)
         run.config.write_text(cfg.to_yaml(), encoding="utf-8")
         print(f"{cfg.mode} {cfg.name}: {cfg.method.name} + add-on {cfg.addon.name}, "
               f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "

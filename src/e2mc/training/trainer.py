@@ -24,8 +24,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.artifacts import CHECKPOINT, RunDir
+from e2mc.errors import NonFiniteError
 from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import (
+    load_optimizer_state_keep_hyperparameters,
     load_training_checkpoint,
     rng_state,
     save_training_checkpoint,
@@ -39,8 +41,22 @@ __all__ = ["CHECKPOINT", "NonFiniteLossError", "Runtime", "TrainResult", "Traine
            "init_runtime", "lr_factor"]
 
 
-class NonFiniteLossError(RuntimeError):
-    """A loss term became NaN or infinite; the message names the term and the step."""
+class NonFiniteLossError(NonFiniteError):
+    """A loss term, a gradient or a weight became NaN or infinite (or a weight exploded past
+    :data:`EXPLODED`); the message names it, the step and the last good checkpoint."""
+
+
+#: A parameter whose magnitude passes this after an update counts as exploded (a learning-rate
+#: blow-up): it is treated like a non-finite value and never checkpointed.
+EXPLODED = 1e8
+
+
+def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``max |t|`` of every tensor (NaN where a tensor holds a NaN), as one float32 vector."""
+    if not tensors:
+        return torch.zeros(0)
+    return torch.stack([t.detach().abs().amax().float() if t.numel()
+                        else torch.zeros((), device=t.device) for t in tensors]).cpu()
 
 
 @dataclass
@@ -150,6 +166,7 @@ class Trainer:
         self.base_epoch = base_epoch
         self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
+        self._last_good: tuple[Path, int] | None = None  # (checkpoint, step) for messages
         if self.tc.precision == "fp16" and self.rt.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
         self.sampler = EpochBatchSampler(len(dataset), self.tc.batch_size, seed=self.tc.seed,
@@ -218,15 +235,31 @@ class Trainer:
         }
 
     def _save(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int) -> Path:
+        self._refuse_bad_weights(step)
         state = self._state(run_epoch, step, batch_in_epoch, skipped)  # collective under DDP
         path = self.run.checkpoint
         if self.rt.is_main:
             save_training_checkpoint(path, self.method, **state)
+        self._last_good = (path, step)
         return path
+
+    def _refuse_bad_weights(self, step: int, agree: bool = True) -> None:
+        """Never checkpoint a non-finite or exploded state (``agree``: a collective call)."""
+        bad = self._weights_problem(agree)
+        if bad is not None:
+            raise NonFiniteLossError(f"{bad} at step {step}; not writing a checkpoint. "
+                                     f"{self._last_good_text()}")
+
+    def _last_good_text(self) -> str:
+        if self._last_good is None:
+            return "No checkpoint was written yet"
+        path, step = self._last_good
+        return f"The last good checkpoint is {path} (step {step})"
 
     def save_model(self, path: Path, run_epoch: int, step: int) -> None:
         """Model-only checkpoint of the current weights (epoch copies, ``best.pt``); main
         process only, written atomically."""
+        self._refuse_bad_weights(step, agree=False)  # may be called on the main process only
         if self.rt.is_main:
             save_training_checkpoint(
                 path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
@@ -245,9 +278,15 @@ class Trainer:
     def _resume(self) -> tuple[int, int, int]:
         """Load the run's checkpoint if present; returns ``(run_epoch, step, skipped)``."""
         path = self.run.checkpoint
+        if self.rt.is_main:
+            for stale in self.run.stale_temp_files():  # partial files of killed atomic writes
+                stale.unlink(missing_ok=True)
+                print(f"removed {stale} (left by an interrupted write)", file=sys.stderr)
         if not path.exists():
             if self.prepare_optimizer is not None:
                 self.prepare_optimizer(self.optimizer)
+            if self.rt.is_main:  # a run killed before its first checkpoint starts again
+                self.run.truncate_metrics(-1)
             return 0, 0, 0
         ckpt = load_training_checkpoint(path, getattr(self.method, "name", ""))
         saved_batch = ckpt["run_config"]["training"]["batch_size"]
@@ -258,10 +297,12 @@ class Trainer:
         states = ckpt.get("training_states") or [ckpt.get("training_state") or {}]
         self._pending_training_state = (states[self.rt.rank] if len(states) == self.rt.world_size
                                         else states[0])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        # the momentum buffers of the checkpoint with this configuration's hyperparameters
+        # (equal unless --override-config changed them)
+        load_optimizer_state_keep_hyperparameters(self.optimizer, ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
         addon_state = ckpt.get("addon", {}).get("state")
-        if addon_state:
+        if addon_state and ckpt.get("addon", {}).get("name") == self.cfg.addon.name:
             self.addon.load_state_dict(addon_state)
         self.base_epoch = int(ckpt.get("base_epoch", self.base_epoch))
         saved_callbacks = ckpt.get("callbacks", {})
@@ -270,11 +311,30 @@ class Trainer:
                 cb.load_state_dict(saved_callbacks[cb.name])
         rngs = ckpt["rng"]
         set_rng_state(rngs[self.rt.rank] if len(rngs) == self.rt.world_size else rngs[0])
+        self._last_good = (path, int(ckpt["step"]))
         if self.rt.is_main:
             self.run.truncate_metrics(int(ckpt["step"]))
             print(f"resuming from {path}: epoch {ckpt['run_epoch']}, "
                   f"batch {ckpt['batch_in_epoch']}, step {ckpt['step']}", file=sys.stderr)
+            self._complete_epoch_copies(int(ckpt["run_epoch"]), int(ckpt["batch_in_epoch"]),
+                                        int(ckpt["step"]))
         return int(ckpt["run_epoch"]), int(ckpt["step"]), int(ckpt.get("skipped_steps", 0))
+
+    def _complete_epoch_copies(self, run_epoch: int, batch_in_epoch: int, step: int) -> None:
+        """After a resume: write the epoch copy a kill interrupted (the checkpoint taken at an
+        epoch's end holds the same weights) and name the ones that cannot be recreated."""
+        if not self.tc.keep_epoch_checkpoints:
+            return
+        have = {epoch for epoch, _ in self.run.epoch_checkpoints()}
+        missing = [e for e in range(run_epoch + 1) if e not in have]
+        if batch_in_epoch == 0 and run_epoch in missing and (run_epoch > 0 or step == 0):
+            self.save_model(self.run.epoch_checkpoint(run_epoch), run_epoch, step)
+            print(f"wrote the missing {self.run.epoch_checkpoint(run_epoch)}", file=sys.stderr)
+            missing.remove(run_epoch)
+        if missing:
+            print(f"warning: {self.run.epoch_dir} lacks the copies of epoch(s) "
+                  f"{', '.join(map(str, missing))}, whose weights are gone (the run was "
+                  "interrupted or keep_epoch_checkpoints was off)", file=sys.stderr)
 
     def _enter_epoch(self, run_epoch: int, mid_epoch: bool) -> None:
         """``method.set_epoch`` and, after a resume, the method's saved training state in the
@@ -326,6 +386,85 @@ class Trainer:
         bad = [name for name, ok in zip(terms, finite.tolist(), strict=True) if not ok]
         return bad[0] if bad else "a term on another process"
 
+    def _agree(self, flag: bool) -> bool:
+        """``flag`` of any process (all processes take the same decision)."""
+        if not self.rt.distributed:
+            return flag
+        t = torch.tensor([int(flag)], device=self.rt.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _nonfinite_gradient(self) -> str | None:
+        """``"the gradient of NAME is not finite"`` for the first such parameter, else None."""
+        named = [(n, p.grad) for n, p in self.method.named_parameters() if p.grad is not None]
+        peaks = _max_abs([g for _, g in named])
+        finite = torch.isfinite(peaks)
+        if not self._agree(not bool(finite.all())):
+            return None
+        bad = [n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
+        return f"the gradient of {bad[0] if bad else 'a parameter on another process'} is " \
+               "not finite"
+
+    def _weights_problem(self, agree: bool = True) -> str | None:
+        """A non-finite parameter or buffer, or a parameter past :data:`EXPLODED`, else None."""
+        params = list(self.method.named_parameters())
+        buffers = [(n, b) for n, b in self.method.named_buffers() if b.is_floating_point()]
+        peaks = _max_abs([t for _, t in params + buffers])
+        limits = torch.tensor([EXPLODED] * len(params) + [math.inf] * len(buffers))
+        ok = torch.isfinite(peaks) & (peaks <= limits)
+        failed = not bool(ok.all())
+        if not (self._agree(failed) if agree else failed):
+            return None
+        names = [n for n, _ in params + buffers]
+        for i, good in enumerate(ok.tolist()):
+            if not good:
+                value = float(peaks[i])
+                if math.isfinite(value):
+                    return (f"the weights exploded ({names[i]} reached {value:.3g} > "
+                            f"{EXPLODED:g}; learning rate too high?)")
+                return f"{names[i]} is not finite after the update"
+        return "a weight on another process is not finite"
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The weights, buffers and optimizer state before a step (``--skip-nonfinite``)."""
+        import copy
+
+        return {"model": {k: v.detach().clone() for k, v in self.method.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "scaler": self.scaler.state_dict()}
+
+    def _restore(self, snapshot: dict[str, Any]) -> None:
+        self.method.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.scaler.load_state_dict(snapshot["scaler"])
+
+    def _step(self, views: list[torch.Tensor], iteration: int
+              ) -> tuple[dict[str, torch.Tensor], str | None]:
+        """Forward, backward, update; returns the terms and what was not finite (the loss, a
+        gradient, the updated weights), if anything. With ``skip_nonfinite`` a failed step
+        leaves weights, buffers and optimizer state as they were before it."""
+        snapshot = self._snapshot() if self.tc.skip_nonfinite else None
+        terms = self._forward(views)
+        bad = self._first_nonfinite(terms)
+        self.optimizer.zero_grad(set_to_none=True)
+        if bad is not None:
+            bad = f"{bad} is not finite"
+        else:
+            self.scaler.scale(terms["loss"]).backward()
+            if self.scaler.is_enabled():
+                self.scaler.unscale_(self.optimizer)  # fp16: the scaler skips inf gradients
+            self.method.after_backward(iteration)
+            if not self.scaler.is_enabled():
+                bad = self._nonfinite_gradient()
+            if bad is None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                bad = self._weights_problem()
+            self.optimizer.zero_grad(set_to_none=True)
+        if bad is not None and snapshot is not None:
+            self._restore(snapshot)
+        return terms, bad
+
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
         """Train until ``training.epochs`` run epochs are done (or ``training.max_steps``)."""
@@ -359,27 +498,17 @@ class Trainer:
                     views = [v.to(rt.device, non_blocking=True) for v in views]
                     if tc.channels_last:
                         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
-                    terms = self._forward(views)
-                    bad = self._first_nonfinite(terms)
-                    self.optimizer.zero_grad(set_to_none=True)
+                    terms, bad = self._step(views, iteration)
                     if bad is not None:
-                        where = (f"{bad} is not finite at step {step + 1} (epoch {run_epoch}, "
-                                 f"batch {batch_idx})")
+                        where = f"{bad} at step {step + 1} (epoch {run_epoch}, batch {batch_idx})"
                         if not tc.skip_nonfinite:
                             raise NonFiniteLossError(
-                                f"{where}; stopping (the last checkpoint is kept; "
-                                f"--skip-nonfinite skips such steps)")
+                                f"{where}; stopping. {self._last_good_text()}; "
+                                "--skip-nonfinite skips such steps")
                         skipped += 1
                         if rt.is_main:
                             print(f"warning: {where}; step skipped ({skipped} so far)",
                                   file=sys.stderr)
-                    else:
-                        self.scaler.scale(terms["loss"]).backward()
-                        if self.scaler.is_enabled():
-                            self.scaler.unscale_(self.optimizer)
-                        self.method.after_backward(iteration)
-                        self.scaler.step(self.optimizer)
-                        self.scaler.update()
                     step += 1
                     window_images += tc.batch_size
                     if bar is not None:

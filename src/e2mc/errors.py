@@ -1,0 +1,109 @@
+"""The errors of the package and the exit codes of the ``e2mc`` command line (docs/cli.md).
+
+Every subcommand ends through :func:`e2mc.cli.main`, which turns an exception into one
+``e2mc COMMAND: error: ...`` line on stderr and an exit code with :func:`describe`:
+
+==========  ================================================================================
+exit code   meaning
+==========  ================================================================================
+0           done
+1           a failure while running (disk full, an unexpected error): :class:`RunFailure`
+2           bad input (a path, a value, a file that is not what it should be): :class:`InputError`
+3           the training stopped on a non-finite loss, gradient or weight: :class:`NonFiniteError`
+130         interrupted (Ctrl-C)
+==========  ================================================================================
+
+Library code raises :class:`InputError` (a ``ValueError``) for bad input and
+:class:`RunFailure` (a ``RuntimeError``) for failures while running; plain ``ValueError`` /
+``FileNotFoundError`` / unreadable files (``EOFError``, ``UnpicklingError``, ``BadZipFile``) count
+as bad input, any other ``OSError`` as a failure while running.
+"""
+
+from __future__ import annotations
+
+import errno
+import pickle
+import zipfile
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_INPUT = 2
+EXIT_NONFINITE = 3
+EXIT_INTERRUPTED = 130
+
+
+class E2MCError(Exception):
+    """Base class of the package's errors; ``exit_code`` is the command line's exit code."""
+
+    exit_code = EXIT_FAILURE
+
+
+class InputError(E2MCError, ValueError):
+    """Bad input: a wrong path or value, or a file that is not what it should be. Exit 2."""
+
+    exit_code = EXIT_INPUT
+
+
+class CorruptFileError(InputError):
+    """A file is truncated, empty or in another format; the message names it (and says what to
+    delete or re-create when the file is derived)."""
+
+
+class ConfigMismatchError(InputError):
+    """A run directory resumed with a configuration that differs from its own."""
+
+
+class RunFailure(E2MCError, RuntimeError):
+    """A failure while running (not the input's fault). Exit 1."""
+
+    exit_code = EXIT_FAILURE
+
+
+class NonFiniteError(RunFailure):
+    """Training produced a NaN / infinite loss, gradient or weight. Exit 3."""
+
+    exit_code = EXIT_NONFINITE
+
+
+#: Exceptions that mean "this file cannot be read as what it should be" (bad input).
+_UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, UnicodeDecodeError)
+
+
+def _one_line_cause(message: str) -> str:
+    """A DataLoader worker's exception carries the worker's traceback in its message
+    ("Caught X in DataLoader worker process 0. Original Traceback ..."): keep its last line,
+    without the ``module.Class:`` prefix."""
+    if "Original Traceback" in message:
+        last = [line for line in message.splitlines() if line.strip()][-1]
+        head, sep, tail = last.partition(": ")
+        return tail if sep and " " not in head else last
+    return message
+
+
+def describe(exc: BaseException) -> tuple[int, str]:
+    """``(exit code, message)`` of an exception that ended a command."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    message = _one_line_cause(str(exc)) or type(exc).__name__
+    if isinstance(exc, E2MCError):
+        return exc.exit_code, message
+    from e2mc.data.image_folder import CorruptImageError
+
+    if isinstance(exc, CorruptImageError):
+        return EXIT_INPUT, message
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                        FileExistsError, PermissionError)):
+        if exc.filename is not None and exc.strerror:
+            message = f"{exc.filename}: {exc.strerror.lower()}"
+        return EXIT_INPUT, message
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" while writing {exc.filename}" if exc.filename else ""
+            return EXIT_FAILURE, f"no space left on the device{where} ({message}); the files " \
+                                 "written before are intact"
+        return EXIT_FAILURE, message
+    if isinstance(exc, ValueError):
+        return EXIT_INPUT, message
+    if isinstance(exc, _UNREADABLE):
+        return EXIT_INPUT, f"unreadable file ({type(exc).__name__}: {message})"
+    return EXIT_FAILURE, f"{type(exc).__name__}: {message} (--debug shows the traceback)"
