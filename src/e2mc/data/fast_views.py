@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
@@ -357,9 +358,9 @@ class FastViews:
     @staticmethod
     def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
         c, h, w = crop.shape
-        hwc = torch.empty((h, w, c), dtype=torch.float32).copy_(crop.permute(1, 2, 0))
-        x = hwc.mul_(1.0 / 255).numpy()
-        x = x[..., 0] if c == 1 else x
+        planes = crop.numpy()
+        u8 = planes[0] if c == 1 else photometric_cv2.cv2.merge(list(planes))  # interleave
+        x = np.multiply(u8, np.float32(1 / 255), dtype=np.float32)
         x = photometric_cv2.photometric_hwc(x, params.tolist(), _I, spec.jitter,
                                             spec.blur_kernel, spec.solarize_threshold / 255.0)
         src = torch.from_numpy(x)

@@ -28,11 +28,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from e2mc.training.callbacks import Callback
+
 __all__ = [
     "DEFAULT_SIGNALS",
     "PREEMPTED_EXIT_CODE",
+    "PREEMPTED_REASON",
+    "PreemptionCallback",
     "PreemptionHandler",
     "WorkerInit",
+    "is_preemption",
     "ignore_in_worker",
     "parse_signals",
     "requeue_slurm_job",
@@ -150,3 +155,47 @@ def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
         print(f"warning: scontrol requeue {job} failed: {done.stderr.strip()}", file=sys.stderr)
         return False
     return True
+
+
+PREEMPTED_REASON = "pre-empted by "
+
+
+def is_preemption(stop_reason: str | None) -> bool:
+    """Whether a run's ``stop_reason`` says it stopped for a pre-emption signal."""
+    return bool(stop_reason) and stop_reason.startswith(PREEMPTED_REASON)
+
+
+class PreemptionCallback(Callback):
+    """The trainer side: installs the handler for the run, makes the DataLoader workers ignore the
+    signals, and after each step stops the run (the trainer then writes ``checkpoint.pt``) once
+    any process got one. On the way out the main process requeues the SLURM job when
+    ``requeue`` is on and ``SLURM_JOB_ID`` is set."""
+
+    name = "preemption"
+
+    def __init__(self, signals: str | Sequence[str] | None = DEFAULT_SIGNALS,
+                 requeue: bool = True) -> None:
+        self.handler = PreemptionHandler(signals)
+        self.requeue = requeue
+        self.requeued = False
+
+    def on_fit_start(self, trainer: Any, step: int) -> None:
+        self.handler.install()
+        loader = getattr(trainer, "loader", None)
+        if loader is not None and loader.num_workers > 0:
+            loader.worker_init_fn = WorkerInit(self.handler.signals, loader.worker_init_fn)
+
+    def on_step_end(self, trainer: Any, step: int, run_epoch: int, terms: Any) -> str | None:
+        if not self.handler.signals:
+            return None
+        device = trainer.rt.device if dist.is_available() and dist.is_initialized() else None
+        if self.handler.should_stop(device):
+            name = self.handler.received.name if self.handler.received else "another process"
+            return f"{PREEMPTED_REASON}{name} after step {step}"
+        return None
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        self.handler.uninstall()
+        if is_preemption(getattr(result, "stop_reason", None)) and self.requeue \
+                and trainer.rt.is_main:
+            self.requeued = requeue_slurm_job()

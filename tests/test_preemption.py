@@ -1,0 +1,162 @@
+"""Pre-emption: signal parsing, the handler, SLURM requeue, a signal during a checkpoint write,
+and a real run signalled mid-epoch (workers included) that exits 75 and resumes bit-identically."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import e2mc
+from e2mc.checkpoints.io import atomic_save
+from e2mc.training.logging import read_metrics
+from e2mc.training.preemption import (
+    PREEMPTED_EXIT_CODE,
+    PreemptionHandler,
+    is_preemption,
+    parse_signals,
+    requeue_slurm_job,
+)
+
+SRC = str(Path(e2mc.__file__).resolve().parents[1])
+ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+       "OMP_NUM_THREADS": "1"}
+
+
+def test_parse_signals() -> None:
+    assert parse_signals("SIGTERM,SIGUSR1") == (signal.SIGTERM, signal.SIGUSR1)
+    assert parse_signals("usr2, term,SIGTERM") == (signal.SIGUSR2, signal.SIGTERM)
+    assert parse_signals(str(int(signal.SIGUSR1))) == (signal.SIGUSR1,)
+    assert parse_signals("") == () and parse_signals("none") == () and parse_signals(None) == ()
+    with pytest.raises(ValueError, match="unknown signal 'SIGFOO'"):
+        parse_signals("SIGFOO")
+    with pytest.raises(ValueError, match="SIGKILL cannot be caught"):
+        parse_signals("SIGKILL")
+
+
+def test_handler_records_the_signal_and_restores_the_previous_handlers() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with PreemptionHandler("SIGUSR1") as handler:
+        assert not handler.requested and not handler.should_stop()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert handler.received == signal.SIGUSR1 and handler.should_stop()
+    assert signal.getsignal(signal.SIGUSR1) == before
+    assert is_preemption("pre-empted by SIGUSR1 after step 3") and not is_preemption(None)
+    assert not is_preemption("training.max_steps=4")
+
+
+def test_requeue_only_under_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert requeue_slurm_job({}) is False and not calls.exists()
+    assert requeue_slurm_job({"SLURM_JOB_ID": "4242"}) is True
+    assert calls.read_text().split() == ["requeue", "4242"]
+    fake.write_text("#!/bin/sh\necho 'Invalid job id' >&2\nexit 1\n")
+    assert requeue_slurm_job({"SLURM_JOB_ID": "1"}) is False
+
+
+class _SignalMidWrite:
+    """A file-like payload whose pickling sends a signal to this process half-way."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        self.sig = sig
+
+    def __reduce__(self):
+        os.kill(os.getpid(), self.sig)
+        time.sleep(0.01)  # the handler runs here, in the middle of torch.save
+        return (dict, ())
+
+
+def test_signal_during_a_checkpoint_write_is_deferred(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    atomic_save({"step": 1, "w": torch.ones(1000)}, path)
+    with PreemptionHandler("SIGTERM") as handler:
+        atomic_save({"step": 2, "w": torch.zeros(1000), "x": _SignalMidWrite(signal.SIGTERM)},
+                    path)
+        assert handler.received == signal.SIGTERM
+    assert torch.load(path, weights_only=False)["step"] == 2  # the write was finished
+
+
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    atomic_save({"step": 1, "w": torch.arange(10)}, path)
+    script = (
+        "import time, torch\n"
+        "from e2mc.checkpoints.io import atomic_write\n"
+        "def slow(f):\n"
+        "    f.write(b'x' * 1000); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+        f"atomic_write({str(path)!r}, slow)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGTERM)  # no handler in that process: SIGTERM kills it
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["step"] == 1 and torch.equal(ckpt["w"], torch.arange(10))
+
+
+# ----------------------------------------------------------------------------- a real run
+ARGS = ["--config", "fmnist-vicreg-pretrain", "--epochs", "3",
+        "--set", "model.backbone=mobilenet_v3_small", "--set", "model.small_images=false",
+        "--set", "model.in_channels=1", "--set", "data.image_size=48",
+        "--set", "data.channels=1", "--set", "training.batch_size=8",
+        "--set", "training.log_every=1", "--set", "training.progress=false",
+        "--set", "training.precision=fp32", "--set", "data.num_workers=2",
+        "--set", "training.device=cpu", "--set", "training.keep_epoch_checkpoints=false",
+        "--set", "method.params={projector: 32-32}"]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("data") / "images.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (48, 48, 48), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 48))
+    return path
+
+
+def test_signal_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
+        tmp_path: Path, images: Path) -> None:
+    from e2mc.cli import main
+
+    args = ["pretrain", *ARGS, "--data", str(images)]
+    assert main([*args, "--run-dir", str(tmp_path / "whole")]) == 0
+    run = tmp_path / "preempted"
+    env = {k: v for k, v in ENV.items() if k != "SLURM_JOB_ID"}
+    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(run),
+                             "--set", "training.preempt_signals=SIGUSR1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").exists() and len(read_metrics(run)) >= 2:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGUSR1)  # as SLURM does: every process, loader workers too
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err
+    assert "pre-empted by SIGUSR1" in err and "Traceback" not in err
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert 2 <= ckpt["step"] < 18, "stopped at a step boundary before the end"
+    assert len(read_metrics(run)) == ckpt["step"]
+    assert main([*args, "--run-dir", str(run)]) == 0  # the same command resumes
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    b = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert (a["step"], b["step"]) == (18, 18)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert [m["loss"] for m in read_metrics(tmp_path / "whole")] == \
+        [m["loss"] for m in read_metrics(run)]
