@@ -171,6 +171,27 @@ class RunDir:
             write_jsonl(self.metrics, (r for r in self.read_metrics(partial_last_line=True)
                                        if r.get("step", 0) <= last_step))
 
+    def read_val_split(self) -> dict[str, Any] | None:
+        """The validation split the run was started with (``None`` if it has none)."""
+        if not self.val_split.is_file():
+            return None
+        try:
+            record = json.loads(self.val_split.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{self.val_split}: not valid JSON ({err}); delete the run "
+                             "directory or restore the file") from err
+        if not isinstance(record, dict) or not {"train", "val"} <= set(record):
+            raise ValueError(f"{self.val_split}: not a validation-split record")
+        return record
+
+    def write_val_split(self, record: dict[str, Any]) -> None:
+        """Write the validation-split record atomically."""
+        from e2mc.checkpoints.io import atomic_write
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(record)
+        atomic_write(self.val_split, lambda f: f.write(text), "w")
+
     def stale_temp_files(self) -> list[Path]:
         """Temporary files of interrupted atomic writes (``.NAME.*.tmp``) in the run directory
         and its epoch folder."""
@@ -319,6 +340,8 @@ class EvalDir:
         record["summary"] = summarize(entries)
         text = json.dumps(record, indent=2, default=_jsonable)
         self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(f".{RESULTS}.*.tmp"):  # left by a killed write
+            stale.unlink(missing_ok=True)
         atomic_write(self.results, lambda f: f.write(text), "w")
         return self.results
 

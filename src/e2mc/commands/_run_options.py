@@ -18,11 +18,19 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                              "the same command again resumes from its checkpoint")
     if mode == "continue":
         parser.add_argument("--from", dest="init_checkpoint", metavar="CHECKPOINT",
-                            help="official (VICReg, SwAV, SimSiam) or e2mc checkpoint to start "
-                                 "from (init.checkpoint)")
+                            help="official (VICReg, SwAV, SimSiam), e2mc or backbone-only "
+                                 "checkpoint to start from: a file or an http(s):// or file:// "
+                                 "URL (downloaded once into torch.hub's cache; append "
+                                 "#sha256=HEX to check it) (init.checkpoint)")
+        parser.add_argument("--new-heads", action="store_true",
+                            help="allow a backbone-only checkpoint: the projector (and "
+                                 "predictor) start from random weights (init.new_heads)")
         parser.add_argument("--trust-checkpoint", dest="trust", action="store_true",
                             help="allow pickled objects when loading the starting checkpoint "
                                  "(only for files you trust)")
+    parser.add_argument("--backbone", metavar="NAME",
+                        help="backbone by name: resnet50, torchvision:resnet50[:WEIGHTS], "
+                             "timm:NAME (extra [timm]), hf:REPO_ID (extra [hf]) (model.backbone)")
     parser.add_argument("--data", help="training data set (data.dataset)")
     parser.add_argument("--epochs", type=int,
                         help="epochs of this run (for continue: continued epochs)")
@@ -37,6 +45,20 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                              "config_changes.jsonl with the step it takes effect")
     parser.add_argument("--skip-corrupt", action="store_true",
                         help="skip unreadable images of an image folder (counted)")
+    parser.add_argument("--val-split", type=float, metavar="FRACTION_OR_COUNT",
+                        help="hold out this fraction (or number) of the training images for "
+                             "validation; training never sees them (data.val_split)")
+    parser.add_argument("--monitor-every", type=int, metavar="STEPS",
+                        help="evaluate on the validation split every STEPS steps (default: every "
+                             "epoch), at step 0 and at the end (monitor.every; needs "
+                             "--val-split)")
+    parser.add_argument("--keep-best", metavar="METRIC",
+                        help="keep the step with the best validation METRIC as best.pt, step 0 "
+                             "included: val/knn, val/linear_1%%, val/linear_100%%, val/rankme, "
+                             "val/entropy (monitor.keep_best; needs --val-split)")
+    parser.add_argument("--patience", type=int, metavar="N",
+                        help="with --keep-best: stop after N evaluations without improvement "
+                             "(monitor.patience)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config key, e.g. "
                                                   "--set training.batch_size=256 (repeatable)")
@@ -49,6 +71,10 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
         overrides.append(f"init.checkpoint={args.init_checkpoint}")
     if getattr(args, "trust", False):
         overrides.append("init.trust=true")
+    if getattr(args, "new_heads", False):
+        overrides.append("init.new_heads=true")
+    if args.backbone:
+        overrides.append(f"model.backbone={args.backbone}")
     if args.data:
         overrides.append(f"data.dataset={args.data}")
     if args.epochs is not None:
@@ -59,6 +85,10 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
         overrides.append("training.skip_nonfinite=true")
     if args.skip_corrupt:
         overrides.append("data.skip_corrupt=true")
+    for option, key in (("val_split", "data.val_split"), ("monitor_every", "monitor.every"),
+                        ("keep_best", "monitor.keep_best"), ("patience", "monitor.patience")):
+        if getattr(args, option) is not None:
+            overrides.append(f"{key}={getattr(args, option)}")
     return load_config(args.config, overrides)
 
 
@@ -72,7 +102,7 @@ def run_command(args: argparse.Namespace, mode: str) -> int:
         result = run_training(cfg, args.run_dir, override_config=args.override_config)
     finally:
         _destroy_process_group()
-    state = "done" if result.completed else "stopped"
+    state = "done" if result.completed else f"stopped ({result.stop_reason})"
     print(f"{state}: epoch {result.run_epoch}/{cfg.training.epochs}, step {result.step}, "
           f"{result.skipped_steps} skipped step(s); checkpoint {result.checkpoint}",
           file=sys.stderr)

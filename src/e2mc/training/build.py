@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data import Subset
+
 from e2mc.training.config import RunConfig
 
 
@@ -30,27 +32,96 @@ def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
     return build_addon(cfg.addon.name, **params)
 
 
-def build_train_dataset(cfg: RunConfig, method: Any) -> Any:
-    """The training images with the method's view recipe (or ``data.recipe``)."""
-    from torch.utils.data import Subset
-
-    from e2mc.data import MultiViewDataset, build_dataset, build_views
+def training_images(cfg: RunConfig, transform: Any = None) -> Any:
+    """The training split of ``data.dataset`` (first ``data.limit`` images), before the
+    validation hold-out."""
+    from e2mc.data import LabeledSubset, build_dataset
 
     if cfg.data.dataset is None:
         raise ValueError("data.dataset is not set: give a data set ('builtin', an IDX folder, an "
                          "image folder or an .npz file) with --data or --set data.dataset=...")
-    base = build_dataset(cfg.data.dataset, cfg.data.split, transform=None,
+    base = build_dataset(cfg.data.dataset, cfg.data.split, transform=transform,
                          skip_corrupt=cfg.data.skip_corrupt)
     skipped = int(getattr(base, "num_skipped", 0))
     if cfg.data.limit is not None:
         if cfg.data.limit < 1:
             raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
-        base = Subset(base, range(min(cfg.data.limit, len(base))))
+        limited = range(min(cfg.data.limit, len(base)))
+        base = (LabeledSubset(base, limited) if _labels(base) is not None
+                else Subset(base, limited))
+    return base, skipped
+
+
+def _labels(dataset: Any) -> Any:
+    """The class labels of ``dataset`` (numpy), or None for an unlabelled one."""
+    import numpy as np
+
+    for attr in ("labels", "targets"):
+        if getattr(dataset, attr, None) is not None:
+            return np.asarray(getattr(dataset, attr))
+    return None
+
+
+def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
+    """The validation split of the training ``images`` (``data.val_split``), as the record
+    stored in the run directory (:meth:`e2mc.artifacts.RunDir.val_split`): ``train`` and
+    ``val`` index lists and how they were drawn; None without a split."""
+    from e2mc.data.holdout import holdout_split
+
+    if cfg.data.val_split is None:
+        return None
+    train, val, stratified = holdout_split(len(images), cfg.data.val_split, cfg.data.val_seed,
+                                           _labels(images))
+    if len(train) < cfg.training.batch_size:
+        raise ValueError(f"data.val_split={cfg.data.val_split:g} leaves {len(train)} training "
+                         f"images, less than one batch of {cfg.training.batch_size}; hold out "
+                         "fewer images or use a smaller batch")
+    return {"val_split": cfg.data.val_split, "val_seed": cfg.data.val_seed,
+            "dataset": cfg.data.dataset, "split": cfg.data.split, "limit": cfg.data.limit,
+            "num_images": len(images), "stratified": stratified,
+            "train": train.tolist(), "val": val.tolist()}
+
+
+def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None
+                        ) -> Any:
+    """The training images with the method's view recipe (or ``data.recipe``); with a
+    validation ``split`` (:func:`holdout`) only its training part."""
+    from e2mc.data import MultiViewDataset, build_views
+
+    base, skipped = training_images(cfg)
+    if split is not None:
+        base = Subset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
     dataset = MultiViewDataset(base, views)
     dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt
     return dataset
+
+
+def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
+    """The monitor's :class:`~e2mc.training.monitor.ValidationData`: the held-out images with
+    the evaluation transform."""
+    from e2mc.data import LabeledSubset, eval_transform
+    from e2mc.training.monitor import ValidationData
+
+    images, _ = training_images(cfg, eval_transform(cfg.data.image_size, cfg.data.channels))
+    if _labels(images) is None:
+        raise ValueError("the validation monitor needs class labels; this data set has none")
+    val = LabeledSubset(images, split["val"])
+    return ValidationData.from_dataset(val, val.labels, train_size=len(split["train"]),
+                                       seed=cfg.data.val_seed)
+
+
+def build_callbacks(cfg: RunConfig, split: dict[str, Any] | None) -> list[Any]:
+    """The validation monitor (with keep-best) when the configuration asks for one."""
+    from e2mc.training.keep_best import KeepBest
+    from e2mc.training.monitor import ValidationMonitor
+
+    mon = cfg.monitor
+    if not mon.enabled or split is None:
+        return []
+    keep = KeepBest(mon.keep_best, mon.patience, mon.min_delta) if mon.keep_best else None
+    return [ValidationMonitor(build_validation_data(cfg, split), mon, keep)]
 
 
 def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -77,13 +148,17 @@ def load_start(cfg: RunConfig) -> tuple[Any, int, Callable[[Any], None] | None]:
             raise ValueError("continue needs a starting checkpoint: --from PATH "
                              "(or --set init.checkpoint=PATH)")
         return build_method_from_config(cfg), cfg.init.base_epoch or 0, None
-    path = Path(cfg.init.checkpoint)
-    if path.is_dir():
-        raise ValueError(f"starting checkpoint {path} is a directory, not a checkpoint file")
-    if not path.is_file():
-        raise ValueError(f"starting checkpoint {path} does not exist")
+    from e2mc.checkpoints.remote import is_url
+
+    path: str | Path = cfg.init.checkpoint
+    if not is_url(path):  # a URL is fetched (and checked) by load_for_training
+        path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"starting checkpoint {path} is a directory, not a checkpoint file")
+        if not path.is_file():
+            raise ValueError(f"starting checkpoint {path} does not exist")
     method, info = load_for_training(path, cfg.method.name, trust=cfg.init.trust,
-                                     **method_kwargs(cfg))
+                                     new_heads=cfg.init.new_heads, **method_kwargs(cfg))
     opt_state = info.get("optimizer")
     prepare: Callable[[Any], None] | None = None
     if opt_state is not None and cfg.init.load_optimizer:

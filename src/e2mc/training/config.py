@@ -80,6 +80,9 @@ class DataConfig:
     """Training images and their views (``e2mc.data.build_dataset`` / ``build_views``).
 
     ``recipe`` defaults to the method's own view recipe. ``limit`` keeps the first N images.
+    ``val_split`` holds out a validation part of the training images that training never sees
+    (``e2mc.data.holdout_split``): a fraction in (0, 1) or a count >= 1; stratified by class
+    where the data set has labels, drawn with ``val_seed``, recorded in the run directory.
     """
 
     dataset: str | None = None
@@ -90,6 +93,8 @@ class DataConfig:
     num_workers: int = 0
     skip_corrupt: bool = False
     limit: int | None = None
+    val_split: float | None = None
+    val_seed: int = 0
 
 
 @dataclass
@@ -100,12 +105,30 @@ class InitConfig:
     behaviour, e.g. SwAV's queue, counts from there); ``None`` reads it from the checkpoint.
     ``load_optimizer``: resume the checkpoint's optimizer state when it has one (VICReg's
     momentum buffers, as the authors continued), keeping this run's learning rate.
+    ``checkpoint`` may be a URL (http, https, file; ``#sha256=<hex>`` checked), downloaded once
+    into torch.hub's cache. ``new_heads``: a backbone-only checkpoint may start the method's
+    heads from random weights (otherwise it is an error).
     """
 
     checkpoint: str | None = None
     trust: bool = False
     base_epoch: int | None = None
     load_optimizer: bool = True
+    new_heads: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's metrics go besides ``metrics.jsonl``: TensorBoard (when installed) and
+    Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
+    ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
+
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "e2mc"
+    wandb_entity: str | None = None
+    wandb_name: str | None = None
+    wandb_mode: str | None = None
 
 
 @dataclass
@@ -132,6 +155,33 @@ class TrainingConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """The validation monitor (``e2mc.training.monitor``; needs ``data.val_split``).
+
+    On whenever ``data.val_split`` is set (``enabled: false`` turns it off). At step 0 (the
+    starting model), every ``every`` optimizer steps (None: at the end of every epoch) and at
+    the last step: kNN top-1 (``knn_k``) and linear probes on the validation split's backbone
+    features, and the label-free effective rank and mean marginal entropy of its projector
+    embeddings.
+    ``fractions``: label budgets of the probes as fractions of the *training* set (comma
+    separated); ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
+    (``val/knn``, ``val/linear_1%``, ...) whose best value so far is kept as ``best.pt``;
+    ``patience``: stop after that many evaluations without a gain of more than ``min_delta``.
+    """
+
+    enabled: bool = True
+    every: int | None = None
+    knn_k: int = 20
+    fractions: str = "0.01,1"
+    label_seeds: str = "0,1,2"
+    probe_epochs: int = 30
+    batch_size: int = 256
+    keep_best: str | None = None
+    patience: int | None = None
+    min_delta: float = 0.0
+
+
+@dataclass
 class RunConfig:
     """A whole run; ``mode`` is ``continue`` (the paper's step 2) or ``pretrain``."""
 
@@ -144,6 +194,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     init: InitConfig = field(default_factory=InitConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
         """Check the values whose range the types cannot express."""
@@ -165,6 +217,35 @@ class RunConfig:
             raise ValueError(f"optim.base_lr must be > 0, got {self.optim.base_lr}")
         if self.data.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
+        self._validate_monitor()
+
+    def _validate_monitor(self) -> None:
+        """The validation split and monitor keys (the metric names: ``e2mc.training.monitor``)."""
+        from e2mc.training.monitor import monitor_fractions, monitor_label_seeds, resolve_metric
+
+        vs, mon = self.data.val_split, self.monitor
+        if vs is not None and not (0 < vs < 1 or (vs >= 1 and float(vs).is_integer())):
+            raise ValueError(f"data.val_split must be a fraction in (0, 1) or a whole count "
+                             f">= 1, got {vs}")
+        for key, value, low in (("monitor.every", mon.every or 1, 1),
+                                ("monitor.knn_k", mon.knn_k, 1),
+                                ("monitor.probe_epochs", mon.probe_epochs, 1),
+                                ("monitor.batch_size", mon.batch_size, 1)):
+            if value < low:
+                raise ValueError(f"{key} must be >= {low}, got {value}")
+        monitor_fractions(mon.fractions)
+        monitor_label_seeds(mon.label_seeds)
+        if mon.patience is not None and mon.patience < 1:
+            raise ValueError(f"monitor.patience must be >= 1, got {mon.patience}")
+        if mon.min_delta < 0:
+            raise ValueError(f"monitor.min_delta must be >= 0, got {mon.min_delta}")
+        if mon.keep_best is not None:
+            mon.keep_best = resolve_metric(mon.keep_best, mon.fractions)
+        if (mon.every is not None or mon.keep_best) and vs is None:
+            raise ValueError("the monitor and --keep-best evaluate on a validation split: give "
+                             "--val-split FRACTION (data.val_split)")
+        if mon.keep_best and not mon.enabled:
+            raise ValueError("monitor.keep_best needs the monitor: monitor.enabled is false")
 
     @property
     def lr(self) -> float:

@@ -11,9 +11,12 @@ from typing import Any
 from e2mc.artifacts import RunDir
 from e2mc.training.build import (
     build_addon_from_config,
+    build_callbacks,
     build_method_from_config,
     build_train_dataset,
+    holdout,
     load_start,
+    training_images,
 )
 from e2mc.training.checkpointing import check_resume_config
 from e2mc.training.config import RunConfig
@@ -40,7 +43,9 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     else:
         method, base_epoch, prepare = load_start(cfg)
     addon = build_addon_from_config(cfg, method)
-    dataset = build_train_dataset(cfg, method)
+    split = _split(cfg, run, runtime.is_main)
+    dataset = build_train_dataset(cfg, method, split)
+    callbacks = build_callbacks(cfg, split)
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
         for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
@@ -51,8 +56,29 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
               f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "
               f"batch {cfg.training.batch_size} over "
               f"{runtime.world_size} process(es) on {runtime.device}, lr {cfg.lr:g}, "
-              f"{cfg.training.epochs} epoch(s), run directory {run.root}", file=sys.stderr)
+              f"{cfg.training.epochs} epoch(s), run directory {run.root}"
+              + (f"; {len(split['val'])} images held out for validation" if split else ""),
+              file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
                       base_epoch=base_epoch, collate_fn=collate_views,
-                      prepare_optimizer=prepare)
+                      prepare_optimizer=prepare, callbacks=callbacks)
     return trainer.fit()
+
+
+def _split(cfg: RunConfig, run: RunDir, is_main: bool) -> dict[str, Any] | None:
+    """The run's validation split: computed from the configuration (the same on every
+    process), written to the run directory by the main process, and on a resume checked
+    against the one the run started with."""
+    if cfg.data.val_split is None:
+        return None
+    images, _ = training_images(cfg)
+    split = holdout(cfg, images)
+    assert split is not None
+    saved = run.read_val_split()
+    if saved is not None and (saved["train"], saved["val"]) != (split["train"], split["val"]):
+        raise ValueError(f"{run.val_split} holds another validation split than this "
+                         "configuration draws (data set, data.limit, data.val_split or "
+                         "data.val_seed changed); use a new run directory")
+    if saved is None and is_main:
+        run.write_val_split(split)
+    return split

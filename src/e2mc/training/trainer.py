@@ -209,6 +209,12 @@ class Trainer:
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch
 
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (``training.max_steps`` when it is smaller)."""
+        total = self.tc.epochs * self.steps_per_epoch
+        return min(total, self.tc.max_steps) if self.tc.max_steps is not None else total
+
     def _autocast(self) -> Any:
         if self.tc.precision == "fp32":
             return nullcontext()

@@ -1,0 +1,85 @@
+"""``e2mc search``: trials (a grid or a list of config overrides), each paired with its control,
+scored on a held-out validation split; a selection rule declared up front; ``--confirm SEEDS``
+re-trains the selected setting with several seeds and tests it on the test split."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "search",
+        help="find out on validation data whether (and where) an add-on helps a model",
+        description="Train every trial (the preset plus a grid point or a listed setting) and "
+                    "its paired control (the same without the add-on) from the same checkpoint "
+                    "and seed, score both on a held-out validation split, and select by the "
+                    "declared rule: the largest positive paired difference. Resumable: finished "
+                    "trials are skipped. Writes OUT/search.json, search.md and search.png.")
+    parser.add_argument("--config", required=True,
+                        help="preset or YAML file of the trials (with its add-on, e.g. "
+                             "fmnist-swav-continue-e2mc)")
+    parser.add_argument("--from", dest="checkpoint", required=True, metavar="CHECKPOINT",
+                        help="the starting checkpoint of every run")
+    parser.add_argument("--data", required=True, help="data set (data.dataset)")
+    parser.add_argument("--out", required=True, help="search directory")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="a grid axis (repeatable; the trials are the product), e.g. "
+                             "--grid optim.base_lr=0.001,0.01,0.1")
+    parser.add_argument("--trials", metavar="YAML",
+                        help="trials from a file: a list of {name, set: {key: value}} or "
+                             "{grid: {key: [values]}}")
+    parser.add_argument("--set", dest="common", action="append", default=[],
+                        metavar="KEY=VALUE", help="override for every run (repeatable)")
+    parser.add_argument("--val-split", type=float, default=0.2,
+                        help="validation fraction or count of the training images (0.2)")
+    parser.add_argument("--metric", default="val/linear_1%",
+                        help="the monitor metric of the rule (val/linear_1%%; see e2mc continue "
+                             "--keep-best)")
+    parser.add_argument("--seed", type=int, default=0, help="training seed of the trials (0)")
+    parser.add_argument("--confirm", metavar="SEEDS",
+                        help="then train the selected setting and its control with these "
+                             "training seeds (e.g. 0,1,2) and test them on the test split")
+    parser.add_argument("--probe-epochs", type=int, default=30,
+                        help="linear-probe epochs of the confirmation (30)")
+    parser.add_argument("--device", default="cpu", help="device of the confirmation's probes")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from e2mc.evaluation.features import file_digest
+    from e2mc.search import Search, SearchSpec, file_trials, grid_trials
+    from e2mc.training.config import load_config
+    from e2mc.training.monitor import resolve_metric
+
+    if bool(args.grid) == bool(args.trials):
+        raise ValueError("give the trials with --grid (repeatable) or --trials FILE, not both")
+    trials = grid_trials(args.grid) if args.grid else file_trials(args.trials)
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_file():
+        raise ValueError(f"starting checkpoint {checkpoint} does not exist or is not a file")
+    fractions = load_config(args.config, [*args.common, f"data.val_split={args.val_split}"]
+                            ).monitor.fractions
+    spec = SearchSpec(config=args.config, checkpoint=str(checkpoint.resolve()),
+                      checkpoint_sha256=file_digest(checkpoint), data=args.data,
+                      val_split=args.val_split, seed=args.seed,
+                      metric=resolve_metric(args.metric, fractions), common=list(args.common),
+                      trials=trials)
+    seeds = _seeds(args.confirm) if args.confirm else None
+    search = Search(spec, args.out)
+    record = search.run()
+    if seeds is not None:
+        search.confirm(seeds, record, probe_epochs=args.probe_epochs, device=args.device)
+    return 0
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--confirm takes comma-separated integer seeds, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--confirm seeds must be distinct, got {text!r}")
+    return seeds

@@ -1,0 +1,411 @@
+"""``e2mc search``: does E2MC help *this* model, at which setting, and does it hold up?
+
+For one starting checkpoint, data set and preset, every trial (a point of a grid or a list of
+config overrides) is trained twice from the same base with the same seed: once as configured
+(the add-on, e.g. E2MC) and once as its paired control (the same overrides without the
+add-on: "continued"). Both hold out the same validation split and run the validation monitor
+(:mod:`e2mc.training.monitor`); the test split is never read.
+
+The selection rule is declared before the first run and stored with the search: the trial with
+the largest paired validation difference (add-on minus control) in ``metric`` at the last step,
+if that difference is positive; otherwise nothing is selected. A search directory resumes:
+finished trials are read back, not re-run; a search directory made from another base, data set,
+preset or rule is refused.
+
+``--confirm SEEDS`` then trains the selected setting and its control once per training seed,
+evaluates both on the *test* split (linear probes at 1%/10%/100% labels with three label seeds,
+and kNN) and reports the paired tests (McNemar, permutation, pooled over seeds) with
+:func:`e2mc.evaluation.compare_runs`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2mc.artifacts import SEARCH_JSON, SEARCH_MD, EvalDir, RunDir, mean_se
+
+RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
+        "last step, if positive; otherwise none")
+CONTROL_ADDON = "none"
+
+
+@dataclass
+class Trial:
+    """One setting: its name and the config overrides it adds to the search's own."""
+
+    name: str
+    overrides: list[str]
+
+    @property
+    def control_overrides(self) -> list[str]:
+        """The overrides of its control: those that do not configure the add-on."""
+        return [o for o in self.overrides if not o.split("=", 1)[0].startswith("addon.")]
+
+
+def grid_trials(grid: Sequence[str]) -> list[Trial]:
+    """``["optim.base_lr=0.001,0.01", "training.epochs=1,2"]`` -> the 4 trials of the product
+    (first key slowest)."""
+    axes: list[list[str]] = []
+    for item in grid:
+        if "=" not in item:
+            raise ValueError(f"--grid {item!r} must look like key=value1,value2,...")
+        key, values = item.split("=", 1)
+        choices = [v.strip() for v in values.split(",") if v.strip()]
+        if not choices:
+            raise ValueError(f"--grid {item!r} lists no values")
+        axes.append([f"{key.strip()}={v}" for v in choices])
+    return [Trial(" ".join(point), list(point)) for point in itertools.product(*axes)]
+
+
+def file_trials(path: str | Path) -> list[Trial]:
+    """Trials from a YAML file: a list of mappings ``{name: ..., set: {key: value, ...}}`` (or
+    a plain mapping of overrides), or ``{grid: {key: [values]}}``."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read the trials file {path}: {err}") from err
+    if isinstance(data, dict) and isinstance(data.get("grid"), dict):
+        return grid_trials([f"{k}={','.join(str(v) for v in vs)}"
+                            for k, vs in data["grid"].items()])
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: expected a list of trials or a 'grid:' mapping")
+    trials = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise ValueError(f"{path}: trial {i} is not a mapping")
+        sets = item.get("set", {k: v for k, v in item.items() if k != "name"})
+        overrides = [f"{k}={_yaml_value(v)}" for k, v in sets.items()]
+        trials.append(Trial(str(item.get("name", " ".join(overrides))), overrides))
+    return trials
+
+
+def _yaml_value(value: Any) -> str:
+    """A value of a trials file as the text of a ``key=value`` override."""
+    if isinstance(value, dict | list):
+        return json.dumps(value)  # JSON is YAML: the override parser reads it back
+    return str(value)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")[:120] or "default"
+
+
+@dataclass
+class SearchSpec:
+    """What a search is: everything that must match for a search directory to be resumed."""
+
+    config: str
+    checkpoint: str
+    checkpoint_sha256: str
+    data: str
+    val_split: float
+    seed: int
+    metric: str
+    common: list[str]
+    trials: list[Trial]
+    rule: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rule = RULE.format(metric=self.metric)
+
+    def identity(self) -> dict[str, Any]:
+        return {"config": self.config, "checkpoint_sha256": self.checkpoint_sha256,
+                "data": self.data, "val_split": self.val_split, "seed": self.seed,
+                "metric": self.metric, "common": self.common, "rule": self.rule}
+
+
+class Search:
+    """A search directory: ``trials/<trial>/run`` and ``trials/<control>/control`` training
+    runs, ``search.json`` (spec, rule, results, selection), ``search.md`` and
+    ``search.png``; ``confirm/`` after :meth:`confirm`."""
+
+    def __init__(self, spec: SearchSpec, out: str | Path,
+                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
+        self.spec, self.out, self.log = spec, Path(out), log
+        self._check_resumable()
+        self.configs = {t.name: self._config(t.overrides, control=False) for t in spec.trials}
+        self.controls = {t.name: self._config(t.control_overrides, control=True)
+                         for t in spec.trials}
+
+    # ---------------------------------------------------------------- configuration
+    def _config(self, overrides: list[str], control: bool, seed: int | None = None) -> Any:
+        from e2mc.training.config import load_config
+
+        s = self.spec
+        extra = [f"addon.name={CONTROL_ADDON}", "addon.params={}"] if control else []
+        seed = s.seed if seed is None else seed
+        base = ["mode=continue", f"init.checkpoint={s.checkpoint}", f"data.dataset={s.data}",
+                f"data.val_split={s.val_split}", f"training.seed={seed}", *s.common]
+        for o in overrides:  # a params key must exist: params sections accept any name
+            key = o.split("=", 1)[0]
+            if ".params." in key:
+                section, name = key.split(".params.", 1)
+                have = getattr(load_config(s.config, base), section).params
+                if name.split(".")[0] not in have:
+                    raise ValueError(f"grid key {key!r}: the config's {section}.params has no "
+                                     f"{name!r} (it has: {', '.join(have) or 'nothing'})")
+        cfg = load_config(s.config, [*base, *overrides, *extra])
+        if cfg.addon.name == CONTROL_ADDON and not control:
+            raise ValueError(f"the search config {s.config!r} has no add-on to test: its trials "
+                             "would equal their controls")
+        return cfg
+
+    def _check_resumable(self) -> None:
+        path = self.out / SEARCH_JSON
+        if not path.is_file():
+            return
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))["spec"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path} is not a search record ({err}); use another --out") from err
+        new = self.spec.identity()
+        differ = [k for k in new if old.get(k) != new[k]]
+        if differ:
+            raise ValueError(f"{self.out} holds a search made with another "
+                             f"{', '.join(differ)} (e.g. base checkpoint or data); use another "
+                             "--out or the same settings")
+
+    # ---------------------------------------------------------------- running
+    def run_dirs(self, trial: Trial) -> tuple[RunDir, RunDir]:
+        """The trial's run and its control's (shared by trials that differ only in add-on
+        settings)."""
+        root = self.out / "trials"
+        return (RunDir(root / _slug(trial.name) / "run"),
+                RunDir(root / ("control-" + _slug(" ".join(trial.control_overrides)))))
+
+    def _train(self, cfg: Any, run: RunDir) -> list[dict[str, Any]]:
+        from e2mc.training.run import run_training
+
+        done = run.root / "done.json"
+        if done.is_file():
+            self.log(f"  skip (done): {run.root}")
+        else:
+            self.log(f"  train {cfg.addon.name}: {run.root}")
+            result = run_training(cfg, run.root)
+            if not result.completed and result.stop_reason is None:
+                raise RuntimeError(f"{run.root}: training did not finish")
+            done.write_text(json.dumps({"step": result.step}), encoding="utf-8")
+        return [r for r in run.read_metrics() if self.spec.metric in r]
+
+    def run(self) -> dict[str, Any]:
+        """Train every trial and its control (skipping finished ones), apply the rule, write
+        ``search.json``, ``search.md`` and ``search.png``; returns the record."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        record: dict[str, Any] = {"spec": self.spec.identity(),
+                                  "trials": [], "selected": None}
+        self._write(record)  # the rule is on disk before the first run
+        metric = self.spec.metric
+        for trial in self.spec.trials:
+            self.log(f"trial {trial.name}")
+            run, control = self.run_dirs(trial)
+            ours = self._train(self.configs[trial.name], run)
+            theirs = self._train(self.controls[trial.name], control)
+            row = {"name": trial.name, "overrides": trial.overrides, "run": str(run.root),
+                   "control": str(control.root), "trajectory": _points(ours, metric),
+                   "control_trajectory": _points(theirs, metric)}
+            if ours and theirs:
+                row.update(value=ours[-1][metric], control_value=theirs[-1][metric],
+                           start_value=ours[0][metric], steps=ours[-1]["step"],
+                           difference=ours[-1][metric] - theirs[-1][metric])
+            record["trials"].append(row)
+            self._write(record)
+        record["selected"] = select(record["trials"])
+        self._write(record)
+        self._report(record)
+        return record
+
+    def _write(self, record: dict[str, Any]) -> None:
+        from e2mc.checkpoints.io import atomic_write
+
+        text = json.dumps(record, indent=2)
+        atomic_write(self.out / SEARCH_JSON, lambda f: f.write(text), "w")
+
+    def _report(self, record: dict[str, Any]) -> None:
+        (self.out / SEARCH_MD).write_text(search_markdown(record), encoding="utf-8")
+        plot_trajectories(record, self.out / "search.png")
+        chosen = record["selected"]
+        if chosen is None:
+            self.log(f"no trial beat its control on {self.spec.metric}: nothing selected")
+        else:
+            row = next(t for t in record["trials"] if t["name"] == chosen)
+            self.log(f"selected: {chosen} ({self.spec.metric} {row['difference']:+.2f} against "
+                     "its control on the validation split)")
+
+    # ---------------------------------------------------------------- confirmation
+    def confirm(self, seeds: Sequence[int], record: dict[str, Any],
+                eval_fractions: Sequence[float] = (0.01, 0.1, 1.0),
+                label_seeds: Sequence[int] = (0, 1, 2), probe_epochs: int = 30,
+                device: str = "cpu") -> dict[str, Any] | None:
+        """Train the selected trial and its control with each of ``seeds``, evaluate both on the
+        test split and write ``confirm.md`` / ``confirm.json`` with the paired tests."""
+        chosen = record.get("selected")
+        if chosen is None:
+            self.log("nothing selected: nothing to confirm")
+            return None
+        trial = next(t for t in self.spec.trials if t.name == chosen)
+        pairs = []
+        for seed in seeds:
+            root = self.out / "confirm" / f"seed{seed}"
+            self.log(f"confirm {chosen}, training seed {seed}")
+            runs = {}
+            for kind, control in (("run", False), ("control", True)):
+                overrides = trial.control_overrides if control else trial.overrides
+                run = RunDir(root / kind)
+                self._train(self._config(overrides, control, seed), run)
+                runs[kind] = self._test_eval(run, root / f"{kind}-eval", eval_fractions,
+                                             label_seeds, probe_epochs, device)
+            pairs.append((seed, runs["control"], runs["run"]))
+        result = confirmation(pairs, chosen)
+        (self.out / "confirm.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        (self.out / "confirm.md").write_text(confirm_markdown(result), encoding="utf-8")
+        self.log(confirm_markdown(result))
+        return result
+
+    def _test_eval(self, run: RunDir, out: Path, fractions: Sequence[float],
+                   label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
+        from e2mc.checkpoints import load_backbone
+        from e2mc.data import build_dataset, eval_transform
+        from e2mc.evaluation.features import FeatureCache
+        from e2mc.evaluation.runner import EvalOptions, run_evaluation
+
+        if EvalDir(out).exists():
+            return out
+        cfg = self.configs[self.spec.trials[0].name]
+        tf = eval_transform(cfg.data.image_size, cfg.data.channels)
+        train = build_dataset(self.spec.data, "train", tf)
+        test = build_dataset(self.spec.data, "test", tf)
+        backbone, dim, _ = load_backbone(run.checkpoint)
+        options = EvalOptions(protocols=("linear", "knn"), fractions=tuple(fractions),
+                              seeds=tuple(label_seeds), method="generic", knn_k=(20,),
+                              knn_weightings=("weighted",),
+                              linear_overrides={"epochs": probe_epochs}, device=device,
+                              progress=False)
+        run_evaluation(backbone, dim, train, test, out, options,
+                       data_id=f"{self.spec.data}|size={cfg.data.image_size}",
+                       checkpoint=run.checkpoint, cache=FeatureCache(self.out / "feature-cache"),
+                       extra_record={"checkpoint": str(run.checkpoint)})
+        return out
+
+
+def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
+    return [[r["step"], r[metric]] for r in records]
+
+
+def select(trials: list[dict[str, Any]]) -> str | None:
+    """The declared rule (:data:`RULE`): the largest positive paired difference, else None."""
+    scored = [t for t in trials if t.get("difference") is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda t: t["difference"])
+    return best["name"] if best["difference"] > 0 else None
+
+
+def search_markdown(record: dict[str, Any]) -> str:
+    spec = record["spec"]
+    lines = [f"# Search: {spec['config']}", "",
+             f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
+             f"training images (seed {spec['seed']}); the test split is never read.", "",
+             f"Selection rule (declared before the first run): {spec['rule']}.", "",
+             "| trial | steps | start | control | trial | difference |",
+             "|---|---|---|---|---|---|"]
+    for t in record["trials"]:
+        if t.get("difference") is None:
+            lines.append(f"| {t['name']} | – | – | – | – | – |")
+            continue
+        mark = " **selected**" if t["name"] == record["selected"] else ""
+        lines.append(f"| {t['name']}{mark} | {t['steps']} | {t['start_value']:.2f} | "
+                     f"{t['control_value']:.2f} | {t['value']:.2f} | {t['difference']:+.2f} |")
+    lines += ["", ("Selected: **" + record["selected"] + "**." if record["selected"] else
+                   "No trial beat its control: nothing is selected, and the starting model "
+                   "stays the better choice."), "", "![trajectories](search.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
+    """The validation metric against steps, one colour per trial: the trial solid, its control
+    dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, t in enumerate(record["trials"]):
+        c = colors[i % len(colors)]
+        for points, style, label in ((t["trajectory"], "-", t["name"]),
+                                     (t["control_trajectory"], "--", None)):
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, style, color=c, marker="o", ms=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(record["spec"]["metric"] + " (validation)")
+    ax.set_title("trials (solid) and their controls (dashed)")
+    ax.grid(alpha=0.3)
+    if record["trials"]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, Any]:
+    """Paired tests of each training seed's trial against its control on the test split, per
+    column: the mean ± SE over training seeds of the difference, how many (training seed, label
+    seed) pairs are significantly better / worse (p < 0.05 under McNemar and the permutation
+    test) and one permutation p pooled over every pair."""
+    from e2mc.evaluation import pooled_permutation_test
+    from e2mc.evaluation.results import compare_runs, matched_correctness
+
+    columns: dict[str, dict[str, Any]] = {}
+    for seed, control, run in pairs:
+        comp = compare_runs([str(control), str(run)], names=["control", "trial"])
+        for t in comp.tests:
+            col = columns.setdefault(t["column"], {"per_seed": {}, "better": 0, "worse": 0,
+                                                   "pairs": 0, "matched": []})
+            col["per_seed"].setdefault(seed, []).append(t["difference"])
+            col["pairs"] += 1
+            if max(t["mcnemar_p"], t["permutation_p"]) < 0.05:
+                col["better" if t["difference"] > 0 else "worse"] += 1
+        for column in comp.columns:
+            if column in columns:
+                columns[column]["matched"] += matched_correctness(control, run, column)
+    out: dict[str, Any] = {"trial": trial, "seeds": [p[0] for p in pairs], "columns": {}}
+    for column, col in columns.items():
+        per_seed = [float(sum(v) / len(v)) for v in col["per_seed"].values()]
+        mean, se = mean_se(per_seed)
+        pooled = pooled_permutation_test(col["matched"])[1] if len(col["matched"]) >= 2 \
+            else None
+        out["columns"][column] = {"difference": mean, "se": se, "pairs": col["pairs"],
+                                  "better": col["better"], "worse": col["worse"],
+                                  "pooled_p": pooled}
+    return out
+
+
+def confirm_markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Confirmation of {result['trial']} on the test split", "",
+             f"Training seeds {', '.join(map(str, result['seeds']))}; each trained as the trial "
+             "and as its control (no add-on), both evaluated on the test split.", "",
+             "| column | trial − control | significantly better | significantly worse | "
+             "pooled p |", "|---|---|---|---|---|"]
+    for column, c in result["columns"].items():
+        se = f" ± {c['se']:.2f}" if c["se"] is not None else ""
+        pooled = f"{c['pooled_p']:.3g}" if c["pooled_p"] is not None else "–"
+        lines.append(f"| {column} | {c['difference']:+.2f}{se} | {c['better']}/{c['pairs']} | "
+                     f"{c['worse']}/{c['pairs']} | {pooled} |")
+    lines += ["", "Difference in top-1 points, mean ± SE over training seeds (each the mean over "
+              "label seeds); a pair is significant when both McNemar's test and the paired "
+              "permutation test give p < 0.05; pooled p: the permutation test on each test "
+              "image's difference averaged over all pairs.", ""]
+    return "\n".join(lines)

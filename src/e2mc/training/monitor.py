@@ -1,0 +1,247 @@
+"""The validation monitor: how good the embeddings are *now*, on the held-out validation split,
+at step 0 (the starting model), every ``monitor.every`` steps and at the last step.
+
+Protocol (one evaluation). The validation images (eval transform) are split once, stratified
+and seeded, into a *probe-train* half and a *probe-test* half. On the backbone features:
+
+- ``val/knn``: cosine kNN top-1 (``monitor.knn_k``, temperature 0.07, weighted votes) of the
+  probe-test half against the probe-train half;
+- ``val/linear_<f>``: linear probes (generic preset, ``monitor.probe_epochs`` epochs, batched,
+  :func:`e2mc.evaluation.sweep.linear_protocol`) trained on as many probe-train labels as the
+  fraction ``f`` of the *training set* would give (all of the half when it has fewer), top-1
+  on the probe-test half, mean over ``monitor.label_seeds``.
+
+On the projector embeddings (label-free): ``val/rankme``, the effective rank (RankMe), and
+``val/entropy``, the mean m-spacings entropy of the compact-transformed dimensions (Eq. 5).
+``val/seconds`` is the wall time of the evaluation. Everything runs under ``no_grad`` in eval
+mode with the random number generators forked, so monitoring does not change training.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from e2mc.training.callbacks import Callback
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.data import Dataset
+
+    from e2mc.training.config import MonitorConfig
+    from e2mc.training.keep_best import KeepBest
+    from e2mc.training.trainer import Trainer, TrainResult
+
+LABEL_FREE = ("val/rankme", "val/entropy")
+
+
+def monitor_fractions(text: str) -> tuple[float, ...]:
+    """``"0.01,1"`` -> ``(0.01, 1.0)``: the probes' label budgets, each in (0, 1]."""
+    try:
+        values = tuple(float(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"monitor.fractions must be comma-separated numbers, got {text!r}"
+                         ) from None
+    if not values or any(not 0 < v <= 1 for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"monitor.fractions must be distinct fractions in (0, 1], got {text!r}")
+    return values
+
+
+def monitor_label_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct non-negative label-subset seeds."""
+    try:
+        values = tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"monitor.label_seeds must be comma-separated integers, got {text!r}"
+                         ) from None
+    if not values or min(values) < 0 or len(set(values)) != len(values):
+        raise ValueError(f"monitor.label_seeds must be distinct integers >= 0, got {text!r}")
+    return values
+
+
+def metric_names(fractions: str) -> list[str]:
+    """Every metric the monitor logs, for ``monitor.fractions``."""
+    from e2mc.evaluation.results import fraction_label
+
+    probes = [f"val/linear_{fraction_label(f)}" for f in monitor_fractions(fractions)]
+    return ["val/knn", *probes, *LABEL_FREE]
+
+
+def resolve_metric(name: str, fractions: str) -> str:
+    """The full name of a monitor metric (``knn`` and ``val/knn`` both name ``val/knn``); an
+    unknown name is a ``ValueError`` that lists the metrics and the close matches."""
+    names = metric_names(fractions)
+    full = name if name.startswith("val/") else f"val/{name}"
+    if full in names:
+        return full
+    close = difflib.get_close_matches(full, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ValueError(f"unknown monitor metric {name!r}: the monitor logs {', '.join(names)}"
+                     f"{hint}")
+
+
+@dataclass
+class ValidationData:
+    """The validation images (eval transform) and their probe-train / probe-test halves."""
+
+    dataset: Dataset
+    labels: np.ndarray
+    probe_train: np.ndarray
+    probe_test: np.ndarray
+    train_size: int  # images of the training set: the probes' label budgets refer to it
+
+    @classmethod
+    def from_dataset(cls, dataset: Dataset, labels: np.ndarray, train_size: int,
+                     seed: int = 0) -> ValidationData:
+        from e2mc.data.holdout import holdout_split
+
+        labels = np.asarray(labels)
+        if len(labels) < 4:
+            raise ValueError(f"the validation split has {len(labels)} images; the monitor "
+                             "needs at least 4 (two per half)")
+        train, test, _ = holdout_split(len(labels), 0.5, seed, labels)
+        return cls(dataset, labels, train, test, train_size)
+
+
+@torch.no_grad()
+def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: MonitorConfig,
+                       device: torch.device | str = "cpu"
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Backbone features and projector embeddings of the validation images, in eval mode,
+    with the random number generators forked (monitoring does not change training)."""
+    from e2mc.diagnostics.analyze import compute_vectors
+
+    devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        numpy_state = np.random.get_state()
+        try:
+            return compute_vectors(method.backbone, method, data.dataset, cfg.batch_size,
+                                   device, progress=False, desc="monitor")
+        finally:
+            np.random.set_state(numpy_state)
+
+
+def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: ValidationData,
+                   cfg: MonitorConfig, space: str, device: torch.device | str = "cpu"
+                   ) -> dict[str, float]:
+    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
+    from e2mc.criterion import m_spacings_entropy
+    from e2mc.diagnostics.statistics import effective_rank, marginal_values
+    from e2mc.evaluation.knn import knn_classify
+    from e2mc.evaluation.presets import linear_preset
+    from e2mc.evaluation.results import fraction_label
+    from e2mc.evaluation.sweep import linear_protocol
+
+    x = feats.numpy()
+    y = data.labels
+    tr, te = data.probe_train, data.probe_test
+    classes = int(y.max()) + 1
+    out: dict[str, float] = {}
+    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
+                       num_classes=classes, weightings=("weighted",))
+    out["val/knn"] = float(knn[0].top1)
+    nominal = monitor_fractions(cfg.fractions)
+    effective = {f: min(1.0, f * data.train_size / len(tr)) for f in nominal}
+    entries = linear_protocol(
+        x[tr], y[tr], x[te], y[te], sorted(set(effective.values())),
+        monitor_label_seeds(cfg.label_seeds),
+        config_for=lambda f: linear_preset("generic", f, epochs=cfg.probe_epochs),
+        device=device)
+    for f in nominal:
+        values = [e.result.top1_last for e in entries if e.fraction == effective[f]]
+        out[f"val/linear_{fraction_label(f)}"] = float(np.mean(values))
+    if embs is not None:
+        out["val/rankme"] = float(effective_rank(embs))
+        out["val/entropy"] = float(m_spacings_entropy(marginal_values(embs, space).double())
+                                   .mean())
+    return out
+
+
+def validation_metrics(method: torch.nn.Module, data: ValidationData, cfg: MonitorConfig,
+                       device: torch.device | str = "cpu") -> dict[str, float]:
+    """One evaluation of the monitor (see the module docstring), in one process."""
+    start = time.perf_counter()
+    feats, embs = validation_vectors(method, data, cfg, device)
+    out = vector_metrics(feats, embs, data, cfg, getattr(method, "compact_space",
+                                                         "standardized"), device)
+    out["val/seconds"] = time.perf_counter() - start
+    return out
+
+
+class ValidationMonitor(Callback):
+    """Evaluates :func:`validation_metrics` at step 0, every ``cfg.every`` steps (None: every
+    epoch) and at the last step; logs the values (``metrics.jsonl``, TensorBoard, progress
+    bar) and hands them to ``keep_best``. Under ``torch.distributed`` rank 0 evaluates and
+    broadcasts the values."""
+
+    name = "monitor"
+
+    def __init__(self, data: ValidationData, cfg: MonitorConfig,
+                 keep_best: KeepBest | None = None) -> None:
+        self.data, self.cfg, self.keep_best = data, cfg, keep_best
+        self.history: list[dict[str, float]] = []
+
+    def _evaluate(self, trainer: Trainer, step: int, run_epoch: int) -> str | None:
+        import torch.distributed as dist
+
+        values: dict[str, float] | None = None
+        if not trainer.rt.distributed:
+            values = validation_metrics(trainer.method, self.data, self.cfg, trainer.rt.device)
+        else:  # every rank runs the forward passes (a method's loss may hold collectives)
+            start = time.perf_counter()
+            feats, embs = validation_vectors(trainer.method, self.data, self.cfg,
+                                             trainer.rt.device)
+            if trainer.rt.is_main:
+                values = vector_metrics(feats, embs, self.data, self.cfg,
+                                        getattr(trainer.method, "compact_space",
+                                                "standardized"), trainer.rt.device)
+                values["val/seconds"] = time.perf_counter() - start
+            box = [values]
+            dist.broadcast_object_list(box, src=0)
+            values = box[0]
+        assert values is not None
+        self.history.append({"step": step, **values})
+        trainer.log(step, {"epoch": run_epoch, **values})
+        shown = self.keep_best.metric if self.keep_best else "val/knn"
+        trainer.postfix["val"] = f"{values[shown]:.2f}"
+        if self.keep_best is None:
+            return None
+        return self.keep_best.update(trainer, step, run_epoch, values)
+
+    def on_fit_start(self, trainer: Trainer, step: int) -> None:
+        if step == 0:
+            self._evaluate(trainer, 0, 0)
+
+    def on_step_end(self, trainer: Trainer, step: int, run_epoch: int,
+                    terms: dict[str, torch.Tensor]) -> str | None:
+        every = self.cfg.every or trainer.steps_per_epoch
+        if step % every == 0 or step == trainer.total_steps:
+            return self._evaluate(trainer, step, run_epoch)
+        return None
+
+    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
+        last = self.history[-1]["step"] if self.history else None
+        if last != result.step and result.step > 0:  # stopped early (max_steps, a signal)
+            self._evaluate(trainer, result.step, result.run_epoch)
+        if self.keep_best is not None:
+            self.keep_best.report(trainer, result)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history),
+                "keep_best": self.keep_best.state_dict() if self.keep_best else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = list(state.get("history", []))
+        if self.keep_best is not None and state.get("keep_best"):
+            self.keep_best.load_state_dict(state["keep_best"])
+
+
+def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = sys.stderr) -> None:
+    """``step -> value`` of ``metric`` on one line."""
+    points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
+    print(f"{metric} by step: {points}", file=file)

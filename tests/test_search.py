@@ -1,0 +1,111 @@
+"""``e2mc search``: paired trials on a validation split, the declared rule, resuming, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from e2mc.artifacts import SEARCH_JSON
+from e2mc.cli import main
+from e2mc.search import Trial, file_trials, grid_trials, select
+
+TINY = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.image_size=16",
+        "data.channels=1", "training.batch_size=8", "training.epochs=1", "training.log_every=1",
+        "training.progress=false", "data.num_workers=0", "training.device=cpu",
+        "training.cpu_threads=1", "training.keep_epoch_checkpoints=false",
+        "method.params={projector: 32-32}", "monitor.every=2", "monitor.probe_epochs=2",
+        "monitor.knn_k=3"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from e2mc.checkpoints import save_checkpoint
+    from e2mc.methods import build_method
+
+    root = tmp_path_factory.mktemp("search-base")
+    rng = np.random.default_rng(0)
+    data = root / "d.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (40, 16, 16), dtype=np.uint8),
+             y_train=np.arange(40) % 4, x_test=rng.integers(0, 256, (20, 16, 16), dtype=np.uint8),
+             y_test=np.arange(20) % 4)
+    torch.manual_seed(0)
+    ckpt = root / "base.pt"
+    save_checkpoint(ckpt, build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1,
+                                       projector="32-32"))
+    return ckpt, data
+
+
+def _search(base: tuple[Path, Path], out: Path, *extra: str) -> int:
+    ckpt, data = base
+    sets = [a for item in TINY for a in ("--set", item)]
+    return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+                 "--data", str(data), "--out", str(out), "--metric", "val/knn", *sets, *extra])
+
+
+def test_grid_and_file_trials(tmp_path: Path) -> None:
+    trials = grid_trials(["optim.base_lr=0.1,0.01", "training.epochs=1,2"])
+    assert [t.overrides for t in trials] == [
+        ["optim.base_lr=0.1", "training.epochs=1"], ["optim.base_lr=0.1", "training.epochs=2"],
+        ["optim.base_lr=0.01", "training.epochs=1"], ["optim.base_lr=0.01", "training.epochs=2"]]
+    listed = tmp_path / "trials.yaml"
+    listed.write_text("- {name: small, set: {addon.params.beta: 10}}\n"
+                      "- {optim.base_lr: 0.5}\n")
+    assert [(t.name, t.overrides) for t in file_trials(listed)] == [
+        ("small", ["addon.params.beta=10"]), ("optim.base_lr=0.5", ["optim.base_lr=0.5"])]
+    assert Trial("b", ["addon.params.beta=1", "optim.base_lr=2"]).control_overrides == [
+        "optim.base_lr=2"]
+
+
+def test_the_rule_selects_the_largest_positive_difference_or_nothing() -> None:
+    rows = [{"name": "a", "difference": 0.5}, {"name": "b", "difference": 1.5},
+            {"name": "c", "difference": None}]
+    assert select(rows) == "b"
+    assert select([{"name": "a", "difference": 0.0}, {"name": "b", "difference": -1.0}]) is None
+    assert select([]) is None
+
+
+def test_search_with_no_winner_selects_nothing_and_resumes(base: tuple[Path, Path],
+                                                           tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "search"
+    # beta = gamma = 0: the add-on adds nothing, so each trial trains exactly like its control
+    assert _search(base, out, "--grid", "addon.params.beta=0", "--grid",
+                   "addon.params.gamma=0") == 0
+    record = json.loads((out / SEARCH_JSON).read_text())
+    (row,) = record["trials"]
+    assert row["difference"] == 0.0 and record["selected"] is None
+    assert "trial minus its control" in record["spec"]["rule"]
+    assert [p[0] for p in row["trajectory"]] == [0, 2, 4]
+    err = capsys.readouterr().err
+    assert "nothing selected" in err
+    assert "No trial beat its control" in (out / "search.md").read_text()
+    assert (out / "search.png").stat().st_size > 0
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")}
+    assert len(stamps) == 2  # the trial and its control
+    assert _search(base, out, "--grid", "addon.params.beta=0", "--grid",
+                   "addon.params.gamma=0") == 0
+    assert "train " not in capsys.readouterr().err  # nothing re-run
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")} == stamps
+
+
+def test_search_refuses_another_base_an_unknown_key_and_metric(base: tuple[Path, Path],
+                                                               tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture
+                                                               ) -> None:
+    ckpt, data = base
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / SEARCH_JSON).write_text(json.dumps({"spec": {"checkpoint_sha256": "0" * 64}}))
+    assert _search(base, out, "--grid", "addon.params.beta=0") == 2
+    assert "another" in capsys.readouterr().err
+    assert _search(base, tmp_path / "k", "--grid", "optim.base_rate=0.1") == 2
+    assert "optim.base_rate" in capsys.readouterr().err
+    assert _search(base, tmp_path / "p", "--grid", "addon.params.betta=1") == 2
+    assert "no 'betta'" in capsys.readouterr().err
+    assert _search(base, tmp_path / "m", "--grid", "addon.params.beta=0", "--metric",
+                   "val/acc") == 2
+    assert "unknown monitor metric" in capsys.readouterr().err
