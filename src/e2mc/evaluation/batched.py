@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from e2mc.evaluation.linear import ProbeResult, _Tracker, init_head
+from e2mc.evaluation.linear import ProbeResult, init_head
 from e2mc.evaluation.presets import LinearProbeConfig
 
 #: apex LARC settings of SimSiam's linear protocol (see :class:`e2mc.optim.LARC`).
 LARC_TRUST = 0.001
 LARC_EPS = 1e-8
+#: Elements (rows x dim) of evaluation features kept gathered / standardized per stream.
+EVAL_CACHE_ELEMENTS = 1 << 28
 
 
 @dataclass(eq=False)
@@ -84,6 +86,7 @@ class _Stream:
     mean: torch.Tensor | None = None
     std: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    eval_x: torch.Tensor | None = None   # the stream's evaluation rows, gathered/standardized
 
 
 @dataclass
@@ -193,6 +196,22 @@ def train_linear_heads(
                 copies[digest] = (size, mean, std)
                 size += len(sub)
             s.offset, s.mean, s.std = copies[digest]
+    # Evaluation rows prepared once per (rows, standardization) while they fit the budget.
+    prepared: dict[tuple, torch.Tensor] = {}
+    budget = EVAL_CACHE_ELEMENTS
+    for s in streams.values():
+        if s.eval_rows is None and not s.standardize:
+            continue
+        key = (_digest(s.eval_rows), _digest(s.rows) if s.standardize else None)
+        if key not in prepared:
+            n_eval = len(ex_all) if s.eval_rows is None else len(s.eval_rows)
+            if n_eval * dim > budget:
+                continue
+            budget -= n_eval * dim
+            ex = ex_all if s.eval_rows is None else \
+                ex_all[torch.as_tensor(s.eval_rows, device=device)]
+            prepared[key] = (ex - s.mean) / s.std if s.standardize else ex
+        s.eval_x = prepared[key]
     bank = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
     bank_y = labels[0] if len(labels) == 1 else torch.cat(labels)
     del pieces, labels
@@ -204,8 +223,8 @@ def train_linear_heads(
                          key=lambda s: -s.total_steps)
         groups.append(_build_group(members, heads, dim, classes, device, dtype))
 
-    trackers = [_Tracker(ey_all if h.eval_rows is None
-                         else ey_all[torch.as_tensor(h.eval_rows, device=device)])
+    trackers = [_Record(ey_all if h.eval_rows is None
+                        else ey_all[torch.as_tensor(h.eval_rows, device=device)])
                 for h in heads]
     for group in groups:
         _run_group(group, heads, bank, bank_y, ex_all, ey_all, classes, trackers,
@@ -286,7 +305,7 @@ def _new_epoch(group: _Group, j: int, s: _Stream, device: torch.device) -> None:
 @torch.no_grad()
 def _run_group(group: _Group, heads: Sequence[HeadSpec], bank: torch.Tensor,
                bank_y: torch.Tensor, ex_all: torch.Tensor, ey_all: torch.Tensor, classes: int,
-               trackers: list[_Tracker], eval_chunk: int, trace: Counter | None) -> None:
+               trackers: list[_Record], eval_chunk: int, trace: Counter | None) -> None:
     device = bank.device
     dim = bank.shape[1]
     slots, batch = group.slots, group.batch_size
@@ -352,40 +371,111 @@ def _update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torc
     param.sub_(lr * buf)
 
 
+class _Record:
+    """Per-epoch evaluation record of one head (the batched counterpart of ``_Tracker``)."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
+        self.history: list[float] = []
+        self.best = (-1.0, 0.0, 0, labels.new_zeros(0))
+        self.last = (0.0, 0.0, labels.new_zeros(0, 0))
+        self.loss = float("nan")
+
+    def result(self) -> ProbeResult:
+        top = self.last[2].cpu().numpy()
+        return ProbeResult(top1_last=self.last[0], top5_last=self.last[1],
+                           top1_best=self.best[0], top5_best=self.best[1],
+                           best_epoch=self.best[2], history=self.history,
+                           predictions=top[:, 0].copy(), top5=top,
+                           best_predictions=self.best[3].cpu().numpy(), loss_last=self.loss)
+
+
 def _evaluate(group: _Group, j: int, epochs_done: int, heads: Sequence[HeadSpec],
               ex_all: torch.Tensor, ey_all: torch.Tensor, classes: int,
-              trackers: list[_Tracker], chunk: int, trace: Counter | None) -> None:
-    """Top-k labels and cross-entropy of the stream's heads that just finished an epoch."""
+              records: list[_Record], chunk: int, trace: Counter | None) -> None:
+    """Top-1/top-5 accuracy of the stream's heads that just finished an epoch.
+
+    First pass, all heads, in the ``[heads, C, rows]`` layout: a row is a top-1 (top-5) hit
+    when no (fewer than 5) class scores above its label's; the cross-entropy only after a
+    head's last epoch. Second pass, only for heads with a new best top-1 or at their last epoch:
+    the argmax predictions, and at the last epoch the top-5 labels (stable sort: ties to the
+    lower class).
+    """
     s = group.streams[j]
-    slots = [(slot, i) for slot, i in enumerate(s.heads)
-             if heads[i].config.epochs >= epochs_done
-             and (heads[i].history or heads[i].config.epochs == epochs_done)]
-    if not slots:
+    sel = [(slot, i) for slot, i in enumerate(s.heads)
+           if heads[i].config.epochs >= epochs_done
+           and (heads[i].history or heads[i].config.epochs == epochs_done)]
+    if not sel:
         return
+    device = ex_all.device
     dim = group.weight.shape[1]
-    cols = torch.tensor([slot * classes + c for slot, _ in slots for c in range(classes)],
-                        device=ex_all.device)
-    w = group.weight[j].index_select(1, cols)                   # [D, G * C]
-    b = group.bias[j, 0].index_select(0, cols)
-    rows = None if s.eval_rows is None else torch.as_tensor(s.eval_rows, device=ex_all.device)
+    n_sel = len(sel)
+    final = [heads[i].config.epochs == epochs_done for _, i in sel]
+    cols = torch.tensor([slot * classes + c for slot, _ in sel for c in range(classes)],
+                        device=device)
+    w = group.weight[j].index_select(1, cols)                    # [D, G * C]
+    b = group.bias[j, 0].index_select(0, cols)                   # [G * C]
+    finite = (torch.isfinite(w).all(dim=0) & torch.isfinite(b)).view(n_sel, classes).all(1)
+    rows = None if s.eval_rows is None else torch.as_tensor(s.eval_rows, device=device)
     n = len(ex_all) if rows is None else len(rows)
+    eval_y = records[sel[0][1]].labels
     k = min(5, classes)
-    tops, loss = [], torch.zeros(len(slots), dtype=torch.float64, device=ex_all.device)
-    for start in range(0, n, chunk):
-        if rows is None:
-            x = ex_all[start:start + chunk]
-            y = ey_all[start:start + chunk]
-        else:
-            x = ex_all[rows[start:start + chunk]]
-            y = ey_all[rows[start:start + chunk]]
-        if s.standardize:
-            x = (x - s.mean) / s.std
-        logits = torch.addmm(b, x, w).view(len(x), len(slots), classes)
+
+    def batches():
+        for start in range(0, n, chunk):
+            if s.eval_x is not None:  # prepared once
+                yield s.eval_x[start:start + chunk], eval_y[start:start + chunk]
+                continue
+            if rows is None:
+                x, y = ex_all[start:start + chunk], ey_all[start:start + chunk]
+            else:
+                x, y = ex_all[rows[start:start + chunk]], ey_all[rows[start:start + chunk]]
+            yield (x - s.mean) / s.std if s.standardize else x, y
+
+    hits1 = torch.zeros(n_sel, dtype=torch.long, device=device)
+    hits5 = torch.zeros_like(hits1)
+    loss = torch.zeros(n_sel, dtype=torch.float64, device=device)
+    for x, y in batches():
+        m = len(x)
+        logits = torch.addmm(b[:, None], w.T, x.T).view(n_sel, classes, m)
         if trace is not None:
-            trace[("eval", len(x), dim, len(slots) * classes)] += 1
-        tops.append(logits.topk(k, dim=-1).indices)
-        picked = logits.gather(-1, y.view(-1, 1, 1).expand(len(x), len(slots), 1))[..., 0]
-        loss += (torch.logsumexp(logits, dim=-1) - picked).sum(dim=0).double()
-    top = torch.cat(tops)                                       # [n, G, k]
-    for g, (_, i) in enumerate(slots):
-        trackers[i].update_top(top[:, g], (loss[g] / n).item())
+            trace[("eval", m, dim, n_sel * classes)] += 1
+        picked = logits.gather(1, y.view(1, 1, m).expand(n_sel, 1, m))
+        above = (logits > picked).sum(dim=1)                      # [G, m]
+        hits1 += (above == 0).sum(dim=1)
+        hits5 += (above < k).sum(dim=1)
+        if any(final):
+            loss += (torch.logsumexp(logits, dim=1) - picked[:, 0]).sum(dim=1).double()
+    # as the sequential probe computes it: a float32 mean of 0/1 hits, times 100 in Python
+    top1 = [100.0 * v for v in (hits1.float() / n * finite).tolist()]
+    top5 = [100.0 * v for v in (hits5.float() / n * finite).tolist()]
+    loss_mean = (loss / n).tolist()
+
+    need = [g for g, (_, i) in enumerate(sel) if final[g] or top1[g] > records[i].best[0]]
+    preds: dict[int, list[torch.Tensor]] = {g: [] for g in need}
+    tops: dict[int, list[torch.Tensor]] = {g: [] for g in need if final[g]}
+    if need:
+        sub_cols = torch.tensor([g * classes + c for g in need for c in range(classes)],
+                                device=device)
+        w_sub, b_sub = w.index_select(1, sub_cols), b.index_select(0, sub_cols)
+        for x, _ in batches():
+            logits = torch.addmm(b_sub, x, w_sub).view(len(x), len(need), classes)
+            if trace is not None:
+                trace[("eval", len(x), dim, len(need) * classes)] += 1
+            arg = logits.argmax(dim=-1)
+            for pos, g in enumerate(need):
+                if final[g]:
+                    order = torch.sort(logits[:, pos], dim=-1, descending=True,
+                                       stable=True).indices[:, :k]
+                    tops[g].append(order)
+                preds[g].append(arg[:, pos])
+    for g, (_, i) in enumerate(sel):
+        rec = records[i]
+        rec.history.append(top1[g])
+        if g in preds:
+            p = torch.cat(preds[g])
+            if top1[g] > rec.best[0]:
+                rec.best = (top1[g], top5[g], len(rec.history), p)
+        if final[g]:
+            rec.last = (top1[g], top5[g], torch.cat(tops[g]))
+            rec.loss = loss_mean[g]
