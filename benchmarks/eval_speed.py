@@ -15,7 +15,7 @@ method preset's fixed lr, one :func:`train_linear_probe` after another), the **b
 plain ``torch.bmm`` / ``torch.mm`` on random tensors of the same shapes: the time of the same
 multiply-adds with nothing else), and kNN (k = 20 and 200, weighted and uniform, one pass).
 Peak memory: CUDA's peak allocation, or on the CPU the peak resident set size above the level
-before the stage (sampled every 2 ms).
+before the stage (sampled every 2 ms, after ``malloc_trim`` returned freed heap pages).
 
 JSON top level: ``speedup_per_head`` (sequential seconds per probe / batched seconds per head)
 and ``max_abs_accuracy_diff_points`` (largest |top-1 difference| between a sequential probe and
@@ -68,6 +68,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self._base = torch.cuda.memory_allocated()
             return self
+        _release_free_memory()
         self._base = self._rss()
         self._max = self._base
         self._stop = threading.Event()
@@ -90,6 +91,16 @@ class PeakMemory:
         self._thread.join()
         self._max = max(self._max, self._rss())
         self.peak_mib = (self._max - self._base) / 2**20
+
+
+def _release_free_memory() -> None:
+    """glibc keeps freed heap pages resident; hand them back so that a later stage's
+    allocations show up in the RSS instead of silently reusing them."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def floor_seconds(trace: Counter, device: torch.device, dtype: torch.dtype) -> tuple[float, int]:
