@@ -237,6 +237,21 @@ class FeatureCache:
             return None
         return features, labels
 
+    #: A temporary file of an entry older than this (seconds) was left by a killed write.
+    STALE_TEMP_S = 600.0
+
+    def _remove_stale_temp_files(self, key: str) -> None:
+        """Remove the temporary files of ``key`` that killed writes left behind (old enough
+        that no live writer can own them: a write takes seconds)."""
+        import time
+
+        for tmp in self.root.glob(f".{self.path(key).name}.*.tmp"):
+            try:
+                if time.time() - tmp.stat().st_mtime > self.STALE_TEMP_S:
+                    tmp.unlink()
+            except FileNotFoundError:
+                pass
+
     def get_or_extract(
         self,
         backbone: nn.Module,
@@ -268,6 +283,7 @@ class FeatureCache:
             return loaded[0], loaded[1], True
         features, labels = extractor(backbone, dataset, **extract_kwargs)
         if is_main_process():
+            self._remove_stale_temp_files(key)
             atomic_write(self.path(key), lambda f: np.savez(
                 f, features=features, labels=labels,
                 identity=np.array(json.dumps(identity, sort_keys=True))))
