@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from e2mc.data.subsets import label_fraction_indices
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 from e2mc.evaluation.linear import train_linear_probe
 from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
@@ -169,3 +170,24 @@ def test_fixed_preset_without_grid_and_subsets_override():
         assert e.selection is None and e.config == cfg and e.subset_size == len(rows)
         ref = train_linear_probe(x[rows], y[rows], x, y, cfg, seed=e.seed)
         assert abs(ref.top1_last - e.result.top1_last) <= 1.0
+
+
+@pytest.mark.parametrize("method", ["vicreg", "swav", "simsiam", "generic"])
+def test_paper_presets_run_through_the_batched_path(method):
+    """Each method's presets (SimSiam: LARC, batch 256 at 1% and 2048 above) in one batched
+    run give the sequential probe's numbers (float64)."""
+    x, y = blobs(2500, 5, 8, sep=1.0, seed=8)
+    tx, ty = blobs(200, 5, 8, sep=1.0, seed=9)
+
+    def cfg(f: float) -> LinearProbeConfig:
+        return linear_preset(method, f, epochs=2)
+
+    out = linear_protocol(x, y, tx, ty, (0.1, 1.0), (0, 1), config_for=cfg,
+                          dtype=torch.float64)
+    for e in out:
+        assert e.config == cfg(e.fraction) and e.selection is None
+        idx = label_fraction_indices(y, e.fraction, e.seed)
+        ref = train_linear_probe(x[idx], y[idx], tx, ty, e.config, seed=e.seed, num_classes=5,
+                                 dtype=torch.float64)
+        assert e.result.history == ref.history
+        assert np.array_equal(e.result.predictions, ref.predictions)
