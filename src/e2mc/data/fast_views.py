@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -400,9 +400,17 @@ class FastViewDataset(Dataset):
     ``i`` is ``(views(path_i), label_i)``."""
 
     def __init__(self, folder: Any, views: FastViews) -> None:
-        self.samples = list(folder.samples)
+        indices = None
+        if isinstance(folder, Subset):  # e.g. data.limit
+            folder, indices = folder.dataset, list(folder.indices)
+        if not hasattr(folder, "samples"):
+            raise ValueError(f"the fast pipeline reads image files; {type(folder).__name__} "
+                             "is not an image folder (use data.pipeline=pil)")
+        samples = list(folder.samples)
+        self.samples = samples if indices is None else [samples[i] for i in indices]
         self.views = views
-        self.labels = getattr(folder, "labels", None)
+        labels = getattr(folder, "labels", None)
+        self.labels = labels if indices is None or labels is None else labels[indices]
         self.classes = getattr(folder, "classes", None)
         self.num_skipped = int(getattr(folder, "num_skipped", 0))
 
