@@ -205,22 +205,24 @@ def test_backbone_only_files(tmp_path):
     torch.save(sd, path)
     with pytest.raises(ValueError, match="backbone only"):
         load_official(path)
-    with pytest.warns(UserWarning, match="freshly initialised"):
-        model, info = load_official(path, method="vicreg", projector="64-32")
-    assert info["format"] == "backbone"
+    with pytest.raises(ValueError, match="holds only a resnet50 backbone, no vicreg projector"
+                                         r".*--new-heads"):
+        load_official(path, method="vicreg", projector="64-32")
+    model, info = load_official(path, method="vicreg", projector="64-32", new_heads=True)
+    assert info["format"] == "backbone" and info["new_heads"] == ["projector"]
     bb = model.backbone.state_dict()
     assert all(torch.equal(bb[k], v.to(bb[k].dtype)) for k, v in sd.items())
     # a torchvision classification state dict: the classifier is dropped and reported
     torch.manual_seed(0)
     tv = tvm.resnet18(weights=None).state_dict()
-    with pytest.warns(UserWarning, match="dropped classifier"):
-        model, info = load_official(tv, method="simsiam", dim=32, pred_dim=8)
+    model, info = load_official(tv, method="simsiam", new_heads=True, dim=32, pred_dim=8)
+    assert info["new_heads"] == ["predictor", "projector"]
     assert info["dropped_keys"] == ["fc.bias", "fc.weight"]
     assert torch.equal(model.backbone.conv1.weight, tv["conv1.weight"])
     bad = dict(sd)
     bad.pop("layer2.0.bn1.running_var")
     with pytest.raises(CheckpointMismatchError, match="layer2.0.bn1.running_var"):
-        load_official(bad, method="vicreg", projector="8-8")
+        load_official(bad, method="vicreg", projector="8-8", new_heads=True)
 
 
 class _Obj:

@@ -1,7 +1,30 @@
-"""Backbones: torchvision classification models as pooled-feature extractors."""
+"""Backbones by name: torchvision, timm and Hugging Face models as pooled-feature extractors.
+
+Names (``model.backbone`` in a config, ``--backbone`` on the command line):
+
+* ``resnet50`` or ``torchvision:resnet50``: a torchvision classification model, randomly
+  initialised; ``torchvision:resnet50:IMAGENET1K_V2`` loads that torchvision weights enum
+  (downloaded once into torch.hub's cache, hash-checked);
+* ``timm:resnet50.a1_in1k``: a timm model (the ``[timm]`` extra), randomly initialised;
+* ``hf:<repo id or local folder>``: a Hugging Face vision model (the ``[hf]`` extra) with its
+  weights (``from_pretrained``);
+* ``cnn5`` / ``cnn5_small``: the package's small CNNs for 28-32 px images on a CPU.
+
+Every backbone maps ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features. Weights
+for any of them can also come from a checkpoint (``--from FILE_OR_URL``). When a checkpoint
+overwrites every weight anyway, :func:`weights_from_checkpoint` skips fetching pretrained ones.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import difflib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
 from torch import nn
 
 #: Backbones whose pooled feature is unambiguous: classifier attribute and how to reach it.
@@ -18,6 +41,46 @@ SMALL_CNNS: dict[str, tuple[int, ...]] = {
     "cnn5_small": (16, 32, 64, 64, 128),
 }
 SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS)
+#: Prefixes of backbone names and the optional extra each needs.
+SOURCES = {"torchvision": None, "timm": "timm", "hf": "hf"}
+
+_SKIP_PRETRAINED: contextvars.ContextVar[bool] = contextvars.ContextVar("e2mc_skip_pretrained",
+                                                                        default=False)
+
+
+@contextlib.contextmanager
+def weights_from_checkpoint() -> Iterator[None]:
+    """Inside this block, named backbones are built without fetching pretrained weights (a
+    checkpoint is about to overwrite all of them); a Hugging Face model is built from its
+    configuration alone."""
+    token = _SKIP_PRETRAINED.set(True)
+    try:
+        yield
+    finally:
+        _SKIP_PRETRAINED.reset(token)
+
+
+def parse_backbone_name(name: str) -> tuple[str, str, str | None]:
+    """``(source, model, weights)`` of a backbone name: ``"resnet50"`` and
+    ``"torchvision:resnet50"`` -> ``("torchvision", "resnet50", None)``,
+    ``"torchvision:resnet50:IMAGENET1K_V2"`` -> ``(..., "IMAGENET1K_V2")``, ``"timm:NAME"``,
+    ``"hf:REPO_ID"`` (a repository id or a local folder, kept whole)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a backbone name must be a non-empty string, got {name!r}")
+    source, sep, rest = name.partition(":")
+    if not sep:
+        return "torchvision", name, None
+    if source not in SOURCES:
+        close = difflib.get_close_matches(source, list(SOURCES), n=1)
+        hint = f" (did you mean {close[0]}:{rest}?)" if close else ""
+        raise ValueError(f"unknown backbone source {source!r} in {name!r}{hint}; names look like "
+                         "resnet50, torchvision:resnet50[:WEIGHTS], timm:NAME or hf:REPO_ID")
+    if not rest:
+        raise ValueError(f"backbone name {name!r} names no model after {source}:")
+    if source == "torchvision":
+        model, _, weights = rest.partition(":")
+        return source, model, weights or None
+    return source, rest, None
 
 
 class SmallConvNet(nn.Sequential):
@@ -41,29 +104,65 @@ class SmallConvNet(nn.Sequential):
 def build_backbone(
     name: str, small_images: bool = False, in_channels: int = 3
 ) -> tuple[nn.Module, int]:
-    """Return ``(backbone, feature_dim)``: a randomly initialised torchvision model without its
-    classifier, mapping ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features.
+    """Return ``(backbone, feature_dim)``: the model ``name`` (see the module docstring) without
+    its classifier, mapping ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features.
 
     ``small_images=True`` (ResNets only) replaces the stem with a 3x3 stride-1 convolution and no
     max-pool, for 28-32 px images. ``in_channels`` changes the first convolution (1 = grayscale).
-    The parameter names are torchvision's, so official checkpoints load strictly. The ``cnn5``
-    family (:class:`SmallConvNet`, not torchvision) is built for small images already.
+    The parameter names are the library's own (torchvision's for official checkpoints, which
+    load strictly). The ``cnn5`` family (:class:`SmallConvNet`) is built for small images already.
+    An unknown name is a ``ValueError`` listing the close matches.
     """
-    if name in SMALL_CNNS:
-        if in_channels < 1:
-            raise ValueError(f"in_channels must be >= 1, got {in_channels}")
-        return SmallConvNet(SMALL_CNNS[name], in_channels), SMALL_CNNS[name][-1]
-    import torchvision.models as tvm
-
-    if name not in SUPPORTED_BACKBONES:
-        raise ValueError(
-            f"unknown backbone {name!r}; supported: {', '.join(SUPPORTED_BACKBONES)}"
-        )
-    if small_images and name not in RESNETS:
-        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
-    model = getattr(tvm, name)(weights=None)
+    source, model_name, weights = parse_backbone_name(name)
+    if source == "timm":
+        return _timm_backbone(model_name, small_images, in_channels)
+    if source == "hf":
+        return _hf_backbone(model_name, small_images, in_channels)
+    if model_name in SMALL_CNNS and weights is None:
+        return SmallConvNet(SMALL_CNNS[model_name], in_channels), SMALL_CNNS[model_name][-1]
+    return _torchvision_backbone(model_name, weights, small_images, in_channels)
+
+
+def _unknown(kind: str, name: str, known: list[str], extra: str = "") -> ValueError:
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ValueError(f"unknown {kind} {name!r}{hint}{extra}")
+
+
+@functools.lru_cache(maxsize=1)
+def torchvision_names() -> tuple[str, ...]:
+    """Names of torchvision's image classification models (``torchvision.models``)."""
+    import torchvision.models as tvm
+
+    return tuple(tvm.list_models(module=tvm))
+
+
+def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
+                          in_channels: int) -> tuple[nn.Module, int]:
+    import torchvision.models as tvm
+
+    known = [*torchvision_names(), *SMALL_CNNS]
+    if name not in known:
+        raise _unknown("backbone", name, known, f"; supported: {', '.join(SUPPORTED_BACKBONES)}, "
+                       "any torchvision classification model, timm:NAME or hf:REPO_ID")
+    if small_images and name not in RESNETS:
+        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
+    weight_enum = None
+    if weights is not None:
+        enum = tvm.get_model_weights(name)
+        if weights not in enum.__members__:
+            raise _unknown(f"{name} weights", weights, list(enum.__members__),
+                           f"; available: {', '.join(enum.__members__)}")
+        if in_channels != 3 or small_images:
+            raise ValueError(f"the {name} {weights} weights expect 3-channel images and the "
+                             "standard stem: drop small_images / in_channels, or the weights")
+        weight_enum = enum[weights]
+    model = tvm.get_model(name, weights=None)
+    if weight_enum is not None and not _SKIP_PRETRAINED.get():
+        # torch.hub's download and cache, with the hash check of the file name's hash prefix
+        model.load_state_dict(weight_enum.get_state_dict(progress=True, check_hash=True))
     if name in RESNETS:
         feature_dim = model.fc.in_features
         model.fc = nn.Identity()
@@ -81,21 +180,120 @@ def build_backbone(
     return model, feature_dim
 
 
+def _missing_extra(package: str, extra: str, name: str) -> ValueError:
+    return ValueError(f"backbone {name!r} needs the {package} package: "
+                      f"pip install 'e2mc[{extra}]' (or pip install {package})")
+
+
+def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+    try:
+        import timm
+    except ImportError:
+        raise _missing_extra("timm", "timm", f"timm:{name}") from None
+    if small_images:
+        raise ValueError("small_images=True is only supported for torchvision ResNets, "
+                         f"not timm:{name}")
+    architecture = name.split(".", 1)[0]
+    if not timm.is_model(architecture):
+        raise _unknown("timm model", name, list(timm.list_models()))
+    model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_channels)
+    return model, int(model.num_features)
+
+
+class HFBackbone(nn.Module):
+    """A Hugging Face vision model as a pooled-feature extractor: its ``pooler_output`` when it
+    has one, else the mean of ``last_hidden_state`` over tokens (or over the spatial grid)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(pixel_values=x)
+        pooled = getattr(out, "pooler_output", None)
+        if pooled is None:
+            hidden = out.last_hidden_state
+            pooled = hidden.mean(dim=1) if hidden.ndim == 3 else hidden.mean(dim=(2, 3))
+        return pooled.flatten(1)
+
+
+def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+    try:
+        import transformers
+    except ImportError:
+        raise _missing_extra("transformers", "hf", f"hf:{repo}") from None
+    if small_images:
+        raise ValueError(f"small_images=True is only supported for torchvision ResNets, "
+                         f"not hf:{repo}")
+    try:
+        config = transformers.AutoConfig.from_pretrained(repo, num_channels=in_channels)
+        if _SKIP_PRETRAINED.get():
+            model = transformers.AutoModel.from_config(config)
+        else:
+            model = transformers.AutoModel.from_pretrained(repo, config=config)
+    except OSError as err:  # not a folder, not on the hub (or offline): the library's message
+        raise ValueError(f"cannot load Hugging Face model {repo!r}: {err}") from None
+    dim = getattr(config, "hidden_size", None)
+    if dim is None and getattr(config, "hidden_sizes", None):
+        dim = config.hidden_sizes[-1]
+    if dim is None:
+        raise ValueError(f"hf:{repo}: cannot tell the feature size from its configuration")
+    return HFBackbone(model), int(dim)
+
+
+def classifier_keys(name: str) -> frozenset[str]:
+    """State-dict keys of the full classification model ``name`` that :func:`build_backbone`
+    drops (its classifier): a checkpoint of the full model loads into the backbone without them.
+    Empty for the package's own backbones and for Hugging Face models."""
+    source, model_name, _ = parse_backbone_name(name)
+    if source == "hf" or model_name in SMALL_CNNS:
+        return frozenset()
+    return _classifier_keys(source, model_name)
+
+
+@functools.lru_cache(maxsize=32)
+def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
+    with torch.device("meta"):
+        if source == "timm":
+            try:
+                import timm
+            except ImportError:
+                return frozenset()
+            if not timm.is_model(model_name.split(".", 1)[0]):
+                raise _unknown("timm model", model_name, list(timm.list_models()))
+            full = set(timm.create_model(model_name, pretrained=False).state_dict())
+            kept = set(timm.create_model(model_name, pretrained=False,
+                                         num_classes=0).state_dict())
+        else:
+            import torchvision.models as tvm
+
+            if model_name not in torchvision_names():
+                return frozenset()
+            full = set(tvm.get_model(model_name, weights=None).state_dict())
+            kept = set(_torchvision_backbone(model_name, None, False, 3)[0].state_dict())
+    return frozenset(full - kept)
+
+
 def _strip_classifier(model: nn.Module) -> int:
-    head = model.classifier if hasattr(model, "classifier") else model.fc
+    """Replace the classifier (``fc``, ``classifier``, ``head`` or ``heads``) by the identity
+    (keeping non-Linear layers before its first Linear, e.g. ConvNeXt's norm); return the
+    pooled feature size."""
+    attr = next((a for a in ("fc", "classifier", "heads", "head") if hasattr(model, a)), None)
+    if attr is None:
+        raise ValueError(f"cannot find the classifier of {type(model).__name__}")
+    head = getattr(model, attr)
     if isinstance(head, nn.Linear):
         dim = head.in_features
         new_head: nn.Module = nn.Identity()
-    else:  # Sequential: keep non-Linear layers before the first Linear (e.g. ConvNeXt's norm)
-        layers = list(head)
-        first_linear = next(i for i, m in enumerate(layers) if isinstance(m, nn.Linear))
+    else:
+        layers = list(head.children())
+        first_linear = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
+        if first_linear is None:
+            raise ValueError(f"the classifier of {type(model).__name__} has no Linear layer")
         dim = layers[first_linear].in_features
         kept = [m for m in layers[:first_linear] if not isinstance(m, nn.Dropout)]
         new_head = nn.Sequential(*kept) if kept else nn.Identity()
-    if hasattr(model, "classifier"):
-        model.classifier = new_head
-    else:
-        model.fc = new_head
+    setattr(model, attr, new_head)
     return dim
 
 
@@ -111,3 +309,9 @@ def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
             if len(list(child.children())) > 0:
                 break
     raise ValueError("could not find the first convolution to change the input channels")
+
+
+def describe(name: str) -> dict[str, Any]:
+    """``{"source", "model", "weights"}`` of a backbone name (for messages and run records)."""
+    source, model, weights = parse_backbone_name(name)
+    return {"source": source, "model": model, "weights": weights}

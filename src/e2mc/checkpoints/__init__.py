@@ -4,6 +4,7 @@ format (``docs/checkpoints.md``), backbone loading and export."""
 from e2mc.checkpoints.api import (
     PROJECT_FORMAT,
     PROJECT_VERSION,
+    checkpoint_of,
     export_backbone,
     load_backbone,
     load_checkpoint,
@@ -15,9 +16,11 @@ from e2mc.checkpoints.api import (
 )
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import detect
+from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import CheckpointMismatchError
 
 __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
-           "UntrustedCheckpointError", "atomic_save", "detect", "export_backbone",
+           "UntrustedCheckpointError", "atomic_save", "checkpoint_of", "detect", "export_backbone",
+           "fetch", "is_url",
            "load_backbone", "load_checkpoint", "load_for_training", "load_official",
            "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]

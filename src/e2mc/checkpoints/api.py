@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,11 @@ from torch import nn
 
 from e2mc.checkpoints.io import atomic_save, atomic_write_json, torch_load
 from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
+from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import check_keys, load_strict
 from e2mc.methods.base import SSLMethod
 from e2mc.methods.registry import build_method
-from e2mc.models import build_backbone
+from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint
 
 PROJECT_FORMAT = "e2mc"
 PROJECT_VERSION = 1
@@ -27,9 +26,22 @@ PathOrState = str | os.PathLike[str] | dict[str, Any]
 
 
 def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]:
+    """The loaded object and its source; a URL (http, https, file; ``#sha256=`` checked) is
+    fetched into torch.hub's cache first (:mod:`e2mc.checkpoints.remote`), a training run
+    directory stands for its latest checkpoint."""
     if isinstance(path_or_state, dict):
         return path_or_state, None
-    return torch_load(path_or_state, trust=trust), str(path_or_state)
+    if is_url(path_or_state):
+        return torch_load(fetch(str(path_or_state)), trust=trust), str(path_or_state)
+    path = checkpoint_of(path_or_state)  # a run directory stands for its latest checkpoint
+    return torch_load(path, trust=trust), path
+
+
+def _rebuild(name: str, hparams: dict[str, Any]) -> SSLMethod:
+    """``build_method`` for a model whose every weight a checkpoint is about to set (no
+    pretrained backbone weights are fetched)."""
+    with weights_from_checkpoint():
+        return build_method(name, **hparams)
 
 
 def _unwrap(method: nn.Module) -> nn.Module:
@@ -37,21 +49,31 @@ def _unwrap(method: nn.Module) -> nn.Module:
 
 
 def load_official(path_or_state_dict: PathOrState, method: str | None = None,
-                  trust: bool = False, **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
+                  trust: bool = False, new_heads: bool = False,
+                  **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
     """Load an official VICReg / SwAV / SimSiam checkpoint (detected, or checked against
     ``method``) strictly into the method with the official layout.
 
-    Head sizes and the ResNet are read off the tensor shapes; ``method_hparams`` override them
-    (and then must still match the file). A backbone-only file (VICReg ``resnet50.pth``,
-    torchvision weights; a torchvision classifier is dropped) needs ``method`` and gets freshly
-    initialised heads, with a warning. Returns ``(method, info)``; ``info`` holds ``format``,
-    ``epoch``, ``optimizer`` (the official optimizer state, to be applied with
-    :func:`restore_optimizer_state`), ``hparams`` and ``source``.
+    ``path_or_state_dict``: a file, a URL (see :mod:`e2mc.checkpoints.remote`) or a loaded
+    object. Head sizes and the ResNet are read off the tensor shapes; ``method_hparams``
+    override them (and then must still match the file). A backbone-only file (VICReg
+    ``resnet50.pth``, torchvision or timm weights; a classifier is dropped) needs ``method`` (any
+    method, ``generic`` included) and ``new_heads=True``: its projector (and predictor,
+    prototypes) start from random weights, which must be asked for. Returns ``(method,
+    info)``; ``info`` holds ``format``, ``epoch``, ``optimizer`` (the official optimizer state,
+    to be applied with :func:`restore_optimizer_state`), ``hparams``, ``source`` and, for a
+    backbone-only file, ``new_heads`` (the names of the randomly initialised modules).
     """
     obj, source = _load_obj(path_or_state_dict, trust)
+    return _official(obj, source, method, new_heads, method_hparams)
+
+
+def _official(obj: Any, source: str | None, method: str | None, new_heads: bool,
+              method_hparams: dict[str, Any]) -> tuple[SSLMethod, dict[str, Any]]:
+    """:func:`load_official` of a loaded object."""
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         raise ValueError("this is an e2mc checkpoint, not an official one: use load_checkpoint")
-    det = detect(obj, method)
+    det = detect(obj, method if method in METHOD_FORMATS else None)
     name = method or det.format
     info: dict[str, Any] = {"format": det.format, "epoch": det.epoch,
                             "optimizer": det.optimizer, "source": source, **det.extra}
@@ -59,45 +81,46 @@ def load_official(path_or_state_dict: PathOrState, method: str | None = None,
         if method is None:
             raise ValueError("this file holds a backbone only (torchvision names); say which "
                              f"method's heads to build: method= one of {METHOD_FORMATS}")
-        model, dropped, hp = _load_backbone_into_method(det, name, method_hparams)
-        info.update(hparams=hp, dropped_keys=dropped)
+        model, dropped, hp, heads = _load_backbone_into_method(det, name, method_hparams,
+                                                               new_heads, source)
+        info.update(hparams=hp, dropped_keys=dropped, new_heads=heads, optimizer=None)
         return model, info
+    if method is not None and method not in METHOD_FORMATS:
+        raise ValueError(f"the file has the official {det.format} layout; a {method} model can "
+                         "start from a backbone-only file or an e2mc checkpoint of its own")
     state, unmapped = det.mapped()
     hp = {**infer_hparams(det.format, state), **method_hparams}
-    model = load_strict(lambda: build_method(name, **hp), state, det.format, det.to_file_key,
+    model = load_strict(lambda: _rebuild(name, hp), state, det.format, det.to_file_key,
                         unmapped)
     info["hparams"] = model.hparams
     return model, info  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=16)
-def _classifier_keys(arch: str) -> frozenset[str]:
-    """Keys of torchvision's full model that :func:`build_backbone` drops (the classifier)."""
-    import torchvision.models as tvm
-
-    if not hasattr(tvm, arch):  # the package's own backbones have no classifier to drop
-        return frozenset()
-    with torch.device("meta"):
-        full = set(getattr(tvm, arch)(weights=None).state_dict())
-        kept = set(build_backbone(arch)[0].state_dict())
-    return frozenset(full - kept)
+class NewHeadsRequiredError(ValueError):
+    """A backbone-only file would start a method with random heads, which was not asked for."""
 
 
-def _load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any]
-                               ) -> tuple[SSLMethod, list[str], dict[str, Any]]:
+def _load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any],
+                               new_heads: bool, source: str | None
+                               ) -> tuple[SSLMethod, list[str], dict[str, Any], list[str]]:
     hp = {**(infer_resnet(det.state_dict) or {}), **method_hparams}
     arch = hp.get("backbone", "resnet50")
-    classifier = _classifier_keys(arch)
+    classifier = classifier_keys(arch) if isinstance(arch, str) else frozenset()
     dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
-    model = build_method(name, **hp)
+    model = _rebuild(name, hp)
+    heads = sorted(n for n, m in model.named_children()
+                   if n != "backbone" and any(True for _ in m.parameters()))
+    if not new_heads:
+        raise NewHeadsRequiredError(
+            f"{source or 'the checkpoint'} holds only a {arch} backbone, no {name} "
+            f"{'/'.join(heads) or 'heads'}: continuing would start them from random weights. "
+            "Pass --new-heads (init.new_heads: true; new_heads=True in Python) if that is what "
+            "you want, or start from a checkpoint that has them")
     check_keys(model.backbone.state_dict(), sd, f"backbone only ({arch})",
                lambda k: det.prefix + k)
     model.backbone.load_state_dict(sd, strict=True)
-    warnings.warn(f"the checkpoint holds only the {arch} backbone: the {name} heads are freshly "
-                  "initialised (random)" + (f"; dropped classifier keys {dropped}" if dropped
-                                            else ""), stacklevel=3)
-    return model, dropped, model.hparams
+    return model, dropped, model.hparams, heads
 
 
 def restore_optimizer_state(optimizer: torch.optim.Optimizer, method: nn.Module,
@@ -160,7 +183,7 @@ def _from_project(obj: dict[str, Any], source: str | None) -> tuple[SSLMethod, d
         raise ValueError(f"e2mc checkpoint version {obj.get('version')!r} is not supported "
                          f"(expected {PROJECT_VERSION})")
     name, hp = obj["method"], obj["hparams"]
-    model = load_strict(lambda: build_method(name, **hp), obj["model"], f"e2mc ({name})")
+    model = load_strict(lambda: _rebuild(name, hp), obj["model"], f"e2mc ({name})")
     info = {k: v for k, v in obj.items() if k != "model"}
     info["source"] = source
     return model, info  # type: ignore[return-value]
@@ -172,16 +195,16 @@ def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, 
     obj, source = _load_obj(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         return _from_project(obj, source)
-    model, info = load_official(obj, trust=trust)
-    info["source"] = source
-    return model, info
+    return _official(obj, source, None, False, {})
 
 
 def load_for_training(path: PathOrState, method: str, trust: bool = False,
+                      new_heads: bool = False,
                       **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
     """The starting model of a run of ``method`` built with ``method_hparams`` (the run's
     configuration): a project checkpoint of that method, loaded strictly into the configured
-    model, or an official file (:func:`load_official`).
+    model, or an official file (:func:`load_official`; a backbone-only file needs
+    ``new_heads=True``). ``path`` may be a URL.
 
     ``info`` holds ``epoch``, ``optimizer`` (a state dict or None), ``source`` and
     ``optimizer_layout``: ``"project"`` (written by this package's optimizer: load it as is) or
@@ -192,14 +215,28 @@ def load_for_training(path: PathOrState, method: str, trust: bool = False,
         if obj.get("method") != method:
             raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
                              f"this run trains {method!r}")
-        model = load_strict(lambda: build_method(method, **method_hparams), obj["model"],
+        model = load_strict(lambda: _rebuild(method, method_hparams), obj["model"],
                             f"e2mc ({method})")
         info = {k: v for k, v in obj.items() if k != "model"}
         info.update(source=source, optimizer_layout="project")
         return model, info  # type: ignore[return-value]
-    model, info = load_official(obj, method=method, trust=trust, **method_hparams)
-    info.update(source=source, optimizer_layout="official")
+    model, info = _official(obj, source, method, new_heads, method_hparams)
+    info.update(optimizer_layout="official")
     return model, info
+
+
+def checkpoint_of(path_or_run_dir: str | os.PathLike[str]) -> str:
+    """A checkpoint file, a URL, or a training run directory's latest checkpoint
+    (:meth:`e2mc.artifacts.RunDir.latest_checkpoint`): what the subcommands accept."""
+    from e2mc.artifacts import RunDir
+
+    if is_url(path_or_run_dir) or not Path(path_or_run_dir).is_dir():
+        return os.fspath(path_or_run_dir)
+    latest = RunDir(path_or_run_dir).latest_checkpoint()
+    if latest is None:
+        raise ValueError(f"{path_or_run_dir} is a directory without a checkpoint (not a "
+                         "training run directory)")
+    return str(latest)
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
@@ -220,8 +257,7 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
         return method.backbone, method.feature_dim, info
     det = detect(obj)
     if det.format != "backbone":
-        method, info = load_official(obj, trust=trust)
-        info["source"] = source
+        method, info = _official(obj, source, None, False, {})
         return method.backbone, method.feature_dim, info
     spec: dict[str, Any] | None = None
     if arch is not None:
@@ -236,14 +272,20 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     if spec is None:
         raise ValueError("cannot tell the architecture of this backbone state dict: pass arch= "
                          "(CLI --arch), or keep the <file>.json written by export-backbone")
-    classifier = _classifier_keys(spec["backbone"])
+    classifier = classifier_keys(spec["backbone"])
     dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
-    backbone = load_strict(lambda: build_backbone(spec["backbone"], spec["small_images"],
-                                                  spec["in_channels"])[0],
-                           sd, f"backbone ({spec['backbone']})", lambda k: det.prefix + k)
-    with torch.device("meta"):
-        feature_dim = build_backbone(spec["backbone"])[1]
+    dims: list[int] = []
+
+    def build() -> nn.Module:
+        with weights_from_checkpoint():
+            module, dim = build_backbone(spec["backbone"], spec["small_images"],
+                                         spec["in_channels"])
+        dims.append(dim)
+        return module
+
+    backbone = load_strict(build, sd, f"backbone ({spec['backbone']})", lambda k: det.prefix + k)
+    feature_dim = dims[-1]
     info = {"format": "backbone", "arch": spec["backbone"], "small_images": spec["small_images"],
             "in_channels": spec["in_channels"], "dropped_keys": dropped, "source": source}
     return backbone, feature_dim, info

@@ -15,6 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--method", choices=["vicreg", "swav", "simsiam"], default=None,
                    help="expected method (detected from the keys when omitted; required for a "
                         "backbone-only file)")
+    p.add_argument("--new-heads", action="store_true",
+                   help="for a backbone-only file: build the method's heads from random weights")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow full unpickling (runs code stored in the file; trusted files only)")
     p.set_defaults(func=run)
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from e2mc.checkpoints import load_official, save_checkpoint
 
     method, info = load_official(args.official_file, method=args.method,
-                                 trust=args.trust_checkpoint)
+                                 trust=args.trust_checkpoint, new_heads=args.new_heads)
     extra = {"source_format": info["format"], "source": info["source"]}
     if info.get("epoch") is not None:
         extra["epoch"] = info["epoch"]

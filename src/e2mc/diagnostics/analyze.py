@@ -22,8 +22,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir
+from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, read_jsonl
 from e2mc.diagnostics.figures import (
+    loss_terms,
     plot_accuracy_curves,
     plot_loss_terms,
     plot_marginal_pair,
@@ -263,9 +264,12 @@ def analyze(
         info = {k: v for k, v in info.items() if isinstance(v, str | int | float | bool)}
         run = RunDiagnostics(src.name, str(src.checkpoint), stats, info)
         run.collapse = _collapse_signals(src, method, embs)
-        if src.metrics is not None:
+        records = read_jsonl(src.metrics, partial_last_line=True) if src.metrics else []
+        if loss_terms(records):
             run.figures.append(("loss terms", plot_loss_terms(
-                src.metrics, out / f"loss_{src.name}.png", title=src.name)))
+                records, out / f"loss_{src.name}.png", title=src.name)))
+        elif src.metrics is not None:  # a run stopped before its first logged step
+            run.info["loss terms"] = "none logged yet (empty metrics.jsonl)"
         reports.append(run)
 
     figures = []

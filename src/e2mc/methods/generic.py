@@ -1,4 +1,9 @@
-"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss."""
+"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss.
+
+Built by name (``build_method("generic", backbone="timm:resnet18", projector="512-512")``, or
+``method.name: generic`` in a config) it is saved and rebuilt like the other methods, so every
+subcommand (``eval``, ``analyze``, ``export-backbone``) accepts its runs; built around modules
+it is rebuilt in code."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from torch import nn
 
 from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
+from e2mc.methods.heads import parse_mlp_spec, simsiam_predictor, vicreg_projector
 from e2mc.methods.simsiam import sgd_with_predictor_group, simsiam_loss
 from e2mc.methods.vicreg import lars_param_groups, vicreg_loss
 from e2mc.optim import LARS
@@ -25,34 +31,57 @@ def _first_linear_in_features(module: nn.Module) -> int | None:
 
 
 class Generic(SSLMethod):
-    """A user's ``backbone`` (images -> ``[n, feature_dim]``) and ``projector`` with a base loss.
+    """A ``backbone`` (a name for :func:`e2mc.models.build_backbone`, or a module mapping images
+    to ``[n, feature_dim]``) and a ``projector`` with a base loss.
 
-    ``loss="vicreg"``: VICReg's loss (coefficients ``sim_coeff, std_coeff, cov_coeff``), LARS
-    preset, E2MC on the hypercube. ``loss="simsiam"``: needs a ``predictor``; SimSiam's loss,
-    SGD preset with a fixed-lr predictor group, E2MC on the hypersphere. The add-on gets the
-    projector outputs. ``feature_dim`` defaults to the ``in_features`` of the projector's
-    first ``nn.Linear``. Generic models are saved as state dicts; rebuild them in code.
+    ``projector``: a module, or a size spec ``"2048-2048"`` for VICReg's MLP layout (Linear, BN,
+    ReLU per hidden layer, last Linear without bias). ``loss="vicreg"``: VICReg's loss
+    (coefficients ``sim_coeff, std_coeff, cov_coeff``), LARS preset, E2MC on the hypercube.
+    ``loss="simsiam"``: needs a ``predictor`` (a module, or its hidden width as an int for
+    SimSiam's predictor layout); SimSiam's loss, SGD preset with a fixed-lr predictor group, E2MC
+    on the hypersphere. The add-on gets the projector outputs. With a module backbone,
+    ``feature_dim`` defaults to the ``in_features`` of the projector's first ``nn.Linear``. Built
+    from names and specs only, the model is rebuilt from its checkpoint's ``hparams``.
     """
 
     name = "generic"
 
-    def __init__(self, backbone: nn.Module, projector: nn.Module, loss: str = "vicreg",
-                 feature_dim: int | None = None, predictor: nn.Module | None = None,
+    def __init__(self, backbone: str | nn.Module = "resnet50",
+                 projector: str | nn.Module = "2048-2048", loss: str = "vicreg",
+                 feature_dim: int | None = None, predictor: int | nn.Module | None = None,
                  sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
-                 predictor_lr: float | None = None, view_recipe: str | None = None) -> None:
+                 predictor_lr: float | None = None, view_recipe: str | None = None,
+                 small_images: bool = False, in_channels: int = 3) -> None:
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
-        if not isinstance(projector, nn.Module):
-            raise ValueError("projector must be an nn.Module")
+        if not isinstance(projector, nn.Module | str):
+            raise ValueError("projector must be an nn.Module or a size spec like '2048-2048'")
         if loss == "simsiam" and predictor is None:
-            raise ValueError("loss='simsiam' needs a predictor module")
+            raise ValueError("loss='simsiam' needs a predictor (a module or its hidden width)")
         if loss == "vicreg" and predictor is not None:
             raise ValueError("a predictor is only used with loss='simsiam'")
-        if feature_dim is None and isinstance(backbone, nn.Module):
+        if feature_dim is None and isinstance(backbone, nn.Module) \
+                and isinstance(projector, nn.Module):
             feature_dim = _first_linear_in_features(projector)
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
-            backbone, False, 3, feature_dim)
+            backbone, small_images, in_channels, feature_dim)
+        spec_hparams: dict[str, Any] = {}
+        if isinstance(projector, str):
+            spec_hparams["projector"] = projector
+            out_dim = parse_mlp_spec(projector)[-1]
+            projector = vicreg_projector(self.feature_dim, projector)
+        else:
+            out_dim = None
+            spec_hparams["projector_class"] = type(projector).__name__
+        if isinstance(predictor, int) and not isinstance(predictor, bool):
+            if out_dim is None:
+                raise ValueError("an int predictor (its hidden width) needs a projector spec; "
+                                 "pass a predictor module with a projector module")
+            spec_hparams["predictor"] = predictor
+            predictor = simsiam_predictor(out_dim, predictor)
+        elif predictor is not None and not isinstance(predictor, nn.Module):
+            raise ValueError(f"predictor must be a module or an int, got {predictor!r}")
         self.projector = projector
         self.predictor = predictor
         self.loss_name = loss
@@ -61,7 +90,7 @@ class Generic(SSLMethod):
         self.coeffs = (sim_coeff, std_coeff, cov_coeff)
         self.predictor_lr = predictor_lr
         self.hparams: dict[str, Any] = {
-            **bb_hparams, "projector_class": type(projector).__name__, "loss": loss,
+            **bb_hparams, **spec_hparams, "loss": loss,
             "sim_coeff": sim_coeff, "std_coeff": std_coeff, "cov_coeff": cov_coeff,
             "predictor_lr": predictor_lr, "view_recipe": self.view_recipe}
 

@@ -1,0 +1,100 @@
+"""Checkpoints by URL: downloaded once into torch.hub's cache, with a hash check.
+
+``http(s)://`` and ``file://`` URLs go through :func:`torch.hub.download_url_to_file` into
+``<torch.hub.get_dir()>/checkpoints/<file name>`` (``$TORCH_HOME/hub/checkpoints``), the cache
+torchvision's weights use too; a cached file is not downloaded again. The hash check follows
+torch.hub: ``check_hash`` compares the SHA-256 with the hex prefix in the file name
+(``resnet50-0676ba61.pth``); a full ``sha256`` (the ``sha256=`` argument, or a URL ending in
+``#sha256=<hex>``) is compared with the whole digest, for a fresh download and a cached file alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from urllib.error import HTTPError
+from urllib.parse import unquote, urlsplit
+
+SCHEMES = ("http", "https", "file")
+_HASH_IN_NAME = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's convention
+_HEX = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def is_url(ref: object) -> bool:
+    """Whether ``ref`` is a string URL this module can fetch (http, https, file)."""
+    return isinstance(ref, str) and urlsplit(ref).scheme.lower() in SCHEMES \
+        and "://" in ref
+
+
+def split_hash(url: str) -> tuple[str, str | None]:
+    """``("https://x/f.pth", "ab12...")`` from ``"https://x/f.pth#sha256=ab12..."``."""
+    base, sep, fragment = url.partition("#")
+    if not sep:
+        return url, None
+    if not fragment.startswith("sha256="):
+        raise ValueError(f"{url}: the only URL fragment understood is #sha256=<64 hex digits>")
+    return base, fragment[len("sha256="):]
+
+
+def cache_path(url: str) -> Path:
+    """Where :func:`fetch` keeps ``url``: torch.hub's ``checkpoints`` folder, by file name."""
+    import torch.hub
+
+    name = os.path.basename(unquote(urlsplit(url).path))
+    if not name:
+        raise ValueError(f"{url}: the URL names no file")
+    return Path(torch.hub.get_dir()) / "checkpoints" / name
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
+          progress: bool = True) -> Path:
+    """The local copy of ``url`` (downloaded into the cache unless already there).
+
+    ``sha256``: the file's full SHA-256 (also read from a ``#sha256=`` fragment); a mismatch is a
+    ``ValueError`` and a bad download is not kept. ``check_hash``: the digest must start with the
+    hex prefix in the file name (torch.hub's rule). An unreachable URL is a ``ValueError``.
+    """
+    import torch.hub
+
+    url, from_fragment = split_hash(url)
+    if sha256 and from_fragment and sha256.lower() != from_fragment.lower():
+        raise ValueError(f"{url}: two different sha256 values given")
+    sha256 = sha256 or from_fragment
+    if sha256 is not None and not _HEX.fullmatch(sha256):
+        raise ValueError(f"sha256 must be 64 hex digits, got {sha256!r}")
+    prefix = None
+    if check_hash:
+        match = _HASH_IN_NAME.search(os.path.basename(urlsplit(url).path))
+        if match is None:
+            raise ValueError(f"{url}: check_hash needs a file name with a hash prefix "
+                             "(name-<hex>.ext); give the full sha256 instead")
+        prefix = match.group(1)
+    expected = (sha256 or prefix or "").lower() or None
+    dst = cache_path(url)
+    if not dst.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            torch.hub.download_url_to_file(url, str(dst), hash_prefix=expected,
+                                           progress=progress)
+        except RuntimeError as err:  # torch.hub's hash mismatch (the partial file is removed)
+            raise ValueError(f"{url}: {err}") from None
+        except HTTPError as err:
+            raise ValueError(f"cannot download {url}: HTTP {err.code} {err.reason}") from None
+        except OSError as err:  # URLError (no server, missing file:// target), disk errors
+            raise ValueError(f"cannot download {url}: {getattr(err, 'reason', err)}") from None
+    elif expected is not None:
+        actual = sha256_of(dst)
+        if not actual.startswith(expected):
+            raise ValueError(f"{dst} (cached copy of {url}) has sha256 {actual}, expected "
+                             f"{expected}: delete the file to download it again")
+    return dst
