@@ -1,10 +1,12 @@
-"""Run logging: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard scalars.
+"""Run logging: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard scalars, and
+optionally Weights & Biases (``logging.wandb: true``, the ``[wandb]`` extra).
 
 Only the main process logs; on the others the logger is disabled and every call is a no-op.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -15,22 +17,32 @@ from e2mc.artifacts import RunDir
 
 
 class MetricsLogger:
-    """Append metrics to ``run_dir/metrics.jsonl`` and ``run_dir/tensorboard`` (if importable).
+    """Append metrics to ``run_dir/metrics.jsonl``, ``run_dir/tensorboard`` (if importable) and
+    a wandb run (when ``config.logging.wandb``).
 
     Each :meth:`log` call writes one line ``{"step": ..., "epoch": ..., <name>: value, ...}``
-    with every name given; TensorBoard gets the numeric ones as scalars at ``step``.
+    with every name given; TensorBoard and wandb get the finite numeric ones at ``step``.
+    ``config`` (a :class:`~e2mc.training.config.RunConfig`) supplies the ``logging`` section and
+    the configuration recorded with the wandb run.
     """
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True,
+                 config: Any = None) -> None:
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.path = self.run.metrics
         self._file = None
         self._writer = None
+        self._wandb: Any = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        log_cfg = getattr(config, "logging", None)
+        if log_cfg is not None:
+            tensorboard = tensorboard and log_cfg.tensorboard
+            if log_cfg.wandb:
+                self._wandb = start_wandb(self.run, log_cfg, config)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -46,10 +58,14 @@ class MetricsLogger:
         record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record, allow_nan=True) + "\n")
         self._file.flush()
+        scalars = {name: value for name, value in record.items()
+                   if name != "step" and isinstance(value, int | float)
+                   and not isinstance(value, bool) and math.isfinite(value)}
         if self._writer is not None:
-            for name, value in record.items():
-                if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._writer.add_scalar(name, value, global_step=step)
+            for name, value in scalars.items():
+                self._writer.add_scalar(name, value, global_step=step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=int(step))
 
     def close(self) -> None:
         if self._file is not None:
@@ -58,12 +74,40 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wandb_run_id(run: RunDir) -> str:
+    """A wandb run id fixed by the run directory's absolute path, so that a resumed run
+    continues the same wandb run (``resume="allow"``)."""
+    return hashlib.sha1(str(run.root.resolve()).encode()).hexdigest()[:16]
+
+
+def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
+    """``wandb.init`` for a training run: project, entity, name (default: the run directory's
+    name), mode (``online``, ``offline``, ``disabled``; default wandb's own, ``$WANDB_MODE``),
+    the resolved configuration, files under ``run_dir`` (wandb's own ``wandb/`` folder)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("logging.wandb needs the wandb package: pip install 'e2mc[wandb]' "
+                         "(or set logging.wandb=false)") from None
+    if log_cfg.wandb_mode not in (None, "online", "offline", "disabled"):
+        raise ValueError("logging.wandb_mode must be online, offline or disabled, got "
+                         f"{log_cfg.wandb_mode!r}")
+    return wandb.init(
+        project=log_cfg.wandb_project, entity=log_cfg.wandb_entity,
+        name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
+        dir=str(run.root), id=wandb_run_id(run), resume="allow",
+        config=config.to_dict() if hasattr(config, "to_dict") else None)
 
 
 def _plain(value: Any) -> Any:

@@ -480,7 +480,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         spe = self.steps_per_epoch
         start_batch = step - run_epoch * spe
-        logger = self.logger = MetricsLogger(self.run_dir, enabled=rt.is_main)
+        logger = self.logger = MetricsLogger(self.run_dir, enabled=rt.is_main, config=self.cfg)
         ckpt_path: Path | None = self.run.checkpoint if step else None
         if step == 0 and run_epoch == 0:
             self._save_epoch_copy(0, 0)
