@@ -20,6 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resamples", type=int, default=10_000,
                    help="permutation / bootstrap resamples (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    p.add_argument("--floor", default=None, metavar="EVAL_DIR",
+                   help="evaluation of a random-init model of the same architecture (e.g. "
+                        "'e2mc eval RUN/checkpoints/epoch_0000.pt ...'): shown as the first "
+                        "row, 'random init', and not tested")
     p.set_defaults(func=run)
 
 
@@ -30,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     try:
-        comp = compare_runs(args.runs, names, n_resamples=args.resamples, seed=args.seed)
+        comp = compare_runs(args.runs, names, n_resamples=args.resamples, seed=args.seed,
+                            floor=args.floor)
     except ValueError as exc:
         print(f"e2mc compare: error: {exc}", file=sys.stderr)
         return 2

@@ -73,6 +73,13 @@ class Comparison:
     tests: list[dict[str, Any]] = field(default_factory=list)
     metric_note: str = ""
     pooled: list[dict[str, Any]] = field(default_factory=list)
+    #: Name of the random-init floor row (shown first, tested against nothing), if any.
+    floor: str | None = None
+
+    @property
+    def reference(self) -> str:
+        """The run every other run is tested against: the first one after the floor."""
+        return next(r for r in self.runs if r != self.floor)
 
 
 def _marker(p: float) -> str:
@@ -80,7 +87,8 @@ def _marker(p: float) -> str:
 
 
 def compare_runs(run_dirs: list[str], names: list[str] | None = None,
-                 n_resamples: int = 10_000, seed: int = 0) -> Comparison:
+                 n_resamples: int = 10_000, seed: int = 0, floor: str | None = None,
+                 floor_name: str = "random init") -> Comparison:
     """Table of mean ± SE (each column's primary metric) and paired tests of every run
     against the first on the same (column, seed) test predictions.
 
@@ -89,6 +97,10 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     difference is significant at every seed under both tests. With two or more matched
     seeds, :func:`~e2mc.evaluation.statistics.pooled_permutation_test` also gives one p-value
     over all of them (``Comparison.pooled``).
+
+    ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
+    RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
+    first row, ``floor_name``, shown for scale and tested against nothing.
     """
     if len(run_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
@@ -129,8 +141,20 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
                                "permutation_p": p})
             cells[name][column] = (mean, se, _marker(worst_p) if worst_p is not None else "")
     note = "; ".join(f"{c}: {primaries[c]}" for c in columns)
+    if floor is not None:
+        if floor_name in names:
+            raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
+        floor_run = load_run(floor)
+        floor_cells = {}
+        for column in columns:
+            entries = floor_run.column(column)
+            if entries and column in primaries:
+                mean, se = mean_se([e.metrics[primaries[column]] for e in entries])
+                floor_cells[column] = (mean, se, "")
+        cells = {floor_name: floor_cells, **cells}
+        names = [floor_name, *names]
     return Comparison(runs=names, columns=columns, cells=cells, tests=tests, metric_note=note,
-                      pooled=pooled)
+                      pooled=pooled, floor=floor_name if floor is not None else None)
 
 
 def matched_correctness(reference_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str],
@@ -205,8 +229,11 @@ def comparison_markdown(comp: Comparison) -> str:
         lines.append(f"| {run} | " + " | ".join(_cell_text(comp.cells[run].get(c))
                                                 for c in comp.columns) + " |")
     lines += ["", f"Mean ± standard error over seeds (percent). Metrics: {comp.metric_note}.",
-              f"* p < 0.05, ** p < 0.01 against {comp.runs[0]} at every seed under both "
+              f"* p < 0.05, ** p < 0.01 against {comp.reference} at every seed under both "
               "McNemar and the paired permutation test."]
+    if comp.floor is not None:
+        lines.append(f"{comp.floor}: the floor, a random-init model of the same architecture "
+                     "(not tested).")
     if comp.pooled:
         lines += ["", "Pooled over seeds (each image's difference averaged over the matched "
                   "seeds, then the paired permutation test on the images):", "",
