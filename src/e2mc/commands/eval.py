@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from e2mc.commands._types import at_least
+
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
@@ -43,20 +45,6 @@ def _checked(parse, what: str, low: float, low_open: bool = False, high: float |
             raise argparse.ArgumentTypeError(f"{', '.join(f'{v:g}' for v in twice)} given "
                                              f"twice (each {what} counts once)")
         return values
-
-    return check
-
-
-def _at_least(low: int):
-    """An argparse type: an integer >= ``low``."""
-    def check(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
 
     return check
 
@@ -125,13 +113,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="backbone architecture of a plain state dict (e2mc and official files "
                         "record theirs; --arch is then ignored, with a warning)")
     p.add_argument("--small-images", action="store_true", help="ResNet stem for 28-32 px")
-    p.add_argument("--in-channels", type=_at_least(1), default=None,
+    p.add_argument("--in-channels", type=at_least(1), default=None,
                    help="image channels (default: the model's first layer's)")
-    p.add_argument("--image-size", type=_at_least(1), default=None,
+    p.add_argument("--image-size", type=at_least(1), default=None,
                    help="evaluation image size (default: 32 with --small-images, else 224)")
     p.add_argument("--trust-checkpoint", "--trust", dest="trust", action="store_true",
                    help="allow torch.load(weights_only=False) for a trusted checkpoint")
-    p.add_argument("--epochs", type=_at_least(1), default=None,
+    p.add_argument("--epochs", type=at_least(1), default=None,
                    help="override the preset's epochs")
     p.add_argument("--lr", type=_positive_float, default=None,
                    help="override the linear probe's lr")
@@ -161,10 +149,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "default, from one neighbour search")
     p.add_argument("--svm-costs", type=_checked(_floats, "cost", 0.0, True), default=None,
                    help="SVM cost grid (default: the VOC07 grid of 23 values)")
-    p.add_argument("--svm-folds", type=_at_least(2), default=3)
-    p.add_argument("--batch-size", type=_at_least(1), default=256,
+    p.add_argument("--svm-folds", type=at_least(2), default=3)
+    p.add_argument("--batch-size", type=at_least(1), default=256,
                    help="feature extraction batch")
-    p.add_argument("--num-workers", type=_at_least(0), default=None,
+    p.add_argument("--num-workers", type=at_least(0), default=None,
                    help="DataLoader workers (default: one per core but one, at most 8)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast for feature extraction (default: on an accelerator "
@@ -237,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else FeatureCache(
         args.cache or os.environ.get("E2MC_CACHE")
         or Path.home() / ".cache" / "e2mc" / "features")
-    record = run_evaluation(
+    run_evaluation(
         backbone, feature_dim, train_ds, test_ds, args.out, options,
         data_id=f"{args.data}|{test_spec}|size={size}|ch={channels}"
                 + ("|skip-corrupt" if args.skip_corrupt else ""),
@@ -247,19 +235,20 @@ def run(args: argparse.Namespace) -> int:
                       "device": device})
     if not is_main_process():
         return 0
-    from e2mc.evaluation.results import summarize
+    from e2mc.artifacts import EvalDir, mean_se
 
-    for column, metrics in summarize(record["entries"]).items():
-        primary = next(e["primary"] for e in record["entries"] if e["column"] == column)
-        m = metrics[primary]
-        se = f" ± {m['se']:.2f}" if m["se"] is not None else ""
-        print(f"{column:>20}: {primary} {m['mean']:.2f}{se} (n={m['n']})")
-    for column in dict.fromkeys(e["column"] for e in record["entries"] if "selection" in e):
-        chosen = ", ".join(
-            f"seed {e['seed']}: lr {e['config']['lr']:g} wd {e['config']['weight_decay']:g}"
-            for e in record["entries"] if e["column"] == column)
-        print(f"{column:>20}: chosen on validation: {chosen}")
-    print(f"wrote {Path(args.out) / 'results.json'}")
+    written = EvalDir(args.out)
+    results = written.load()
+    for column in results.columns():
+        entries = results.column(column)
+        mean, se = mean_se(results.values(column))
+        spread = f" ± {se:.2f}" if se is not None else ""
+        print(f"{column:>20}: {entries[0].primary} {mean:.2f}{spread} (n={len(entries)})")
+        if any("selection" in e.extra for e in entries):
+            chosen = ", ".join(f"seed {e.seed}: lr {e.extra['config']['lr']:g} wd "
+                               f"{e.extra['config']['weight_decay']:g}" for e in entries)
+            print(f"{column:>20}: chosen on validation: {chosen}")
+    print(f"wrote {written.results}")
     return 0
 
 
