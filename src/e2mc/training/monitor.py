@@ -40,28 +40,26 @@ if TYPE_CHECKING:  # pragma: no cover
 LABEL_FREE = ("val/rankme", "val/entropy")
 
 
+def _distinct(text: str, cast: type, key: str, valid: Any, what: str) -> tuple[Any, ...]:
+    """Comma-separated ``text`` as distinct values of ``cast`` that pass ``valid``."""
+    try:
+        values = tuple(cast(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(valid(v) for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"{key} must be distinct comma-separated {what}, got {text!r}")
+    return values
+
+
 def monitor_fractions(text: str) -> tuple[float, ...]:
     """``"0.01,1"`` -> ``(0.01, 1.0)``: the probes' label budgets, each in (0, 1]."""
-    try:
-        values = tuple(float(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"monitor.fractions must be comma-separated numbers, got {text!r}"
-                         ) from None
-    if not values or any(not 0 < v <= 1 for v in values) or len(set(values)) != len(values):
-        raise ValueError(f"monitor.fractions must be distinct fractions in (0, 1], got {text!r}")
-    return values
+    return _distinct(text, float, "monitor.fractions", lambda v: 0 < v <= 1,
+                     "fractions in (0, 1]")
 
 
 def monitor_label_seeds(text: str) -> tuple[int, ...]:
     """``"0,1,2"`` -> ``(0, 1, 2)``: distinct non-negative label-subset seeds."""
-    try:
-        values = tuple(int(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"monitor.label_seeds must be comma-separated integers, got {text!r}"
-                         ) from None
-    if not values or min(values) < 0 or len(set(values)) != len(values):
-        raise ValueError(f"monitor.label_seeds must be distinct integers >= 0, got {text!r}")
-    return values
+    return _distinct(text, int, "monitor.label_seeds", lambda v: v >= 0, "integers >= 0")
 
 
 def metric_names(fractions: str) -> list[str]:
