@@ -104,6 +104,8 @@ def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> 
     is an ``OSError(ENOSPC)`` naming ``path``. A temporary file left by a killed process is
     named ``.NAME.*.tmp`` (``RunDir.stale_temp_files``)."""
     target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     file_mode = _new_file_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

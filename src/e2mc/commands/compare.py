@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from e2mc.commands._types import at_least
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -17,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None,
                    help="output prefix: writes PREFIX.md, PREFIX.csv, PREFIX_tests.csv "
                         "(default: comparison in the first run's parent directory)")
-    p.add_argument("--resamples", type=int, default=10_000,
+    p.add_argument("--resamples", type=at_least(1), default=10_000,
                    help="permutation / bootstrap resamples (default: 10000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the resampling")
     p.add_argument("--floor", default=None, metavar="EVAL_DIR",

@@ -266,6 +266,7 @@ def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
         raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
 
 
@@ -291,6 +292,9 @@ def _check_ranges(cfg: RunConfig) -> None:
             raise ValueError(f"{key} must be >= {low}, got {value}")
     if o.final_lr_fraction > 1:
         raise ValueError(f"optim.final_lr_fraction must be <= 1, got {o.final_lr_fraction}")
+    if cfg.lr > _FLOAT32_MAX:
+        raise ValueError(f"optim.base_lr={o.base_lr:g} gives the learning rate {cfg.lr:g}, "
+                         "more than float32 can hold (3.4e38)")
     if not _DEVICE.match(t.device):
         raise ValueError(f"training.device must be auto, cpu, cuda, cuda:N or mps; got "
                          f"{t.device!r}")
@@ -461,7 +465,10 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     try:
         data = yaml.safe_load(source.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ValueError(f"{ident}: not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"{ident}: not valid YAML ({getattr(err, 'problem', None) or err}"
+                         f"{where})") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"{ident}: a config file must be a mapping of sections")
     data = dict(data)
