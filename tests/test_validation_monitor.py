@@ -234,3 +234,20 @@ def test_a_kill_while_best_pt_is_replaced_leaves_the_previous_best(tmp_path: Pat
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     assert json.loads(json.dumps(records[2]))["val/knn"] == 57.0
     assert not RunDir(run).stale_temp_files()
+
+
+def test_cli_bad_split_and_metric_exit_2_and_write_nothing(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    from e2mc.cli import main
+
+    data = _tiny_data(tmp_path / "d.npz")
+    run = tmp_path / "run"
+    sets = [a for item in TINY if not item.startswith("data.val_split")
+            for a in ("--set", item)]
+    common = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data),
+              "--run-dir", str(run), *sets]
+    assert main([*common, "--val-split", "0.9"]) == 2
+    assert "less than one batch" in capsys.readouterr().err
+    assert main([*common, "--val-split", "0.2", "--keep-best", "val/top1"]) == 2
+    assert "unknown monitor metric 'val/top1'" in capsys.readouterr().err
+    assert not run.exists()
