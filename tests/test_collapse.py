@@ -114,8 +114,8 @@ def test_uniform_prototype_scores_give_exactly_ln_k() -> None:
 def _train(run_dir: Path, method: torch.nn.Module, monitor: CollapseMonitor, name: str,
            lr: float, limit: int, batch: int, epochs: int, recipe: str | None = None) -> list:
     from e2mc.addons import build_addon
-    from e2mc.training.config import load_config
     from e2mc.training.build import build_train_dataset
+    from e2mc.training.config import load_config
     from e2mc.training.trainer import Trainer
 
     cfg = load_config(f"fmnist-{name}-pretrain", [
@@ -216,3 +216,31 @@ def test_analyze_flags_the_collapsed_run_and_not_the_shipped_base(tmp_path: Path
     assert runs["demo_base_vicreg"]["collapse"] == []
     assert sorted(c["kind"] for c in runs["collapsed"]["collapse"]) == ["loss", "rank"]
     assert "Possible collapse" in html_path.read_text()
+
+
+# ----------------------------------------------------------------------------- e2mc continue
+def test_continue_from_a_collapsed_checkpoint_warns_once(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """The monitor is wired into run_training (e2mc pretrain / continue) with its defaults:
+    the loss signal after the first epoch and a 20-step window."""
+    from e2mc.checkpoints import save_checkpoint
+    from e2mc.training.config import load_config
+    from e2mc.training.run import run_training
+
+    start = tmp_path / "collapsed.pt"
+    save_checkpoint(start, _collapsed_swav(rank_one=False), epoch=4)
+    cfg = load_config("fmnist-swav-continue", [
+        f"init.checkpoint={start}", "method.params.hidden_dim=32",
+        "method.params.output_dim=16", "method.params.n_prototypes=10",
+        "method.params.freeze_prototypes_iters=10000", "method.params.queue_length=0",
+        "training.batch_size=16", "training.epochs=7", "data.limit=64", "training.log_every=1",
+        "training.progress=false", "data.num_workers=0", "training.device=cpu",
+        "training.keep_epoch_checkpoints=false", "init.load_optimizer=false"])
+    result = run_training(cfg, tmp_path / "run")
+    assert result.completed
+    err = capsys.readouterr().err
+    assert err.count("warning: possible collapse") == 1, err
+    assert "base/swav has stayed at 2.3026" in err  # ln 10
+    records = read_term(tmp_path / "run" / "metrics.jsonl", "collapse/warning")
+    assert records == [1.0]
