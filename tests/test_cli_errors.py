@@ -408,3 +408,66 @@ def test_malformed_results_are_named(files: dict[str, Path],
     assert main(["compare", str(files["ey"]), str(bad)]) == EXIT_INPUT
     err = capsys.readouterr().err
     assert "results.json" in err and "Traceback" not in err
+
+
+def test_a_nonfinite_gradient_stops_or_is_skipped(tmp_path: Path) -> None:
+    """A finite loss whose gradient is NaN (d sqrt(x)/dx at 0): the run stops naming the
+    parameter, or with skip_nonfinite the step is skipped and the weights stay as they were."""
+    from torch import nn
+
+    from e2mc.addons import build_addon
+    from e2mc.methods.base import MethodOutput, SSLMethod
+    from e2mc.training.config import RunConfig
+    from e2mc.training.trainer import NonFiniteLossError, Runtime, Trainer
+
+    class NaNGrad(SSLMethod):
+        name = "nan-grad"
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.backbone = nn.Linear(4, 3)
+            self.feature_dim, self.hparams, self.calls = 3, {}, 0
+
+        def forward(self, views):
+            z = [self.backbone(v) for v in views]
+            self.calls += 1
+            loss = (z[0] - z[1]).pow(2).mean()
+            if self.calls == 2:
+                loss = loss + 0 * torch.sqrt(z[0].sum() * 0)  # value finite, gradient NaN
+            return MethodOutput(loss=loss, terms={}, embeddings=z)
+
+        def build_optimizer(self, lr, weight_decay, **kw):
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i):
+            x = torch.full((4,), float(i))
+            return [x, x + 1], 0
+
+    def trainer(run_dir: Path, skip: bool) -> tuple[Trainer, NaNGrad]:
+        cfg = RunConfig()
+        cfg.training.batch_size, cfg.training.epochs, cfg.training.progress = 4, 1, False
+        cfg.training.skip_nonfinite = skip
+        cfg.optim.base_lr, cfg.optim.lr_scaling = 0.01, "none"
+        method = NaNGrad()
+        return Trainer(method, build_addon("none"), Data(), cfg, run_dir,
+                       runtime=Runtime(torch.device("cpu"))), method
+
+    t, _ = trainer(tmp_path / "stop", skip=False)
+    with pytest.raises(NonFiniteLossError, match=r"the gradient of backbone\.\w+ is not finite "
+                                                 r"at step 2.*No checkpoint was written yet"):
+        t.fit()
+    t, method = trainer(tmp_path / "skip", skip=True)
+    t.fit()
+    ckpt = torch.load(RunDir(tmp_path / "skip").checkpoint, weights_only=True)
+    assert ckpt["skipped_steps"] == 1
+    reference, ref_method = trainer(tmp_path / "one", skip=True)
+    reference.tc.max_steps = 1
+    reference.fit()
+    after_one = {k: v.clone() for k, v in ref_method.state_dict().items()}
+    for key, value in after_one.items():  # step 2 skipped: the weights of step 1
+        assert torch.equal(ckpt["model"][key], value), key
