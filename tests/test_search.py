@@ -109,3 +109,33 @@ def test_search_refuses_another_base_an_unknown_key_and_metric(base: tuple[Path,
     assert _search(base, tmp_path / "m", "--grid", "addon.params.beta=0", "--metric",
                    "val/acc") == 2
     assert "unknown monitor metric" in capsys.readouterr().err
+
+
+def _eval_dir(root: Path, correct: np.ndarray, seeds: tuple[int, ...]) -> Path:
+    from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import save_predictions
+
+    labels = np.zeros(len(correct), dtype=np.int64)
+    entries = []
+    for seed in seeds:
+        rel = save_predictions(root, f"linear_1_s{seed}", np.where(correct, 0, 1), labels)
+        entries.append({"protocol": "linear", "column": "linear 1%", "fraction": 0.01,
+                        "seed": seed, "primary": "top1",
+                        "metrics": {"top1": 100 * correct.mean()}, "predictions": rel})
+    EvalDir(root).write({"entries": entries})
+    return root
+
+
+def test_confirmation_pairs_each_seed_and_pools(tmp_path: Path) -> None:
+    from e2mc.search import confirm_markdown, confirmation
+
+    control = np.arange(200) < 100  # right on 100 of 200 test images
+    better = np.arange(200) < 140  # the same 100 and 40 more
+    pairs = [(s, _eval_dir(tmp_path / f"c{s}", control, (0, 1)),
+              _eval_dir(tmp_path / f"t{s}", better, (0, 1))) for s in (0, 1)]
+    result = confirmation(pairs, "lr 0.1")
+    col = result["columns"]["linear 1%"]
+    assert col["difference"]["mean"] == pytest.approx(20.0) and col["difference"]["se"] == 0
+    assert (col["pairs"], col["significant_better"], col["significant_worse"]) == (4, 4, 0)
+    assert col["pooled_p"] < 0.001
+    assert "| linear 1% | +20.00 ± 0.00 | 4/4 | 0/4 |" in confirm_markdown(result)

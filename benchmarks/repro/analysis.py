@@ -10,7 +10,6 @@ seed, probed with the same label-subset seed, on the same test images.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from e2mc import artifacts
 from e2mc.artifacts import EvalDir, EvalResults
+from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
 
 
 def load(run_dir: Path) -> EvalResults | None:
@@ -57,42 +57,10 @@ def paired_tests(reference: Path, other: Path) -> list[dict[str, Any]]:
     return compare_runs([str(reference), str(other)], names=["reference", "other"]).tests
 
 
-def pooled_test(dir_pairs: list[tuple[Path, Path]], column: str) -> float | None:
-    """p of :func:`e2mc.evaluation.pooled_permutation_test` over every (training seed, label
-    seed) pair of ``column``: ``dir_pairs`` holds (reference, other) evaluation directories."""
-    from e2mc.evaluation import pooled_permutation_test
-    from e2mc.evaluation.results import matched_correctness
-
-    matched = [m for ref, other in dir_pairs
-               if all(EvalDir(d).exists() for d in (ref, other))
-               for m in matched_correctness(ref, other, column)]
-    return pooled_permutation_test(matched)[1] if len(matched) >= 2 else None
-
-
-def summarize_tests(rows_by_seed: dict[int, list[dict[str, Any]]], column: str,
-                    alpha: float = 0.05) -> dict[str, Any] | None:
-    """One line per column: the difference (percentage points, other - reference) as mean ± SE
-    over training seeds, and how many (training seed, label seed) pairs are significantly better
-    / worse under both McNemar and the permutation test."""
-    diffs, better, worse, total, mcnemar_ps = [], 0, 0, 0, []
-    for rows in rows_by_seed.values():
-        mine = [r for r in rows if r["column"] == column]
-        if not mine:
-            continue
-        diffs.append(float(np.mean([r["difference"] for r in mine])))
-        for r in mine:
-            total += 1
-            p = max(r["mcnemar_p"], r["permutation_p"])
-            mcnemar_ps.append(r["mcnemar_p"])
-            if p < alpha:
-                better += r["difference"] > 0
-                worse += r["difference"] < 0
-    if not diffs:
-        return None
-    return {"column": column, "difference": mean_se(diffs), "pairs": total,
-            "significant_better": int(better), "significant_worse": int(worse),
-            "median_mcnemar_p": float(statistics.median(mcnemar_ps)),
-            "max_mcnemar_p": float(max(mcnemar_ps)), "min_mcnemar_p": float(min(mcnemar_ps))}
+# The paired summary and the pooled test live in the library (``e2mc search --confirm`` uses
+# them too); the study keeps its names for them.
+pooled_test = pooled_p
+summarize_tests = summarize_paired_tests
 
 
 def fmt(c: dict[str, Any] | None) -> str:

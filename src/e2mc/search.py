@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from e2mc.artifacts import SEARCH_JSON, SEARCH_MD, EvalDir, RunDir, mean_se
+from e2mc.artifacts import SEARCH_JSON, SEARCH_MD, EvalDir, RunDir
 
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
         "last step, if positive; otherwise none")
@@ -361,35 +361,24 @@ def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
 
 
 def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, Any]:
-    """Paired tests of each training seed's trial against its control on the test split, per
-    column: the mean ± SE over training seeds of the difference, how many (training seed, label
-    seed) pairs are significantly better / worse (p < 0.05 under McNemar and the permutation
-    test) and one permutation p pooled over every pair."""
-    from e2mc.evaluation import pooled_permutation_test
-    from e2mc.evaluation.results import compare_runs, matched_correctness
+    """Paired tests of each training seed's trial against its control on the test split
+    (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
+    pooled over every (training seed, label seed) pair)."""
+    from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
+    from e2mc.evaluation.results import compare_runs
 
-    columns: dict[str, dict[str, Any]] = {}
+    rows_by_seed: dict[int, list[dict[str, Any]]] = {}
+    columns: list[str] = []
     for seed, control, run in pairs:
         comp = compare_runs([str(control), str(run)], names=["control", "trial"])
-        for t in comp.tests:
-            col = columns.setdefault(t["column"], {"per_seed": {}, "better": 0, "worse": 0,
-                                                   "pairs": 0, "matched": []})
-            col["per_seed"].setdefault(seed, []).append(t["difference"])
-            col["pairs"] += 1
-            if max(t["mcnemar_p"], t["permutation_p"]) < 0.05:
-                col["better" if t["difference"] > 0 else "worse"] += 1
-        for column in comp.columns:
-            if column in columns:
-                columns[column]["matched"] += matched_correctness(control, run, column)
+        rows_by_seed[seed] = comp.tests
+        columns += [c for c in comp.columns if c not in columns]
     out: dict[str, Any] = {"trial": trial, "seeds": [p[0] for p in pairs], "columns": {}}
-    for column, col in columns.items():
-        per_seed = [float(sum(v) / len(v)) for v in col["per_seed"].values()]
-        mean, se = mean_se(per_seed)
-        pooled = pooled_permutation_test(col["matched"])[1] if len(col["matched"]) >= 2 \
-            else None
-        out["columns"][column] = {"difference": mean, "se": se, "pairs": col["pairs"],
-                                  "better": col["better"], "worse": col["worse"],
-                                  "pooled_p": pooled}
+    for column in columns:
+        summary = summarize_paired_tests(rows_by_seed, column)
+        if summary is not None:
+            summary["pooled_p"] = pooled_p([(c, r) for _, c, r in pairs], column)
+            out["columns"][column] = summary
     return out
 
 
@@ -400,10 +389,11 @@ def confirm_markdown(result: dict[str, Any]) -> str:
              "| column | trial − control | significantly better | significantly worse | "
              "pooled p |", "|---|---|---|---|---|"]
     for column, c in result["columns"].items():
-        se = f" ± {c['se']:.2f}" if c["se"] is not None else ""
+        d = c["difference"]
+        se = f" ± {d['se']:.2f}" if d["se"] is not None else ""
         pooled = f"{c['pooled_p']:.3g}" if c["pooled_p"] is not None else "–"
-        lines.append(f"| {column} | {c['difference']:+.2f}{se} | {c['better']}/{c['pairs']} | "
-                     f"{c['worse']}/{c['pairs']} | {pooled} |")
+        lines.append(f"| {column} | {d['mean']:+.2f}{se} | {c['significant_better']}/"
+                     f"{c['pairs']} | {c['significant_worse']}/{c['pairs']} | {pooled} |")
     lines += ["", "Difference in top-1 points, mean ± SE over training seeds (each the mean over "
               "label seeds); a pair is significant when both McNemar's test and the paired "
               "permutation test give p < 0.05; pooled p: the permutation test on each test "

@@ -1,0 +1,57 @@
+"""Paired comparisons over several training seeds: one summary per column of the per-(training
+seed, label seed) tests of :func:`e2mc.evaluation.compare_runs`, and one permutation test pooled
+over all those pairs. Used by ``e2mc search --confirm`` and the reproduction study."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from e2mc.artifacts import EvalDir, mean_se
+
+PathLike = str | os.PathLike[str]
+
+
+def summarize_paired_tests(rows_by_seed: Mapping[int, list[dict[str, Any]]], column: str,
+                           alpha: float = 0.05) -> dict[str, Any] | None:
+    """The difference in ``column`` (percentage points, other minus reference) as mean ± SE over
+    training seeds (each the mean over its label seeds), and how many (training seed, label
+    seed) pairs are significantly better / worse (p < ``alpha`` under both McNemar's test and the
+    paired permutation test). ``rows_by_seed[seed]`` are ``compare_runs(...).tests`` rows."""
+    diffs, better, worse, total, mcnemar_ps = [], 0, 0, 0, []
+    for rows in rows_by_seed.values():
+        mine = [r for r in rows if r["column"] == column]
+        if not mine:
+            continue
+        diffs.append(float(np.mean([r["difference"] for r in mine])))
+        for r in mine:
+            total += 1
+            mcnemar_ps.append(r["mcnemar_p"])
+            if max(r["mcnemar_p"], r["permutation_p"]) < alpha:
+                better += r["difference"] > 0
+                worse += r["difference"] < 0
+    if not diffs:
+        return None
+    mean, se = mean_se(diffs)
+    return {"column": column,
+            "difference": {"mean": mean, "se": se, "n": len(diffs), "values": diffs},
+            "pairs": total, "significant_better": int(better), "significant_worse": int(worse),
+            "median_mcnemar_p": float(statistics.median(mcnemar_ps)),
+            "max_mcnemar_p": float(max(mcnemar_ps)), "min_mcnemar_p": float(min(mcnemar_ps))}
+
+
+def pooled_p(dir_pairs: Sequence[tuple[PathLike, PathLike]], column: str) -> float | None:
+    """p of :func:`~e2mc.evaluation.statistics.pooled_permutation_test` over every (training
+    seed, label seed) pair of ``column``; ``dir_pairs`` holds (reference, other) evaluation
+    directories (pairs not evaluated yet are skipped). None with fewer than two pairs."""
+    from e2mc.evaluation.results import matched_correctness
+    from e2mc.evaluation.statistics import pooled_permutation_test
+
+    matched = [m for ref, other in dir_pairs
+               if EvalDir(ref).exists() and EvalDir(other).exists()
+               for m in matched_correctness(ref, other, column)]
+    return pooled_permutation_test(matched)[1] if len(matched) >= 2 else None
