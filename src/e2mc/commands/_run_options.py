@@ -94,7 +94,8 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
 
 def run_command(args: argparse.Namespace, mode: str) -> int:
     """Body of ``e2mc continue`` / ``e2mc pretrain``; errors end through :func:`e2mc.cli.main`
-    (exit 2 bad configuration / data / checkpoint, 3 non-finite training, 1 other failures)."""
+    (exit 2 bad configuration / data / checkpoint, 3 non-finite training, 1 other failures);
+    75 when a pre-emption signal stopped the run after a checkpoint (run it again to resume)."""
     from e2mc.training.run import run_training
 
     try:
@@ -106,6 +107,10 @@ def run_command(args: argparse.Namespace, mode: str) -> int:
     print(f"{state}: epoch {result.run_epoch}/{cfg.training.epochs}, step {result.step}, "
           f"{result.skipped_steps} skipped step(s); checkpoint {result.checkpoint}",
           file=sys.stderr)
+    from e2mc.training.preemption import PREEMPTED_EXIT_CODE, is_preemption
+
+    if is_preemption(result.stop_reason):  # run the same command again to resume
+        return PREEMPTED_EXIT_CODE
     return 0
 
 

@@ -93,7 +93,12 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
         base = Subset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
-    dataset = MultiViewDataset(base, views)
+    if cfg.data.pipeline == "fast":
+        from e2mc.data.fast_views import FastViewDataset, FastViews
+
+        dataset = FastViewDataset(base, FastViews(views))
+    else:
+        dataset = MultiViewDataset(base, views)
     dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt
     return dataset
 
@@ -113,15 +118,20 @@ def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
 
 
 def build_callbacks(cfg: RunConfig, split: dict[str, Any] | None) -> list[Any]:
-    """The validation monitor (with keep-best) when the configuration asks for one."""
+    """The validation monitor (with keep-best) when the configuration asks for one, and the
+    pre-emption handler when ``training.preempt_signals`` names signals."""
     from e2mc.training.keep_best import KeepBest
     from e2mc.training.monitor import ValidationMonitor
+    from e2mc.training.preemption import PreemptionCallback, parse_signals
 
+    callbacks: list[Any] = []
+    if parse_signals(cfg.training.preempt_signals):
+        callbacks.append(PreemptionCallback(cfg.training.preempt_signals, cfg.training.requeue))
     mon = cfg.monitor
     if not mon.enabled or split is None:
-        return []
+        return callbacks
     keep = KeepBest(mon.keep_best, mon.patience, mon.min_delta) if mon.keep_best else None
-    return [ValidationMonitor(build_validation_data(cfg, split), mon, keep)]
+    return [*callbacks, ValidationMonitor(build_validation_data(cfg, split), mon, keep)]
 
 
 def method_kwargs(cfg: RunConfig) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import yaml
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
 LR_SCALINGS = ("none", "linear")
+PIPELINES = ("pil", "fast")
 MODES = ("continue", "pretrain")
 
 
@@ -83,6 +84,8 @@ class DataConfig:
     ``val_split`` holds out a validation part of the training images that training never sees
     (``e2mc.data.holdout_split``): a fraction in (0, 1) or a count >= 1; stratified by class
     where the data set has labels, drawn with ``val_seed``, recorded in the run directory.
+    ``pipeline``: ``pil`` (``build_views`` on PIL images) or ``fast`` (image folders through
+    ``e2mc.data.fast_views.FastViews``: the same draws, tensor decoding and augmentations).
     """
 
     dataset: str | None = None
@@ -95,6 +98,7 @@ class DataConfig:
     limit: int | None = None
     val_split: float | None = None
     val_seed: int = 0
+    pipeline: str = "pil"
 
 
 @dataclass
@@ -136,7 +140,10 @@ class TrainingConfig:
     """The loop. ``batch_size`` is global (split over the processes); ``epochs`` counts the
     epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
     checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
-    (1 is much faster on a busy shared CPU)."""
+    (1 is much faster on a busy shared CPU). ``compile`` compiles the backbone
+    (``torch.compile``, in place). ``preempt_signals`` (comma separated, ``""`` for none) stop the
+    run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
+    ``scontrol requeue $SLURM_JOB_ID`` under SLURM (``e2mc.training.preemption``)."""
 
     epochs: int = 10
     batch_size: int = 512
@@ -152,6 +159,9 @@ class TrainingConfig:
     channels_last: bool = False
     find_unused_parameters: bool = False
     cpu_threads: int | None = None
+    compile: bool = False
+    preempt_signals: str = "SIGTERM,SIGUSR1"
+    requeue: bool = True
 
 
 @dataclass
@@ -204,6 +214,10 @@ class RunConfig:
         _choice("training.precision", self.training.precision, PRECISIONS)
         _choice("optim.schedule", self.optim.schedule, SCHEDULES)
         _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
+        _choice("data.pipeline", self.data.pipeline, PIPELINES)
+        from e2mc.training.preemption import parse_signals
+
+        parse_signals(self.training.preempt_signals)
         for key, value in (("training.epochs", self.training.epochs),
                            ("training.batch_size", self.training.batch_size),
                            ("training.log_every", self.training.log_every),

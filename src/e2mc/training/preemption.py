@@ -47,16 +47,21 @@ PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, run aga
 DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
 
 
-def parse_signals(spec: str | Sequence[str] | None) -> tuple[signal.Signals, ...]:
+def parse_signals(spec: str | Sequence[str | signal.Signals] | None
+                  ) -> tuple[signal.Signals, ...]:
     """``"SIGTERM,SIGUSR1"`` (names with or without ``SIG``, any case, or numbers) -> signals;
     ``""``, ``"none"`` or ``None`` -> none. Raises ``ValueError`` naming an unknown signal or one
     that cannot be handled (``SIGKILL``, ``SIGSTOP``)."""
     if spec is None:
         return ()
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
-    names = [n for n in names if n and n.lower() != "none"]
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in items]
+    names = [n for n in names if isinstance(n, signal.Signals) or (n and n.lower() != "none")]
     out = []
     for name in names:
+        if isinstance(name, signal.Signals):
+            out.append(name)
+            continue
         try:
             sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[
                 name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]

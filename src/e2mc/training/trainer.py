@@ -191,6 +191,8 @@ class Trainer:
         self.addon.to(rt.device)
         if self.tc.channels_last:
             method.to(memory_format=torch.channels_last)
+        if self.tc.compile:  # in place: the state-dict keys stay those of the checkpoints
+            method.backbone.compile()
         self.method = method
         self.optimizer = method.build_optimizer(lr=self.cfg.lr,
                                                 weight_decay=self.cfg.optim.weight_decay,
