@@ -315,9 +315,25 @@ def _transfer_source(s: ReproSettings, r: dict[str, Any]) -> str:
     return note.replace(str(s.transfer_data), shown) if note and shown else note or shown
 
 
+#: Readable names of the usual data folders (the transfer column is named after its data).
+_DATA_NAMES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST",
+               "fashion_mnist": "Fashion-MNIST", "fashionmnist": "Fashion-MNIST",
+               "builtin": "Fashion-MNIST (built-in subset)",
+               "builtin:fashion-mnist": "Fashion-MNIST (built-in subset)"}
+
+
+def transfer_name(s: ReproSettings) -> str:
+    """The transfer data set as the table names it: ``MNIST`` for a folder ``.../mnist``, else
+    the folder's (or file's) own name; ``none`` without ``--transfer-data``."""
+    if not s.transfer_data:
+        return "none"
+    name = Path(str(s.transfer_data)).name or str(s.transfer_data)
+    return _DATA_NAMES.get(name.lower(), _DATA_NAMES.get(str(s.transfer_data), name))
+
+
 def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
     cols = r["columns"]
-    head = [*cols[:-1], "transfer (MNIST linear 100%)"]
+    head = [*cols[:-1], f"transfer ({transfer_name(s)} linear 100%)"]
     out = ["## Table 1: base, continued and +E2MC", "",
            "| method | model | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     other = []
@@ -334,7 +350,7 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
             "over label-subset seeds), over label-subset seeds for the single base model and "
             f"the {FLOOR} row (the floor: the base's architecture and seed before its first "
             "step). "
-            "Transfer: a linear probe on the frozen features of MNIST "
+            f"Transfer: a linear probe on the frozen features of {transfer_name(s)} "
             f"({_transfer_source(s, r)}), label seed {s.label_seeds[0]}.", ""]
     if other:
         out += ["## Table 3 (SwAV): other criteria in continued training", "",

@@ -30,7 +30,7 @@ from e2mc.diagnostics.figures import (
     plot_marginal_pair,
     plot_nn_histograms,
 )
-from e2mc.diagnostics.report import RunDiagnostics, write_report
+from e2mc.diagnostics.report import RunDiagnostics, config_differences, write_report
 from e2mc.diagnostics.statistics import (
     embedding_statistics,
     marginal_values,
@@ -261,8 +261,11 @@ def analyze(
                                                      nn_distances=nn_e)
             compact[src.name] = marginal_values(embs, space)
             nn_emb[src.name] = nn_e
+        run_config = info.get("run_config")
         info = {k: v for k, v in info.items() if isinstance(v, str | int | float | bool)}
         run = RunDiagnostics(src.name, str(src.checkpoint), stats, info)
+        if isinstance(run_config, dict):
+            run.config_diff = config_differences(run_config)
         run.collapse = _collapse_signals(src, method, embs)
         records = read_jsonl(src.metrics, partial_last_line=True) if src.metrics else []
         if loss_terms(records):

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from e2mc.artifacts import read_jsonl  # noqa: E402
 
 #: Keys of a ``metrics.jsonl`` record that are coordinates, not loss terms.
-_COORDINATES = ("step", "epoch")
+_COORDINATES = ("step", "epoch", "batch")  # positions, not terms
 
 
 def _as_numpy(a: object, name: str, ndim: int) -> np.ndarray:

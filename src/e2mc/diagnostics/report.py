@@ -47,6 +47,9 @@ class RunDiagnostics:
     figures: list[tuple[str, Path]] = field(default_factory=list)
     #: Collapse signals that fired (``e2mc.diagnostics.collapse.CollapseSignal.to_dict``).
     collapse: list[dict[str, Any]] = field(default_factory=list)
+    #: The run's configuration against its base: ``(base name, [(key, base value, value)])``
+    #: (:func:`config_differences`); ``None`` when the file carries no configuration.
+    config_diff: tuple[str, list[tuple[str, Any, Any]]] | None = None
 
     def to_dict(self, root: Path) -> dict[str, Any]:
         return {
@@ -54,9 +57,43 @@ class RunDiagnostics:
             "source": self.source,
             "info": self.info,
             "collapse": list(self.collapse),
+            "config_differences": None if self.config_diff is None else {
+                "base": self.config_diff[0],
+                "changed": {k: {"base": b, "run": v} for k, b, v in self.config_diff[1]}},
             "statistics": {kind: s.to_dict() for kind, s in self.statistics.items()},
             "figures": {caption: _relative(p, root) for caption, p in self.figures},
         }
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):  # an empty mapping has no keys to differ in
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(run_config: Mapping[str, Any]
+                       ) -> tuple[str, list[tuple[str, Any, Any]]]:
+    """The keys where a run's configuration (``RunConfig.to_dict()``, as the training
+    checkpoint records it) differs from its base: the shipped preset named by its ``name`` when
+    there is one, else the defaults. Returns ``(base name, [(dotted key, base value, value)])``;
+    a key the base lacks (a ``params`` entry) shows ``None`` on that side; a key the recorded
+    configuration lacks (written by an older version of the package) is left out."""
+    from e2mc.training.config import RunConfig, load_config, preset_names
+
+    name = run_config.get("name")
+    if isinstance(name, str) and name in preset_names():
+        base_name, base = f"preset {name}", load_config(name).to_dict()
+    else:
+        base_name, base = "the defaults", RunConfig().to_dict()
+    flat_run, flat_base = _flatten(run_config), _flatten(base)
+    keys = [k for k in dict.fromkeys([*flat_base, *flat_run]) if k in flat_run]
+    changed = [(k, flat_base.get(k), flat_run[k]) for k in keys
+               if flat_base.get(k) != flat_run[k]]
+    return base_name, changed
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -102,6 +139,38 @@ def _stats_table(kind: str, runs: Sequence[RunDiagnostics]) -> str:
             + "".join(rows) + "</table>")
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, Mapping | list | tuple):
+        return f"<code>{html.escape(json.dumps(_json_safe(value)))}</code>"
+    return _fmt(value)
+
+
+def _key_table(rows: Sequence[tuple[Any, ...]], head: Sequence[str]) -> str:
+    """A table of ``rows`` (first cell: a key) under the column titles ``head``."""
+    titles = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr><th>" + html.escape(str(r[0])) + "</th>"
+                   + "".join(f"<td>{_cell(v)}</td>" for v in r[1:]) + "</tr>" for r in rows)
+    return f'<table class="keys"><tr>{titles}</tr>{body}</table>'
+
+
+def _runs_section(runs: Sequence[RunDiagnostics]) -> str:
+    """Each run: its checkpoint and loader details as a table, and its configuration's
+    differences from its base."""
+    parts = []
+    for r in runs:
+        rows = [("checkpoint", r.source),
+                *sorted((k, v) for k, v in r.info.items() if v != r.source)]
+        part = f'<div class="run"><h3>{html.escape(r.name)}</h3>' + _key_table(
+            rows, ("", "value"))
+        if r.config_diff is not None:
+            base, changed = r.config_diff
+            part += f"<h4>Configuration: differences from {html.escape(base)}</h4>" + (
+                _key_table(changed, ("key", base, r.name)) if changed
+                else "<p>none</p>")
+        parts.append(part + "</div>")
+    return f'<h2>Runs</h2><div class="runs">{"".join(parts)}</div>'
+
+
 _STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1600px}
 table{border-collapse:collapse;margin-bottom:1em}
@@ -110,7 +179,8 @@ th:first-child{text-align:left}.hint{color:#888;font-weight:normal;font-size:11p
 figure{display:inline-block;margin:0.5em;vertical-align:top}
 img{max-width:100%}figcaption{font-size:12px;color:#444}
 .runs{display:flex;flex-wrap:wrap;gap:1em}.run{border:1px solid #ddd;padding:0.5em}
-.warn{color:#b00}
+.warn{color:#b00}table.keys td{text-align:left;max-width:40em;overflow-wrap:anywhere}
+h4{margin:0.6em 0 0.3em;font-size:14px}
 """
 
 
@@ -145,15 +215,16 @@ def write_report(
     json_path.write_text(text + "\n", encoding="utf-8")
 
     kinds = list(dict.fromkeys(k for r in runs for k in r.statistics))
-    sources = "".join(f"<li><b>{html.escape(r.name)}</b>: <code>{html.escape(r.source)}</code>"
-                      f"{' ' + html.escape(json.dumps(_json_safe(r.info))) if r.info else ''}</li>"
-                      for r in runs)
+    settings = extra.get("settings") if extra else None
     per_run = "".join(
         f'<div class="run"><h3>{html.escape(r.name)}</h3>'
         + "".join(_img(c, p, root) for c, p in r.figures) + "</div>"
         for r in runs if r.figures)
     body = [
-        f"<h1>{html.escape(title)}</h1><ul>{sources}</ul>",
+        f"<h1>{html.escape(title)}</h1>"
+        + (_key_table(sorted(settings.items()), ("setting", "value"))
+           if isinstance(settings, Mapping) else ""),
+        _runs_section(runs),
         "<h2>Statistics</h2>" + "".join(_stats_table(k, runs) for k in kinds),
     ]
     flagged = [(r.name, c) for r in runs for c in r.collapse]

@@ -253,12 +253,16 @@ def comparison_markdown(comp: Comparison) -> str:
 
 
 def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> list[Path]:
-    """Write ``<prefix>.md``, ``<prefix>.csv`` (one row per run and column) and
-    ``<prefix>_tests.csv`` (one row per paired test)."""
+    """Write ``<prefix>.md`` (the table, with the chart), ``<prefix>.png`` (the accuracy
+    chart, :func:`e2mc.evaluation.charts.plot_comparison`), ``<prefix>.csv`` (one row per run
+    and column) and ``<prefix>_tests.csv`` (one row per paired test)."""
+    from e2mc.evaluation.charts import plot_comparison
+
     prefix = Path(out_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    chart = plot_comparison(comp, prefix.with_name(prefix.name + ".png"))
     md = prefix.with_name(prefix.name + ".md")
-    md.write_text(comparison_markdown(comp))
+    md.write_text(comparison_markdown(comp) + f"\n![accuracy by run and column]({chart.name})\n")
     table = prefix.with_name(prefix.name + ".csv")
     with table.open("w", newline="") as f:
         w = csv.writer(f)
@@ -276,4 +280,4 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
         w.writeheader()
         for t in comp.tests:
             w.writerow({k: t[k] for k in keys})
-    return [md, table, tests]
+    return [md, chart, table, tests]

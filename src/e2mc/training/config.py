@@ -442,7 +442,8 @@ def _locate(ref: str, folder: Path | None,
     path = Path(ref)
     if folder is not None and not path.is_absolute():
         path = folder / path
-    if not preset_only and (path.suffix in (".yaml", ".yml") or path.exists()):
+    # a folder named like a preset (a run directory) does not hide the preset
+    if not preset_only and (path.suffix in (".yaml", ".yml") or path.is_file()):
         if not path.is_file():
             raise ValueError(f"config file {ref!r} does not exist")
         path = path.resolve()
