@@ -30,7 +30,8 @@ MODES = ("continue", "pretrain")
 
 @dataclass
 class ModelConfig:
-    """The backbone (``e2mc.models.build_backbone``)."""
+    """The backbone (``e2mc.models.build_backbone``) by name: ``resnet50``,
+    ``torchvision:resnet50[:WEIGHTS]``, ``timm:NAME``, ``hf:REPO_ID``, ``cnn5_small``."""
 
     backbone: str = "resnet50"
     small_images: bool = False
