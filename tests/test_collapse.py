@@ -244,3 +244,10 @@ def test_continue_from_a_collapsed_checkpoint_warns_once(tmp_path: Path,
     assert "base/swav has stayed at 2.3026" in err  # ln 10
     records = read_term(tmp_path / "run" / "metrics.jsonl", "collapse/warning")
     assert records == [1.0]
+
+
+def test_check_run_needs_a_full_window_of_losses() -> None:
+    ln_k = math.log(100)
+    assert check_run("swav", {"n_prototypes": 100}, [ln_k] * 5, None, window=20) == []
+    found = check_run("swav", {"n_prototypes": 100}, [ln_k] * 20, None, window=20)
+    assert [s.kind for s in found] == ["loss"]

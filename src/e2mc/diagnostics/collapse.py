@@ -151,11 +151,12 @@ def check_run(method: str, hparams: Mapping[str, Any] | None, losses: Sequence[f
               embeddings: torch.Tensor | None, window: int = 20, min_rank: float = 2.0,
               rank_fraction: float = 0.01) -> list[CollapseSignal]:
     """Every signal that fires for a run: its base term's logged values (``losses``, may be
-    ``None``) and its embeddings on some images (may be ``None``)."""
+    ``None``; the loss signal needs at least ``window`` of them) and its embeddings on some
+    images (may be ``None``)."""
     signals = []
     target = collapse_value(method, hparams)
     if target is not None and losses:
-        found = loss_signal(losses, target, min(window, len(losses)))
+        found = loss_signal(losses, target, window)  # None with fewer than `window` values
         if found is not None:
             signals.append(found)
     if embeddings is not None and embeddings.shape[0] >= 2:
