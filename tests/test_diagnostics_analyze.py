@@ -56,11 +56,18 @@ def test_resolve_run(tmp_path):
         resolve_run(tmp_path / "missing")
 
 
-def test_compute_vectors_takes_the_methods_embedding_and_restores_modes():
+@pytest.mark.parametrize("batch_size", [3, 4, 10])
+def test_compute_vectors_takes_the_methods_embedding_and_restores_modes(batch_size):
     method = tiny_vicreg(0).train()
     images = torch.randn(10, 1, 12, 12)
     data = torch.utils.data.TensorDataset(images, torch.zeros(10))
-    feats, embs = compute_vectors(method.backbone, method, data, batch_size=4, progress=False)
+    rows: list[int] = []
+    hook = method.backbone.register_forward_hook(lambda _m, i, _o: rows.append(len(i[0])))
+    feats, embs = compute_vectors(method.backbone, method, data, batch_size=batch_size,
+                                  progress=False)
+    hook.remove()
+    sizes = [min(batch_size, 10 - start) for start in range(0, 10, batch_size)]
+    assert sum(rows) == sum(max(4, b + b % 2) for b in sizes)  # once each, plus padding
     assert method.training  # restored
     method.eval()
     with torch.no_grad():

@@ -123,8 +123,10 @@ def compute_vectors(
     """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
     ``[N, D]`` of every image of ``dataset``, in order, in eval mode; train/eval modes and
     devices of the modules are restored afterwards. With a method, the features are those its
-    backbone produced for the first view inside ``method([x, x])`` (captured by a forward hook,
-    so the backbone does not run a third time)."""
+    backbone produced inside the method's forward (captured by a forward hook). Each batch goes
+    through the method as two views, its first and second half (padded to an even size of at
+    least 4; eval mode: BatchNorm uses its running statistics, so an image's vectors do not
+    depend on its batch), so every image passes the backbone once."""
     from tqdm.auto import tqdm
 
     device = torch.device(device)
@@ -144,11 +146,15 @@ def compute_vectors(
             if method is None:
                 feats.append(backbone(x).float().cpu())
                 continue
+            n = len(x)  # two views of equal size, at least 2 each: pad by repeating images
+            x = x[torch.arange(max(4, n + n % 2), device=x.device) % n]
+            half = len(x) // 2
             captured.clear()
-            embs.append(method([x, x]).embeddings[0].float().cpu())
-            if not captured:  # the method does not call its backbone module directly
-                captured.append(backbone(x))
-            feats.append(captured[0].float().cpu())
+            out = method([x[:half], x[half:]])  # each image through the backbone once
+            embs.append(torch.cat(out.embeddings[:2])[:n].float().cpu())
+            if sum(len(c) for c in captured) != len(x):  # not one backbone call per view
+                captured[:] = [backbone(x)]
+            feats.append(torch.cat(captured)[:n].float().cpu())
     finally:
         if hook is not None:
             hook.remove()
