@@ -262,7 +262,8 @@ def test_timm_backbone_generic_run_and_every_subcommand(tmp_path, capsys):
     assert main(["export-backbone", str(run), str(tmp_path / "bb.pt")]) == 0
     small = _small_builtin(tmp_path / "small.npz")  # eval and analyze on fewer images
     assert main(["eval", str(run), "--data", small, "--protocol", "knn", "--knn-k", "5",
-                 "--fractions", "1", "--seeds", "0", "--image-size", "28", "--no-cache",
+                 "--fractions", "1", "--seeds", "0", "--image-size", "28",
+                 "--cache", str(tmp_path / "cache"),  # the cache keys on the run's file
                  "--quiet", "--device", "cpu", "--out", str(tmp_path / "eval")]) == 0
     assert (tmp_path / "eval" / "results.json").is_file()
     assert main(["eval", str(tmp_path / "bb.pt"), "--data", small, "--protocol", "knn",

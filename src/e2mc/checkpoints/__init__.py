@@ -10,6 +10,7 @@ from e2mc.checkpoints.api import (
     load_checkpoint,
     load_for_training,
     load_official,
+    local_checkpoint,
     restore_optimizer_state,
     save_checkpoint,
     sidecar_path,
@@ -23,4 +24,5 @@ __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
            "UntrustedCheckpointError", "atomic_save", "checkpoint_of", "detect", "export_backbone",
            "fetch", "is_url",
            "load_backbone", "load_checkpoint", "load_for_training", "load_official",
+           "local_checkpoint",
            "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]

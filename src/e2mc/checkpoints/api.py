@@ -239,6 +239,14 @@ def checkpoint_of(path_or_run_dir: str | os.PathLike[str]) -> str:
     return str(latest)
 
 
+def local_checkpoint(ref: str | os.PathLike[str]) -> str:
+    """The local file ``ref`` stands for: a URL fetched into torch.hub's cache
+    (:func:`e2mc.checkpoints.remote.fetch`), a run directory's latest checkpoint
+    (:func:`checkpoint_of`), else ``ref`` itself (for callers that read the file's bytes, such
+    as the feature cache's key)."""
+    return str(fetch(str(ref))) if is_url(ref) else checkpoint_of(ref)
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """Where :func:`export_backbone` writes the architecture of ``path``: ``<path>.json``."""
     return Path(f"{os.fspath(path)}.json")

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from e2mc.checkpoints import load_backbone
+    from e2mc.checkpoints import load_backbone, local_checkpoint
     from e2mc.data import build_dataset, eval_transform
     from e2mc.distributed import is_main_process
     from e2mc.evaluation.features import FeatureCache
@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
         report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
         autocast=args.bf16, device=device, progress=not args.quiet)
+    args.checkpoint = local_checkpoint(args.checkpoint)  # a URL or a run directory: its file
     backbone, feature_dim, info = load_backbone(
         args.checkpoint, arch=args.arch, small_images=args.small_images,
         in_channels=args.in_channels or 3, trust=args.trust)
