@@ -10,6 +10,7 @@ exit code   meaning
 1           a failure while running (disk full, an unexpected error): :class:`RunFailure`
 2           bad input (a path, a value, a file that is not what it should be): :class:`InputError`
 3           the training stopped on a non-finite loss, gradient or weight: :class:`NonFiniteError`
+75          stopped by a pre-emption signal after its checkpoint (``e2mc.training.preemption``)
 130         interrupted (Ctrl-C)
 ==========  ================================================================================
 
