@@ -26,7 +26,7 @@ import torch
 from e2mc.methods import build_method
 
 # backbone -> (small_images, channels, image size, batch)
-MODELS = {"cnn5": (False, 1, 28, 256), "resnet18": (True, 3, 32, 32)}
+MODELS = {"cnn5": (False, 1, 28, 64), "resnet18": (True, 3, 32, 16)}
 VARIANTS = ("eager", "channels_last", "compile", "compile+channels_last")
 
 
@@ -54,7 +54,7 @@ def step(method: torch.nn.Module, opt: torch.optim.Optimizer, views: list[torch.
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backbones", nargs="+", choices=sorted(MODELS), default=list(MODELS))
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per variant and round")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per variant and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("compile_memory_format.json"))
