@@ -427,3 +427,29 @@ def test_skip_corrupt_drops_and_counts_with_workers(tmp_path: Path) -> None:
         flat = views[0].flatten(1)
         assert bool((flat.std(dim=1) > 0.05).all()), "no blank (zero) image"
     assert seen == 11
+
+
+# ----------------------------------------------------------------------------- through the CLI
+def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from e2mc.cli import main
+    from e2mc.training.logging import read_metrics
+
+    write_jpeg_folder(tmp_path / "data" / "train", 16, (80, 60), classes=2)
+    common = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(tmp_path / "data"),
+              "--epochs", "1", "--set", "model.backbone=mobilenet_v3_small",
+              "--set", "model.small_images=false", "--set", "model.in_channels=3",
+              "--set", "data.channels=3", "--set", "data.image_size=32",
+              "--set", "training.batch_size=8", "--set", "training.log_every=1",
+              "--set", "training.progress=false", "--set", "training.device=cpu",
+              "--set", "training.keep_epoch_checkpoints=false",
+              "--set", "method.params={projector: 32-32}"]
+    assert main([*common, "--run-dir", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2]
+    capsys.readouterr()
+    assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
+    assert "data.pipeline must be one of pil, fast" in capsys.readouterr().err
+    assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
+                 "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
+                 "--set", "training.device=cpu"]) == 2
+    assert "not an image folder" in capsys.readouterr().err
