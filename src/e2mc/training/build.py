@@ -93,10 +93,18 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
         base = Subset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
-    if cfg.data.pipeline == "fast":
-        from e2mc.data.fast_views import FastViewDataset, FastViews
+    if cfg.data.pipeline in ("fast", "device"):
+        from e2mc.data.fast_views import (
+            DeviceAugment,
+            FastViewDataset,
+            FastViews,
+            collate_device_views,
+        )
 
-        dataset = FastViewDataset(base, FastViews(views))
+        fast = FastViews(views, mode="cpu" if cfg.data.pipeline == "fast" else "device")
+        dataset = FastViewDataset(base, fast)
+        if cfg.data.pipeline == "device":  # read by the trainer
+            dataset.collate_fn, dataset.device_augment = collate_device_views, DeviceAugment(fast)
     else:
         dataset = MultiViewDataset(base, views)
     dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt

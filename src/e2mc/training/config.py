@@ -24,7 +24,7 @@ import yaml
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
 LR_SCALINGS = ("none", "linear")
-PIPELINES = ("pil", "fast")
+PIPELINES = ("pil", "fast", "device")
 MODES = ("continue", "pretrain")
 
 
@@ -85,8 +85,9 @@ class DataConfig:
     ``val_split`` holds out a validation part of the training images that training never sees
     (``e2mc.data.holdout_split``): a fraction in (0, 1) or a count >= 1; stratified by class
     where the data set has labels, drawn with ``val_seed``, recorded in the run directory.
-    ``pipeline``: ``pil`` (``build_views`` on PIL images) or ``fast`` (image folders through
-    ``e2mc.data.fast_views.FastViews``: the same draws, tensor decoding and augmentations).
+    ``pipeline``: ``pil`` (``build_views`` on PIL images), ``fast`` (image folders through
+    ``e2mc.data.fast_views.FastViews``: the same draws, tensor decoding and augmentations) or
+    ``device`` (the same, with the photometric steps batched on the training device).
     """
 
     dataset: str | None = None

@@ -172,6 +172,10 @@ class Trainer:
         self.sampler = EpochBatchSampler(len(dataset), self.tc.batch_size, seed=self.tc.seed,
                                          rank=self.rt.rank, world_size=self.rt.world_size)
         workers = cfg.data.num_workers
+        # data.pipeline=device: the data set collates uint8 crops + parameters and names the
+        # augmentation that turns them into views on the training device
+        self.device_augment = getattr(dataset, "device_augment", None)
+        collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
             collate_fn=collate_fn or collate_views, pin_memory=self.rt.device.type == "cuda",
@@ -504,6 +508,8 @@ class Trainer:
                     lr = self._set_lr(step)
                     self.method.before_step(iteration)
                     views = [v.to(rt.device, non_blocking=True) for v in views]
+                    if self.device_augment is not None:  # batch = (uint8 crops, parameters)
+                        views = self.device_augment(views, batch[1])
                     if tc.channels_last:
                         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
                     terms, bad = self._step(views, iteration)
