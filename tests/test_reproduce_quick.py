@@ -58,9 +58,11 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
     assert result["quick"] is True and result["continued_epochs"] == 1
     columns = ["linear 1%", "linear 10%", "linear 100%", "knn k=20", "transfer"]
     assert result["columns"] == columns
-    expected_rows = {"vicreg": ["base", "continued", "+E2MC"],
-                     "swav": ["base", "continued", "+E2MC", "+VCReg", "+AUH", "+MMCR"],
-                     "simsiam": ["base", "continued", "+E2MC"]}
+    # The random-init floor first: the base run's epoch-0 checkpoint, before any step.
+    expected_rows = {"vicreg": ["random init", "base", "continued", "+E2MC"],
+                     "swav": ["random init", "base", "continued", "+E2MC", "+VCReg", "+AUH",
+                              "+MMCR"],
+                     "simsiam": ["random init", "base", "continued", "+E2MC"]}
     for method, rows in expected_rows.items():
         assert list(result["table1"][method]) == rows
         assert result["base_epochs"][method] == 2
@@ -75,6 +77,12 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
     for column in columns[:4]:
         assert result["table1"]["vicreg"]["+E2MC"][column]["mean"] == pytest.approx(
             float(np.mean(_primary(ev, column))))
+    floor = json.loads((out / "eval" / "main" / "vicreg" / "random-init" / "results.json"
+                        ).read_text())
+    assert Path(floor["checkpoint"]).name == "epoch_0000.pt"
+    assert result["table1"]["vicreg"]["random init"]["linear 1%"]["mean"] == pytest.approx(
+        float(np.mean(_primary(floor, "linear 1%"))))
+    assert list(result["tests"]["vicreg"])[0] == "base vs random init"
     # A paired test per column, and its difference is the difference of the table cells.
     summary = result["tests"]["vicreg"]["+E2MC vs continued"]["summary"]
     for column in columns:
