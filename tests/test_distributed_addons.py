@@ -8,7 +8,6 @@ gradients gives exactly the single-process parameter gradient. Both facts are ch
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from e2mc.addons import build_addon
+from ports import free_port
 
 WORLD = 2
 N, D_IN, D = 32, 6, 12
@@ -73,11 +73,6 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     finally:
         dist.destroy_process_group()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

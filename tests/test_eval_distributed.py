@@ -4,7 +4,6 @@ features of one process, and the feature cache is written once and then read by 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from e2mc.evaluation.features import FeatureCache, extract_features
+from ports import free_port
 
 WORLD = 2
 N = 23  # not a multiple of the world size: the last shard is shorter
@@ -58,11 +58,6 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     finally:
         dist.destroy_process_group()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # two spawned processes import torch: ~10 s on an idle 2-core machine

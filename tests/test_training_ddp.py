@@ -4,7 +4,6 @@ writes, and both ranks end with identical parameters."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from e2mc.training.logging import read_metrics
+from ports import free_port
 
 OVERRIDES = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.image_size=16",
              "data.channels=1", "training.batch_size=8", "training.epochs=1",
@@ -20,11 +20,6 @@ OVERRIDES = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.i
              "training.keep_epoch_checkpoints=false", "method.params={projector: 32-32}",
              "addon.name=e2mc", "addon.params={beta: 1.0, gamma: 1.0}"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, data: str, run_dir: str, out: str) -> None:
@@ -48,7 +43,7 @@ def test_two_gloo_processes_hold_identical_weights(tmp_path: Path) -> None:
     np.savez(data, x_train=rng.integers(0, 256, (24, 16, 16), dtype=np.uint8),
              y_train=rng.integers(0, 10, 24))
     run = tmp_path / "run"
-    mp.spawn(_worker, args=(_free_port(), str(data), str(run), str(tmp_path)), nprocs=2,
+    mp.spawn(_worker, args=(free_port(), str(data), str(run), str(tmp_path)), nprocs=2,
              join=True)
     w0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     w1 = torch.load(tmp_path / "rank1.pt", weights_only=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from e2mc.data.holdout import holdout_size, holdout_split
 from e2mc.training.config import load_config
 from e2mc.training.keep_best import BestTracker
 from e2mc.training.monitor import metric_names, resolve_metric
+from ports import free_port
 
 TINY = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.image_size=16",
         "data.channels=1", "training.batch_size=8", "training.epochs=1", "training.log_every=1",
@@ -92,10 +92,7 @@ def _split_worker(rank: int, port: int, data: str, out: str) -> None:
 
 def test_two_gloo_ranks_agree_on_the_split_and_the_monitor(tmp_path: Path) -> None:
     data = _tiny_data(tmp_path / "d.npz")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_split_worker, args=(port, str(data), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_split_worker, args=(free_port(), str(data), str(tmp_path)), nprocs=2, join=True)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert r0["split_ok"] and r1["split_ok"]
