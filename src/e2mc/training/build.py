@@ -125,9 +125,11 @@ def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
                                        seed=cfg.data.val_seed)
 
 
-def build_callbacks(cfg: RunConfig, split: dict[str, Any] | None) -> list[Any]:
-    """The validation monitor (with keep-best) when the configuration asks for one, and the
-    pre-emption handler when ``training.preempt_signals`` names signals."""
+def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None) -> list[Any]:
+    """Every callback of a run: the pre-emption handler when ``training.preempt_signals``
+    names signals, the validation monitor (with keep-best) when there is a validation split,
+    and the collapse warning (once, on a base loss pinned at its collapse value)."""
+    from e2mc.diagnostics.collapse import CollapseMonitor
     from e2mc.training.keep_best import KeepBest
     from e2mc.training.monitor import ValidationMonitor
     from e2mc.training.preemption import PreemptionCallback, parse_signals
@@ -136,10 +138,11 @@ def build_callbacks(cfg: RunConfig, split: dict[str, Any] | None) -> list[Any]:
     if parse_signals(cfg.training.preempt_signals):
         callbacks.append(PreemptionCallback(cfg.training.preempt_signals, cfg.training.requeue))
     mon = cfg.monitor
-    if not mon.enabled or split is None:
-        return callbacks
-    keep = KeepBest(mon.keep_best, mon.patience, mon.min_delta) if mon.keep_best else None
-    return [*callbacks, ValidationMonitor(build_validation_data(cfg, split), mon, keep)]
+    if mon.enabled and split is not None:
+        keep = KeepBest(mon.keep_best, mon.patience, mon.min_delta) if mon.keep_best else None
+        callbacks.append(ValidationMonitor(build_validation_data(cfg, split), mon, keep))
+    callbacks.append(CollapseMonitor(cfg.method.name, getattr(method, "hparams", {})))
+    return callbacks
 
 
 def method_kwargs(cfg: RunConfig) -> dict[str, Any]:

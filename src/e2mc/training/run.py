@@ -45,10 +45,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     addon = build_addon_from_config(cfg, method)
     split = _split(cfg, run, runtime.is_main)
     dataset = build_train_dataset(cfg, method, split)
-    callbacks = build_callbacks(cfg, split)
-    from e2mc.diagnostics.collapse import CollapseMonitor  # warns once on a collapsing run
-
-    callbacks.append(CollapseMonitor(cfg.method.name, getattr(method, "hparams", {})))
+    callbacks = build_callbacks(cfg, method, split)
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
         for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
