@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def tracked_text_files() -> dict[str, str]:
 def _outside_patterns() -> dict[str, re.Pattern[str]]:
     patterns = dict(OUTSIDE)
     parent = REPO.parent
-    if parent != Path(parent.anchor):  # the folder that holds the checkout
+    # The folder that holds the checkout, unless it is the root or the system's temporary
+    # folder (a clone in /tmp would flag the docs' "--out /tmp/demo" examples).
+    if parent not in (Path(parent.anchor), Path(tempfile.gettempdir()).resolve()):
         patterns["the folder around the checkout"] = re.compile(re.escape(f"{parent}/"))
     return patterns
 
