@@ -139,3 +139,29 @@ def test_confirmation_pairs_each_seed_and_pools(tmp_path: Path) -> None:
     assert (col["pairs"], col["significant_better"], col["significant_worse"]) == (4, 4, 0)
     assert col["pooled_p"] < 0.001
     assert "| linear 1% | +20.00 ± 0.00 | 4/4 | 0/4 |" in confirm_markdown(result)
+
+
+def test_confirm_trains_each_seed_and_tests_on_the_test_split(base: tuple[Path, Path],
+                                                               tmp_path: Path) -> None:
+    from e2mc.artifacts import SearchDir
+    from e2mc.evaluation.features import file_digest
+    from e2mc.search import Search, SearchSpec
+
+    ckpt, data = base
+    spec = SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
+                      checkpoint_sha256=file_digest(ckpt), data=str(data), val_split=0.2,
+                      seed=0, metric="val/knn", common=TINY,
+                      trials=[Trial("beta 1", ["addon.params.beta=1"])])
+    search = Search(spec, tmp_path / "s", log=lambda _m: None)
+    result = search.confirm([0, 1], {"selected": "beta 1"}, eval_fractions=(0.5, 1.0),
+                            label_seeds=(0,), probe_epochs=2)
+    assert result is not None and result["seeds"] == [0, 1]
+    assert set(result["columns"]) == {"linear 50%", "linear 100%", "knn k=20"}
+    assert all(c["pairs"] == 2 for c in result["columns"].values())
+    files = SearchDir(tmp_path / "s")
+    assert files.confirm_markdown.is_file() and files.confirm_json.is_file()
+    for seed in (0, 1):
+        for kind in ("run", "control"):
+            assert files.confirm_run(seed, kind).checkpoint.is_file()
+            assert files.confirm_eval(seed, kind).exists()
+    assert search.confirm([0], {"selected": None}) is None  # nothing selected: nothing to do

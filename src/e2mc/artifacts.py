@@ -18,8 +18,13 @@ An **evaluation directory** (``e2mc eval``)::
     results.json             :class:`EvalResults`: one :class:`EvalEntry` per probe and seed
     predictions/<name>.npz   per-image top-1 predictions and labels of each entry
 
-A **search directory** (``e2mc search``) holds one training run directory per trial and control
-under ``trials/``, their validation evaluations, and ``search.json`` / ``search.md``.
+A **search directory** (``e2mc search``, :class:`SearchDir`)::
+
+    search.json, search.md, search.png   the spec and rule, the table, the trajectories
+    trials/<trial>/run, trials/control-<overrides>   training run directories (+ done.json)
+    confirm/seed<N>/{run,control}[-eval]  the confirmation runs and their test evaluations
+    confirm.json, confirm.md               the paired tests of the confirmation
+    feature-cache/                         features of the confirmation's evaluations
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ RESULTS = "results.json"
 PREDICTIONS_DIR = "predictions"
 SEARCH_JSON = "search.json"
 SEARCH_MD = "search.md"
+RUN_DONE = "done.json"
 CONFIG_CHANGES = "config_changes.jsonl"
 
 _EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
@@ -215,6 +221,38 @@ class RunDir:
     def read_config_changes(self) -> list[dict[str, Any]]:
         """The records of ``config_changes.jsonl`` (``[]`` when the config never changed)."""
         return read_jsonl(self.config_changes, True) if self.config_changes.is_file() else []
+
+
+# --------------------------------------------------------------------------- searches
+class SearchDir:
+    """The files of one ``e2mc search`` directory (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.json = self.root / SEARCH_JSON
+        self.markdown = self.root / SEARCH_MD
+        self.plot = self.root / "search.png"
+        self.confirm_json = self.root / "confirm.json"
+        self.confirm_markdown = self.root / "confirm.md"
+        self.feature_cache = self.root / "feature-cache"
+
+    def trial_run(self, slug: str) -> RunDir:
+        return RunDir(self.root / "trials" / slug / "run")
+
+    def control_run(self, slug: str) -> RunDir:
+        return RunDir(self.root / "trials" / f"control-{slug}")
+
+    def confirm_run(self, seed: int, kind: str) -> RunDir:
+        """``kind``: ``run`` (the selected trial) or ``control``."""
+        return RunDir(self.root / "confirm" / f"seed{seed}" / kind)
+
+    def confirm_eval(self, seed: int, kind: str) -> EvalDir:
+        return EvalDir(self.root / "confirm" / f"seed{seed}" / f"{kind}-eval")
+
+    @staticmethod
+    def done_marker(run: RunDir) -> Path:
+        """Written when a search's training run has finished (it is then read, not re-run)."""
+        return run.root / RUN_DONE
 
 
 # --------------------------------------------------------------------------- evaluations

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from e2mc.artifacts import SEARCH_JSON, SEARCH_MD, EvalDir, RunDir
+from e2mc.artifacts import EvalDir, RunDir, SearchDir
 
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
         "last step, if positive; otherwise none")
@@ -132,6 +132,7 @@ class Search:
     def __init__(self, spec: SearchSpec, out: str | Path,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
         self.spec, self.out, self.log = spec, Path(out), log
+        self.files = SearchDir(out)
         self._check_resumable()
         self.configs = {t.name: self._config(t.overrides, control=False) for t in spec.trials}
         self.controls = {t.name: self._config(t.control_overrides, control=True)
@@ -161,7 +162,7 @@ class Search:
         return cfg
 
     def _check_resumable(self) -> None:
-        path = self.out / SEARCH_JSON
+        path = self.files.json
         if not path.is_file():
             return
         try:
@@ -179,14 +180,13 @@ class Search:
     def run_dirs(self, trial: Trial) -> tuple[RunDir, RunDir]:
         """The trial's run and its control's (shared by trials that differ only in add-on
         settings)."""
-        root = self.out / "trials"
-        return (RunDir(root / _slug(trial.name) / "run"),
-                RunDir(root / ("control-" + _slug(" ".join(trial.control_overrides)))))
+        return (self.files.trial_run(_slug(trial.name)),
+                self.files.control_run(_slug(" ".join(trial.control_overrides))))
 
     def _train(self, cfg: Any, run: RunDir) -> list[dict[str, Any]]:
         from e2mc.training.run import run_training
 
-        done = run.root / "done.json"
+        done = SearchDir.done_marker(run)
         if done.is_file():
             self.log(f"  skip (done): {run.root}")
         else:
@@ -228,11 +228,11 @@ class Search:
         from e2mc.checkpoints.io import atomic_write
 
         text = json.dumps(record, indent=2)
-        atomic_write(self.out / SEARCH_JSON, lambda f: f.write(text), "w")
+        atomic_write(self.files.json, lambda f: f.write(text), "w")
 
     def _report(self, record: dict[str, Any]) -> None:
-        (self.out / SEARCH_MD).write_text(search_markdown(record), encoding="utf-8")
-        plot_trajectories(record, self.out / "search.png")
+        self.files.markdown.write_text(search_markdown(record), encoding="utf-8")
+        plot_trajectories(record, self.files.plot)
         chosen = record["selected"]
         if chosen is None:
             self.log(f"no trial beat its control on {self.spec.metric}: nothing selected")
@@ -255,31 +255,30 @@ class Search:
         trial = next(t for t in self.spec.trials if t.name == chosen)
         pairs = []
         for seed in seeds:
-            root = self.out / "confirm" / f"seed{seed}"
             self.log(f"confirm {chosen}, training seed {seed}")
-            runs = {}
+            evals = {}
             for kind, control in (("run", False), ("control", True)):
                 overrides = trial.control_overrides if control else trial.overrides
-                run = RunDir(root / kind)
+                run = self.files.confirm_run(seed, kind)
                 self._train(self._config(overrides, control, seed), run)
-                runs[kind] = self._test_eval(run, root / f"{kind}-eval", eval_fractions,
-                                             label_seeds, probe_epochs, device)
-            pairs.append((seed, runs["control"], runs["run"]))
+                evals[kind] = self._test_eval(run, self.files.confirm_eval(seed, kind),
+                                              eval_fractions, label_seeds, probe_epochs, device)
+            pairs.append((seed, evals["control"], evals["run"]))
         result = confirmation(pairs, chosen)
-        (self.out / "confirm.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-        (self.out / "confirm.md").write_text(confirm_markdown(result), encoding="utf-8")
+        self.files.confirm_json.write_text(json.dumps(result, indent=2), encoding="utf-8")
+        self.files.confirm_markdown.write_text(confirm_markdown(result), encoding="utf-8")
         self.log(confirm_markdown(result))
         return result
 
-    def _test_eval(self, run: RunDir, out: Path, fractions: Sequence[float],
+    def _test_eval(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
         from e2mc.checkpoints import load_backbone
         from e2mc.data import build_dataset, eval_transform
         from e2mc.evaluation.features import FeatureCache
         from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
-        if EvalDir(out).exists():
-            return out
+        if out.exists():
+            return out.root
         cfg = self.configs[self.spec.trials[0].name]
         tf = eval_transform(cfg.data.image_size, cfg.data.channels)
         train = build_dataset(self.spec.data, "train", tf)
@@ -290,11 +289,11 @@ class Search:
                               knn_weightings=("weighted",),
                               linear_overrides={"epochs": probe_epochs}, device=device,
                               progress=False)
-        run_evaluation(backbone, dim, train, test, out, options,
+        run_evaluation(backbone, dim, train, test, out.root, options,
                        data_id=f"{self.spec.data}|size={cfg.data.image_size}",
-                       checkpoint=run.checkpoint, cache=FeatureCache(self.out / "feature-cache"),
+                       checkpoint=run.checkpoint, cache=FeatureCache(self.files.feature_cache),
                        extra_record={"checkpoint": str(run.checkpoint)})
-        return out
+        return out.root
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
