@@ -11,7 +11,6 @@ A **training run directory** (``e2mc continue`` / ``e2mc pretrain``)::
     config_changes.jsonl     configuration changes accepted on resume, with their first step
     val_split.json           the held-out validation indices (``--val-split``)
     tensorboard/             the same scalars for TensorBoard
-    figures/                 plots written by the run (monitor trajectory)
 
 An **evaluation directory** (``e2mc eval``)::
 
@@ -47,7 +46,6 @@ METRICS = "metrics.jsonl"
 VAL_SPLIT = "val_split.json"
 EPOCH_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
-FIGURES_DIR = "figures"
 RESULTS = "results.json"
 PREDICTIONS_DIR = "predictions"
 SEARCH_JSON = "search.json"
@@ -136,10 +134,6 @@ class RunDir:
         return self.root / TENSORBOARD_DIR
 
     @property
-    def figures(self) -> Path:
-        return self.root / FIGURES_DIR
-
-    @property
     def epoch_dir(self) -> Path:
         return self.root / EPOCH_DIR
 
@@ -159,10 +153,6 @@ class RunDir:
             return self.checkpoint
         epochs = self.epoch_checkpoints()
         return epochs[-1][1] if epochs else None
-
-    def is_run(self) -> bool:
-        return self.root.is_dir() and (self.latest_checkpoint() is not None
-                                       or self.config.is_file())
 
     def read_metrics(self, partial_last_line: bool = False) -> list[dict[str, Any]]:
         """The records of ``metrics.jsonl`` (``[]`` when the run has logged nothing yet)."""
@@ -329,10 +319,6 @@ class EvalResults:
         except (OSError, KeyError, ValueError) as err:
             raise ValueError(f"{path}: unreadable predictions ({err}); re-run the evaluation "
                              f"or delete {self.dir}") from err
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.info, "entries": [e.to_dict() for e in self.entries]}
-
 
 class EvalDir:
     """The files of one evaluation directory."""
