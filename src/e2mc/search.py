@@ -134,28 +134,41 @@ class Search:
         self.spec, self.out, self.log = spec, Path(out), log
         self.files = SearchDir(out)
         self._check_resumable()
+        self._check_params_keys()
         self.configs = {t.name: self._config(t.overrides, control=False) for t in spec.trials}
         self.controls = {t.name: self._config(t.control_overrides, control=True)
                          for t in spec.trials}
 
     # ---------------------------------------------------------------- configuration
+    def _base(self, seed: int | None = None) -> list[str]:
+        """The overrides every run of the search shares."""
+        s = self.spec
+        seed = s.seed if seed is None else seed
+        return ["mode=continue", f"init.checkpoint={s.checkpoint}", f"data.dataset={s.data}",
+                f"data.val_split={s.val_split}", f"training.seed={seed}", *s.common]
+
+    def _check_params_keys(self) -> None:
+        """A trial key inside a ``params`` section must exist in the config: those sections
+        accept any name, so a misspelt key would otherwise change nothing, silently."""
+        from e2mc.training.config import load_config
+
+        cfg = load_config(self.spec.config, self._base())
+        for trial in self.spec.trials:
+            for key in (o.split("=", 1)[0] for o in trial.overrides):
+                if ".params." not in key:
+                    continue
+                section, name = key.split(".params.", 1)
+                have = getattr(cfg, section).params
+                if name.split(".")[0] not in have:
+                    raise ValueError(f"grid key {key!r}: the config's {section}.params has no "
+                                     f"{name!r} (it has: {', '.join(have) or 'nothing'})")
+
     def _config(self, overrides: list[str], control: bool, seed: int | None = None) -> Any:
         from e2mc.training.config import load_config
 
         s = self.spec
         extra = [f"addon.name={CONTROL_ADDON}", "addon.params={}"] if control else []
-        seed = s.seed if seed is None else seed
-        base = ["mode=continue", f"init.checkpoint={s.checkpoint}", f"data.dataset={s.data}",
-                f"data.val_split={s.val_split}", f"training.seed={seed}", *s.common]
-        for o in overrides:  # a params key must exist: params sections accept any name
-            key = o.split("=", 1)[0]
-            if ".params." in key:
-                section, name = key.split(".params.", 1)
-                have = getattr(load_config(s.config, base), section).params
-                if name.split(".")[0] not in have:
-                    raise ValueError(f"grid key {key!r}: the config's {section}.params has no "
-                                     f"{name!r} (it has: {', '.join(have) or 'nothing'})")
-        cfg = load_config(s.config, [*base, *overrides, *extra])
+        cfg = load_config(s.config, [*self._base(seed), *overrides, *extra])
         if cfg.addon.name == CONTROL_ADDON and not control:
             raise ValueError(f"the search config {s.config!r} has no add-on to test: its trials "
                              "would equal their controls")
