@@ -27,14 +27,6 @@ from e2mc.diagnostics.collapse import (
 ASSET = Path(e2mc.__file__).resolve().parent / "assets" / "demo_base_vicreg.pt"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ----------------------------------------------------------------------------- the values
 def test_collapse_values_are_the_methods_losses_on_collapsed_outputs() -> None:
     from e2mc.methods.simsiam import simsiam_loss

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from e2mc.addons import build_addon
-from ports import free_port
+from helpers import free_port
 
 WORLD = 2
 N, D_IN, D = 32, 6, 12

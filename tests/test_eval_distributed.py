@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from e2mc.evaluation.features import FeatureCache, extract_features
-from ports import free_port
+from helpers import free_port
 
 WORLD = 2
 N = 23  # not a multiple of the world size: the last shard is shorter

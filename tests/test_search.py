@@ -12,13 +12,9 @@ import torch
 from e2mc.artifacts import SEARCH_JSON
 from e2mc.cli import main
 from e2mc.search import Trial, file_trials, grid_trials, select
+from helpers import TINY_RUN
 
-TINY = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.image_size=16",
-        "data.channels=1", "training.batch_size=8", "training.epochs=1", "training.log_every=1",
-        "training.progress=false", "data.num_workers=0", "training.device=cpu",
-        "training.cpu_threads=1", "training.keep_epoch_checkpoints=false",
-        "method.params={projector: 32-32}", "monitor.every=2", "monitor.probe_epochs=2",
-        "monitor.knn_k=3"]
+TINY = [*TINY_RUN, "monitor.every=2", "monitor.probe_epochs=2", "monitor.knn_k=3"]
 
 
 @pytest.fixture(scope="module")

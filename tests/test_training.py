@@ -32,14 +32,6 @@ ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH
        "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ----------------------------------------------------------------------------- units
 def test_batches_are_a_pure_function_of_seed_and_epoch() -> None:
     whole = EpochBatchSampler(40, 8, seed=3)

@@ -11,14 +11,9 @@ import torch
 import torch.multiprocessing as mp
 
 from e2mc.training.logging import read_metrics
-from ports import free_port
+from helpers import TINY_RUN, free_port
 
-OVERRIDES = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.image_size=16",
-             "data.channels=1", "training.batch_size=8", "training.epochs=1",
-             "training.log_every=1", "training.progress=false", "data.num_workers=0",
-             "training.device=cpu", "training.cpu_threads=1",
-             "training.keep_epoch_checkpoints=false", "method.params={projector: 32-32}",
-             "addon.name=e2mc", "addon.params={beta: 1.0, gamma: 1.0}"]
+OVERRIDES = [*TINY_RUN, "addon.name=e2mc", "addon.params={beta: 1.0, gamma: 1.0}"]
 
 
 

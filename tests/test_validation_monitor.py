@@ -20,14 +20,10 @@ from e2mc.data.holdout import holdout_size, holdout_split
 from e2mc.training.config import load_config
 from e2mc.training.keep_best import BestTracker
 from e2mc.training.monitor import metric_names, resolve_metric
-from ports import free_port
+from helpers import TINY_RUN, free_port
 
-TINY = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.image_size=16",
-        "data.channels=1", "training.batch_size=8", "training.epochs=1", "training.log_every=1",
-        "training.progress=false", "data.num_workers=0", "training.device=cpu",
-        "training.cpu_threads=1", "training.keep_epoch_checkpoints=false",
-        "method.params={projector: 32-32}", "data.val_split=0.2", "monitor.every=1",
-        "monitor.probe_epochs=2", "monitor.knn_k=3"]
+TINY = [*TINY_RUN, "data.val_split=0.2", "monitor.every=1", "monitor.probe_epochs=2",
+        "monitor.knn_k=3"]
 
 
 def _tiny_data(path: Path, n: int = 40) -> Path:
