@@ -332,7 +332,37 @@ def test_opencv_operations_match_torchvision() -> None:
     expected = TF.solarize(TF.rgb_to_grayscale(TF.horizontal_flip(x), 3), 0.5)
     torch.testing.assert_close(torch.from_numpy(got).permute(2, 0, 1), expected,
                                atol=2e-3, rtol=0)
-    assert photometric_cv2.blur_size(0.1, 23) == 1 and photometric_cv2.blur_size(2.0, 23) >= 19
+
+
+@pytest.mark.skipif(not photometric_cv2.available(), reason="needs opencv-python-headless")
+def test_opencv_blur_keeps_every_pixel_within_the_tail_of_the_full_kernel() -> None:
+    cv2, tail = photometric_cv2.cv2, photometric_cv2.BLUR_TAIL
+    x = np.random.default_rng(0).random((40, 50, 3), dtype=np.float32)
+    x[:, :25] = 0.0  # an edge: the worst case for dropped taps
+    for sigma in (0.1, 0.5, 1.0, 1.7, 2.0):
+        k = photometric_cv2.blur_size(sigma, 23)
+        assert k % 2 == 1 and k <= 23
+        weights = np.exp(-0.5 * (np.arange(-11, 12) / sigma) ** 2)
+        weights /= weights.sum()
+        dropped = weights[np.abs(np.arange(-11, 12)) > k // 2].sum()
+        assert dropped <= tail
+        if k > 1:  # the next smaller kernel would drop too much
+            assert weights[np.abs(np.arange(-11, 12)) > k // 2 - 1].sum() > tail
+        full = cv2.GaussianBlur(x, (23, 23), sigma, sigma, borderType=cv2.BORDER_REFLECT_101)
+        short = x if k == 1 else cv2.GaussianBlur(x, (k, k), sigma, sigma,
+                                                  borderType=cv2.BORDER_REFLECT_101)
+        assert np.abs(full - short).max() <= 2 * tail  # one axis each, plus float rounding
+
+
+@pytest.mark.skipif(not photometric_cv2.available(), reason="needs opencv-python-headless")
+def test_opencv_normalisation_equals_torchvision_normalize() -> None:
+    x = torch.rand(3, 20, 30)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    got = photometric_cv2.normalize_chw(x.permute(1, 2, 0).contiguous().numpy(), mean, std)
+    torch.testing.assert_close(torch.from_numpy(np.ascontiguousarray(got)),
+                               TF.normalize(x, mean, std), atol=1e-6, rtol=0)
+    gray = photometric_cv2.normalize_chw(x[0].numpy(), (0.5,), (0.25,))
+    torch.testing.assert_close(torch.from_numpy(gray), (x[:1] - 0.5) / 0.25, atol=1e-6, rtol=0)
 
 
 # ----------------------------------------------------------------------------- decoding, modes

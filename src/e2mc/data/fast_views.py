@@ -26,7 +26,6 @@ part of the antialiasing of the resize by libjpeg's DCT scaling.
 
 from __future__ import annotations
 
-import functools
 import io
 import warnings
 from collections.abc import Sequence
@@ -230,13 +229,6 @@ def _apply(x: torch.Tensor, mask: list[bool], fn: Any, arg: torch.Tensor | None 
     return x
 
 
-@functools.lru_cache(maxsize=64)
-def _normalization(spec: ViewSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(1 / std, -mean / std)`` as ``[C, 1, 1]`` tensors: ``x * scale + shift`` normalises."""
-    scale = 1.0 / torch.tensor(spec.std, dtype=torch.float32).view(-1, 1, 1)
-    return scale, -torch.tensor(spec.mean, dtype=torch.float32).view(-1, 1, 1) * scale
-
-
 def _groups(specs: Sequence[ViewSpec]) -> list[list[int]]:
     """Indices of views that can be processed as one batch (same size, kernel, normalisation,
     jitter ranges and solarize threshold)."""
@@ -357,17 +349,18 @@ class FastViews:
 
     @staticmethod
     def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
-        c, h, w = crop.shape
+        c = crop.shape[0]
         planes = crop.numpy()
         u8 = planes[0] if c == 1 else photometric_cv2.cv2.merge(list(planes))  # interleave
         x = np.multiply(u8, np.float32(1 / 255), dtype=np.float32)
-        x = photometric_cv2.photometric_hwc(x, params.tolist(), _I, spec.jitter,
-                                            spec.blur_kernel, spec.solarize_threshold / 255.0)
-        src = torch.from_numpy(x)
-        out = torch.empty((c, h, w), dtype=torch.float32)
-        out.copy_(src.unsqueeze(0) if c == 1 else src.permute(2, 0, 1))
-        scale, shift = _normalization(spec)
-        return out.mul_(scale).add_(shift)
+        p = params.tolist()
+        # the flip commutes with every photometric step (pointwise, a global mean, a symmetric
+        # kernel with a mirrored border), so it is done by the final copy at no cost
+        flip, p[_I["flip"]] = p[_I["flip"]] > 0.5, 0.0
+        x = photometric_cv2.photometric_hwc(x, p, _I, spec.jitter, spec.blur_kernel,
+                                            spec.solarize_threshold / 255.0)
+        chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
+        return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
 
     def __repr__(self) -> str:
         return (f"FastViews(mode={self.mode!r}, draft={self.draft}, backend={self.backend!r}, "
