@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 from PIL import Image, ImageFilter
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import transforms as T
 
 from e2mc.data import MultiViewDataset, build_views, collate_views
@@ -76,33 +77,27 @@ def official_views(recipe: str, image_size: int) -> Any:
 
 
 class _Repeat(Dataset):
-    """Cycle over ``dataset`` to ``n`` items, adding each item's CPU time (of the process that
-    loads it) to the shared ``cpu_s``."""
+    """Cycle over ``dataset`` to ``n`` items. Each worker records its process CPU time when it
+    starts its second batch in ``warm_cpu_s[worker id]``: its start up and first batch end there."""
 
-    def __init__(self, dataset: Any, n: int, cpu_s: Any) -> None:
-        self.dataset, self.n, self.cpu_s = dataset, n, cpu_s
+    def __init__(self, dataset: Any, n: int, batch: int, warm_cpu_s: Any) -> None:
+        self.dataset, self.n, self.batch, self.warm_cpu_s = dataset, n, batch, warm_cpu_s
+        self.recorded = False
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> Any:
-        start = time.process_time()
-        item = self.dataset[i % len(self.dataset)]
-        with self.cpu_s.get_lock():
-            self.cpu_s.value += time.process_time() - start
-        return item
+        if not self.recorded and i // self.batch >= len(self.warm_cpu_s):  # a second batch
+            self.warm_cpu_s[get_worker_info().id] = time.process_time()
+            self.recorded = True
+        return self.dataset[i % len(self.dataset)]
 
 
-class _TimedCollate:
-    def __init__(self, collate: Any, cpu_s: Any) -> None:
-        self.collate, self.cpu_s = collate, cpu_s
-
-    def __call__(self, items: Any) -> Any:
-        start = time.process_time()
-        out = self.collate(items)
-        with self.cpu_s.get_lock():
-            self.cpu_s.value += time.process_time() - start
-        return out
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished (joined) child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def make_dataset(pipeline: str, recipe: str, folder: SafeImageFolder, size: int) -> Any:
@@ -118,26 +113,28 @@ def make_dataset(pipeline: str, recipe: str, folder: SafeImageFolder, size: int)
 
 def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int
             ) -> tuple[float, float]:
-    """``(images/s, images per CPU-second)`` through a DataLoader with ``workers`` processes.
-    The wall-clock rate leaves out each worker's first batch (start up). The CPU rate divides
-    the images by the CPU time the workers spent loading and collating them (``process_time``
-    around each item and batch), so it does not depend on how many other processes share the
-    cores."""
+    """``(images/s, images per CPU-second)`` through a DataLoader with ``workers`` processes,
+    both leaving out each worker's start up and first batch. The CPU rate divides the images by
+    all the CPU time the workers used for them (decoding, augmenting, collating and handing the
+    batches over: ``getrusage`` of the joined workers, less each one's CPU time at the start of
+    its second batch), so it does not depend on how many other processes share the cores."""
     warm = batch * workers
-    cpu_s = multiprocessing.Value("d", 0.0)
-    loader = DataLoader(_Repeat(dataset, images + warm, cpu_s), batch_size=batch,
-                        shuffle=False, num_workers=workers,
-                        collate_fn=_TimedCollate(collate, cpu_s), worker_init_fn=_one_thread)
+    warm_cpu_s = multiprocessing.Array("d", workers)
+    cpu_before = _children_cpu_s()
+    loader = DataLoader(_Repeat(dataset, images + warm, batch, warm_cpu_s), batch_size=batch,
+                        shuffle=False, num_workers=workers, collate_fn=collate,
+                        worker_init_fn=_one_thread)
     it = iter(loader)
     for _ in range(workers):
         next(it)
     start = time.perf_counter()
     done = 0
-    for batch_views in it:
+    for batch_views in it:  # exhausting the iterator joins the workers
         done += len(batch_views[0][0])  # (views, labels) or (crops, params)
     rate = done / (time.perf_counter() - start)
     del it, loader
-    return rate, (images + warm) / max(cpu_s.value, 1e-9)
+    cpu = _children_cpu_s() - cpu_before - sum(warm_cpu_s[:])
+    return rate, done / max(cpu, 1e-9)
 
 
 def _one_thread(_: int) -> None:

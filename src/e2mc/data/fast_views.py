@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, Subset, default_collate
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -425,6 +425,6 @@ def collate_device_views(items: Sequence[Any]) -> tuple[list[torch.Tensor], list
     per_item = [it[0] if isinstance(it, tuple) and len(it) == 2 and isinstance(it[1], int)
                 else it for it in items]
     n_views = len(per_item[0][0])
-    crops = [torch.stack([c[v] for c, _ in per_item]) for v in range(n_views)]
-    params = [torch.stack([p[v] for _, p in per_item]) for v in range(n_views)]
+    crops = [default_collate([c[v] for c, _ in per_item]) for v in range(n_views)]
+    params = [default_collate([p[v] for _, p in per_item]) for v in range(n_views)]
     return crops, params

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 __all__ = ["MultiViewDataset", "collate_views"]
 
@@ -49,6 +49,8 @@ def collate_views(
     n_views = len(batch[0][0])
     if any(len(views) != n_views for views, _ in batch):
         raise ValueError("all items of a batch must have the same number of views")
-    views = [torch.stack([item[0][v] for item in batch]) for v in range(n_views)]
+    # default_collate stacks straight into shared memory in a DataLoader worker (one copy, not
+    # a stack and then a move into shared memory when the batch is sent)
+    views = [default_collate([item[0][v] for item in batch]) for v in range(n_views)]
     labels = torch.as_tensor([int(item[1]) for item in batch], dtype=torch.long)
     return views, labels
