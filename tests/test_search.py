@@ -62,6 +62,12 @@ def test_the_rule_selects_the_largest_positive_difference_or_nothing() -> None:
     assert select(rows) == "b"
     assert select([{"name": "a", "difference": 0.0}, {"name": "b", "difference": -1.0}]) is None
     assert select([]) is None
+    # float32 rounding of two equal accuracies is a tie, won by the earlier trial
+    tied = [{"name": "lr 0.001", "difference": 0.1999974}, {"name": "lr 0.01",
+            "difference": 0.2000014}, {"name": "lr 0.1", "difference": -0.47}]
+    assert select(tied) == "lr 0.001"
+    assert select([{"name": "a", "difference": 0.2}, {"name": "b", "difference": 0.21}]) == "b"
+    assert select([{"name": "a", "difference": 5e-5}]) is None  # zero up to rounding
 
 
 def test_search_with_no_winner_selects_nothing_and_resumes(base: tuple[Path, Path],

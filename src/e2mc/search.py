@@ -36,6 +36,10 @@ from e2mc.artifacts import EvalDir, RunDir, SearchDir
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
         "last step, if positive; otherwise none")
 CONTROL_ADDON = "none"
+#: Differences within this many points of the largest are a tie, won by the earliest trial in
+#: the declared order: accuracies are float32 percentages, whose rounding (about 1e-5 points)
+#: must not pick the winner between trials that scored the same images right.
+TIE_POINTS = 1e-4
 
 
 @dataclass
@@ -314,12 +318,15 @@ def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
 
 
 def select(trials: list[dict[str, Any]]) -> str | None:
-    """The declared rule (:data:`RULE`): the largest positive paired difference, else None."""
+    """The declared rule (:data:`RULE`): the largest positive paired difference, else None;
+    ties (within :data:`TIE_POINTS`) go to the earliest trial."""
     scored = [t for t in trials if t.get("difference") is not None]
     if not scored:
         return None
-    best = max(scored, key=lambda t: t["difference"])
-    return best["name"] if best["difference"] > 0 else None
+    top = max(t["difference"] for t in scored)
+    if top <= TIE_POINTS:
+        return None
+    return next(t["name"] for t in scored if t["difference"] >= top - TIE_POINTS)
 
 
 def search_markdown(record: dict[str, Any]) -> str:
