@@ -327,8 +327,9 @@ def test_opencv_operations_match_torchvision() -> None:
     torch.testing.assert_close(torch.from_numpy(got).permute(2, 0, 1),
                                TF.gaussian_blur(x, [7, 7], [1.3, 1.3]), atol=1e-5, rtol=0)
     p = list(base)
-    p[FIELD["gray"]], p[FIELD["solarize"]], p[FIELD["flip"]] = 1.0, 1.0, 1.0
-    got = photometric_cv2.photometric_hwc(hwc.copy(), p, index, ranges, 7, 0.5)
+    p[FIELD["gray"]], p[FIELD["solarize"]] = 1.0, 1.0
+    flipped = np.ascontiguousarray(hwc[:, ::-1])  # the caller flips (FastViews: its final copy)
+    got = photometric_cv2.photometric_hwc(flipped, p, index, ranges, 7, 0.5)
     expected = TF.solarize(TF.rgb_to_grayscale(TF.horizontal_flip(x), 3), 0.5)
     torch.testing.assert_close(torch.from_numpy(got).permute(2, 0, 1), expected,
                                atol=2e-3, rtol=0)

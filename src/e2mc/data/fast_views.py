@@ -354,12 +354,10 @@ class FastViews:
         u8 = planes[0] if c == 1 else photometric_cv2.cv2.merge(list(planes))  # interleave
         x = np.multiply(u8, np.float32(1 / 255), dtype=np.float32)
         p = params.tolist()
-        # the flip commutes with every photometric step (pointwise, a global mean, a symmetric
-        # kernel with a mirrored border), so it is done by the final copy at no cost
-        flip, p[_I["flip"]] = p[_I["flip"]] > 0.5, 0.0
         x = photometric_cv2.photometric_hwc(x, p, _I, spec.jitter, spec.blur_kernel,
                                             spec.solarize_threshold / 255.0)
         chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
+        flip = p[_I["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
         return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
 
     def __repr__(self) -> str:

@@ -124,12 +124,12 @@ def normalize_chw(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) ->
 def photometric_hwc(x: np.ndarray, p: Sequence[float], index: dict[str, int],
                     jitter_ranges: Sequence[object], blur_kernel: int, threshold: float
                     ) -> np.ndarray:
-    """Flip, jitter (in the drawn order), grayscale, blur and solarize one float32 view in
-    [0, 1] (``H x W x 3`` or ``H x W``) with its parameter vector ``p`` (fields at ``index``).
-    Returns a float32 array in [0, 1] (same layout); normalisation is left to the caller."""
+    """Jitter (in the drawn order), grayscale, blur and solarize one float32 view in [0, 1]
+    (``H x W x 3`` or ``H x W``) with its parameter vector ``p`` (fields at ``index``). Returns a
+    float32 array in [0, 1] (same layout). The flip and the normalisation are left to the
+    caller: the flip commutes with every step here (pointwise, a global mean, a symmetric kernel
+    with a mirrored border), so the final copy can do it at no cost."""
     _one_thread()
-    if p[index["flip"]] > 0.5:
-        x = cv2.flip(x, 1)
     if p[index["jitter"]] > 0.5:
         factors = [p[index[k]] for k in ("brightness", "contrast", "saturation", "hue")]
         for k in range(4):
