@@ -204,6 +204,7 @@ def test_keep_best_writes_the_step_of_the_best_value(tmp_path: Path) -> None:
     assert not differ, f"best.pt is not step 2's model in {differ}; {proc.stderr[-2000:]}"
     assert "keep-best: step 2" in proc.stderr, proc.stderr[-2000:]
     assert "val/knn by step: 0: 50.00" in proc.stderr, proc.stderr[-2000:]
+    assert RunDir(run).monitor_plot.is_file(), proc.stderr[-2000:]
 
 
 def test_keep_best_says_when_no_step_beats_the_start(tmp_path: Path) -> None:
@@ -246,3 +247,18 @@ def test_cli_bad_split_and_metric_exit_2_and_write_nothing(tmp_path: Path,
     assert main([*common, "--val-split", "0.2", "--keep-best", "val/top1"]) == 2
     assert "unknown monitor metric 'val/top1'" in capsys.readouterr().err
     assert not run.exists()
+
+
+def test_plot_history_draws_each_validation_metric_once(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    from e2mc.training.monitor import plot_history
+
+    history = [{"step": s, "val/knn": 50.0 + s, "val/linear_1%": 40.0 - s, "val/rankme": 9.0,
+                "val/seconds": 1.0} for s in (0, 5, 10)]
+    path = tmp_path / "monitor.png"
+    assert plot_history(history, path, kept_step=5) == ["val/knn", "val/linear_1%",
+                                                         "val/rankme"]
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert (height, width) == (300, 960)  # three 3.2 x 3.0-inch panels at 100 dpi
+    assert [p.name for p in tmp_path.iterdir()] == ["monitor.png"]  # no temporary file left

@@ -10,6 +10,7 @@ A **training run directory** (``e2mc continue`` / ``e2mc pretrain``)::
     metrics.jsonl            one JSON object per logged step (training terms, monitor values)
     config_changes.jsonl     configuration changes accepted on resume, with their first step
     val_split.json           the held-out validation indices (``--val-split``)
+    monitor.png              the monitor's validation metrics against steps (kept step marked)
     tensorboard/             the same scalars for TensorBoard
 
 An **evaluation directory** (``e2mc eval``)::
@@ -44,6 +45,7 @@ CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
 VAL_SPLIT = "val_split.json"
+MONITOR_PLOT = "monitor.png"
 EPOCH_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
 RESULTS = "results.json"
@@ -128,6 +130,10 @@ class RunDir:
     @property
     def val_split(self) -> Path:
         return self.root / VAL_SPLIT
+
+    @property
+    def monitor_plot(self) -> Path:
+        return self.root / MONITOR_PLOT
 
     @property
     def tensorboard(self) -> Path:

@@ -14,12 +14,14 @@ and seeded, into a *probe-train* half and a *probe-test* half. On the backbone f
 On the projector embeddings (label-free): ``val/rankme``, the effective rank (RankMe), and
 ``val/entropy``, the mean m-spacings entropy of the compact-transformed dimensions (Eq. 5).
 ``val/seconds`` is the wall time of the evaluation. Everything runs under ``no_grad`` in eval
-mode with the random number generators forked, so monitoring does not change training.
+mode with the random number generators forked, so monitoring does not change training. At the end
+the main process draws the history (kept step marked) to ``RunDir.monitor_plot``.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -228,6 +230,9 @@ class ValidationMonitor(Callback):
             self._evaluate(trainer, result.step, result.run_epoch)
         if self.keep_best is not None:
             self.keep_best.report(trainer, result)
+        if trainer.rt.is_main and self.history:
+            kept = self.keep_best.tracker.best_step if self.keep_best is not None else None
+            plot_history(self.history, trainer.run.monitor_plot, kept)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history),
@@ -243,3 +248,32 @@ def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = s
     """``step -> value`` of ``metric`` on one line."""
     points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
     print(f"{metric} by step: {points}", file=file)
+
+
+def plot_history(history: list[dict[str, float]], path: str | os.PathLike[str],
+                 kept_step: int | None = None) -> list[str]:
+    """The validation metrics of ``history`` against steps, one panel each, the step kept by
+    keep-best marked; written atomically to ``path``. Returns the metrics drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from e2mc.checkpoints.io import atomic_write
+
+    names = list(dict.fromkeys(k for h in history for k in h
+                               if k.startswith("val/") and k != "val/seconds"))
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        steps, values = zip(*[(h["step"], h[name]) for h in history if name in h], strict=True)
+        ax.plot(steps, values, "-o", ms=3)
+        if kept_step is not None:
+            ax.axvline(kept_step, color="C3", ls="--", lw=1, label=f"kept: step {kept_step}")
+            ax.legend(fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+    return names
