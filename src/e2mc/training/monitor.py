@@ -24,6 +24,7 @@ import difflib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -232,7 +233,8 @@ class ValidationMonitor(Callback):
             self.keep_best.report(trainer, result)
         if trainer.rt.is_main and self.history:
             kept = self.keep_best.tracker.best_step if self.keep_best is not None else None
-            plot_history(self.history, trainer.run.monitor_plot, kept)
+            plot_history(self.history, metric_names(self.cfg.fractions),
+                         trainer.run.monitor_plot, kept)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history),
@@ -250,10 +252,11 @@ def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = s
     print(f"{metric} by step: {points}", file=file)
 
 
-def plot_history(history: list[dict[str, float]], path: str | os.PathLike[str],
-                 kept_step: int | None = None) -> list[str]:
-    """The validation metrics of ``history`` against steps, one panel each, the step kept by
-    keep-best marked; written atomically to ``path``. Returns the metrics drawn."""
+def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
+                 path: str | os.PathLike[str], kept_step: int | None = None) -> list[str]:
+    """Each of ``metrics`` (:func:`metric_names`) that ``history`` has against steps, one panel
+    each, the step kept by keep-best marked; written atomically to ``path``. Returns the
+    metrics drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,8 +264,7 @@ def plot_history(history: list[dict[str, float]], path: str | os.PathLike[str],
 
     from e2mc.checkpoints.io import atomic_write
 
-    names = list(dict.fromkeys(k for h in history for k in h
-                               if k.startswith("val/") and k != "val/seconds"))
+    names = [m for m in metrics if any(m in h for h in history)]  # no projector: no label-free
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         steps, values = zip(*[(h["step"], h[name]) for h in history if name in h], strict=True)
