@@ -42,7 +42,7 @@ from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from . import photometric_cv2
-from .image_folder import CorruptImageError
+from .image_folder import CorruptImageError, to_8bit
 from .photometric import (
     adjust_brightness,
     adjust_contrast,
@@ -301,6 +301,7 @@ class FastViews:
                 return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8),
                                    mode=read)
         img.load()
+        img = to_8bit(img)  # 16-bit and float images: scaled, not clipped
         if img.mode != mode:
             img = img.convert(mode)
         return TF.pil_to_tensor(img)

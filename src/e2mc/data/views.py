@@ -27,6 +27,8 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 
+from .image_folder import to_8bit
+
 __all__ = [
     "DATASET_STATS",
     "RECIPES",
@@ -73,12 +75,14 @@ def _check_size(name: str, size: int) -> None:
 
 
 class _ToMode:
-    """Convert a PIL image to ``L`` (1 channel) or ``RGB`` (3 channels)."""
+    """Convert a PIL image to ``L`` (1 channel) or ``RGB`` (3 channels); 16-bit and float images
+    are scaled by :func:`~e2mc.data.image_folder.to_8bit`, not clipped."""
 
     def __init__(self, channels: int) -> None:
         self.mode = "L" if channels == 1 else "RGB"
 
     def __call__(self, img: Image.Image) -> Image.Image:
+        img = to_8bit(img)  # 16-bit and float images: scaled, not clipped
         return img if img.mode == self.mode else img.convert(self.mode)
 
     def __repr__(self) -> str:

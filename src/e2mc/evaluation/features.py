@@ -7,9 +7,11 @@ probe many times (fractions x seeds) then costs seconds instead of forward passe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from e2mc.checkpoints.io import atomic_write
 
@@ -143,26 +145,78 @@ def state_dict_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+def _update_array(h: Any, array: np.ndarray | torch.Tensor) -> None:
+    """Hash ``array``'s dtype, shape and bytes (no copy when contiguous)."""
+    if isinstance(array, torch.Tensor):
+        t = array.detach().cpu().contiguous()
+        h.update(f"{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
+        return
+    a = np.ascontiguousarray(array)
+    h.update(f"{a.dtype.str}|{a.shape}".encode())
+    h.update(a.reshape(-1).view(np.uint8) if a.size else b"")
+
+
+def _update_content(h: Any, dataset: Any) -> None:
+    """Hash what every item of ``dataset`` is made of: for files (``samples`` of (path, label))
+    each path, label, size, mtime and ctime (a rewrite or replacement changes the ctime, which
+    ``touch``/``cp -p`` cannot set back); for in-memory data (``images``/``labels`` arrays,
+    ``TensorDataset``) the arrays; for a subset the parent and the indices; for anything else
+    every item as it is returned (one pass over the data)."""
+    h.update(type(dataset).__name__.encode())
+    if isinstance(getattr(dataset, "samples", None), list):
+        for path, label in dataset.samples:
+            st = os.stat(path)
+            h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n"
+                     .encode())
+    elif isinstance(getattr(dataset, "images", None), np.ndarray) \
+            and isinstance(getattr(dataset, "labels", None), np.ndarray):
+        _update_array(h, dataset.images)
+        _update_array(h, dataset.labels)
+    elif isinstance(dataset, TensorDataset):
+        for t in dataset.tensors:
+            _update_array(h, t)
+    elif hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
+        _update_array(h, np.asarray(dataset.indices, dtype=np.int64))
+        _update_content(h, dataset.dataset)
+    else:
+        for idx in range(len(dataset)):
+            image, target = dataset[idx]
+            _update_array(h, torch.as_tensor(image))
+            _update_array(h, np.asarray(target))
+
+
+def _transform_of(dataset: Any) -> Any:
+    """The transform of ``dataset`` or of the data set it wraps (``Subset`` and the like)."""
+    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    return getattr(dataset, "transform", None)
+
+
 def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:
     """What identifies a data set for caching: the caller's ``data_id`` (spec and split), its
-    size, the ``repr`` of its transform, and a hash of its first and last items (catches a
-    changed file behind the same spec)."""
+    size, the ``repr`` of its transform, a hash of its first and last items as they come out of
+    the transform, and the ``content`` hash of every image and label (:func:`_update_content`;
+    docs/evaluation.md has what it costs)."""
     n = len(dataset)  # type: ignore[arg-type]
     h = hashlib.sha256()
     for idx in sorted({0, n - 1}) if n else []:
         image, target = dataset[idx]
         h.update(torch.as_tensor(image).float().contiguous().numpy().tobytes())
         h.update(np.asarray(target).tobytes())
+    content = hashlib.sha256()
+    _update_content(content, dataset)
     return {
         "data_id": data_id,
         "size": n,
-        "transform": repr(getattr(dataset, "transform", None)),
+        "transform": repr(_transform_of(dataset)),
         "items": h.hexdigest(),
+        "content": content.hexdigest(),
     }
 
 
 #: Bumped when the stored layout or the identity changes; older entries are then stale.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 def model_signature(module: nn.Module) -> str:
@@ -180,12 +234,14 @@ class FeatureCache:
     The model is identified by the SHA-256 of its checkpoint file when ``checkpoint`` is given
     (plus its architecture signature), else by :func:`state_dict_digest`; so a changed
     checkpoint gives a new key and the old features are never reused for it. The data are
-    identified by :func:`dataset_fingerprint` (the caller's id with the split, size, transform,
-    first and last items), and the extraction precision (bf16 autocast or not) is part of the
-    key. Writes are atomic (temporary file + rename). A stored entry is used only if it reads
-    back whole (the zip CRC of every array is checked), its stored identity equals the key's and
-    its shapes match the data set; anything else (a truncated or corrupt file, an older format)
-    is stale: it is removed and the features are extracted again.
+    identified by :func:`dataset_fingerprint` (the caller's id with the split, size, transform
+    and the content of every image and label), and the extraction precision (bf16 autocast or
+    not) is part of the key. Writes are atomic (temporary file + rename). A stored entry is used
+    only if it reads back whole (the zip CRC of every array is checked), its stored identity
+    equals the key's and its shapes match the data set; anything else (a truncated or corrupt
+    file, an older format) is stale: it is removed and the features are extracted again. A cache
+    directory that cannot be written (read-only, full) does not stop the caller: one
+    ``warning:`` line on stderr, and the features are returned unstored.
 
     Under ``torchrun`` every rank calls :meth:`get_or_extract`; the entry is used only if every
     rank can read it, extraction is sharded across the ranks (:func:`extract_features`) and rank
@@ -196,6 +252,8 @@ class FeatureCache:
         self.root = Path(root)
         #: Keys found stale (and rebuilt) by this object, for reporting.
         self.rebuilt: list[str] = []
+        #: False after a write failed (warned once); entries are still read.
+        self.writable = True
 
     def key(self, backbone: nn.Module, dataset: Dataset, data_id: str,
             checkpoint: str | os.PathLike[str] | None = None,
@@ -215,7 +273,11 @@ class FeatureCache:
         """The stored ``(features, labels)`` of ``key`` if the entry is present and valid, else
         None (a stale entry is deleted)."""
         path = self.path(key)
-        if not path.exists():
+        try:
+            if not path.exists():
+                return None
+        except OSError as err:  # e.g. a directory without search permission
+            self._give_up("read", err)
             return None
         try:
             with np.load(path, allow_pickle=False) as stored:
@@ -233,9 +295,17 @@ class FeatureCache:
             warnings.warn(f"feature cache entry {path.name} is stale ({type(exc).__name__}: "
                           f"{exc}); extracting again", stacklevel=2)
             self.rebuilt.append(key)
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only cache keeps it; it is not used
+                path.unlink(missing_ok=True)
             return None
         return features, labels
+
+    def _give_up(self, verb: str, err: OSError) -> None:
+        """Warn once (one line on stderr) that the cache cannot be used and stop writing to it."""
+        if self.writable:
+            print(f"warning: feature cache {self.root} cannot be {verb} ({err.strerror or err}); "
+                  "going on without it", file=sys.stderr)
+        self.writable = False
 
     #: A temporary file of an entry older than this (seconds) was left by a killed write.
     STALE_TEMP_S = 600.0
@@ -282,11 +352,14 @@ class FeatureCache:
         if loaded is not None:
             return loaded[0], loaded[1], True
         features, labels = extractor(backbone, dataset, **extract_kwargs)
-        if is_main_process():
-            self._remove_stale_temp_files(key)
-            atomic_write(self.path(key), lambda f: np.savez(
-                f, features=features, labels=labels,
-                identity=np.array(json.dumps(identity, sort_keys=True))))
+        if is_main_process() and self.writable:
+            try:
+                self._remove_stale_temp_files(key)
+                atomic_write(self.path(key), lambda f: np.savez(
+                    f, features=features, labels=labels,
+                    identity=np.array(json.dumps(identity, sort_keys=True))))
+            except OSError as err:  # read-only, full, not a directory: go on without it
+                self._give_up("written", err)
         if is_distributed():
             import torch.distributed as dist
 
