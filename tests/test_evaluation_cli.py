@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import e2mc
+from e2mc.artifacts import EvalDir
 from e2mc.evaluation.results import compare_runs, comparison_markdown, mean_se
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
@@ -94,6 +95,7 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
     with np.load(b / entry["predictions"]) as f:
         np.savez(b / entry["predictions"], predictions=f["predictions"],
                  labels=(f["labels"] + 1) % 3)
+    EvalDir(b).write(record)  # results.json describes the edited file (its digest)
     with pytest.raises(ValueError, match="different test sets"):
         compare_runs([str(a), str(b)], n_resamples=50)
 

@@ -12,16 +12,22 @@ A **training run directory** (``e2mc continue`` / ``e2mc pretrain``)::
     val_split.json           the held-out validation indices (``--val-split``)
     monitor.png              the monitor's validation metrics against steps (kept step marked)
     tensorboard/             the same scalars for TensorBoard
+    done.json                the step and the end the run reached (written by ``e2mc search`` when
+                             the run finished as configured; never after a pre-emption)
+    .e2mc.lock               held by the process writing the directory (:func:`writer_lock`; also
+                             in evaluation and search directories)
 
 An **evaluation directory** (``e2mc eval``)::
 
     results.json             :class:`EvalResults`: one :class:`EvalEntry` per probe and seed
-    predictions/<name>.npz   per-image top-1 predictions and labels of each entry
+    predictions/<name>.<generation>.npz   per-image top-1 predictions and labels of each entry
+                             (written first; results.json, written last, records their sha256)
 
 A **search directory** (``e2mc search``, :class:`SearchDir`)::
 
     search.json, search.md, search.png   the spec and rule, the table, the trajectories
-    trials/<trial>/run, trials/control-<overrides>   training run directories (+ done.json)
+    trials/<trial>-<hash>/run, trials/control-<overrides>-<hash>   training run directories
+                              (+ done.json once finished); <hash>: of the trial's overrides
     confirm/seed<N>/{run,control}[-eval]  the confirmation runs and their test evaluations
     confirm.json, confirm.md               the paired tests of the confirmation
     feature-cache/                         features of the confirmation's evaluations
@@ -33,12 +39,18 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+import socket
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from e2mc.errors import InputError
 
 CONFIG = "config.yaml"
 CHECKPOINT = "checkpoint.pt"
@@ -54,6 +66,7 @@ SEARCH_JSON = "search.json"
 SEARCH_MD = "search.md"
 RUN_DONE = "done.json"
 CONFIG_CHANGES = "config_changes.jsonl"
+LOCK = ".e2mc.lock"
 
 _EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
 
@@ -101,7 +114,92 @@ def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     atomic_write(Path(path), lambda f: f.write(text), "w")
 
 
+# --------------------------------------------------------------------------- one writer
+class DirectoryBusy(InputError):
+    """Another live process is writing to the directory (exit 2 on the command line)."""
+
+
+@contextmanager
+def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold ``ROOT/.e2mc.lock`` while writing to ``root``: one writer per run, evaluation or
+    search directory.
+
+    The lock is an advisory ``flock`` on a file holding the writer's pid, host, start time and
+    command line. The kernel releases it when the process ends, however it ends, so a lock file
+    left by a dead process is taken over (with a note on stderr); a live holder makes
+    :class:`DirectoryBusy` naming it. Temporary files of atomic writes that an earlier writer
+    left in ``root`` are removed once the lock is held. The file is removed on release.
+    """
+    import fcntl
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 1 << 16).decode("utf-8", "replace")
+            os.close(fd)
+            raise DirectoryBusy(f"{root} is being written by another process ({_holder(holder)})"
+                                "; wait for it to end or use another directory") from None
+        try:  # the file may have been removed by its last holder between open and flock
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        stale = os.read(fd, 1 << 16).decode("utf-8", "replace").strip()
+        if stale:
+            print(f"note: {path} was left by a process that is gone ({_holder(stale)}); "
+                  "taking it over", file=sys.stderr)
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        for temp in root.glob(".*.tmp"):  # an interrupted atomic write of an earlier writer
+            temp.unlink(missing_ok=True)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _holder(text: str) -> str:
+    try:
+        r = json.loads(text)
+        return (f"pid {r['pid']} on {r['host']} since {r['started']}: "
+                f"{' '.join(map(str, r.get('command', [])))}")
+    except (ValueError, KeyError, TypeError):
+        return "unknown holder"
+
+
 # --------------------------------------------------------------------------- training runs
+@dataclass(frozen=True)
+class RunModel:
+    """Which file of a run directory stands for the run (:meth:`RunDir.model`)."""
+
+    path: Path
+    kept: bool  # best.pt, the model keep-best chose
+    best_exists: bool = False  # (for the last step) whether best.pt was passed over
+
+    def describe(self) -> str:
+        """One line for the user: which file, and why."""
+        if self.kept:
+            return (f"{self.path}: the run's kept model (keep-best's best.pt; --last takes "
+                    "the last step)")
+        if self.best_exists:
+            return f"{self.path}: the run's last step (--last; keep-best kept best.pt)"
+        return f"{self.path}: the run's last step (the run kept no best.pt)"
+
+    def record(self, step: int | None) -> dict[str, Any]:
+        """What results.json, the report and the export sidecar record of the choice."""
+        return {"file": str(self.path), "step": step, "kept_model": self.kept}
+
+
 @dataclass(frozen=True)
 class RunDir:
     """The files of one training run directory (see the module docstring)."""
@@ -160,6 +258,17 @@ class RunDir:
         epochs = self.epoch_checkpoints()
         return epochs[-1][1] if epochs else None
 
+    def model(self, last: bool = False) -> RunModel:
+        """The run's answer: ``best.pt`` when keep-best wrote one, else (or with ``last``) the
+        latest checkpoint, the last step. Every command given a run directory takes this."""
+        if not last and self.best.is_file():
+            return RunModel(self.best, kept=True)
+        latest = self.latest_checkpoint()
+        if latest is None:
+            raise ValueError(f"{self.root} is a directory without a checkpoint (not a training "
+                             "run directory)")
+        return RunModel(latest, kept=False, best_exists=self.best.is_file())
+
     def read_metrics(self, partial_last_line: bool = False) -> list[dict[str, Any]]:
         """The records of ``metrics.jsonl`` (``[]`` when the run has logged nothing yet)."""
         if not self.metrics.is_file():
@@ -205,6 +314,27 @@ class RunDir:
         return sorted(found)
 
     @property
+    def done(self) -> Path:
+        return self.root / RUN_DONE
+
+    def mark_done(self, step: int, end: str) -> None:
+        """Record that the run reached its configured end (``end``: how) at ``step``; a run that
+        was stopped early (pre-empted) is never marked. Written atomically."""
+        from e2mc.checkpoints.io import atomic_write
+
+        text = json.dumps({"step": int(step), "end": end})
+        atomic_write(self.done, lambda f: f.write(text), "w")
+
+    def is_done(self) -> bool:
+        """Whether :meth:`mark_done` was called and the checkpoint it describes is there."""
+        if not (self.done.is_file() and self.checkpoint.is_file()):
+            return False
+        try:
+            return isinstance(json.loads(self.done.read_text(encoding="utf-8"))["step"], int)
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    @property
     def config_changes(self) -> Path:
         return self.root / CONFIG_CHANGES
 
@@ -245,10 +375,6 @@ class SearchDir:
     def confirm_eval(self, seed: int, kind: str) -> EvalDir:
         return EvalDir(self.root / "confirm" / f"seed{seed}" / f"{kind}-eval")
 
-    @staticmethod
-    def done_marker(run: RunDir) -> Path:
-        """Written when a search's training run has finished (it is then read, not re-run)."""
-        return run.root / RUN_DONE
 
 
 # --------------------------------------------------------------------------- evaluations
@@ -265,13 +391,17 @@ class EvalEntry:
     seed: int | None = None
     predictions: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: SHA-256 of the predictions file, recorded by :meth:`EvalDir.write` (``None`` in files
+    #: written before it was recorded: such predictions are read unchecked).
+    predictions_sha256: str | None = None
 
     @property
     def value(self) -> float:
         """The primary metric (top-1 percent for every protocol the package writes)."""
         return float(self.metrics[self.primary])
 
-    _FIELDS = ("protocol", "column", "primary", "metrics", "fraction", "seed", "predictions")
+    _FIELDS = ("protocol", "column", "primary", "metrics", "fraction", "seed", "predictions",
+               "predictions_sha256")
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> EvalEntry:
@@ -315,19 +445,41 @@ class EvalResults:
         return [e.value for e in self.column(column)]
 
     def predictions(self, entry: EvalEntry) -> tuple[np.ndarray, np.ndarray]:
-        """``(predictions, labels)`` saved for ``entry``."""
+        """``(predictions, labels)`` saved for ``entry``, checked against the SHA-256 that
+        ``results.json`` records for the file: a file of another evaluation is refused."""
+        import hashlib
+        import io
+
         if not entry.predictions:
             raise ValueError(f"{self.dir}: entry {entry.column!r} has no saved predictions")
         path = self.dir / entry.predictions
         try:
-            with np.load(path) as f:
+            data = path.read_bytes()
+        except FileNotFoundError as err:
+            raise ValueError(f"{path}: missing predictions file of entry {entry.column!r}; "
+                             f"re-run the evaluation into {self.dir}") from err
+        digest = hashlib.sha256(data).hexdigest()
+        if entry.predictions_sha256 is not None and digest != entry.predictions_sha256:
+            raise ValueError(f"{path}: does not match results.json (sha256 {digest[:12]}..., "
+                             f"recorded {entry.predictions_sha256[:12]}...): the file is not "
+                             f"the one this evaluation wrote; re-run the evaluation into "
+                             f"{self.dir}")
+        try:
+            with np.load(io.BytesIO(data)) as f:
                 return f["predictions"], f["labels"]
         except (OSError, KeyError, ValueError) as err:
             raise ValueError(f"{path}: unreadable predictions ({err}); re-run the evaluation "
                              f"or delete {self.dir}") from err
 
 class EvalDir:
-    """The files of one evaluation directory."""
+    """The files of one evaluation directory, written as one unit.
+
+    An evaluation writes its predictions under names no complete evaluation uses
+    (``predictions/<name>.<generation>.npz``, :meth:`begin`), then ``results.json`` last and
+    atomically (:meth:`write`), recording each file's SHA-256; only then are the previous
+    evaluation's files removed. A writer killed at any point leaves the previous complete
+    result, whose files :meth:`EvalResults.predictions` checks against their digests. The
+    writer holds :func:`writer_lock` (``run_evaluation`` does)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -336,9 +488,52 @@ class EvalDir:
     def results(self) -> Path:
         return self.root / RESULTS
 
-    def prediction_file(self, name: str) -> str:
-        """Path of ``predictions/<name>.npz`` relative to the directory (as stored in entries)."""
-        return (Path(PREDICTIONS_DIR) / f"{name}.npz").as_posix()
+    @property
+    def predictions_dir(self) -> Path:
+        return self.root / PREDICTIONS_DIR
+
+    def prediction_file(self, name: str, generation: str | None = None) -> str:
+        """Path of ``predictions/<name>.<generation>.npz`` (``<name>.npz`` without a
+        generation) relative to the directory (as stored in entries)."""
+        stem = f"{name}.{generation}" if generation else name
+        return (Path(PREDICTIONS_DIR) / f"{stem}.npz").as_posix()
+
+    @staticmethod
+    def new_generation() -> str:
+        """A fresh generation id for the files of one evaluation."""
+        import uuid
+
+        return uuid.uuid4().hex[:12]
+
+    def begin(self) -> str:
+        """Start an evaluation into the directory: remove what an interrupted one left (files
+        of ``predictions/`` that ``results.json`` does not reference, temporary files) and
+        return a new generation id for :func:`~e2mc.evaluation.results.save_predictions`.
+        The previous complete result stays as it is until :meth:`write` replaces it."""
+        self.remove_unreferenced()
+        return self.new_generation()
+
+    def _referenced(self, entries: Iterable[dict[str, Any]] | None = None) -> set[str]:
+        if entries is None:
+            try:
+                entries = [e.to_dict() for e in self.load().entries]
+            except ValueError:  # no or an unreadable results.json: it references nothing
+                entries = []
+        return {os.path.normpath(self.root / e["predictions"]) for e in entries
+                if e.get("predictions")}
+
+    def remove_unreferenced(self, entries: Iterable[dict[str, Any]] | None = None
+                            ) -> list[Path]:
+        """Remove the files of ``predictions/`` that ``entries`` (default: those of
+        ``results.json``) do not reference; returns them."""
+        if not self.predictions_dir.is_dir():
+            return []
+        keep = self._referenced(entries)
+        removed = [p for p in self.predictions_dir.iterdir()
+                   if not p.is_dir() and os.path.normpath(p) not in keep]
+        for path in removed:
+            path.unlink(missing_ok=True)
+        return removed
 
     def exists(self) -> bool:
         return self.results.is_file()
@@ -365,7 +560,11 @@ class EvalDir:
         from e2mc.checkpoints.io import atomic_write
 
         record = dict(record)
-        entries = [e.to_dict() if isinstance(e, EvalEntry) else e for e in record["entries"]]
+        entries = [e.to_dict() if isinstance(e, EvalEntry) else dict(e)
+                   for e in record["entries"]]
+        for entry in entries:  # the files this record describes, exactly
+            if entry.get("predictions"):
+                entry["predictions_sha256"] = self._file_digest(entry)
         record["entries"] = entries
         record["summary"] = summarize(entries)
         text = json.dumps(record, indent=2, default=_jsonable)
@@ -373,7 +572,21 @@ class EvalDir:
         for stale in self.root.glob(f".{RESULTS}.*.tmp"):  # left by a killed write
             stale.unlink(missing_ok=True)
         atomic_write(self.results, lambda f: f.write(text), "w")
+        self.remove_unreferenced(entries)  # the previous evaluation's predictions
         return self.results
+
+    def _file_digest(self, entry: dict[str, Any]) -> str:
+        import hashlib
+
+        path = self.root / entry["predictions"]
+        if not path.is_file():
+            raise ValueError(f"{self.results}: entry {entry.get('column')!r} names predictions "
+                             f"{entry['predictions']}, which {self.root} does not hold")
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
 
 
 def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -13,7 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare", help="compare evaluation runs: mean ± SE table and paired tests",
         description="Rows = runs, columns = protocol/fraction (mean ± SE over seeds). Every "
                     "run is tested against the first (McNemar + paired permutation test on the "
-                    "per-image predictions of the same seed); '*' p<0.05, '**' p<0.01.")
+                    "per-image predictions of the same seed); '*' p<0.05, '**' p<0.01; '†' no "
+                    "paired test (no common seed). Runs evaluated differently (report kind, "
+                    "primary metric, fractions, seeds) are refused unless --allow-mismatch.")
     p.add_argument("runs", nargs="+", help="run directories written by 'e2mc eval'")
     p.add_argument("--names", default=None, help="comma-separated row names (default: dirs)")
     p.add_argument("--out", default=None,
@@ -26,6 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="evaluation of a random-init model of the same architecture (e.g. "
                         "'e2mc eval RUN/checkpoints/epoch_0000.pt ...'): shown as the first "
                         "row, 'random init', and not tested")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare runs evaluated differently (report kind last/best, a "
+                        "column's primary metric, label fractions or label seeds; refused "
+                        "by default): each row shows its own metric and the table lists what "
+                        "differs")
     p.set_defaults(func=run)
 
 
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     try:
         comp = compare_runs(args.runs, names, n_resamples=args.resamples, seed=args.seed,
-                            floor=args.floor)
+                            floor=args.floor, allow_mismatch=args.allow_mismatch)
     except ValueError as exc:
         print(f"e2mc compare: error: {exc}", file=sys.stderr)
         return 2

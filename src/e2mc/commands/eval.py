@@ -169,6 +169,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
+    from e2mc.artifacts import writer_lock
+    from e2mc.distributed import is_main_process
+    from e2mc.training.trainer import init_runtime
+
+    device = str(init_runtime(args.device).device)  # joins the group under torchrun
+    # One writer per evaluation directory, from the start: a second 'e2mc eval --out' into it
+    # stops here (exit 2, naming the holder) before loading or extracting anything.
+    with writer_lock(args.out) if is_main_process() else nullcontext():
+        return _evaluate(args, device)
+
+
+def _evaluate(args: argparse.Namespace, device: str) -> int:
     import os
     from pathlib import Path
 
@@ -179,9 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from e2mc.evaluation.presets import linear_preset
     from e2mc.evaluation.runner import EvalOptions, run_evaluation
     from e2mc.evaluation.svm import VOC07_COSTS
-    from e2mc.training.trainer import init_runtime
 
-    device = str(init_runtime(args.device).device)  # joins the group under torchrun
     linear_over: dict[str, object] = {}
     finetune_over: dict[str, object] = {}
     if args.epochs is not None:
@@ -230,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         backbone, feature_dim, train_ds, test_ds, args.out, options,
         data_id=f"{args.data}|{test_spec}|size={size}|ch={channels}"
                 + ("|skip-corrupt" if args.skip_corrupt else ""),
-        checkpoint=args.checkpoint, cache=cache,
+        checkpoint=args.checkpoint, cache=cache, lock=False,  # held by run()
         extra_record={"checkpoint": str(args.checkpoint), "command": sys.argv,
                       "checkpoint_info": _plain(info), "image_size": size,
                       "device": device})

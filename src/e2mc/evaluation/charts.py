@@ -24,8 +24,8 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     """One panel per protocol; within it, the columns (label fractions, k, ...) along x and one
     marker per run, offset side by side, with a bar of +- one standard error over seeds (none
     for a single seed). Runs significantly different from the reference at every seed
-    (``*``/``**`` in the table) are labelled so. The y range follows the data, so differences
-    of a fraction of a point stay visible."""
+    (``*``/``**`` in the table) are labelled so, cells without a paired test ``†``. The y range
+    follows the data, so differences of a fraction of a point stay visible."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -47,6 +47,8 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
                 if cell is None:
                     continue
                 mean, se, mark = cell
+                if column in comp.untested.get(run, {}):
+                    mark = "†"  # no paired test: not "not significant"
                 xs.append(j + offsets[i])
                 ys.append(mean)
                 es.append(se or 0.0)
@@ -70,7 +72,7 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     axes[0][0].set_ylabel("top-1 (%), mean ± SE over seeds", fontsize=9)
     fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.suptitle(f"top-1 by run; * p < 0.05, ** p < 0.01 against {comp.reference} at every "
-                 "seed", fontsize=9)
+                 "seed" + ("; † no paired test" if comp.untested else ""), fontsize=9)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,11 @@ Files and reader: :class:`e2mc.artifacts.EvalDir`, :class:`~e2mc.artifacts.EvalR
     {"checkpoint": ..., "command": [...], "data": ..., "protocols": [...], "seeds": [...],
      "fractions": [...], "settings": {...},
      "entries": [{"protocol", "column", "fraction", "seed", "primary", "metrics",
-                  "predictions"}, ...],
+                  "predictions", "predictions_sha256"}, ...],
      "summary": {column: {metric: {"mean", "se", "n"}}}}
 
-Each ``predictions/*.npz`` has ``predictions`` (top-1 label per test image) and ``labels``.
+Each ``predictions/<name>.<generation>.npz`` has ``predictions`` (top-1 label per test image)
+and ``labels``; each entry records its file's ``predictions_sha256``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se, summarize
+from e2mc.errors import InputError
 
 __all__ = ["Comparison", "compare_runs", "comparison_markdown", "fraction_label", "load_run",
            "matched_correctness", "mean_se", "save_predictions", "summarize", "write_comparison",
@@ -42,13 +44,18 @@ def fraction_label(fraction: float) -> str:
 
 
 def save_predictions(run_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,
-                     labels: np.ndarray, **extra: np.ndarray) -> str:
-    """Write ``predictions/<name>.npz`` and return its path relative to ``run_dir``."""
-    rel = EvalDir(run_dir).prediction_file(name)
-    path = Path(run_dir) / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, predictions=np.asarray(predictions), labels=np.asarray(labels),
-                        **extra)
+                     labels: np.ndarray, generation: str | None = None,
+                     **extra: np.ndarray) -> str:
+    """Write ``predictions/<name>.<generation>.npz`` atomically and return its path relative
+    to ``run_dir`` (for the entry's ``predictions``). ``generation``: the evaluation's, from
+    :meth:`EvalDir.begin`; a fresh one when not given, so that a file a complete evaluation
+    references is never overwritten. ``results.json``, written last (:func:`write_results`),
+    records the file's SHA-256 and makes it part of the directory."""
+    from e2mc.checkpoints.io import atomic_write
+
+    rel = EvalDir(run_dir).prediction_file(name, generation or EvalDir.new_generation())
+    arrays = {"predictions": np.asarray(predictions), "labels": np.asarray(labels), **extra}
+    atomic_write(Path(run_dir) / rel, lambda f: np.savez_compressed(f, **arrays), "wb")
     return rel
 
 
@@ -75,6 +82,12 @@ class Comparison:
     pooled: list[dict[str, Any]] = field(default_factory=list)
     #: Name of the random-init floor row (shown first, tested against nothing), if any.
     floor: str | None = None
+    #: ``untested[run][column]``: why a cell of a run other than the reference has no paired
+    #: test (``no common seed``, ``no saved predictions``, ``not evaluated by REF``).
+    untested: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: What differs between the runs (report kind, primary, fractions, label seeds), when they
+    #: were compared anyway (``allow_mismatch``).
+    mismatches: list[str] = field(default_factory=list)
 
     @property
     def reference(self) -> str:
@@ -88,7 +101,7 @@ def _marker(p: float) -> str:
 
 def compare_runs(run_dirs: list[str], names: list[str] | None = None,
                  n_resamples: int = 10_000, seed: int = 0, floor: str | None = None,
-                 floor_name: str = "random init") -> Comparison:
+                 floor_name: str = "random init", allow_mismatch: bool = False) -> Comparison:
     """Table of mean ± SE (each column's primary metric) and paired tests of every run
     against the first on the same (column, seed) test predictions.
 
@@ -101,6 +114,13 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
     RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
     first row, ``floor_name``, shown for scale and tested against nothing.
+
+    Runs (and the floor) that differ from the first in report kind (``eval --report``), a
+    column's primary metric, a protocol's label fractions or a column's label seeds are
+    refused (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
+    primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
+    test (no seed in common with the reference, no saved predictions) is listed in
+    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant.
     """
     if len(run_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
@@ -111,9 +131,25 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"run names must be unique; repeated: {', '.join(repeated)}")
+    if floor is not None and floor_name in names:
+        raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
+    floor_run = load_run(floor) if floor is not None else None
     columns = list(dict.fromkeys(c for run in runs for c in run.columns()))
-    primaries = {e.column: e.primary for run in runs for e in run.entries}
+    others = list(zip(names[1:], runs[1:], strict=True))
+    if floor_run is not None:
+        others.append((floor_name, floor_run))
+    differing = [(name, diffs) for name, run in others
+                 if (diffs := _differences(names[0], runs[0], name, run))]
+    if differing and not allow_mismatch:
+        name, diffs = differing[0]
+        shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4
+                                        else "")
+        raise InputError(f"cannot pair {name} with {names[0]}, they were evaluated "
+                         f"differently: {shown}. Pass --allow-mismatch (allow_mismatch=True) "
+                         "to compare them anyway")
+    mismatches = [f"{name} against {names[0]}: {'; '.join(diffs)}" for name, diffs in differing]
     cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
+    untested: dict[str, dict[str, str]] = {}
     tests: list[dict[str, Any]] = []
     pooled: list[dict[str, Any]] = []
     base = runs[0]
@@ -123,7 +159,7 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
             entries = run.column(column)
             if not entries:
                 continue
-            mean, se = mean_se([e.metrics[primaries[column]] for e in entries])
+            mean, se = mean_se([e.value for e in entries])  # each run's own primary metric
             worst_p: float | None = None
             matched: list[tuple[np.ndarray, np.ndarray]] = []
             if run is not base:
@@ -134,27 +170,90 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
                     tests.append(row)
                     p = max(row["mcnemar_p"], row["permutation_p"])
                     worst_p = p if worst_p is None else max(worst_p, p)
+                if not matched:
+                    untested.setdefault(name, {})[column] = _why_untested(
+                        base, run, column, names[0])
             if len(matched) >= 2:
                 diff, p = pooled_permutation_test(matched, n_resamples, seed)
                 pooled.append({"run": name, "reference": names[0], "column": column,
                                "seeds": len(matched), "difference": 100 * diff,
                                "permutation_p": p})
             cells[name][column] = (mean, se, _marker(worst_p) if worst_p is not None else "")
-    note = "; ".join(f"{c}: {primaries[c]}" for c in columns)
-    if floor is not None:
-        if floor_name in names:
-            raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
-        floor_run = load_run(floor)
+    shown_runs = list(zip(names, runs, strict=True))
+    if floor_run is not None:
         floor_cells = {}
         for column in columns:
             entries = floor_run.column(column)
-            if entries and column in primaries:
-                mean, se = mean_se([e.metrics[primaries[column]] for e in entries])
+            if entries:
+                mean, se = mean_se([e.value for e in entries])
                 floor_cells[column] = (mean, se, "")
         cells = {floor_name: floor_cells, **cells}
         names = [floor_name, *names]
-    return Comparison(runs=names, columns=columns, cells=cells, tests=tests, metric_note=note,
-                      pooled=pooled, floor=floor_name if floor is not None else None)
+        shown_runs.insert(0, (floor_name, floor_run))
+    return Comparison(runs=names, columns=columns, cells=cells, tests=tests,
+                      metric_note=_metric_note(columns, shown_runs), pooled=pooled,
+                      floor=floor_name if floor is not None else None, untested=untested,
+                      mismatches=mismatches)
+
+
+#: Protocols whose number depends on the report kind (``eval --report last|best``).
+_PROBES = ("linear", "linear-aug", "finetune")
+
+
+def _differences(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
+    """What makes ``run`` not comparable with ``ref``: the report kind, a common column's
+    primary metric or label seeds, a common protocol's label fractions."""
+    def listed(values: Any) -> str:
+        return ", ".join(str(v) for v in values)
+
+    out = []
+    kinds = ref.info.get("reported_epoch"), run.info.get("reported_epoch")
+    if all(kinds) and kinds[0] != kinds[1] and all(
+            any(e.protocol in _PROBES for e in r.entries) for r in (ref, run)):
+        out.append(f"report kind ({ref_name}: {kinds[0]}; {name}: {kinds[1]})")
+    protocols = dict.fromkeys(e.protocol for e in ref.entries)
+    for protocol in (p for p in protocols if any(e.protocol == p for e in run.entries)):
+        fractions = [sorted({e.fraction for e in r.entries
+                             if e.protocol == protocol and e.fraction is not None})
+                     for r in (ref, run)]
+        if fractions[0] != fractions[1]:
+            a, b = ([fraction_label(f) for f in fs] for fs in fractions)
+            out.append(f"fractions of {protocol} ({ref_name}: {listed(a)}; {name}: {listed(b)})")
+    for column in (c for c in ref.columns() if run.column(c)):
+        primaries = [sorted({e.primary for e in r.column(column)}) for r in (ref, run)]
+        if primaries[0] != primaries[1]:
+            out.append(f"primary metric of {column!r} ({ref_name}: {listed(primaries[0])}; "
+                       f"{name}: {listed(primaries[1])})")
+        seeds = [sorted({e.seed for e in r.column(column)}, key=str) for r in (ref, run)]
+        if seeds[0] != seeds[1]:
+            out.append(f"label seeds of {column!r} ({ref_name}: {listed(seeds[0])}; "
+                       f"{name}: {listed(seeds[1])})")
+    return out
+
+
+def _why_untested(base: EvalResults, run: EvalResults, column: str, base_name: str) -> str:
+    """Why ``run``'s ``column`` has no paired test against ``base``."""
+    if not base.column(column):
+        return f"not evaluated by {base_name}"
+    if not {e.seed for e in base.column(column)} & {e.seed for e in run.column(column)}:
+        return "no common seed"
+    return "no saved predictions"
+
+
+def _metric_note(columns: list[str], runs: list[tuple[str, EvalResults]]) -> str:
+    """``column: primary`` per column; ``column: p1 (a), p2 (b)`` where the runs differ."""
+    parts = []
+    for column in columns:
+        by_primary: dict[str, list[str]] = {}
+        for name, run in runs:
+            for primary in dict.fromkeys(e.primary for e in run.column(column)):
+                by_primary.setdefault(primary, []).append(name)
+        if len(by_primary) == 1:
+            parts.append(f"{column}: {next(iter(by_primary))}")
+        else:
+            parts.append(f"{column}: " + ", ".join(f"{p} ({', '.join(n)})"
+                                                   for p, n in by_primary.items()))
+    return "; ".join(parts)
 
 
 def matched_correctness(reference_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str],
@@ -214,11 +313,12 @@ def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
             "cohens_d": cohens_d_paired(ca, cb), "ci95_low": 100 * low, "ci95_high": 100 * high}
 
 
-def _cell_text(cell: tuple[float, float | None, str] | None) -> str:
+def _cell_text(cell: tuple[float, float | None, str] | None, untested: bool = False) -> str:
     if cell is None:
         return "-"
     mean, se, mark = cell
-    return (f"{mean:.2f} ± {se:.2f}" if se is not None else f"{mean:.2f}") + mark
+    return (f"{mean:.2f} ± {se:.2f}" if se is not None else f"{mean:.2f}") + mark + \
+        (" †" if untested else "")
 
 
 def comparison_markdown(comp: Comparison) -> str:
@@ -226,11 +326,21 @@ def comparison_markdown(comp: Comparison) -> str:
     lines = ["| run | " + " | ".join(comp.columns) + " |",
              "|---|" + "---|" * len(comp.columns)]
     for run in comp.runs:
-        lines.append(f"| {run} | " + " | ".join(_cell_text(comp.cells[run].get(c))
+        untested = comp.untested.get(run, {})
+        lines.append(f"| {run} | " + " | ".join(_cell_text(comp.cells[run].get(c),
+                                                           c in untested)
                                                 for c in comp.columns) + " |")
     lines += ["", f"Mean ± standard error over seeds (percent). Metrics: {comp.metric_note}.",
               f"* p < 0.05, ** p < 0.01 against {comp.reference} at every seed under both "
               "McNemar and the paired permutation test."]
+    by_reason: dict[str, list[str]] = {}
+    for run, reasons in comp.untested.items():
+        for column, reason in reasons.items():
+            by_reason.setdefault(reason, []).append(f"{run} at {column}")
+    lines += [f"† no paired test ({reason}): {', '.join(cells)}."
+              for reason, cells in by_reason.items()]
+    lines += [f"Not evaluated alike, compared anyway (--allow-mismatch): {m}."
+              for m in comp.mismatches]
     if comp.floor is not None:
         lines.append(f"{comp.floor}: the floor, a random-init model of the same architecture "
                      "(not tested).")
@@ -266,12 +376,15 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
     table = prefix.with_name(prefix.name + ".csv")
     with table.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "column", "mean", "se", "marker"])
+        w.writerow(["run", "column", "mean", "se", "marker", "no_paired_test"])
         for run in comp.runs:
             for c in comp.columns:
                 if c in comp.cells[run]:
                     mean, se, mark = comp.cells[run][c]
-                    w.writerow([run, c, f"{mean:.4f}", "" if se is None else f"{se:.4f}", mark])
+                    why = ("floor" if run == comp.floor else "reference"
+                           if run == comp.reference else comp.untested.get(run, {}).get(c, ""))
+                    w.writerow([run, c, f"{mean:.4f}", "" if se is None else f"{se:.4f}", mark,
+                                why])
     tests = prefix.with_name(prefix.name + "_tests.csv")
     keys = ["run", "reference", "column", "seed", "difference", "n10", "n01", "mcnemar_stat",
             "mcnemar_p", "mcnemar_method", "permutation_p", "cohens_d", "ci95_low", "ci95_high"]

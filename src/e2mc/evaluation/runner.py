@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
+from e2mc.artifacts import EvalDir, writer_lock
 from e2mc.data.subsets import label_fraction_indices, read_file_list, subset_from_file_list
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
@@ -113,9 +115,9 @@ def _file_subsets(train_dataset: Dataset, files: dict[float, str]
 
 
 def _linear_entry(run_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
-                  subset: str) -> dict[str, Any]:
+                  subset: str, generation: str) -> dict[str, Any]:
     out = _probe_entry(run_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
-                       report)
+                       report, generation)
     out["subset"] = {"kind": subset, "size": entry.subset_size}
     out["config"] = {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay}
     if entry.selection is not None:
@@ -124,12 +126,13 @@ def _linear_entry(run_dir: Path, entry: SweepEntry, labels: np.ndarray, report: 
 
 
 def _probe_entry(run_dir: Path, protocol: str, fraction: float, seed: int,
-                 result: ProbeResult, labels: np.ndarray, report: str) -> dict[str, Any]:
+                 result: ProbeResult, labels: np.ndarray, report: str,
+                 generation: str) -> dict[str, Any]:
     name = f"{protocol}_f{fraction:g}_s{seed}"
     chosen, other = ((result.predictions, result.best_predictions) if report == "last"
                      else (result.best_predictions, result.predictions))
-    rel = save_predictions(run_dir, name, chosen, labels, other_epoch_predictions=other,
-                           top5=result.top5)
+    rel = save_predictions(run_dir, name, chosen, labels, generation,
+                           other_epoch_predictions=other, top5=result.top5)
     return {"protocol": protocol, "column": f"{protocol} {fraction_label(fraction)}",
             "fraction": fraction, "seed": seed, "primary": f"top1_{report}",
             "metrics": {**result.metrics(), "history": result.history}, "predictions": rel}
@@ -146,12 +149,30 @@ def run_evaluation(
     checkpoint: str | os.PathLike[str] | None = None,
     cache: FeatureCache | None = None,
     extra_record: dict[str, Any] | None = None,
+    lock: bool = True,
 ) -> dict[str, Any]:
     """Run ``options.protocols`` and write ``results.json`` + ``predictions/`` in ``out_dir``;
-    returns the record. Features for frozen protocols come from ``cache`` when given."""
+    returns the record. Features for frozen protocols come from ``cache`` when given.
+
+    The directory is written as one unit (:class:`e2mc.artifacts.EvalDir`): the predictions
+    under a new generation, then ``results.json``; interrupted anywhere, it keeps the previous
+    complete result. With ``lock`` the process holds :func:`e2mc.artifacts.writer_lock` on
+    ``out_dir`` from the start (``DirectoryBusy`` when another process writes it); pass False
+    when the caller holds it already."""
     from e2mc.distributed import is_main_process
 
-    run_dir = Path(out_dir)
+    held = writer_lock(out_dir) if lock and is_main_process() else nullcontext()
+    with held:
+        return _evaluate(backbone, feature_dim, train_dataset, test_dataset, Path(out_dir),
+                         options, data_id, checkpoint, cache, extra_record)
+
+
+def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
+              test_dataset: Dataset, run_dir: Path, options: EvalOptions, data_id: str,
+              checkpoint: str | os.PathLike[str] | None, cache: FeatureCache | None,
+              extra_record: dict[str, Any] | None) -> dict[str, Any]:
+    from e2mc.distributed import is_main_process
+
     device = torch.device(options.device)
     kw = {"batch_size": options.batch_size, "device": device,
           "num_workers": options.num_workers, "progress": options.progress,
@@ -173,6 +194,7 @@ def run_evaluation(
     if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
         return {}
     run_dir.mkdir(parents=True, exist_ok=True)
+    generation = EvalDir(run_dir).begin()  # removes what an interrupted evaluation left
     loader_workers = options.num_workers or 0
     multilabel = train_y.ndim == 2
     if multilabel and any(p != "svm" for p in options.protocols):
@@ -202,7 +224,8 @@ def run_evaluation(
                                 device=device)
         for entry in sweep:
             kind = "file" if entry.fraction in subsets else "stratified"
-            entries.append(_linear_entry(run_dir, entry, test_y, options.report, kind))
+            entries.append(_linear_entry(run_dir, entry, test_y, options.report, kind,
+                                         generation))
         timings["linear"] = time.perf_counter() - s
     if "linear-aug" in options.protocols:
         settings["linear-aug"] = {fraction_label(f): dataclasses.asdict(linear_config(f))
@@ -215,7 +238,7 @@ def run_evaluation(
                     num_classes, linear_config(fraction), seed=seed, device=device,
                     num_workers=loader_workers, progress=options.progress)
                 entries.append(_probe_entry(run_dir, "linear-aug", fraction, seed, result,
-                                            test_y, options.report))
+                                            test_y, options.report, generation))
     if "knn" in options.protocols:
         s = time.perf_counter()
         settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
@@ -226,7 +249,7 @@ def run_evaluation(
                                 weightings=options.knn_weightings):
             suffix = "" if res.weighting == "weighted" else f" {res.weighting}"
             name = f"knn_k{res.k}" + ("" if not suffix else f"_{res.weighting}")
-            rel = save_predictions(run_dir, name, res.predictions, test_y,
+            rel = save_predictions(run_dir, name, res.predictions, test_y, generation,
                                    top5=res.top5_predictions)
             entries.append({"protocol": "knn", "column": f"knn k={res.k}{suffix}",
                             "fraction": 1.0, "seed": 0, "primary": "top1",
@@ -244,13 +267,14 @@ def run_evaluation(
                                   seed=seed, device=device, num_workers=loader_workers,
                                   progress=options.progress)
                 entries.append(_probe_entry(run_dir, "finetune", fraction, seed, result,
-                                            test_y, options.report))
+                                            test_y, options.report, generation))
     if "svm" in options.protocols:
         settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
                            "normalize": True}
         res = svm_transfer(train_x, train_y, test_x, test_y, options.svm_costs,
                            options.svm_folds)
-        rel = (save_predictions(run_dir, "svm", res.predictions, test_y, scores=res.scores)
+        rel = (save_predictions(run_dir, "svm", res.predictions, test_y, generation,
+                                scores=res.scores)
                if res.predictions is not None else None)
         entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
                         "primary": "mAP" if multilabel else "accuracy",
@@ -270,5 +294,5 @@ def run_evaluation(
         "settings": settings,
         "entries": entries,
     }
-    write_results(run_dir, record)
+    write_results(run_dir, record)  # last: the directory now describes this evaluation
     return record
