@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,185 @@ def test_confirm_trains_each_seed_and_tests_on_the_test_split(base: tuple[Path, 
             assert files.confirm_run(seed, kind).checkpoint.is_file()
             assert files.confirm_eval(seed, kind).exists()
     assert search.confirm([0], {"selected": None}) is None  # nothing selected: nothing to do
+
+
+# --------------------------------------------------------------------------- trust (issue 22)
+def _spec(base: tuple[Path, Path], trials: list[Trial], *common: str):
+    from e2mc.evaluation.features import file_digest
+    from e2mc.search import SearchSpec
+
+    ckpt, data = base
+    return SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
+                      checkpoint_sha256=file_digest(ckpt), data=str(data), val_split=0.2,
+                      seed=0, metric="val/knn", common=[*TINY, *common], trials=trials)
+
+
+def test_trial_directories_are_injective_and_same_settings_are_refused(
+        base: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from e2mc.search import Search
+
+    # two names with one slug, different settings: two directories
+    named = [Trial("beta 100", ["addon.params.beta=100"]),
+             Trial("beta_100", ["addon.params.beta=10"])]
+    search = Search(_spec(base, named), tmp_path / "a", log=lambda _m: None)
+    assert len({search.run_dirs(t)[0].root for t in named}) == 2
+    # a 5-axis grid of 32 trials (long keys, names past any cut): 32 trial directories and
+    # one control per point of the axes that do not configure the add-on
+    grid = grid_trials(["addon.params.beta=1,2", "addon.params.gamma=1,2",
+                        "optim.base_lr=0.01,0.02", "optim.weight_decay=0.0001,0.0002",
+                        "optim.warmup_epochs=0,0.5"])
+    search = Search(_spec(base, grid), tmp_path / "b", log=lambda _m: None)
+    dirs = [search.run_dirs(t) for t in grid]
+    assert len({r.root for r, _ in dirs}) == 32 and len({c.root for _, c in dirs}) == 8
+    # the same settings twice (another spelling of 0.1), or one name twice: refused, exit 2
+    listed = tmp_path / "same.yaml"
+    listed.write_text("- {name: a, set: {optim.base_lr: 0.1}}\n"
+                      "- {name: b, set: {optim.base_lr: 0.10}}\n")
+    assert _search(base, tmp_path / "c", "--trials", str(listed)) == 2
+    assert "trials 'a' and 'b' have the same settings" in capsys.readouterr().err
+    listed.write_text("- {name: a, set: {optim.base_lr: 0.1}}\n"
+                      "- {name: a, set: {optim.base_lr: 0.2}}\n")
+    assert _search(base, tmp_path / "d", "--trials", str(listed)) == 2
+    assert "'a' is used more than once" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def reference_search(base: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+                     ) -> tuple[Path, list[str]]:
+    """An uninterrupted two-epoch search of one trial: its directory, and the relative path
+    of every file it wrote through the atomic writer, in order."""
+    import e2mc.checkpoints.io as ckio
+
+    out = tmp_path_factory.mktemp("reference-search") / "s"
+    writes: list[str] = []
+    original = ckio.atomic_write
+
+    def counting(path, write, mode="wb"):
+        writes.append(Path(path).relative_to(out).as_posix())
+        return original(path, write, mode)
+
+    ckio.atomic_write = counting
+    try:
+        assert _search(base, out, "--grid", "addon.params.beta=1",
+                       "--set", "training.epochs=2") == 0
+    finally:
+        ckio.atomic_write = original
+    return out, writes
+
+
+def _same_search(out: Path, reference: Path) -> None:
+    """The trials of the two searches' records agree, number for number."""
+    a = json.loads((reference / SEARCH_JSON).read_text())
+    b = json.loads((out / SEARCH_JSON).read_text())
+    keys = ("name", "trajectory", "control_trajectory", "value", "control_value",
+            "difference", "steps")
+    assert [{k: t[k] for k in keys} for t in b["trials"]] == \
+        [{k: t[k] for k in keys} for t in a["trials"]]
+    assert b["selected"] == a["selected"]
+    assert [p.name for p in out.rglob("*.tmp")] == [] and not list(out.rglob(".e2mc.lock"))
+
+
+def test_a_preempted_trial_is_resumed_not_counted(
+        base: tuple[Path, Path], reference_search: tuple[Path, list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import signal
+
+    from e2mc.artifacts import RunDir
+    from e2mc.training.preemption import PreemptionCallback
+
+    ref, _ = reference_search
+    original = PreemptionCallback.on_step_end
+    sent: list[int] = []
+
+    def sigterm_after_step_3(self, trainer, step, run_epoch, terms):
+        if step == 3 and not sent:
+            sent.append(step)
+            signal.raise_signal(signal.SIGTERM)
+        return original(self, trainer, step, run_epoch, terms)
+
+    monkeypatch.setattr(PreemptionCallback, "on_step_end", sigterm_after_step_3)
+    out = tmp_path / "s"
+    args = ("--grid", "addon.params.beta=1", "--set", "training.epochs=2")
+    assert _search(base, out, *args) == 75  # pre-empted, not done
+    assert "search pre-empted" in capsys.readouterr().err
+    (trial,) = [RunDir(p.parent) for p in (out / "trials").glob("*/run/checkpoint.pt")]
+    assert not trial.is_done() and not trial.done.exists()
+    assert torch.load(trial.checkpoint, weights_only=True)["step"] == 3
+    assert json.loads((out / SEARCH_JSON).read_text())["trials"] == []  # nothing compared
+    assert _search(base, out, *args) == 0  # resumes the trial from step 3, then its control
+    assert "resuming from" in capsys.readouterr().err
+    assert json.loads(trial.done.read_text())["step"] == 8
+    _same_search(out, ref)
+
+
+def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
+                   sig: int = 9) -> int:
+    """``e2mc search`` in a forked child that gets ``sig`` (SIGKILL: halfway through) during
+    the ``nth`` atomic write of a file whose path ends with ``target``; its exit code (-9 when
+    a SIGKILL landed)."""
+    import multiprocessing
+    import os
+    import signal
+
+    import e2mc.checkpoints.io as ckio
+
+    def child() -> None:
+        original, seen = ckio.atomic_write, [0]
+
+        def killing(path, write, mode="wb"):
+            if str(path).endswith(target):
+                seen[0] += 1
+                if seen[0] == nth and sig != signal.SIGKILL:
+                    os.kill(os.getpid(), sig)  # recorded by a handler; the write goes on
+                elif seen[0] == nth:
+                    def half(f):
+                        f.write(b"\0" if "b" in mode else "{")
+                        f.flush()
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return original(path, half, mode)
+            return original(path, write, mode)
+
+        ckio.atomic_write = killing
+        os._exit(_search(base, out, "--grid", "addon.params.beta=1",
+                         "--set", "training.epochs=2"))
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(120)
+    return proc.exitcode
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (POSIX)")
+def test_a_search_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
+        base: tuple[Path, Path], reference_search: tuple[Path, list[str]],
+        tmp_path: Path) -> None:
+    """SIGKILL during the first write of every file a search writes (and the first of the
+    control's run files), then the same command again: the same search.json numbers as the
+    uninterrupted search, no temporary file, no lock left."""
+    import signal
+
+    ref, writes = reference_search
+    names = list(dict.fromkeys(Path(w).name for w in writes))
+    assert {"checkpoint.pt", "done.json", "search.json", "search.md", "search.png",
+            "val_split.json", "monitor.png"} <= set(names)
+    control_first = sum(1 for w in writes if w.startswith("trials/control-")
+                        and w.endswith("checkpoint.pt") and "/run/" not in w)
+    trial_ckpts = sum(1 for w in writes if w.endswith("/run/checkpoint.pt"))
+    scenarios = [(n, 1) for n in names] + [("checkpoint.pt", trial_ckpts + 1),
+                                           ("done.json", 2)]
+    assert control_first > 0
+    for i, (target, nth) in enumerate(scenarios):
+        out = tmp_path / f"k{i}"
+        assert _search_killed(base, out, target, nth) == -signal.SIGKILL, (target, nth)
+        assert _search(base, out, "--grid", "addon.params.beta=1",
+                       "--set", "training.epochs=2") == 0, (target, nth)
+        _same_search(out, ref)
+    # SIGTERM (a pre-emption) during a trial's checkpoint write, the first done marker and the
+    # first search.json: exit 75 (or 0 when the search had nothing left to do), then resumed
+    for i, (target, nth) in enumerate([("checkpoint.pt", 2), ("done.json", 1),
+                                       ("search.json", 1)]):
+        out = tmp_path / f"t{i}"
+        assert _search_killed(base, out, target, nth, signal.SIGTERM) == 75, target
+        assert _search(base, out, "--grid", "addon.params.beta=1",
+                       "--set", "training.epochs=2") == 0, target
+        _same_search(out, ref)

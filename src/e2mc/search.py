@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from e2mc.artifacts import EvalDir, RunDir, SearchDir
+from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
 
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
         "last step, if positive; otherwise none")
@@ -100,8 +100,19 @@ def _yaml_value(value: Any) -> str:
     return str(value)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")[:120] or "default"
+def run_dir_name(label: str, overrides: Sequence[str]) -> str:
+    """A directory name injective in ``overrides``: a readable slug of ``label`` and a short
+    hash of the overrides (``"beta 100"`` and ``"beta_100"`` share the slug, not the hash)."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(list(overrides)).encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")[:80] or "default"
+    return f"{slug}-{digest}"
+
+
+class SearchPreempted(Exception):
+    """A run of the search was pre-empted (or the search got a pre-emption signal): its
+    checkpoint is written and running the same search again resumes it (exit 75)."""
 
 
 @dataclass
@@ -142,6 +153,9 @@ class Search:
         self.configs = {t.name: self._config(t.overrides, control=False) for t in spec.trials}
         self.controls = {t.name: self._config(t.control_overrides, control=True)
                          for t in spec.trials}
+        self._check_distinct()
+        #: set by :meth:`stop_on` (a pre-emption handler): checked between runs
+        self._stop_requested: Callable[[], bool] = lambda: False
 
     # ---------------------------------------------------------------- configuration
     def _base(self, seed: int | None = None) -> list[str]:
@@ -178,6 +192,27 @@ class Search:
                              "would equal their controls")
         return cfg
 
+    def _check_distinct(self) -> None:
+        """Two trials with one name, or with the same settings, are refused: the first would be
+        reported twice or under the other's name."""
+        names = [t.name for t in self.spec.trials]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"trial names must be distinct; {', '.join(map(repr, twice))} is "
+                             "used more than once")
+        seen: dict[str, str] = {}
+        for trial in self.spec.trials:
+            settings = json.dumps(self.configs[trial.name].to_dict(), sort_keys=True,
+                                  default=str)
+            if settings in seen:
+                raise ValueError(f"trials {seen[settings]!r} and {trial.name!r} have the same "
+                                 "settings; list each setting once")
+            seen[settings] = trial.name
+
+    def stop_on(self, requested: Callable[[], bool]) -> None:
+        """Stop (:class:`SearchPreempted`) between runs once ``requested()`` is true."""
+        self._stop_requested = requested
+
     def _check_resumable(self) -> None:
         path = self.files.json
         if not path.is_file():
@@ -197,27 +232,42 @@ class Search:
     def run_dirs(self, trial: Trial) -> tuple[RunDir, RunDir]:
         """The trial's run and its control's (shared by trials that differ only in add-on
         settings)."""
-        return (self.files.trial_run(_slug(trial.name)),
-                self.files.control_run(_slug(" ".join(trial.control_overrides))))
+        control = trial.control_overrides
+        return (self.files.trial_run(run_dir_name(trial.name, trial.overrides)),
+                self.files.control_run(run_dir_name(" ".join(control) or "default", control)))
+
+    def _check_stop(self) -> None:
+        if self._stop_requested():
+            raise SearchPreempted("the search got a pre-emption signal; run the same command "
+                                  "again to resume")
 
     def _train(self, cfg: Any, run: RunDir) -> list[dict[str, Any]]:
+        """Train ``run`` to its configured end unless it is marked done; a pre-empted run is
+        :class:`SearchPreempted` (never marked done, resumed by the next invocation)."""
         from e2mc.training.run import run_training
 
-        done = SearchDir.done_marker(run)
-        if done.is_file():
+        self._check_stop()
+        if run.is_done():
             self.log(f"  skip (done): {run.root}")
         else:
             self.log(f"  train {cfg.addon.name}: {run.root}")
             result = run_training(cfg, run.root)
-            if not result.completed and result.stop_reason is None:
-                raise RuntimeError(f"{run.root}: training did not finish")
-            done.write_text(json.dumps({"step": result.step}), encoding="utf-8")
+            if not result.finished:
+                raise SearchPreempted(f"{run.root} stopped at step {result.step} "
+                                      f"({result.stop_reason}); run the same command again to "
+                                      "resume it")
+            run.mark_done(result.step, result.stop_reason or "completed")
+        self._check_stop()
         return [r for r in run.read_metrics() if self.spec.metric in r]
 
     def run(self) -> dict[str, Any]:
         """Train every trial and its control (skipping finished ones), apply the rule, write
-        ``search.json``, ``search.md`` and ``search.png``; returns the record."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        ``search.json``, ``search.md`` and ``search.png``; returns the record. The search
+        directory is locked meanwhile (one writer)."""
+        with writer_lock(self.out):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         record: dict[str, Any] = {"spec": self.spec.identity(),
                                   "trials": [], "selected": None}
         self._write(record)  # the rule is on disk before the first run
@@ -242,13 +292,10 @@ class Search:
         return record
 
     def _write(self, record: dict[str, Any]) -> None:
-        from e2mc.checkpoints.io import atomic_write
-
-        text = json.dumps(record, indent=2)
-        atomic_write(self.files.json, lambda f: f.write(text), "w")
+        _write_text(self.files.json, json.dumps(record, indent=2))
 
     def _report(self, record: dict[str, Any]) -> None:
-        self.files.markdown.write_text(search_markdown(record), encoding="utf-8")
+        _write_text(self.files.markdown, search_markdown(record))
         plot_trajectories(record, self.files.plot)
         chosen = record["selected"]
         if chosen is None:
@@ -265,6 +312,13 @@ class Search:
                 device: str = "cpu") -> dict[str, Any] | None:
         """Train the selected trial and its control with each of ``seeds``, evaluate both on the
         test split and write ``confirm.md`` / ``confirm.json`` with the paired tests."""
+        with writer_lock(self.out):
+            return self._confirm(seeds, record, eval_fractions, label_seeds, probe_epochs,
+                                 device)
+
+    def _confirm(self, seeds: Sequence[int], record: dict[str, Any],
+                 eval_fractions: Sequence[float], label_seeds: Sequence[int],
+                 probe_epochs: int, device: str) -> dict[str, Any] | None:
         chosen = record.get("selected")
         if chosen is None:
             self.log("nothing selected: nothing to confirm")
@@ -282,8 +336,8 @@ class Search:
                                               eval_fractions, label_seeds, probe_epochs, device)
             pairs.append((seed, evals["control"], evals["run"]))
         result = confirmation(pairs, chosen)
-        self.files.confirm_json.write_text(json.dumps(result, indent=2), encoding="utf-8")
-        self.files.confirm_markdown.write_text(confirm_markdown(result), encoding="utf-8")
+        _write_text(self.files.confirm_json, json.dumps(result, indent=2))
+        _write_text(self.files.confirm_markdown, confirm_markdown(result))
         self.log(confirm_markdown(result))
         return result
 
@@ -311,6 +365,12 @@ class Search:
                        checkpoint=run.checkpoint, cache=FeatureCache(self.files.feature_cache),
                        extra_record={"checkpoint": str(run.checkpoint)})
         return out.root
+
+
+def _write_text(path: Path, text: str) -> None:
+    from e2mc.checkpoints.io import atomic_write
+
+    atomic_write(path, lambda f: f.write(text), "w")
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
@@ -374,7 +434,9 @@ def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
     if record["trials"]:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from e2mc.checkpoints.io import atomic_write
+
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return path
 

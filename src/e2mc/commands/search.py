@@ -5,6 +5,7 @@ re-trains the selected setting with several seeds and tests it on the test split
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,9 +51,10 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from e2mc.evaluation.features import file_digest
-    from e2mc.search import Search, SearchSpec, file_trials, grid_trials
+    from e2mc.search import Search, SearchPreempted, SearchSpec, file_trials, grid_trials
     from e2mc.training.config import load_config
     from e2mc.training.monitor import resolve_metric
+    from e2mc.training.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 
     if bool(args.grid) == bool(args.trials):
         raise ValueError("give the trials with --grid (repeatable) or --trials FILE, not both")
@@ -69,9 +71,18 @@ def _run(args: argparse.Namespace) -> int:
                       trials=trials)
     seeds = _seeds(args.confirm) if args.confirm else None
     search = Search(spec, args.out)
-    record = search.run()
-    if seeds is not None:
-        search.confirm(seeds, record, probe_epochs=args.probe_epochs, device=args.device)
+    # a pre-emption signal between runs (a run's own trainer handles it within the run) stops
+    # the search at the next boundary; either way it exits 75 and resumes when run again
+    with PreemptionHandler() as signals:
+        search.stop_on(lambda: signals.requested)
+        try:
+            record = search.run()
+            if seeds is not None:
+                search.confirm(seeds, record, probe_epochs=args.probe_epochs,
+                               device=args.device)
+        except SearchPreempted as stop:
+            print(f"search pre-empted: {stop}", file=sys.stderr)
+            return PREEMPTED_EXIT_CODE
     return 0
 
 

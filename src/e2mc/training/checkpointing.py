@@ -117,9 +117,11 @@ RESUME_FREE_KEYS = frozenset({
 #: Keys that cannot change within a run directory, not even with ``--override-config``: they
 #: change the model's shape, the method, the images or the position in the data
 #: (``batch_size``: steps per epoch).
+#: ``monitor.keep_best`` names what ``best.pt`` and its saved best value were chosen by: another
+#: metric would compare its values with the old metric's best.
 RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "data.dataset",
                      "data.split", "data.limit", "data.skip_corrupt", "data.val_split",
-                     "data.val_seed")
+                     "data.val_seed", "monitor.keep_best")
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -13,7 +13,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -234,6 +234,24 @@ class RunConfig:
         if self.data.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
         self._validate_monitor()
+        self._validate_params()
+
+    def _validate_params(self) -> None:
+        """The free-form ``params`` against the signatures of the builders they are handed to
+        (the method's constructor and ``build_optimizer``, the add-on's constructor), so that a
+        value of the wrong type is refused here, before anything is built or trained."""
+        from e2mc.addons import ADDONS
+        from e2mc.methods.registry import METHODS
+
+        method = METHODS.get(self.method.name)  # an unknown name is build_method's error
+        if method is not None:
+            check_params(method.__init__, self.method.params, "method.params",
+                         skip=("backbone", "small_images", "in_channels"))
+            check_params(method.build_optimizer, self.optim.params, "optim.params",
+                         skip=("lr", "weight_decay"))
+        addon = ADDONS.get(self.addon.name)
+        if addon is not None:
+            check_params(addon.__init__, self.addon.params, "addon.params")
 
     def _validate_monitor(self) -> None:
         """The validation split and monitor keys (the metric names: ``e2mc.training.monitor``)."""
@@ -243,7 +261,7 @@ class RunConfig:
         if vs is not None and not (0 < vs < 1 or (vs >= 1 and float(vs).is_integer())):
             raise ValueError(f"data.val_split must be a fraction in (0, 1) or a whole count "
                              f">= 1, got {vs}")
-        for key, value, low in (("monitor.every", mon.every or 1, 1),
+        for key, value, low in (("monitor.every", 1 if mon.every is None else mon.every, 1),
                                 ("monitor.knn_k", mon.knn_k, 1),
                                 ("monitor.probe_epochs", mon.probe_epochs, 1),
                                 ("monitor.batch_size", mon.batch_size, 1)):
@@ -262,6 +280,12 @@ class RunConfig:
                              "--val-split FRACTION (data.val_split)")
         if mon.keep_best and not mon.enabled:
             raise ValueError("monitor.keep_best needs the monitor: monitor.enabled is false")
+        for key, option, given in (("monitor.patience", "--patience", mon.patience is not None),
+                                   ("monitor.min_delta", "--set monitor.min_delta",
+                                    mon.min_delta != 0)):
+            if given and not mon.keep_best:
+                raise ValueError(f"{key} ({option}) applies to the keep-best metric, and none "
+                                 "is kept: give monitor.keep_best (--keep-best METRIC) too")
 
     @property
     def lr(self) -> float:
@@ -316,6 +340,106 @@ def _check_ranges(cfg: RunConfig) -> None:
                          f"{t.device!r}")
 
 
+# --------------------------------------------------------------------------- YAML input
+#: The most nodes a YAML text may stand for once its aliases are expanded (a config has a few
+#: hundred): an "alias bomb" of a few lines that stands for 10**9 strings is refused.
+YAML_MAX_NODES = 100_000
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
+        super().__init__(f"duplicate key {key!r} at line {again.line + 1} (first given at line "
+                         f"{first.line + 1}); a mapping names each key once")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (a merge key ``<<``
+    may still be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if first is not key_node.start_mark:
+                raise _DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(root: yaml.Node, where: str) -> None:
+    """Refuse a node graph with an alias inside its own anchor, or one that stands for more
+    than :data:`YAML_MAX_NODES` nodes once its aliases are expanded. Each node is counted
+    once (its expanded size is remembered), so a bomb is refused without being expanded."""
+    expanded: dict[int, int] = {}  # id(node) -> nodes it stands for, once finished
+    counts = {id(root): 1}  # nodes counted so far under each node of the current path
+    stack = [(root, iter(_children(root)))]
+    while stack:
+        node, children = stack[-1]
+        child = next(children, None)
+        if child is not None and id(child) in counts:
+            raise ValueError(f"{where}: recursive YAML alias (the anchor at line "
+                             f"{child.start_mark.line + 1} holds an alias to itself)")
+        if child is not None and id(child) not in expanded:
+            counts[id(child)] = 1
+            stack.append((child, iter(_children(child))))
+            continue
+        if child is None:  # node finished: hand its size to its parent
+            stack.pop()
+            expanded[id(node)] = counts.pop(id(node))
+            if not stack:
+                return
+            child, node = node, stack[-1][0]
+        counts[id(node)] += expanded[id(child)]
+        if counts[id(node)] > YAML_MAX_NODES:
+            raise ValueError(f"{where}: the YAML aliases expand to more than "
+                             f"{YAML_MAX_NODES:,} values; a config this large is refused "
+                             "(an alias bomb?)")
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def load_yaml_text(text: str, where: str) -> Any:
+    """Parse one YAML document of user input (a config file, a ``--set`` value, a trials file)
+    safely and within bounds: ``yaml.safe_load`` that also refuses duplicate keys, recursive
+    aliases, aliases that expand beyond :data:`YAML_MAX_NODES` nodes and nesting deeper than the
+    parser can follow. Every refusal is a one-line ``ValueError`` beginning with ``where``."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, where)
+        return loader.construct_document(node)
+    except _DuplicateKeyError as err:
+        raise ValueError(f"{where}: {err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err}"
+                         f"{at})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: the YAML is nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | Path) -> Any:
+    """:func:`load_yaml_text` of a file (named in every error); a missing file is a
+    ``FileNotFoundError``."""
+    return load_yaml_text(Path(path).read_text(encoding="utf-8"), str(path))
+
+
 # --------------------------------------------------------------------------- coercion
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -334,7 +458,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         return _coerce(key, value, inner[0])
     if origin is dict or tp is dict:
         if isinstance(value, str):
-            value = yaml.safe_load(value)
+            value = load_yaml_text(value, f"config key {key!r}")
         if value is None:
             return {}
         if not isinstance(value, Mapping):
@@ -367,6 +491,92 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ValueError(f"config key {key!r} expects a string, got {value!r}")
         return str(value)
     raise TypeError(f"unsupported config type {tp!r} for {key!r}")  # pragma: no cover
+
+
+_NO_CHECK = object()
+
+
+def _param_value(key: str, value: Any, tp: Any) -> Any:
+    """``value`` if it is of the annotated type ``tp`` (a number written as text is converted);
+    ``ValueError`` naming ``key`` otherwise. Types this cannot tell (a class other than the
+    plain ones, ``Any``) accept anything."""
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is _NO_CHECK:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(tp)
+        if value is None and type(None) in arms:
+            return None
+        for arm in (a for a in arms if a is not type(None)):
+            try:
+                return _param_value(key, value, arm)
+            except ValueError:
+                continue
+    elif origin is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp in (int, float):
+        if isinstance(value, tp if tp is int else (int, float)) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            return _coerce(key, value, tp)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin in (list, tuple, Sequence, Iterable):
+        if isinstance(value, (list, tuple)):
+            args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+            inner = args[0] if len(set(args)) == 1 else Any
+            return type(value)(_param_value(f"{key}[{i}]", v, inner)
+                               for i, v in enumerate(value))
+    elif origin in (dict, Mapping) or tp is dict:
+        if isinstance(value, Mapping):
+            return value
+    elif isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+    else:
+        return value
+    raise ValueError(f"config key {key!r} expects {_type_text(tp)}, got {value!r}")
+
+
+def _type_text(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_text(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def check_params(builder: Any, params: dict[str, Any], section: str,
+                 skip: Iterable[str] = ()) -> None:
+    """Check the ``params`` handed to ``builder`` (a function or method) against its signature:
+    names it does not take (unless it takes ``**kwargs``) and values of another type than
+    annotated are a ``ValueError`` naming ``section.name``; numbers written as text (``1e3``)
+    are converted in place. ``skip``: parameters the caller fills itself."""
+    import inspect
+
+    signature = inspect.signature(builder)
+    try:
+        hints = typing.get_type_hints(builder)
+    except Exception:  # an annotation that cannot be resolved: names only  # noqa: BLE001
+        hints = {}
+    takes = {n: p for n, p in signature.parameters.items()
+             if n != "self" and n not in skip
+             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    for name, value in params.items():
+        if name not in takes:
+            if open_ended:
+                continue
+            raise ValueError(f"unknown config key {section}.{name}; "
+                             f"{section} takes: {', '.join(sorted(takes)) or 'nothing'}")
+        params[name] = _param_value(f"{section}.{name}", value, hints.get(name, _NO_CHECK))
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -417,7 +627,7 @@ def set_override(cfg: RunConfig, assignment: str) -> None:
             continue
         if isinstance(current, dict) and not last:
             rest = ".".join(parts[i + 1:])
-            current[rest] = yaml.safe_load(raw)
+            current[rest] = load_yaml_text(raw, f"--set {key}")
             return
         if not last:
             raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} has no sub-keys")
@@ -479,13 +689,7 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     ident, source, own_folder = _locate(ref, folder, preset_only=bool(chain) and folder is None)
     if ident in chain:
         raise ValueError(f"config inheritance cycle: {' -> '.join((*chain, ident))}")
-    try:
-        data = yaml.safe_load(source.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ValueError(f"{ident}: not valid YAML ({getattr(err, 'problem', None) or err}"
-                         f"{where})") from None
+    data = load_yaml_text(source.read_text(encoding="utf-8"), ident) or {}
     if not isinstance(data, Mapping):
         raise ValueError(f"{ident}: a config file must be a mapping of sections")
     data = dict(data)
@@ -517,7 +721,7 @@ def preset_summary(name: str) -> tuple[str | None, str]:
             if line.lstrip().startswith("#"):
                 description = line.lstrip().lstrip("#").strip()
             break
-    base = (yaml.safe_load(text) or {}).get(BASE_KEY)
+    base = (load_yaml_text(text, name) or {}).get(BASE_KEY)
     return base, description
 
 

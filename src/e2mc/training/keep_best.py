@@ -71,8 +71,10 @@ class KeepBest:
                     f"{self.tracker.best_step})")
         return None
 
-    def report(self, trainer: Trainer, result: TrainResult, file: Any = sys.stderr) -> None:
-        """Print the chosen step and the metric's trajectory (main process)."""
+    def report(self, trainer: Trainer, result: TrainResult, file: Any = None) -> None:
+        """Print the chosen step and the metric's trajectory (main process; to ``file``,
+        default stderr)."""
+        file = sys.stderr if file is None else file
         from e2mc.training.monitor import print_trajectory
 
         if not trainer.rt.is_main or self.tracker.best_step is None:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from e2mc.training.callbacks import Callback
+from e2mc.training.preemption import is_preemption
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
@@ -102,10 +103,18 @@ class ValidationData:
         from e2mc.data.holdout import holdout_split
 
         labels = np.asarray(labels)
-        if len(labels) < 4:
-            raise ValueError(f"the validation split has {len(labels)} images; the monitor "
-                             "needs at least 4 (two per half)")
+        classes, counts = np.unique(labels, return_counts=True)
+        if len(labels) < 4 or counts.min() < 2:
+            raise ValueError(f"the validation split has {len(labels)} images, "
+                             f"{counts.min() if len(counts) else 0} of class "
+                             f"{classes[counts.argmin()] if len(counts) else '-'}; the monitor "
+                             "trains its probes on one half and scores them on the other, so it "
+                             "needs two images of every class: hold out more (--val-split)")
         train, test, _ = holdout_split(len(labels), 0.5, seed, labels)
+        if len(test) < 100:
+            print(f"warning: the monitor scores on {len(test)} validation images: one image is "
+                  f"{100 / len(test):.2g} points of accuracy, so its values move in steps that "
+                  "large; hold out more images (--val-split) for finer ones", file=sys.stderr)
         return cls(dataset, labels, train, test, train_size)
 
 
@@ -227,7 +236,9 @@ class ValidationMonitor(Callback):
 
     def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
         last = self.history[-1]["step"] if self.history else None
-        if last != result.step and result.step > 0:  # stopped early (max_steps, a signal)
+        # stopped early by max_steps or patience: the last step is scored; a pre-empted run
+        # is not (its grace time is for the checkpoint, and it will be resumed)
+        if last != result.step and result.step > 0 and not is_preemption(result.stop_reason):
             self._evaluate(trainer, result.step, result.run_epoch)
         if self.keep_best is not None:
             self.keep_best.report(trainer, result)
@@ -246,8 +257,9 @@ class ValidationMonitor(Callback):
             self.keep_best.load_state_dict(state["keep_best"])
 
 
-def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = sys.stderr) -> None:
-    """``step -> value`` of ``metric`` on one line."""
+def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = None) -> None:
+    """``step -> value`` of ``metric`` on one line (to ``file``, default stderr)."""
+    file = sys.stderr if file is None else file
     points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
     print(f"{metric} by step: {points}", file=file)
 

@@ -13,6 +13,12 @@ and requeueing is on. Running the same command again resumes exactly.
 
 DataLoader workers ignore the pre-emption signals (:func:`ignore_in_worker`): SLURM signals every
 process of the job, and a worker killed by it would abort the step the trainer is finishing.
+
+A signal during start-up (reading the configuration, loading the checkpoint and the data) is
+recorded too: ``e2mc continue`` / ``pretrain`` install a handler first thing, a handler installed
+later takes over what an earlier one recorded, and :class:`PreemptionCallback` then stops the run
+before its first step with :class:`PreemptedAtStart` (exit code 75; nothing was trained, so
+nothing is lost, and the next run starts or resumes as if this one had not been).
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from e2mc.errors import E2MCError
 from e2mc.training.callbacks import Callback
 
 __all__ = [
     "DEFAULT_SIGNALS",
     "PREEMPTED_EXIT_CODE",
     "PREEMPTED_REASON",
+    "PreemptedAtStart",
     "PreemptionCallback",
     "PreemptionHandler",
     "WorkerInit",
@@ -92,12 +100,39 @@ class PreemptionHandler:
             self.received = signal.Signals(signum)
 
     def install(self) -> PreemptionHandler:
+        """Handle the signals (main thread only); a signal that an installed
+        :class:`PreemptionHandler` recorded before counts as received by this one too."""
         import threading
 
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if sig not in self._previous:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+                    self._adopt(self._previous[sig])
         return self
+
+    def _adopt(self, previous: Any) -> None:
+        earlier = getattr(previous, "__self__", None)
+        if self.received is None and isinstance(earlier, PreemptionHandler) \
+                and earlier.received in self.signals:
+            self.received = earlier.received
+
+    def retarget(self, signals: str | Sequence[str] | None) -> None:
+        """Handle ``signals`` from now on (once the configuration names them): a signal no
+        longer handled gets its previous handler back, and if it was the one recorded, it is
+        raised again for that handler (the process ends as it would have without this one)."""
+        new = parse_signals(signals)
+        installed = bool(self._previous)
+        for sig in [s for s in self._previous if s not in new]:
+            signal.signal(sig, self._previous.pop(sig))
+        dropped = self.received if self.received is not None and self.received not in new \
+            else None
+        self.signals = new
+        if dropped is not None:
+            self.received = None
+            signal.raise_signal(dropped)
+        if installed:
+            self.install()
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():
@@ -165,6 +200,17 @@ def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
 PREEMPTED_REASON = "pre-empted by "
 
 
+class PreemptedAtStart(E2MCError):
+    """A pre-emption signal arrived before the first step of this invocation: the run stops
+    without a step (nothing to save) and the command exits with :data:`PREEMPTED_EXIT_CODE`."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+
+    def __init__(self, received: signal.Signals | str) -> None:
+        name = received.name if isinstance(received, signal.Signals) else received
+        super().__init__(f"{PREEMPTED_REASON}{name} before the first step")
+
+
 def is_preemption(stop_reason: str | None) -> bool:
     """Whether a run's ``stop_reason`` says it stopped for a pre-emption signal."""
     return bool(stop_reason) and stop_reason.startswith(PREEMPTED_REASON)
@@ -185,16 +231,25 @@ class PreemptionCallback(Callback):
         self.requeued = False
 
     def on_fit_start(self, trainer: Any, step: int) -> None:
+        """Install the handler (taking over a signal recorded during start-up) and stop before
+        the first step, on every process, when any process got one."""
         self.handler.install()
+        if self.handler.signals and self.handler.should_stop(self._device(trainer)):
+            received = self.handler.received or "another process"
+            self.handler.uninstall()
+            raise PreemptedAtStart(received)
         loader = getattr(trainer, "loader", None)
         if loader is not None and loader.num_workers > 0:
             loader.worker_init_fn = WorkerInit(self.handler.signals, loader.worker_init_fn)
 
+    @staticmethod
+    def _device(trainer: Any) -> torch.device | None:
+        return trainer.rt.device if dist.is_available() and dist.is_initialized() else None
+
     def on_step_end(self, trainer: Any, step: int, run_epoch: int, terms: Any) -> str | None:
         if not self.handler.signals:
             return None
-        device = trainer.rt.device if dist.is_available() and dist.is_initialized() else None
-        if self.handler.should_stop(device):
+        if self.handler.should_stop(self._device(trainer)):
             name = self.handler.received.name if self.handler.received else "another process"
             return f"{PREEMPTED_REASON}{name} after step {step}"
         return None

@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from e2mc.artifacts import RunDir
+from e2mc.artifacts import RunDir, writer_lock
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -27,14 +28,22 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     checkpoint, whose configuration must equal ``cfg`` up to the keys of
     :func:`~e2mc.training.checkpointing.check_resume_config`, or ``override_config``).
     Returns the :class:`~e2mc.training.trainer.TrainResult`."""
-    import torch
-
-    from e2mc.data import collate_views
-    from e2mc.training.trainer import Trainer, init_runtime
+    from e2mc.training.trainer import init_runtime
 
     run = RunDir(run_dir)
     check_resume_config(run.root, cfg.to_dict(), override_config, record=False)
     runtime = init_runtime(cfg.training.device)
+    # one writer per run directory: the main process holds its lock for the whole run
+    with writer_lock(run.root) if runtime.is_main else nullcontext():
+        return _train(cfg, run, runtime, override_config)
+
+
+def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool) -> Any:
+    import torch
+
+    from e2mc.data import collate_views
+    from e2mc.training.trainer import Trainer
+
     if cfg.training.cpu_threads is not None:
         torch.set_num_threads(cfg.training.cpu_threads)
     torch.manual_seed(cfg.training.seed)

@@ -137,6 +137,16 @@ class TrainResult:
     method: nn.Module | None = None
     stop_reason: str | None = None
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run reached the end its configuration sets: every epoch, or
+        ``training.max_steps``, or a callback's deliberate stop (keep-best's patience). A
+        pre-empted run is not finished: running it again resumes it."""
+        from e2mc.training.preemption import is_preemption
+
+        return self.completed or (self.stop_reason is not None
+                                  and not is_preemption(self.stop_reason))
+
 
 class Trainer:
     """Trains ``method`` (+ ``addon``) on ``dataset`` as ``cfg.training`` says, in ``run_dir``.
@@ -495,6 +505,11 @@ class Trainer:
         stop_reason: str | None = None
         for cb in self.callbacks:
             cb.on_fit_start(self, step)
+        if tc.max_steps is not None and step >= tc.max_steps:  # a re-run: nothing left to do
+            stopped, stop_reason = True, f"training.max_steps={tc.max_steps}"
+            if rt.is_main:
+                print(f"{self.run.checkpoint} is at step {step}, training.max_steps is "
+                      f"{tc.max_steps}: no step to take", file=sys.stderr)
         try:
             while run_epoch < tc.epochs and not stopped:
                 self._enter_epoch(run_epoch, mid_epoch=start_batch > 0)
