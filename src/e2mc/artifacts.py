@@ -119,38 +119,47 @@ class DirectoryBusy(InputError):
     """Another live process is writing to the directory (exit 2 on the command line)."""
 
 
+_HELD: set[Path] = set()  # lock files this process holds
+
+
 @contextmanager
 def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold ``ROOT/.e2mc.lock`` while writing to ``root``: one writer per run, evaluation or
     search directory.
 
-    The lock is an advisory ``flock`` on a file holding the writer's pid, host, start time and
-    command line. The kernel releases it when the process ends, however it ends, so a lock file
-    left by a dead process is taken over (with a note on stderr); a live holder makes
-    :class:`DirectoryBusy` naming it. Temporary files of atomic writes that an earlier writer
-    left in ``root`` are removed once the lock is held. The file is removed on release.
+    The lock is an advisory POSIX record lock (``lockf``, also honoured over NFS) on a file
+    holding the writer's pid, host, start time and command line. It belongs to the process
+    (DataLoader workers forked from it do not inherit it) and the kernel releases it when the
+    process ends, however it ends, so a lock file left by a dead process is taken over (with a
+    note on stderr); a live holder makes :class:`DirectoryBusy` naming it. Temporary files of
+    atomic writes that an earlier writer left in ``root`` are removed once the lock is held.
+    The file is removed on release.
     """
     import fcntl
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
+    if path.resolve() in _HELD:  # a second lockf in this process would succeed, and its
+        raise DirectoryBusy(f"{root} is already being written by this process")  # close free it
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             holder = os.read(fd, 1 << 16).decode("utf-8", "replace")
             os.close(fd)
             raise DirectoryBusy(f"{root} is being written by another process ({_holder(holder)})"
                                 "; wait for it to end or use another directory") from None
-        try:  # the file may have been removed by its last holder between open and flock
+        try:  # the file may have been removed by its last holder between open and lock
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
             same = False
         if same:
             break
         os.close(fd)
+    key = path.resolve()
+    _HELD.add(key)
     try:
         stale = os.read(fd, 1 << 16).decode("utf-8", "replace").strip()
         if stale:
@@ -164,6 +173,7 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
             temp.unlink(missing_ok=True)
         yield path
     finally:
+        _HELD.discard(key)
         path.unlink(missing_ok=True)
         os.close(fd)
 
