@@ -131,3 +131,22 @@ def test_16bit_png_through_the_fast_pipeline(tmp_path, channels):
     for crop in crops:
         assert crop.shape == (channels, 8, 8)
         assert crop.unique().tolist() == [156]  # round(40000 / 257); clipping gave 255
+
+
+def test_eval_refuses_a_test_set_whose_classes_differ(tmp_path, capsys):
+    """--test-data from another image folder: its labels number its own classes, so probes
+    trained on --data would be scored against other classes; refused (exit 2, one line)."""
+    from e2mc.cli import main
+    from e2mc.demo import BASE_CHECKPOINT as ckpt
+
+    for root, names in (("a", ["ant", "bee"]), ("b", ["ant", "cat"])):
+        for split in ("train", "test"):
+            for name in names:
+                _write(tmp_path / root / split, name, 2, COLOURS[name])
+    code = main(["eval", str(ckpt), "--data", str(tmp_path / "a"), "--test-data",
+                 str(tmp_path / "b"), "--protocol", "knn", "--image-size", "8", "--no-cache",
+                 "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "has other classes than --data" in err and "cat" in err
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -235,6 +235,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     train_ds = build_dataset(args.data, "train", transform, skip_corrupt=args.skip_corrupt)
     test_spec = args.test_data or args.data
     test_ds = build_dataset(test_spec, "test", transform, skip_corrupt=args.skip_corrupt)
+    _check_same_classes(train_ds, test_ds, args.data, test_spec)
     cache = None if args.no_cache else FeatureCache(
         args.cache or os.environ.get("E2MC_CACHE")
         or Path.home() / ".cache" / "e2mc" / "features")
@@ -263,6 +264,19 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
             print(f"{column:>20}: chosen on validation: {chosen}")
     print(f"wrote {written.results}")
     return 0
+
+
+def _check_same_classes(train: object, test: object, train_spec: str, test_spec: str) -> None:
+    """The probes are trained on ``train`` and scored on ``test``: both must number the same
+    classes alike (a test set from another source is refused when its class list differs)."""
+    from e2mc.errors import InputError
+
+    a, b = getattr(train, "classes", None), getattr(test, "classes", None)
+    if a is not None and b is not None and list(a) != list(b):
+        only = sorted(set(map(str, b)) - set(map(str, a))) or sorted(set(map(str, a)) - set(
+            map(str, b))) or ["the same names in another order"]
+        raise InputError(f"--test-data {test_spec} has other classes than --data {train_spec} "
+                         f"({', '.join(only[:5])}); its labels would not mean the same classes")
 
 
 def _model_channels(backbone: object, args: argparse.Namespace, info: dict) -> int:
