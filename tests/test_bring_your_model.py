@@ -103,10 +103,11 @@ def test_fetch_file_url_with_sha256(tmp_path, hub):
         fetch(url, sha256="0" * 64, progress=False)
     assert not cache_path(url).exists()  # a bad download is not kept
     local = fetch(f"{url}#sha256={_sha256(src)}", progress=False)
-    assert local == hub / src.name and local.read_bytes() == src.read_bytes()
-    src.write_bytes(b"changed")  # the cached copy is used, and checked against the hash
+    assert local == cache_path(url, _sha256(src)) and local.parent == hub
+    assert local.name.endswith(f"-{src.name}") and local.read_bytes() == src.read_bytes()
+    local.write_bytes(b"damaged")  # the cached copy is used, and checked against the hash
     with pytest.raises(ValueError, match="delete the file"):
-        fetch(url, sha256=hashlib.sha256(b"changed").hexdigest(), progress=False)
+        fetch(url, sha256=_sha256(src), progress=False)
     with pytest.raises(ValueError, match="hash prefix"):
         fetch((tmp_path / "plain.pt").as_uri(), check_hash=True, progress=False)
     with pytest.raises(ValueError, match="cannot download"):
@@ -231,7 +232,7 @@ def test_continue_from_a_file_url_of_an_official_file(tmp_path, hub, capsys):
                  "--set", "training.batch_size=8", "--set", "training.max_steps=1",
                  "--set", "training.progress=false", "--set", "data.num_workers=0"])
     assert code == 0, capsys.readouterr().err
-    assert (hub / official.name).is_file()
+    assert cache_path(official.as_uri()).is_file()
     trained, info = load_checkpoint(run / "checkpoint.pt")
     assert info["base_epoch"] == 1000  # read from the official file
     assert not torch.equal(trained.projector[0].weight, model.projector[0].weight)

@@ -133,11 +133,12 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
     process ends, however it ends, so a lock file left by a dead process is taken over (with a
     note on stderr); a live holder makes :class:`DirectoryBusy` naming it. Temporary files of
     atomic writes that an earlier writer left in ``root`` are removed once the lock is held.
-    The file is removed on release.
+    The file is removed on release, and ``root`` too when this call made it and it is empty.
     """
     import fcntl
 
     root = Path(root)
+    created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
     if path.resolve() in _HELD:  # a second lockf in this process would succeed, and its
@@ -176,6 +177,8 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
         _HELD.discard(key)
         path.unlink(missing_ok=True)
         os.close(fd)
+        if created and not any(root.iterdir()):  # refused before writing: leave no trace
+            root.rmdir()
 
 
 def _holder(text: str) -> str:

@@ -16,8 +16,10 @@ exit code   meaning
 
 Library code raises :class:`InputError` (a ``ValueError``) for bad input and
 :class:`RunFailure` (a ``RuntimeError``) for failures while running; plain ``ValueError`` /
-``FileNotFoundError`` / unreadable files (``EOFError``, ``UnpicklingError``, ``BadZipFile``) count
-as bad input, any other ``OSError`` as a failure while running.
+``FileNotFoundError`` / ``PermissionError`` / a read-only file system (``EROFS``) / unreadable
+files (``EOFError``, ``UnpicklingError``, ``BadZipFile``) count as bad input, any other
+``OSError`` as a failure while running. The message is always one line (a message of several
+lines is joined).
 """
 
 from __future__ import annotations
@@ -71,14 +73,14 @@ _UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, UnicodeDeco
 
 
 def _one_line_cause(message: str) -> str:
-    """A DataLoader worker's exception carries the worker's traceback in its message
-    ("Caught X in DataLoader worker process 0. Original Traceback ..."): keep its last line,
-    without the ``module.Class:`` prefix."""
+    """The message on one line. A DataLoader worker's exception carries the worker's traceback
+    in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."): keep its
+    last line, without the ``module.Class:`` prefix. Other lines are joined."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
     if "Original Traceback" in message:
-        last = [line for line in message.splitlines() if line.strip()][-1]
-        head, sep, tail = last.partition(": ")
-        return tail if sep and " " not in head else last
-    return message
+        head, sep, tail = lines[-1].partition(": ")
+        return tail if sep and " " not in head else lines[-1]
+    return " ".join(lines)
 
 
 def describe(exc: BaseException) -> tuple[int, str]:
@@ -93,7 +95,8 @@ def describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, CorruptImageError):
         return EXIT_INPUT, message
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                        FileExistsError, PermissionError)):
+                        FileExistsError, PermissionError)) \
+            or (isinstance(exc, OSError) and exc.errno == errno.EROFS):
         if exc.filename is not None and exc.strerror:
             message = f"{exc.filename}: {exc.strerror.lower()}"
         return EXIT_INPUT, message

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
 
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
@@ -73,10 +71,12 @@ def grid_trials(grid: Sequence[str]) -> list[Trial]:
 def file_trials(path: str | Path) -> list[Trial]:
     """Trials from a YAML file: a list of mappings ``{name: ..., set: {key: value, ...}}`` (or
     a plain mapping of overrides), or ``{grid: {key: [values]}}``."""
+    from e2mc.training.config import read_yaml
+
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as err:
+        data = read_yaml(path)  # duplicate keys, recursive aliases and alias bombs refused
+    except OSError as err:
         raise ValueError(f"cannot read the trials file {path}: {err}") from err
     if isinstance(data, dict) and isinstance(data.get("grid"), dict):
         return grid_trials([f"{k}={','.join(str(v) for v in vs)}"
@@ -244,6 +244,7 @@ class Search:
     def _train(self, cfg: Any, run: RunDir) -> list[dict[str, Any]]:
         """Train ``run`` to its configured end unless it is marked done; a pre-empted run is
         :class:`SearchPreempted` (never marked done, resumed by the next invocation)."""
+        from e2mc.training.preemption import PreemptedAtStart
         from e2mc.training.run import run_training
 
         self._check_stop()
@@ -251,7 +252,11 @@ class Search:
             self.log(f"  skip (done): {run.root}")
         else:
             self.log(f"  train {cfg.addon.name}: {run.root}")
-            result = run_training(cfg, run.root)
+            try:
+                result = run_training(cfg, run.root)
+            except PreemptedAtStart as stop:  # a signal while the run was being built
+                raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
+                                      "resume it") from None
             if not result.finished:
                 raise SearchPreempted(f"{run.root} stopped at step {result.step} "
                                       f"({result.stop_reason}); run the same command again to "

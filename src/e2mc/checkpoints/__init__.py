@@ -5,6 +5,7 @@ from e2mc.checkpoints.api import (
     PROJECT_FORMAT,
     PROJECT_VERSION,
     checkpoint_of,
+    checkpoint_summary,
     export_backbone,
     load_backbone,
     load_checkpoint,
@@ -21,8 +22,8 @@ from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import CheckpointMismatchError
 
 __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
-           "UntrustedCheckpointError", "atomic_save", "checkpoint_of", "detect", "export_backbone",
-           "fetch", "is_url",
+           "UntrustedCheckpointError", "atomic_save", "checkpoint_of", "checkpoint_summary",
+           "detect", "export_backbone", "fetch", "is_url",
            "load_backbone", "load_checkpoint", "load_for_training", "load_official",
            "local_checkpoint",
            "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]

@@ -10,9 +10,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from e2mc.checkpoints.io import atomic_save, atomic_write_json, torch_load
+from e2mc.checkpoints.io import (
+    UntrustedCheckpointError,
+    atomic_save,
+    atomic_write_json,
+    torch_load,
+)
 from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
-from e2mc.checkpoints.remote import fetch, is_url
+from e2mc.checkpoints.remote import fetch, is_url, sha256_of
 from e2mc.checkpoints.strict import check_keys, load_strict
 from e2mc.methods.base import SSLMethod
 from e2mc.methods.registry import build_method
@@ -29,12 +34,19 @@ def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]
     """The loaded object and its source; a URL (http, https, file; ``#sha256=`` checked) is
     fetched into torch.hub's cache first (:mod:`e2mc.checkpoints.remote`), a training run
     directory stands for its latest checkpoint."""
+    obj, source, _ = _load_file(path_or_state, trust)
+    return obj, source
+
+
+def _load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None, str | None]:
+    """:func:`_load_obj` plus the local file that was read (None for a loaded object)."""
     if isinstance(path_or_state, dict):
-        return path_or_state, None
+        return path_or_state, None, None
     if is_url(path_or_state):
-        return torch_load(fetch(str(path_or_state)), trust=trust), str(path_or_state)
+        local = str(fetch(str(path_or_state)))
+        return torch_load(local, trust=trust), str(path_or_state), local
     path = checkpoint_of(path_or_state)  # a run directory stands for its latest checkpoint
-    return torch_load(path, trust=trust), path
+    return torch_load(path, trust=trust), path, path
 
 
 def _rebuild(name: str, hparams: dict[str, Any]) -> SSLMethod:
@@ -252,26 +264,78 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}.json")
 
 
+#: At most this many values (numbers, strings) per entry of :func:`checkpoint_summary`.
+SUMMARY_MAX_VALUES = 256
+
+
+def _plain_values(value: Any) -> tuple[Any, int] | None:
+    """``(value as dicts, lists and scalars, number of values)``; None when it holds a tensor.
+    Objects of other types become their ``repr``."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, dict):
+        out, count = {}, 0
+        for k, v in value.items():
+            plain = _plain_values(v)
+            if plain is None:
+                return None
+            out[str(k)], n = plain
+            count += n
+        return out, count
+    if isinstance(value, (list, tuple)):
+        items = [_plain_values(v) for v in value]
+        if any(item is None for item in items):
+            return None
+        return [item[0] for item in items], sum(item[1] for item in items)  # type: ignore[index]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value, 1
+    return repr(value), 1
+
+
+def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] | None = None
+                       ) -> dict[str, Any]:
+    """What identifies a loaded checkpoint, small enough to record with a result (the
+    ``checkpoint_info`` of ``results.json``): the entries of a loader's ``info`` that hold no
+    tensor and at most :data:`SUMMARY_MAX_VALUES` values (the optimizer state, generator states
+    and state dicts of a training checkpoint are left out and named under ``omitted``), and the
+    ``sha256`` of the file read."""
+    out: dict[str, Any] = {}
+    omitted = []
+    for key, value in info.items():
+        plain = _plain_values(value)
+        if plain is None or plain[1] > SUMMARY_MAX_VALUES:
+            omitted.append(str(key))
+        else:
+            out[str(key)] = plain[0]
+    if omitted:
+        out["omitted"] = sorted(omitted)
+    if local_file is not None:
+        out["sha256"] = sha256_of(local_file)
+    return out
+
+
 def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
                   in_channels: int = 3, trust: bool = False
                   ) -> tuple[nn.Module, int, dict[str, Any]]:
     """``(backbone, feature_dim, info)`` from a project checkpoint, an official one, or a plain
     backbone state dict (exported, torchvision; a classifier is dropped). For a plain state dict
     the architecture comes from ``arch`` (with ``small_images``, ``in_channels``), else the
-    ``<path>.json`` sidecar of :func:`export_backbone`, else the ResNet read off the shapes."""
-    obj, source = _load_obj(path, trust)
+    ``<path>.json`` sidecar of :func:`export_backbone`, else the ResNet read off the shapes.
+    ``info`` is :func:`checkpoint_summary`'s: metadata without tensors, with the file's
+    ``sha256`` and its ``source`` (the URL for a URL)."""
+    obj, source, local = _load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         method, info = _from_project(obj, source)
-        return method.backbone, method.feature_dim, info
+        return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     det = detect(obj)
     if det.format != "backbone":
         method, info = _official(obj, source, None, False, {})
-        return method.backbone, method.feature_dim, info
+        return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     spec: dict[str, Any] | None = None
     if arch is not None:
         spec = {"backbone": arch, "small_images": small_images, "in_channels": in_channels}
-    elif source is not None and sidecar_path(source).exists():
-        meta = json.loads(sidecar_path(source).read_text())
+    elif local is not None and sidecar_path(local).exists():
+        meta = json.loads(sidecar_path(local).read_text())
         if meta.get("arch") is not None:
             spec = {"backbone": meta["arch"], "small_images": meta.get("small_images", False),
                     "in_channels": meta.get("in_channels", 3)}
@@ -296,7 +360,46 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     feature_dim = dims[-1]
     info = {"format": "backbone", "arch": spec["backbone"], "small_images": spec["small_images"],
             "in_channels": spec["in_channels"], "dropped_keys": dropped, "source": source}
-    return backbone, feature_dim, info
+    return backbone, feature_dim, checkpoint_summary(info, local)
+
+
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.PathLike[str]
+                         ) -> None:
+    """Refuse an export that would overwrite its input or another checkpoint (see
+    :func:`export_backbone`)."""
+    out = Path(out_path)
+    if checkpoint is not None and not isinstance(checkpoint, dict):
+        source = local_checkpoint(checkpoint)
+        for target in (out, sidecar_path(out)):
+            if _same_file(source, target):
+                raise ValueError(f"{target} is the checkpoint it reads ({checkpoint}): the export "
+                                 "would overwrite it; give another output path")
+    if not out.is_file():
+        return
+    try:
+        existing = torch_load(out)
+    except UntrustedCheckpointError:
+        existing = None
+    except Exception:  # not a checkpoint (an unreadable or text file): the user's to replace
+        return
+    if isinstance(existing, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                          for k, v in existing.items()):
+        return  # a plain state dict (an earlier export): replaced
+    if isinstance(existing, dict) and existing.get("format") == PROJECT_FORMAT:
+        step = f", step {existing['step']}" if "step" in existing else ""
+        what = f"an e2mc checkpoint ({existing.get('method')}{step})"
+    else:
+        what = "a checkpoint with more than a plain state dict"
+    raise ValueError(f"{out} already exists and is {what}, not an exported backbone: "
+                     "export-backbone does not overwrite it; give another output path or "
+                     "delete the file first")
 
 
 def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str | os.PathLike[str],
@@ -308,11 +411,17 @@ def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str
     ``fc = nn.Identity()`` (ResNets; for the others the classifier is replaced as
     :func:`e2mc.models.build_backbone` does) loads it with ``strict=True``. With
     ``small_images`` or ``in_channels != 3`` it loads into ``build_backbone``'s model.
+
+    Refused (``ValueError``, nothing written): an ``out_path`` (or its ``.json``) that is the
+    checkpoint being read, and an existing ``out_path`` that holds more than a plain state dict
+    (a training, e2mc or official checkpoint); an earlier export is replaced.
     """
     if isinstance(method_or_checkpoint, nn.Module):
+        _check_export_target(None, out_path)
         method = _unwrap(method_or_checkpoint)
         source = None
     else:
+        _check_export_target(method_or_checkpoint, out_path)
         method, info = load_checkpoint(method_or_checkpoint, trust=trust)
         source = info.get("source")
     hp = getattr(method, "hparams", {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from e2mc.errors import CorruptFileError
+from e2mc.errors import CorruptFileError, InputError
 
 
 class UntrustedCheckpointError(ValueError):
@@ -123,6 +124,30 @@ def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> 
                 and err.filename is None:
             raise OSError(err.errno, os.strerror(err.errno), str(target)) from err
         raise
+
+
+def check_writable_dir(path: str | os.PathLike[str], what: str = "directory") -> None:
+    """Raise :class:`~e2mc.errors.InputError` (one line naming ``path``) unless a file can be
+    created in the directory ``path`` or, when it does not exist yet, in its nearest existing
+    parent: a read-only file system or a directory without write permission is found before
+    any work is done, not at the first write. Nothing is left behind."""
+    target = Path(path)
+    where = target
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(where))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".e2mc-write-test.", suffix=".tmp", dir=where)
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        inside = "" if where == target else f" (in {where})"
+        reason = (err.strerror or os.strerror(err.errno)).lower()
+        raise InputError(f"{target}: cannot write the {what} here{inside}: {reason}") from err
+    os.close(fd)
+    with contextlib.suppress(FileNotFoundError):  # (removed by a cleaner meanwhile)
+        os.unlink(probe)
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:

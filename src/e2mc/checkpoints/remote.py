@@ -1,8 +1,10 @@
 """Checkpoints by URL: downloaded once into torch.hub's cache, with a hash check.
 
 ``http(s)://`` and ``file://`` URLs go through :func:`torch.hub.download_url_to_file` into
-``<torch.hub.get_dir()>/checkpoints/<file name>`` (``$TORCH_HOME/hub/checkpoints``), the cache
-torchvision's weights use too; a cached file is not downloaded again. The hash check follows
+``<torch.hub.get_dir()>/checkpoints/<key>-<file name>`` (``$TORCH_HOME/hub/checkpoints``), where
+``<key>`` is a short SHA-256 of the whole URL (and of the expected ``sha256`` when one is given):
+two URLs that end in the same file name are two cache entries. A cached file is not downloaded
+again. The hash check follows
 torch.hub: ``check_hash`` compares the SHA-256 with the hex prefix in the file name
 (``resnet50-0676ba61.pth``); a full ``sha256`` (the ``sha256=`` argument, or a URL ending in
 ``#sha256=<hex>``) is compared with the whole digest, for a fresh download and a cached file alike.
@@ -38,14 +40,20 @@ def split_hash(url: str) -> tuple[str, str | None]:
     return base, fragment[len("sha256="):]
 
 
-def cache_path(url: str) -> Path:
-    """Where :func:`fetch` keeps ``url``: torch.hub's ``checkpoints`` folder, by file name."""
+def cache_path(url: str, sha256: str | None = None) -> Path:
+    """Where :func:`fetch` keeps ``url``: torch.hub's ``checkpoints`` folder, under the URL's
+    file name prefixed by a key that covers the whole URL (a ``#sha256=`` fragment or the
+    ``sha256`` argument included), so that ``file:///A/checkpoint.pt`` and
+    ``file:///B/checkpoint.pt`` are two entries."""
     import torch.hub
 
+    url, from_fragment = split_hash(url)
     name = os.path.basename(unquote(urlsplit(url).path))
     if not name:
         raise ValueError(f"{url}: the URL names no file")
-    return Path(torch.hub.get_dir()) / "checkpoints" / name
+    expected = (sha256 or from_fragment or "").lower()
+    key = hashlib.sha256(f"{url}#sha256={expected}".encode()).hexdigest()[:16]
+    return Path(torch.hub.get_dir()) / "checkpoints" / f"{key}-{name}"
 
 
 def sha256_of(path: str | os.PathLike[str]) -> str:
@@ -80,7 +88,7 @@ def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
                              "(name-<hex>.ext); give the full sha256 instead")
         prefix = match.group(1)
     expected = (sha256 or prefix or "").lower() or None
-    dst = cache_path(url)
+    dst = cache_path(url, sha256)
     if not dst.is_file():
         dst.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -14,9 +14,9 @@ class CheckpointMismatchError(ValueError):
 
 
 def _listing(title: str, items: list[str]) -> str:
-    shown = "\n    ".join(items[:10])
-    more = f"\n    ... and {len(items) - 10} more" if len(items) > 10 else ""
-    return f"  {len(items)} {title}:\n    {shown}{more}"
+    """``"12 missing keys: a, b, ... and 2 more"``: the count and the first ten names."""
+    more = f", ... and {len(items) - 10} more" if len(items) > 10 else ""
+    return f"{len(items)} {title}: {', '.join(items[:10])}{more}"
 
 
 def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor],
@@ -24,20 +24,19 @@ def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.T
                unmapped: list[str] | None = None) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``given`` has exactly the keys and shapes
     of ``expected``. Names in the message are the file's names (``to_file_name`` maps a model
-    key back); ``unmapped`` are file keys no rule of the format maps (reported as unexpected)."""
+    key back); ``unmapped`` are file keys no rule of the format maps (reported as unexpected).
+    The message is one line: the count of each kind and its first ten names."""
     missing = [to_file_name(k) for k in expected if k not in given]
     unexpected = list(unmapped or []) + [to_file_name(k) for k in given if k not in expected]
     mismatched = [f"{to_file_name(k)}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
                   for k, v in given.items()
                   if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
     if missing or unexpected or mismatched:
-        parts = [f"checkpoint does not match the model (format assumed: {fmt}); nothing was "
-                 "loaded:"]
-        for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                             ("shape mismatches", mismatched)):
-            if items:
-                parts.append(_listing(title, items))
-        raise CheckpointMismatchError("\n".join(parts))
+        found = [_listing(title, items) for title, items in
+                 (("missing keys", missing), ("unexpected keys", unexpected),
+                  ("shape mismatches", mismatched)) if items]
+        raise CheckpointMismatchError(f"checkpoint does not match the model (format assumed: "
+                                      f"{fmt}); nothing was loaded: {'; '.join(found)}")
 
 
 def load_strict(build: Callable[[], nn.Module], state: Mapping[str, torch.Tensor], fmt: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -94,21 +95,47 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
 
 def run_command(args: argparse.Namespace, mode: str) -> int:
     """Body of ``e2mc continue`` / ``e2mc pretrain``; errors end through :func:`e2mc.cli.main`
-    (exit 2 bad configuration / data / checkpoint, 3 non-finite training, 1 other failures);
-    75 when a pre-emption signal stopped the run after a checkpoint (run it again to resume)."""
+    (exit 2 bad configuration / data / checkpoint / an unwritable run directory, 3 non-finite
+    training, 1 other failures); 75 when a pre-emption signal stopped the run after a
+    checkpoint, or during start-up before the first step (run it again to resume).
+
+    The pre-emption signals are recorded from the start (:mod:`e2mc.training.preemption`): a
+    signal while the configuration, the checkpoint or the data are read stops the run before
+    its first step instead of killing the process."""
+    from e2mc.checkpoints.io import check_writable_dir
+    from e2mc.distributed import is_main_process
+    from e2mc.training.preemption import (
+        DEFAULT_SIGNALS,
+        PREEMPTED_EXIT_CODE,
+        PreemptedAtStart,
+        PreemptionHandler,
+        is_preemption,
+        requeue_slurm_job,
+    )
     from e2mc.training.run import run_training
 
+    guard = PreemptionHandler(DEFAULT_SIGNALS).install()
+    cfg: RunConfig | None = None
     try:
         cfg = config_from_args(args, mode)
+        guard.retarget(cfg.training.preempt_signals)
+        check_writable_dir(args.run_dir, "run directory")
+        if guard.requested and os.environ.get("WORLD_SIZE", "1") == "1":
+            raise PreemptedAtStart(guard.received)  # (several processes decide together)
         result = run_training(cfg, args.run_dir, override_config=args.override_config)
+    except PreemptedAtStart as stop:
+        print(f"stopped ({stop}): nothing was trained in this invocation; run the same "
+              "command again to start or resume", file=sys.stderr)
+        if cfg is not None and cfg.training.requeue and is_main_process():
+            requeue_slurm_job()
+        return PREEMPTED_EXIT_CODE
     finally:
+        guard.uninstall()
         _destroy_process_group()
     state = "done" if result.completed else f"stopped ({result.stop_reason})"
     print(f"{state}: epoch {result.run_epoch}/{cfg.training.epochs}, step {result.step}, "
           f"{result.skipped_steps} skipped step(s); checkpoint {result.checkpoint}",
           file=sys.stderr)
-    from e2mc.training.preemption import PREEMPTED_EXIT_CODE, is_preemption
-
     if is_preemption(result.stop_reason):  # run the same command again to resume
         return PREEMPTED_EXIT_CODE
     return 0

@@ -186,7 +186,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     import os
     from pathlib import Path
 
-    from e2mc.checkpoints import load_backbone, local_checkpoint
+    from e2mc.checkpoints import is_url, load_backbone, local_checkpoint
     from e2mc.data import build_dataset, eval_transform
     from e2mc.distributed import is_main_process
     from e2mc.evaluation.features import FeatureCache
@@ -225,10 +225,11 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
         report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
         autocast=args.bf16, device=device, progress=not args.quiet)
-    args.checkpoint = local_checkpoint(args.checkpoint)  # a URL or a run directory: its file
+    named = args.checkpoint  # what the user gave: a file, a run directory or a URL
+    args.checkpoint = local_checkpoint(named)  # a URL or a run directory: its file
     backbone, feature_dim, info = load_backbone(
-        args.checkpoint, arch=args.arch, small_images=args.small_images,
-        in_channels=args.in_channels or 3, trust=args.trust)
+        named if is_url(named) else args.checkpoint, arch=args.arch,
+        small_images=args.small_images, in_channels=args.in_channels or 3, trust=args.trust)
     channels = _model_channels(backbone, args, info)
     size = args.image_size or (32 if args.small_images else 224)
     transform = eval_transform(size, channels)
@@ -244,7 +245,8 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         data_id=f"{args.data}|{test_spec}|size={size}|ch={channels}"
                 + ("|skip-corrupt" if args.skip_corrupt else ""),
         checkpoint=args.checkpoint, cache=cache, lock=False,  # held by run()
-        extra_record={"checkpoint": str(args.checkpoint), "command": sys.argv,
+        extra_record={"checkpoint": str(named) if is_url(named) else str(args.checkpoint),
+                      "checkpoint_file": str(args.checkpoint), "command": sys.argv,
                       "checkpoint_info": _plain(info), "image_size": size,
                       "device": device})
     if not is_main_process():

@@ -135,8 +135,15 @@ class PreemptionHandler:
             self.install()
 
     def uninstall(self) -> None:
+        """Restore the previous handlers; a signal recorded here is handed on to an enclosing
+        :class:`PreemptionHandler` (e.g. the search's, when a run's last step got it), so it
+        is not lost when it came too late for this one to act on."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+            earlier = getattr(previous, "__self__", None)
+            if sig == self.received and isinstance(earlier, PreemptionHandler) \
+                    and earlier.received is None:
+                earlier.received = sig
         self._previous.clear()
 
     def __enter__(self) -> PreemptionHandler:
