@@ -198,9 +198,12 @@ class RunModel:
     path: Path
     kept: bool  # best.pt, the model keep-best chose
     best_exists: bool = False  # (for the last step) whether best.pt was passed over
+    from_directory: bool = True  # chosen for a run directory (not a file named directly)
 
     def describe(self) -> str:
         """One line for the user: which file, and why."""
+        if self.kept and self.path.name == BEST and not self.from_directory:
+            return f"{self.path}: a run's kept model (keep-best's best.pt)"
         if self.kept:
             return (f"{self.path}: the run's kept model (keep-best's best.pt; --last takes "
                     "the last step)")
@@ -211,6 +214,19 @@ class RunModel:
     def record(self, step: int | None) -> dict[str, Any]:
         """What results.json, the report and the export sidecar record of the choice."""
         return {"file": str(self.path), "step": step, "kept_model": self.kept}
+
+
+def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | None:
+    """What a command's model argument stands for: a training run directory's model
+    (:meth:`RunDir.model`: ``best.pt`` when keep-best wrote one, else or with ``last`` the
+    latest checkpoint), or a checkpoint file itself (``best.pt`` named explicitly counts as the
+    kept model); ``None`` for a URL."""
+    if "://" in os.fspath(ref):
+        return None
+    path = Path(ref)
+    if path.is_dir():
+        return RunDir(path).model(last)
+    return RunModel(path, kept=path.name == BEST, from_directory=False)
 
 
 @dataclass(frozen=True)

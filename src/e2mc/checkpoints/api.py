@@ -33,7 +33,7 @@ PathOrState = str | os.PathLike[str] | dict[str, Any]
 def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]:
     """The loaded object and its source; a URL (http, https, file; ``#sha256=`` checked) is
     fetched into torch.hub's cache first (:mod:`e2mc.checkpoints.remote`), a training run
-    directory stands for its latest checkpoint."""
+    directory stands for its model (:func:`checkpoint_of`)."""
     obj, source, _ = _load_file(path_or_state, trust)
     return obj, source
 
@@ -45,7 +45,7 @@ def _load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None
     if is_url(path_or_state):
         local = str(fetch(str(path_or_state)))
         return torch_load(local, trust=trust), str(path_or_state), local
-    path = checkpoint_of(path_or_state)  # a run directory stands for its latest checkpoint
+    path = checkpoint_of(path_or_state)  # a run directory stands for its model (best.pt)
     return torch_load(path, trust=trust), path, path
 
 
@@ -237,26 +237,23 @@ def load_for_training(path: PathOrState, method: str, trust: bool = False,
     return model, info
 
 
-def checkpoint_of(path_or_run_dir: str | os.PathLike[str]) -> str:
-    """A checkpoint file, a URL, or a training run directory's latest checkpoint
-    (:meth:`e2mc.artifacts.RunDir.latest_checkpoint`): what the subcommands accept."""
+def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
+    """A checkpoint file, a URL, or a training run directory's model
+    (:meth:`e2mc.artifacts.RunDir.model`: its kept ``best.pt`` when keep-best wrote one, else
+    or with ``last`` its latest checkpoint): what the subcommands accept."""
     from e2mc.artifacts import RunDir
 
     if is_url(path_or_run_dir) or not Path(path_or_run_dir).is_dir():
         return os.fspath(path_or_run_dir)
-    latest = RunDir(path_or_run_dir).latest_checkpoint()
-    if latest is None:
-        raise ValueError(f"{path_or_run_dir} is a directory without a checkpoint (not a "
-                         "training run directory)")
-    return str(latest)
+    return str(RunDir(path_or_run_dir).model(last).path)
 
 
-def local_checkpoint(ref: str | os.PathLike[str]) -> str:
+def local_checkpoint(ref: str | os.PathLike[str], last: bool = False) -> str:
     """The local file ``ref`` stands for: a URL fetched into torch.hub's cache
-    (:func:`e2mc.checkpoints.remote.fetch`), a run directory's latest checkpoint
-    (:func:`checkpoint_of`), else ``ref`` itself (for callers that read the file's bytes, such
-    as the feature cache's key)."""
-    return str(fetch(str(ref))) if is_url(ref) else checkpoint_of(ref)
+    (:func:`e2mc.checkpoints.remote.fetch`), a run directory's model (:func:`checkpoint_of`),
+    else ``ref`` itself (for callers that read the file's bytes, such as the feature cache's
+    key)."""
+    return str(fetch(str(ref))) if is_url(ref) else checkpoint_of(ref, last)
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
@@ -403,7 +400,7 @@ def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.Path
 
 
 def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str | os.PathLike[str],
-                    trust: bool = False) -> dict[str, Any]:
+                    trust: bool = False, last: bool = False) -> dict[str, Any]:
     """Write the backbone's plain state dict to ``out_path`` (atomically) and its architecture to
     ``<out_path>.json``; returns that description.
 
@@ -414,13 +411,22 @@ def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str
 
     Refused (``ValueError``, nothing written): an ``out_path`` (or its ``.json``) that is the
     checkpoint being read, and an existing ``out_path`` that holds more than a plain state dict
-    (a training, e2mc or official checkpoint); an earlier export is replaced.
+    (a training, e2mc or official checkpoint); an earlier export is replaced. A run directory
+    stands for its model (:func:`checkpoint_of`; ``last``: its last step), and the sidecar
+    records under ``model`` which file and step that was and whether it was the kept model.
     """
+    from e2mc.artifacts import run_model
+
+    model = None
     if isinstance(method_or_checkpoint, nn.Module):
         _check_export_target(None, out_path)
         method = _unwrap(method_or_checkpoint)
         source = None
     else:
+        if not isinstance(method_or_checkpoint, dict):
+            model = run_model(method_or_checkpoint, last)
+            if model is not None:
+                method_or_checkpoint = model.path
         _check_export_target(method_or_checkpoint, out_path)
         method, info = load_checkpoint(method_or_checkpoint, trust=trust)
         source = info.get("source")
@@ -431,6 +437,8 @@ def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str
             "in_channels": int(hp.get("in_channels", 3)),
             "feature_dim": int(method.feature_dim), "method": getattr(method, "name", None),
             "source": None if source is None else str(source)}
+    if model is not None:
+        meta["model"] = model.record(info.get("step"))
     atomic_save(state, out_path)
     atomic_write_json(meta, sidecar_path(out_path))
     return meta

@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow pickled (non weights-only) checkpoints from trusted sources")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--last", action="store_true",
+                   help="of each run directory, the last step's checkpoint instead of the kept "
+                        "model (best.pt, when the run was trained with --keep-best)")
     p.set_defaults(func=run)
 
 
@@ -62,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.seed,
         accuracy_curve=args.accuracy_curve,
         accuracy_train_samples=args.accuracy_train_samples,
-        loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress)
+        loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress,
+        last=args.last)
     print(f"wrote {json_path}\nwrote {html_path}")
     return 0

@@ -90,7 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval", help="evaluate a backbone: linear probe, kNN, fine-tuning, SVM transfer",
         description="Evaluate the backbone of CHECKPOINT. Frozen-feature protocols share "
                     "cached features. Writes RUN_DIR/results.json and RUN_DIR/predictions/.")
-    p.add_argument("checkpoint", help="checkpoint file (official, project or exported)")
+    p.add_argument("checkpoint", help="checkpoint file (official, project or exported), URL, "
+                                      "or training run directory (its kept model best.pt "
+                                      "when it has one, else its last step)")
+    p.add_argument("--last", action="store_true",
+                   help="of a run directory, the last step's checkpoint instead of the kept "
+                        "model (best.pt, when the run was trained with --keep-best)")
     p.add_argument("--data", required=True,
                    help="dataset: 'builtin', an IDX folder, an image folder with train/ and "
                         "test/ (or val/), or an .npz file")
@@ -186,6 +191,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     import os
     from pathlib import Path
 
+    from e2mc.artifacts import run_model
     from e2mc.checkpoints import is_url, load_backbone, local_checkpoint
     from e2mc.data import build_dataset, eval_transform
     from e2mc.distributed import is_main_process
@@ -226,7 +232,10 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
         autocast=args.bf16, device=device, progress=not args.quiet)
     named = args.checkpoint  # what the user gave: a file, a run directory or a URL
-    args.checkpoint = local_checkpoint(named)  # a URL or a run directory: its file
+    model = run_model(named, args.last)
+    if model is not None and model.from_directory:
+        print(f"model: {model.describe()}", file=sys.stderr)
+    args.checkpoint = local_checkpoint(named, args.last)  # a URL or a run directory: its file
     backbone, feature_dim, info = load_backbone(
         named if is_url(named) else args.checkpoint, arch=args.arch,
         small_images=args.small_images, in_channels=args.in_channels or 3, trust=args.trust)
@@ -247,6 +256,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         checkpoint=args.checkpoint, cache=cache, lock=False,  # held by run()
         extra_record={"checkpoint": str(named) if is_url(named) else str(args.checkpoint),
                       "checkpoint_file": str(args.checkpoint), "command": sys.argv,
+                      "model": model.record(info.get("step")) if model else None,
                       "checkpoint_info": _plain(info), "image_size": size,
                       "device": device})
     if not is_main_process():

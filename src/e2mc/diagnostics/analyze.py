@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, read_jsonl
+from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, RunModel, read_jsonl, run_model
 from e2mc.diagnostics.figures import (
     loss_terms,
     plot_accuracy_curves,
@@ -53,23 +53,26 @@ class RunSource:
     checkpoint: Path
     metrics: Path | None = None
     epoch_checkpoints: list[tuple[int, Path]] = field(default_factory=list)
+    model: RunModel | None = None
 
 
-def resolve_run(path: str | Path) -> RunSource:
-    """A run directory (``checkpoint.pt`` or else its latest ``checkpoints/epoch_XXXX.pt``, plus
-    ``metrics.jsonl``) or a checkpoint file."""
+def resolve_run(path: str | Path, last: bool = False) -> RunSource:
+    """A run directory (its model, :meth:`~e2mc.artifacts.RunDir.model`: ``best.pt`` when
+    keep-best wrote one, else or with ``last`` its latest checkpoint; plus ``metrics.jsonl`` and
+    the per-epoch checkpoints) or a checkpoint file."""
     path = Path(path)
     if path.is_file():
-        return RunSource(path.stem, path)
+        return RunSource(path.stem, path, model=run_model(path))
     if not path.is_dir():
         raise ValueError(f"{path} is neither a run directory nor a checkpoint file")
     run = RunDir(path)
-    latest = run.latest_checkpoint()
-    if latest is None:
+    if run.latest_checkpoint() is None:
         raise ValueError(f"run directory {path} has no {CHECKPOINT} and no "
                          f"{EPOCH_DIR}/epoch_XXXX.pt")
+    model = run.model(last)
+    print(f"model: {model.describe()}", file=sys.stderr)
     metrics = run.metrics if run.metrics.is_file() else None
-    return RunSource(path.resolve().name, latest, metrics, run.epoch_checkpoints())
+    return RunSource(path.resolve().name, model.path, metrics, run.epoch_checkpoints(), model)
 
 
 def _unique_names(sources: Sequence[RunSource]) -> None:
@@ -220,6 +223,7 @@ def analyze(
     accuracy_knn_k: int = 20,
     loader: Loader | None = None,
     progress: bool = True,
+    last: bool = False,
 ) -> tuple[Path, Path]:
     """Analyse ``runs`` (first = before) on ``num_samples`` seeded images of ``data``/``split``
     and write ``out_dir/{diagnostics.json, report.html, *.png}``; return the JSON and HTML paths.
@@ -227,12 +231,14 @@ def analyze(
     ``image_size``: the eval transform size (default: the images' own size when at most 64 px,
     else 224). ``accuracy_curve``: kNN top-1 (``accuracy_knn_k`` neighbours, on
     ``accuracy_train_samples`` training images) of every per-epoch checkpoint of every run.
+    A run directory stands for its kept model (``best.pt``) when it has one, for its last step
+    with ``last`` (:func:`resolve_run`).
     """
     from e2mc.data import build_dataset, eval_transform
 
     if not runs:
         raise ValueError("analyze needs at least one run or checkpoint")
-    sources = [resolve_run(r) for r in runs]
+    sources = [resolve_run(r, last) for r in runs]
     _unique_names(sources)
     load = loader or default_loader()
     out = Path(out_dir)
@@ -269,6 +275,9 @@ def analyze(
             nn_emb[src.name] = nn_e
         run_config = info.get("run_config")
         info = {k: v for k, v in info.items() if isinstance(v, str | int | float | bool)}
+        if src.model is not None:
+            info["model"] = ("kept model (best.pt)" if src.model.kept else "last step") + \
+                (f", step {info['step']}" if "step" in info else "")
         run = RunDiagnostics(src.name, str(src.checkpoint), stats, info)
         if isinstance(run_config, dict):
             run.config_diff = config_differences(run_config)

@@ -3,12 +3,15 @@ the add-on, the training data set with its views, and the starting model."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Subset
 
+from e2mc.artifacts import RunDir
+from e2mc.distributed import is_main_process
 from e2mc.training.config import RunConfig
 
 
@@ -174,8 +177,13 @@ def load_start(cfg: RunConfig) -> tuple[Any, int, Callable[[Any], None] | None]:
     path: str | Path = cfg.init.checkpoint
     if not is_url(path):  # a URL is fetched (and checked) by load_for_training
         path = Path(path)
-        if path.is_dir():
-            raise ValueError(f"starting checkpoint {path} is a directory, not a checkpoint file")
+        if path.is_dir():  # a training run: its model (best.pt when keep-best wrote one)
+            model = RunDir(path).model()
+            if is_main_process():
+                which = "kept model" if model.kept else "last step"
+                print(f"starting model: {model.path} (the {which} of run {path}; name "
+                      f"{RunDir(path).checkpoint} for its last step)", file=sys.stderr)
+            path = model.path
         if not path.is_file():
             raise ValueError(f"starting checkpoint {path} does not exist")
     method, info = load_for_training(path, cfg.method.name, trust=cfg.init.trust,

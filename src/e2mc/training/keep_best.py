@@ -89,6 +89,11 @@ class KeepBest:
         else:
             print(f"keep-best: step {t.best_step} (epoch {t.best_epoch}) has the best "
                   f"{self.metric}, {t.best_value:.2f}; saved as {trainer.run.best}.", file=file)
+        run, data = trainer.run.root, trainer.cfg.data
+        print(f"the run's answer is {trainer.run.best}; commands given {run} use it (--last: "
+              f"the last step). Evaluate it: e2mc eval {run} --data {data.dataset} "
+              f"--image-size {data.image_size} --out {run}-eval; export it: e2mc "
+              f"export-backbone {run} {run}-backbone.pt", file=file)
 
     def state_dict(self) -> dict[str, Any]:
         return self.tracker.state_dict()
