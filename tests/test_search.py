@@ -316,6 +316,7 @@ def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
     return proc.exitcode
 
 
+@pytest.mark.slow  # 12 killed and resumed searches: about 25 s on 2 cores
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (POSIX)")
 def test_a_search_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
         base: tuple[Path, Path], reference_search: tuple[Path, list[str]],
@@ -350,3 +351,86 @@ def test_a_search_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
         assert _search(base, out, "--grid", "addon.params.beta=1",
                        "--set", "training.epochs=2") == 0, target
         _same_search(out, ref)
+
+
+def _run_and_confirm(base: tuple[Path, Path], out: Path) -> int:
+    """What ``e2mc search --confirm 0`` does after selecting "beta 1" (with probes small enough
+    for the tiny data): 0 when done, 75 when pre-empted."""
+    from e2mc.search import Search, SearchPreempted
+    from e2mc.training.preemption import PreemptionHandler
+
+    search = Search(_spec(base, [Trial("beta 1", ["addon.params.beta=1"])]), out,
+                    log=lambda _m: None)
+    with PreemptionHandler() as signals:
+        search.stop_on(lambda: signals.requested)
+        try:
+            search.confirm([0], {"selected": "beta 1"}, eval_fractions=(0.5, 1.0),
+                           label_seeds=(0,), probe_epochs=2)
+        except SearchPreempted:
+            return 75
+    return 0
+
+
+def _confirm_killed(base: tuple[Path, Path], out: Path, target: str, sig: int) -> int:
+    """:func:`_run_and_confirm` in a forked child that gets ``sig`` (SIGKILL halfway through
+    the write) during the first atomic write of a confirmation file ending with ``target``."""
+    import multiprocessing
+    import signal
+
+    import e2mc.checkpoints.io as ckio
+
+    def child() -> None:
+        original = ckio.atomic_write
+
+        def killing(path, write, mode="wb"):
+            if "confirm" in str(path) and str(path).endswith(target):
+                ckio.atomic_write = original  # once
+                if sig != signal.SIGKILL:
+                    os.kill(os.getpid(), sig)
+                else:
+                    def half(f):
+                        f.write(b"\0" if "b" in mode else "{")
+                        f.flush()
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return original(path, half, mode)
+            return original(path, write, mode)
+
+        ckio.atomic_write = killing
+        os._exit(_run_and_confirm(base, out))
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(120)
+    return proc.exitcode
+
+
+@pytest.mark.slow  # 7 killed and resumed confirmations: about 40 s on 2 cores
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (POSIX)")
+def test_a_confirmation_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
+        base: tuple[Path, Path], tmp_path: Path) -> None:
+    """SIGKILL during the first write of each file of a confirmation (its runs' checkpoints and
+    done markers, its evaluations' predictions and results.json, confirm.json and confirm.md)
+    and SIGTERM during a run's checkpoint and an evaluation's results.json, then the same
+    search again: the same confirm.json as an uninterrupted one; every evaluation directory
+    describes one model."""
+    import signal
+
+    from e2mc.artifacts import EvalDir, SearchDir
+
+    ref = tmp_path / "ref"
+    assert _run_and_confirm(base, ref) == 0
+    expected = json.loads(SearchDir(ref).confirm_json.read_text())
+    cases = [(t, signal.SIGKILL) for t in ("checkpoint.pt", "done.json", ".npz", "results.json",
+                                           "confirm.json", "confirm.md")]
+    cases += [("checkpoint.pt", signal.SIGTERM), ("results.json", signal.SIGTERM)]
+    for i, (target, sig) in enumerate(cases):
+        out = tmp_path / f"k{i}"
+        code = _confirm_killed(base, out, target, sig)
+        assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 75), (target, sig, code)
+        assert _run_and_confirm(base, out) == 0, (target, sig)
+        assert json.loads(SearchDir(out).confirm_json.read_text()) == expected, (target, sig)
+        for kind in ("run", "control"):
+            results = EvalDir(out / "confirm" / "seed0" / f"{kind}-eval").load()
+            for entry in results.entries:  # each predictions file is the one results.json names
+                results.predictions(entry)
+        assert [p.name for p in out.rglob("*.tmp")] == [] and not list(out.rglob(".e2mc.lock"))
