@@ -70,6 +70,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         rows = slice(rank * half, (rank + 1) * half)
         results = {case: run_case(case, rows, ddp=True) for case in CASES}
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
