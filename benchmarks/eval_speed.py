@@ -40,8 +40,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from e2mc.config import comma_list
 from e2mc.data import build_dataset, eval_transform
-from e2mc.data.subsets import label_fraction_indices
+from e2mc.data.subsets import fraction_label, label_fraction_indices
 from e2mc.evaluation import FeatureCache, knn_classify, linear_preset, linear_sweep
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 
@@ -181,7 +182,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    multipliers = [float(m) for m in args.lr_multipliers.split(",")]
+    multipliers = comma_list(args.lr_multipliers, float)
     if 1.0 not in multipliers:
         p.error("--lr-multipliers must contain 1 (the preset lr)")
     load_before = os.getloadavg()
@@ -252,7 +253,7 @@ def main() -> None:
     grid: dict[str, dict[str, float]] = {}
     diffs = []
     for (fraction, seed, m), r in zip(where, batched, strict=True):
-        grid.setdefault(f"{100 * fraction:g}% seed {seed}", {})[f"x{m:g}"] = r.top1_last
+        grid.setdefault(f"{fraction_label(fraction)} seed {seed}", {})[f"x{m:g}"] = r.top1_last
         if m == 1.0:
             diffs.append(abs(r.top1_last - seq_acc[(fraction, seed)]))
     n_seq, n_heads = len(seq_acc), len(heads)

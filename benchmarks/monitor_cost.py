@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from e2mc.artifacts import RunDir
+from e2mc.config import load_config
 from e2mc.demo import BASE_CHECKPOINT
-from e2mc.training.config import load_config
 from e2mc.training.run import run_training
 
 

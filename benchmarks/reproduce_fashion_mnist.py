@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from e2mc.config import comma_list
 from repro import report, runs, stages
 from repro.settings import METHODS, STAGES, ReproSettings
 
@@ -30,17 +31,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+    return tuple(comma_list(text, int))
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x.strip())
+    return tuple(comma_list(text, float))
 
 
 def _pairs(text: str) -> tuple[tuple[float, float], ...]:
     try:
-        return tuple((float(a), float(b)) for a, b in
-                     (p.split(":") for p in text.split(",") if p.strip()))
+        return tuple((float(a), float(b)) for a, b in (p.split(":") for p in comma_list(text)))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected BETAxPRESET:GAMMAxPRESET pairs separated by "
                                          f"commas, e.g. 0:0,1:0,0:1,1:1; got {text!r}") from None
@@ -103,8 +103,8 @@ def settings_from(args: argparse.Namespace) -> ReproSettings:
         "probe_epochs": args.probe_epochs, "probe_preset": args.probe_preset,
         "ablation_method": args.ablation_method, "ablation_pairs": args.ablation_pairs,
         "cpu_threads": args.cpu_threads,
-        "addons": tuple(a for a in args.addons.split(",") if a) if args.addons else None,
-        "epochs_methods": tuple(args.epochs_methods.split(",")) if args.epochs_methods else None,
+        "addons": tuple(comma_list(args.addons)) if args.addons else None,
+        "epochs_methods": tuple(comma_list(args.epochs_methods)) if args.epochs_methods else None,
     }.items() if v is not None}
     base_runs = {}
     for item in args.base_run:
@@ -113,7 +113,7 @@ def settings_from(args: argparse.Namespace) -> ReproSettings:
             raise ValueError(f"--base-run expects METHOD=DIR, got {item!r}")
         base_runs[method] = Path(path)
     common = dict(data=args.data, transfer_data=args.transfer_data, out=args.out,
-                  methods=tuple(m for m in args.methods.split(",") if m), device=args.device,
+                  methods=tuple(comma_list(args.methods)), device=args.device,
                   base_runs=base_runs, base_overrides=args.base_set,
                   continue_overrides=args.continue_set, e2mc_overrides=args.e2mc_set)
     s = (ReproSettings.quick(**common, **changes) if args.quick
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    chosen = [x for x in args.stages.split(",") if x]
+    chosen = comma_list(args.stages)
     unknown = [x for x in chosen if x not in STAGES]
     if unknown:
         print(f"error: unknown stage(s) {unknown}; choose from {', '.join(STAGES)}",

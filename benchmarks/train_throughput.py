@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from e2mc.checkpoints import save_checkpoint
+from e2mc.config import load_config
 from e2mc.training.build import build_method_from_config
-from e2mc.training.config import load_config
 from e2mc.training.logging import read_metrics
 from e2mc.training.run import run_training
 

@@ -307,6 +307,7 @@ def test_export_small_images_uses_sidecar(tmp_path):
     assert dim == 576
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_cli_convert_and_export(tmp_path):
     model = _small("simsiam", small_images=True)
     sd = {}

@@ -145,7 +145,7 @@ def test_describe_maps_errors_to_exit_codes() -> None:
     worker = ("Caught CorruptImageError in DataLoader worker process 0.\nOriginal Traceback "
               "(most recent call last):\n  File \"x.py\", line 1\n"
               "e2mc.data.image_folder.CorruptImageError: cannot read image file a.jpg: bad\n")
-    from e2mc.data.image_folder import CorruptImageError
+    from e2mc.errors import CorruptImageError
 
     assert describe(CorruptImageError(worker)) == (EXIT_INPUT,
                                                    "cannot read image file a.jpg: bad")
@@ -166,7 +166,7 @@ def test_unreadable_checkpoint_files_are_named(tmp_path: Path, content: bytes, s
 
 
 def test_atomic_writes_follow_the_umask(tmp_path: Path) -> None:
-    from e2mc.checkpoints.io import atomic_write
+    from e2mc.files import atomic_write
 
     for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
         old = os.umask(umask)
@@ -238,7 +238,7 @@ def test_skip_nonfinite_undoes_an_exploding_update(tmp_path: Path) -> None:
 
 def test_nan_learning_rate_is_refused_naming_the_key(capsys: pytest.CaptureFixture[str],
                                                      tmp_path: Path) -> None:
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
 
     for override, key in (("optim.base_lr=nan", "optim.base_lr"),
                           ("optim.base_lr=1e300", "optim.base_lr"),  # float32 overflow
@@ -330,6 +330,7 @@ def folder_with_a_corrupt_jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path
     return root
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_corrupt_jpeg_in_eval_and_analyze(
         tmp_path: Path, folder_with_a_corrupt_jpeg: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -416,8 +417,8 @@ def test_a_nonfinite_gradient_stops_or_is_skipped(tmp_path: Path) -> None:
     from torch import nn
 
     from e2mc.addons import build_addon
+    from e2mc.config import RunConfig
     from e2mc.methods.base import MethodOutput, SSLMethod
-    from e2mc.training.config import RunConfig
     from e2mc.training.trainer import NonFiniteLossError, Runtime, Trainer
 
     class NaNGrad(SSLMethod):
@@ -466,7 +467,7 @@ def test_a_nonfinite_gradient_stops_or_is_skipped(tmp_path: Path) -> None:
     ckpt = torch.load(RunDir(tmp_path / "skip").checkpoint, weights_only=True)
     assert ckpt["skipped_steps"] == 1
     reference, ref_method = trainer(tmp_path / "one", skip=True)
-    reference.tc.max_steps = 1
+    reference.cfg.training.max_steps = 1
     reference.fit()
     after_one = {k: v.clone() for k, v in ref_method.state_dict().items()}
     for key, value in after_one.items():  # step 2 skipped: the weights of step 1

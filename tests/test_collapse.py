@@ -15,14 +15,14 @@ import torch
 
 import e2mc
 from e2mc.diagnostics.collapse import (
-    VICREG_VARIANCE_FLOOR,
-    CollapseMonitor,
     check_run,
     collapse_value,
     loss_signal,
     rank_signal,
     read_term,
 )
+from e2mc.methods.vicreg import VICREG_VARIANCE_FLOOR
+from e2mc.training.collapse_monitor import CollapseMonitor
 
 ASSET = Path(e2mc.__file__).resolve().parent / "assets" / "demo_base_vicreg.pt"
 
@@ -106,8 +106,8 @@ def test_uniform_prototype_scores_give_exactly_ln_k() -> None:
 def _train(run_dir: Path, method: torch.nn.Module, monitor: CollapseMonitor, name: str,
            lr: float, limit: int, batch: int, epochs: int, recipe: str | None = None) -> list:
     from e2mc.addons import build_addon
+    from e2mc.config import load_config
     from e2mc.training.build import build_train_dataset
-    from e2mc.training.config import load_config
     from e2mc.training.trainer import Trainer
 
     cfg = load_config(f"fmnist-{name}-pretrain", [
@@ -153,7 +153,7 @@ def _base_embeddings() -> tuple[torch.nn.Module, torch.Tensor]:
 
     from e2mc.checkpoints import load_checkpoint
     from e2mc.data import build_dataset, eval_transform
-    from e2mc.diagnostics.analyze import compute_vectors
+    from e2mc.evaluation.features import compute_vectors
 
     method, _ = load_checkpoint(ASSET)
     test = Subset(build_dataset("builtin", "test", eval_transform(28, 1)), range(256))
@@ -217,7 +217,7 @@ def test_continue_from_a_collapsed_checkpoint_warns_once(tmp_path: Path,
     """The monitor is wired into run_training (e2mc pretrain / continue) with its defaults:
     the loss signal after the first epoch and a 20-step window."""
     from e2mc.checkpoints import save_checkpoint
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
     from e2mc.training.run import run_training
 
     start = tmp_path / "collapsed.pt"

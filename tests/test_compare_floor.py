@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from e2mc.evaluation.results import compare_runs, comparison_markdown, load_run, mean_se
@@ -29,9 +30,13 @@ def test_floor_is_the_first_row_and_not_the_reference(evals: tuple[Path, Path, P
         values = [e.metrics[e.primary] for e in record.column(column)]
         mean, se = mean_se(values)
         assert comp.cells["random init"][column] == (pytest.approx(mean), pytest.approx(se), "")
-    md = comparison_markdown(comp)
-    assert md.splitlines()[2].startswith("| random init |")  # first row under the header
-    assert "against a at every seed" in md and "not tested" in md
+    md = comparison_markdown(comp).splitlines()
+    assert md[0].startswith("Verdict against a")  # the verdicts come before the table
+    table = md.index("| run | " + " | ".join(comp.columns) + " |")
+    assert md[table + 2].startswith("| random init |")  # first row under the header
+    text = "\n".join(md)
+    assert "worse than a: p < 0.05" in text and "at every seed" in text and "not tested" in text
+    assert "random init, " not in text  # the floor gets no verdict
     with pytest.raises(ValueError, match="also a run's name"):
         compare_runs([str(a), str(b)], names=["random init", "b"], floor=str(floor))
     with pytest.raises(ValueError):  # the command turns this into one error line, exit 2
@@ -48,6 +53,44 @@ def test_compare_command_floor_option(evals: tuple[Path, Path, Path], tmp_path: 
     assert code == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert rows[1].startswith("| random init |") and rows[2].startswith("| a |")
-    assert (tmp_path / "cmp.md").read_text().splitlines()[2].startswith("| random init |")
+    written = [line for line in (tmp_path / "cmp.md").read_text().splitlines()
+               if line.startswith("| ")]
+    assert written[1].startswith("| random init |")
     assert main(["compare", str(a), "--floor", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("e2mc compare: error:")
+
+
+def _eval(root, correct: np.ndarray, seeds=(0, 1)):
+    from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import save_predictions
+
+    labels = np.zeros(len(correct), dtype=np.int64)
+    entries = [{"protocol": "linear", "column": "linear 1%", "fraction": 0.01, "seed": s,
+                "primary": "top1", "metrics": {"top1": 100 * correct.mean()},
+                "predictions": save_predictions(root, f"linear_1_s{s}",
+                                                np.where(correct, 0, 1), labels)}
+               for s in seeds]
+    EvalDir(root).write({"entries": entries})
+    return str(root)
+
+
+def test_a_significantly_worse_row_is_marked_and_called_worse(tmp_path, capsys):
+    """The mark and the verdict carry the direction: 60 of 200 images lost is ▼▼ and WORSE,
+    40 gained is ▲▲ and BETTER; the verdicts are the first lines compare prints."""
+    from e2mc.cli import main
+
+    ref = _eval(tmp_path / "ref", np.arange(200) < 150)
+    worse = _eval(tmp_path / "worse", np.arange(200) < 90)  # the first 90 of ref's 150
+    better = _eval(tmp_path / "better", np.arange(200) < 190)  # ref's 150 and 40 more
+    comp = compare_runs([ref, worse, better], names=["continued", "e2mc", "other"],
+                        n_resamples=500)
+    assert comp.cells["e2mc"]["linear 1%"][2] == "▼▼"
+    assert comp.cells["other"]["linear 1%"][2] == "▲▲"
+    assert main(["compare", ref, worse, better, "--names", "continued,e2mc,other",
+                 "--out", str(tmp_path / "cmp"), "--resamples", "500"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Verdict against continued")
+    assert out[2].startswith("- e2mc, linear 1%: WORSE than continued (-30.00 ± 0.00 points "
+                             "over 2 seed(s); 0 significantly better, 2 worse;")
+    assert out[3].startswith("- other, linear 1%: BETTER than continued (+20.00")
+    assert "| e2mc | 45.00 ± 0.00▼▼ |" in out

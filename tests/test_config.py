@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2mc.training.config import RunConfig, config_from_dict, load_config, preset_names
+from e2mc.config import RunConfig, config_from_dict, load_config, preset_names
 
 RESOLVED = Path(__file__).parent / "data" / "presets_resolved.json"
 
@@ -134,7 +134,7 @@ def test_every_preset_resolves_to_its_recorded_config() -> None:
     # tests/data/presets_resolved.json: RunConfig.to_dict() of every preset, recorded when the
     # presets were still full copies (before `base:` inheritance). Whoever changes a preset's
     # values on purpose re-records it (from the repository root):
-    #   python -c "import json; from e2mc.training.config import load_config as c, preset_names
+    #   python -c "import json; from e2mc.config import load_config as c, preset_names
     #   as n; print(json.dumps({p: c(p).to_dict() for p in n()}, indent=1, sort_keys=True))" \
     #   > tests/data/presets_resolved.json
     recorded = json.loads(RESOLVED.read_text())
@@ -147,7 +147,7 @@ def test_every_preset_resolves_to_its_recorded_config() -> None:
 def test_presets_inherit_and_state_only_their_differences() -> None:
     from importlib import resources
 
-    from e2mc.training.config import preset_summary
+    from e2mc.config import preset_summary
 
     assert preset_summary("vicreg-e2mc")[0] == "vicreg-continued"
     raw = yaml.safe_load((resources.files("e2mc") / "configs" / "vicreg-e2mc.yaml").read_text())

@@ -14,7 +14,6 @@ from e2mc.data import (
     FASHION_MNIST_CLASSES,
     MNIST_CLASSES,
     ArrayDataset,
-    CorruptImageError,
     build_dataset,
     fashion_mnist,
     image_folder,
@@ -23,6 +22,7 @@ from e2mc.data import (
     npz_dataset,
     save_idx,
 )
+from e2mc.errors import CorruptImageError
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

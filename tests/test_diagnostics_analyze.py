@@ -13,10 +13,10 @@ from e2mc.diagnostics.analyze import (
     EMBEDDINGS,
     FEATURES,
     analyze,
-    compute_vectors,
     input_channels,
     resolve_run,
 )
+from e2mc.evaluation.features import compute_vectors
 from e2mc.methods import build_method
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import e2mc
@@ -29,6 +30,7 @@ def _model(seed: int):
                         projector="32-32")
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_analyze_cli_end_to_end(tmp_path):
     base = tmp_path / "base.pt"
     save_checkpoint(base, _model(0))

@@ -27,12 +27,12 @@ import pytest
 import torch
 from torch import nn
 
-import e2mc.checkpoints.io as ckio
 import e2mc.evaluation.features as features_mod
+import e2mc.files as ckio
 from e2mc.artifacts import EvalDir, RunDir, read_jsonl
+from e2mc.config import RunConfig
 from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.training.callbacks import Callback
-from e2mc.training.config import RunConfig
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.trainer import Runtime, Trainer
 

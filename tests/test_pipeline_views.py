@@ -19,7 +19,6 @@ from scipy import stats
 from torch.utils.data import DataLoader
 
 from e2mc.data import (
-    CorruptImageError,
     SafeImageFolder,
     build_views,
     collate_views,
@@ -36,6 +35,7 @@ from e2mc.data.fast_views import (
 )
 from e2mc.data.image_folder import _load_rgb_or_l
 from e2mc.data.synthetic import natural_image, write_jpeg_folder
+from e2mc.errors import CorruptImageError
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
 FIELD = {name: k for k, name in enumerate(PARAM_FIELDS)}
@@ -432,6 +432,7 @@ def _folder_with_truncated_jpeg(root: Path) -> Path:
     return bad
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_truncated_jpeg_mid_epoch_names_the_file_with_workers(tmp_path: Path) -> None:
     bad = _folder_with_truncated_jpeg(tmp_path / "imgs")
     ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), FastViews.from_recipe("vicreg", 32))

@@ -16,12 +16,12 @@ import torch
 
 import e2mc
 from e2mc.checkpoints.io import atomic_save
+from e2mc.config import parse_signals
 from e2mc.training.logging import read_metrics
 from e2mc.training.preemption import (
     PREEMPTED_EXIT_CODE,
     PreemptionHandler,
     is_preemption,
-    parse_signals,
     requeue_slurm_job,
 )
 
@@ -94,7 +94,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -
     atomic_save({"step": 1, "w": torch.arange(10)}, path)
     script = (
         "import time, torch\n"
-        "from e2mc.checkpoints.io import atomic_write\n"
+        "from e2mc.files import atomic_write\n"
         "def slow(f):\n"
         "    f.write(b'x' * 1000); f.flush(); print('writing', flush=True); time.sleep(60)\n"
         f"atomic_write({str(path)!r}, slow)\n")

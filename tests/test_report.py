@@ -14,9 +14,8 @@ import torch
 
 from e2mc.artifacts import RunDir
 from e2mc.checkpoints import save_checkpoint
-from e2mc.diagnostics.report import config_differences
+from e2mc.config import config_differences, load_config
 from e2mc.methods import VICReg
-from e2mc.training.config import load_config
 
 
 def _npz(path: Path) -> str:

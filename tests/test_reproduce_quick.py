@@ -129,6 +129,7 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
     assert again["table1"] == result["table1"]
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_bad_arguments_are_reported(tmp_path: Path) -> None:
     proc = _run(["--quick", "--methods", "byol", "--out", str(tmp_path / "x"),
                  "--stages", "report"])

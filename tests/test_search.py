@@ -215,7 +215,7 @@ def reference_search(base: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
                      ) -> tuple[Path, list[str]]:
     """An uninterrupted two-epoch search of one trial: its directory, and the relative path
     of every file it wrote through the atomic writer, in order."""
-    import e2mc.checkpoints.io as ckio
+    import e2mc.files as ckio
 
     out = tmp_path_factory.mktemp("reference-search") / "s"
     writes: list[str] = []
@@ -288,7 +288,7 @@ def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
     import os
     import signal
 
-    import e2mc.checkpoints.io as ckio
+    import e2mc.files as ckio
 
     def child() -> None:
         original, seen = ckio.atomic_write, [0]
@@ -377,7 +377,7 @@ def _confirm_killed(base: tuple[Path, Path], out: Path, target: str, sig: int) -
     import multiprocessing
     import signal
 
-    import e2mc.checkpoints.io as ckio
+    import e2mc.files as ckio
 
     def child() -> None:
         original = ckio.atomic_write

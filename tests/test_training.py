@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 import e2mc
+from e2mc.config import RunConfig
 from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.training.checkpointing import rng_state, set_rng_state
-from e2mc.training.config import RunConfig
 from e2mc.training.logging import read_metrics
 from e2mc.training.sampling import EpochBatchSampler
 from e2mc.training.trainer import NonFiniteLossError, Runtime, Trainer, lr_factor

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -22,7 +23,7 @@ def _worker(rank: int, port: int, data: str, run_dir: str, out: str) -> None:
                       LOCAL_RANK=str(rank), WORLD_SIZE="2")
     import torch.distributed as dist
 
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
     from e2mc.training.run import run_training
 
     cfg = load_config("fmnist-vicreg-pretrain", [*OVERRIDES, f"data.dataset={data}"])
@@ -32,6 +33,7 @@ def _worker(rank: int, port: int, data: str, run_dir: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_two_gloo_processes_hold_identical_weights(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     data = tmp_path / "tiny.npz"

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import e2mc
-import e2mc.checkpoints.io as ckio
+import e2mc.files as ckio
 from e2mc.artifacts import EvalDir, writer_lock
 from e2mc.cli import main
 from e2mc.evaluation.results import compare_runs, save_predictions

@@ -21,9 +21,9 @@ from tests.helpers import TINY_RUN
 from e2mc.checkpoints import load_backbone, load_checkpoint, save_checkpoint
 from e2mc.checkpoints.remote import cache_path, fetch
 from e2mc.cli import main
+from e2mc.config import load_config
 from e2mc.errors import EXIT_INPUT, describe
 from e2mc.methods import build_method
-from e2mc.training.config import load_config
 from e2mc.training.preemption import PREEMPTED_EXIT_CODE
 
 SMALL = {"backbone": "cnn5_small", "in_channels": 1, "projector": "16-8"}
@@ -224,7 +224,7 @@ def test_bad_yaml_config_is_refused_quickly(tmp_path, capsys, text, match):
 
 
 def test_yaml_loader_keeps_merges_and_small_aliases():
-    from e2mc.training.config import load_yaml_text
+    from e2mc.config import load_yaml_text
 
     data = load_yaml_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 3\nlist: [*b, *b]\n",
                           "t.yaml")

@@ -16,10 +16,9 @@ import torch
 import torch.multiprocessing as mp
 
 from e2mc.artifacts import RunDir
+from e2mc.config import load_config, metric_names, resolve_metric
 from e2mc.data.holdout import holdout_size, holdout_split
-from e2mc.training.config import load_config
 from e2mc.training.keep_best import BestTracker
-from e2mc.training.monitor import metric_names, resolve_metric
 from helpers import TINY_RUN, free_port
 
 TINY = [*TINY_RUN, "data.val_split=0.2", "monitor.every=1", "monitor.probe_epochs=2",
@@ -86,6 +85,7 @@ def _split_worker(rank: int, port: int, data: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_two_gloo_ranks_agree_on_the_split_and_the_monitor(tmp_path: Path) -> None:
     data = _tiny_data(tmp_path / "d.npz")
     mp.spawn(_split_worker, args=(free_port(), str(data), str(tmp_path)), nprocs=2, join=True)
@@ -164,7 +164,7 @@ if kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return real_replace(src, dst)
     io.os.replace = replace
-from e2mc.training.config import load_config
+from e2mc.config import load_config
 from e2mc.training.run import run_training
 cfg = load_config("fmnist-vicreg-continue", sys.argv[5:])
 run_training(cfg, sys.argv[1])
@@ -207,6 +207,7 @@ def test_keep_best_writes_the_step_of_the_best_value(tmp_path: Path) -> None:
     assert RunDir(run).monitor_plot.is_file(), proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_keep_best_says_when_no_step_beats_the_start(tmp_path: Path) -> None:
     run = tmp_path / "base-wins"
     proc = _scripted_run(tmp_path, run, "60,59,58,57,56")
@@ -217,6 +218,7 @@ def test_keep_best_says_when_no_step_beats_the_start(tmp_path: Path) -> None:
     assert all(torch.equal(best[k], start[k]) for k in best)
 
 
+@pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_a_kill_while_best_pt_is_replaced_leaves_the_previous_best(tmp_path: Path) -> None:
     run = tmp_path / "killed"
     proc = _scripted_run(tmp_path, run, "50,52,57,51,55", kill_at=2)  # the 2nd write: step 1
@@ -252,7 +254,8 @@ def test_cli_bad_split_and_metric_exit_2_and_write_nothing(tmp_path: Path,
 def test_plot_history_draws_each_validation_metric_once(tmp_path: Path) -> None:
     import matplotlib.image
 
-    from e2mc.training.monitor import metric_names, plot_history
+    from e2mc.config import metric_names
+    from e2mc.training.monitor import plot_history
 
     history = [{"step": s, "val/knn": 50.0 + s, "val/linear_1%": 40.0 - s, "val/rankme": 9.0,
                 "val/seconds": 1.0} for s in (0, 5, 10)]  # no val/linear_100%, no val/entropy

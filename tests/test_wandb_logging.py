@@ -8,7 +8,7 @@ import types
 import pytest
 
 from e2mc.artifacts import RunDir
-from e2mc.training.config import load_config
+from e2mc.config import load_config
 from e2mc.training.logging import MetricsLogger, wandb_run_id
 
 

@@ -130,17 +130,17 @@ class Evaluator:
                     with_linear: bool) -> dict[str, float]:
         """kNN top-1 (smallest k) on the fixed curve subsets, and optionally the 1% linear
         probe (mean over label-subset seeds) on the main split."""
-        from e2mc.evaluation.results import fraction_label
+        from e2mc.evaluation.runner import column_name
 
         k = min(self.s.knn_k)
         rec = self.evaluate(checkpoint, Path(out_dir) / "knn", method, self.curve, ("knn",),
                             (1.0,), (0,))
-        point = {"knn": _mean(rec, f"knn k={k}")}
+        point = {"knn": _mean(rec, column_name("knn", k=k))}
         if with_linear:
             fraction = min(self.s.fractions)
             rec = self.evaluate(checkpoint, Path(out_dir) / "linear", method, self.main,
                                 ("linear",), (fraction,), self.s.label_seeds)
-            point["linear"] = _mean(rec, f"linear {fraction_label(fraction)}")
+            point["linear"] = _mean(rec, column_name("linear", fraction))
         return point
 
 

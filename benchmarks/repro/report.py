@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import RunDir
+from e2mc.evaluation.runner import column_name
 from repro import analysis, figures, runs
 from repro.settings import ROW_NAMES, ReproSettings
 from repro.stages import base_eval_dir, eval_dir, random_eval_dir
 
+#: The column of the transfer probe (all labels).
+TRANSFER = column_name("linear", 1.0)
 #: Row of the random-init floor (same architecture and seed as the base, no training).
 FLOOR = "random init"
 
@@ -27,13 +30,13 @@ EMBEDDING_STATS = ("entropy_mean", "effective_rank", "abs_corr_mean", "uniformit
 
 
 def _label(f: float) -> str:
-    from e2mc.evaluation.results import fraction_label
+    from e2mc.data.subsets import fraction_label
 
     return fraction_label(f)
 
 
 def columns(s: ReproSettings) -> list[str]:
-    return [f"linear {_label(f)}" for f in s.fractions] + [f"knn k={min(s.knn_k)}"]
+    return [column_name("linear", f) for f in s.fractions] + [column_name("knn", k=min(s.knn_k))]
 
 
 def _read_json(path: Path) -> Any:
@@ -56,11 +59,11 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
         floor_tr = analysis.load(random_eval_dir(s, "transfer", method))
         if floor_main is not None:  # the floor first: what an untrained network scores
             rows[FLOOR] = {c: analysis.cell([floor_main], c) for c in cols}
-            rows[FLOOR]["transfer"] = analysis.cell([floor_tr], "linear 100%") if floor_tr \
+            rows[FLOOR]["transfer"] = analysis.cell([floor_tr], TRANSFER) if floor_tr \
                 else None
         if base_main is not None:
             rows["base"] = {c: analysis.cell([base_main], c) for c in cols}
-            rows["base"]["transfer"] = analysis.cell([base_tr], "linear 100%") if base_tr \
+            rows["base"]["transfer"] = analysis.cell([base_tr], TRANSFER) if base_tr \
                 else None
         run_dirs = {a: [runs.continue_dir(s, method, a, t) for t in s.seeds]
                     for a in s.addons_of(method)}
@@ -69,7 +72,7 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
             tr = [r for d in dirs if (r := analysis.load(eval_dir(s, "transfer", d)))]
             if main:
                 rows[ROW_NAMES[addon]] = {c: analysis.cell(main, c) for c in cols}
-                rows[ROW_NAMES[addon]]["transfer"] = analysis.cell(tr, "linear 100%") \
+                rows[ROW_NAMES[addon]]["transfer"] = analysis.cell(tr, TRANSFER) \
                     if tr else None
         table[method] = rows
         tests[method] = _method_tests(s, method, cols)
@@ -112,9 +115,9 @@ def _floor_test(s: ReproSettings, method: str, cols: list[str]) -> dict[str, Any
     by_seed = {s.base_seed: analysis.paired_tests(*pairs[0])}
     by_seed_tr = {s.base_seed: analysis.paired_tests(*pairs_tr[0])}
     summary = {c: analysis.summarize_tests(by_seed, c) for c in cols}
-    summary["transfer"] = analysis.summarize_tests(by_seed_tr, "linear 100%")
+    summary["transfer"] = analysis.summarize_tests(by_seed_tr, TRANSFER)
     for key, column, dirs in [*((c, c, pairs) for c in cols),
-                              ("transfer", "linear 100%", pairs_tr)]:
+                              ("transfer", TRANSFER, pairs_tr)]:
         if summary[key] is not None:
             summary[key]["pooled_p"] = analysis.pooled_test(dirs, column)
     return {"summary": summary, "pairs": {str(s.base_seed): by_seed[s.base_seed]},
@@ -146,9 +149,9 @@ def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, A
             by_seed[t] = analysis.paired_tests(ref_main, eval_dir(s, "main", other))
             by_seed_tr[t] = analysis.paired_tests(ref_tr, eval_dir(s, "transfer", other))
         summary = {c: analysis.summarize_tests(by_seed, c) for c in cols}
-        summary["transfer"] = analysis.summarize_tests(by_seed_tr, "linear 100%")
+        summary["transfer"] = analysis.summarize_tests(by_seed_tr, TRANSFER)
         for key, column, pairs in [*((c, c, dirs) for c in cols),
-                                   ("transfer", "linear 100%", dirs_tr)]:
+                                   ("transfer", TRANSFER, dirs_tr)]:
             if summary[key] is not None:
                 summary[key]["pooled_p"] = analysis.pooled_test(pairs, column)
         out[name] = {"summary": summary,
@@ -158,7 +161,7 @@ def _method_tests(s: ReproSettings, method: str, cols: list[str]) -> dict[str, A
 
 
 def _claim(s: ReproSettings, tests: dict[str, Any]) -> dict[str, Any]:
-    column = f"linear {_label(min(s.fractions))}"
+    column = column_name("linear", min(s.fractions))
     out = {}
     for method in ("vicreg", "swav"):
         summary = tests.get(method, {}).get("+E2MC vs continued", {}).get("summary", {})
@@ -178,7 +181,7 @@ def _ablation(s: ReproSettings) -> dict[str, Any] | None:
         grid = runs.ablation_grid(s)
     except (KeyError, ValueError):
         return None
-    cols = [f"linear {_label(f)}" for f in s.ablation_fractions]
+    cols = [column_name("linear", f) for f in s.ablation_fractions]
     rows = []
     for (beta, gamma), (bm, gm) in zip(grid, s.ablation_pairs, strict=True):
         rec = analysis.load(s.out / "eval" / "ablation" / f"b{beta:g}_g{gamma:g}")
@@ -333,7 +336,7 @@ def transfer_name(s: ReproSettings) -> str:
 
 def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
     cols = r["columns"]
-    head = [*cols[:-1], f"transfer ({transfer_name(s)} linear 100%)"]
+    head = [*cols[:-1], f"transfer ({transfer_name(s)} {TRANSFER})"]
     out = ["## Table 1: base, continued and +E2MC", "",
            "| method | model | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
     other = []

@@ -47,7 +47,7 @@ def _common(s: ReproSettings, epochs: int, seed: int) -> list[str]:
 
 def base_config(s: ReproSettings, method: str) -> Any:
     """Preset ``fmnist-<method>-pretrain`` with the reproduction's backbone, data and length."""
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
 
     return load_config(f"fmnist-{method}-pretrain",
                        [*_common(s, s.base_epochs, s.base_seed), *s.base_overrides])
@@ -57,7 +57,7 @@ def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs
                     start: Path, extra: list[str] | None = None) -> Any:
     """Preset ``fmnist-<method>-continue[-e2mc]`` (``addon.name`` overridden for the other
     criteria, whose parameters keep the paper's defaults), starting from ``start``."""
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
 
     preset = f"fmnist-{method}-continue" + ("-e2mc" if addon == "e2mc" else "")
     overrides = [*_common(s, epochs, seed), f"addon.name={addon}",
@@ -128,7 +128,7 @@ def epochs_dir(s: ReproSettings, method: str, addon: str) -> Path:
 
 def e2mc_coefficients(method: str) -> tuple[float, float]:
     """(beta, gamma) of the ``fmnist-<method>-continue-e2mc`` preset."""
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
 
     params = load_config(f"fmnist-{method}-continue-e2mc", []).addon.params
     return float(params["beta"]), float(params["gamma"])

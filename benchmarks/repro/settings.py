@@ -120,4 +120,7 @@ class ReproSettings:
         return tuple(m for m in self.methods if m in self.epochs_methods)
 
     def data_id(self, data: str, train_limit: int | None, test_limit: int | None) -> str:
-        return f"{data}|train:{train_limit}|test:{test_limit}|{self.image_size}px"
+        from e2mc.evaluation.features import data_id
+
+        limits = f"train:{train_limit}|test:{test_limit}"
+        return data_id(data, None, self.image_size, 1, subset=limits)

@@ -31,6 +31,8 @@ A **search directory** (``e2mc search``, :class:`SearchDir`)::
     confirm/seed<N>/{run,control}[-eval]  the confirmation runs and their test evaluations
     confirm.json, confirm.md               the paired tests of the confirmation
     feature-cache/                         features of the confirmation's evaluations
+    jobs.json, jobs/                       with ``--executor local|slurm``: each run's and
+                                           evaluation's job id, and submitit's files and logs
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def read_jsonl(path: str | Path, partial_last_line: bool = False) -> list[dict[s
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     """Replace ``path`` atomically by ``records``, one JSON object per line."""
-    from e2mc.checkpoints.io import atomic_write
+    from e2mc.files import atomic_write
 
     text = "".join(json.dumps(r, allow_nan=True) + "\n" for r in records)
     atomic_write(Path(path), lambda f: f.write(text), "w")
@@ -179,6 +181,26 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
         os.close(fd)
         if created and not any(root.iterdir()):  # refused before writing: leave no trace
             root.rmdir()
+
+
+def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The record of the process writing ``root`` (:func:`writer_lock`) when it is alive on this
+    machine, else ``None``. Only reads the lock file (never takes the lock, which would refuse
+    the writer itself for that instant); a holder on another host counts as alive."""
+    try:
+        record = json.loads((Path(root) / LOCK).read_text(encoding="utf-8"))
+        pid, host = int(record["pid"]), str(record["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return record
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return record
 
 
 def _holder(text: str) -> str:
@@ -326,7 +348,7 @@ class RunDir:
 
     def write_val_split(self, record: dict[str, Any]) -> None:
         """Write the validation-split record atomically."""
-        from e2mc.checkpoints.io import atomic_write
+        from e2mc.files import atomic_write
 
         self.root.mkdir(parents=True, exist_ok=True)
         text = json.dumps(record)
@@ -349,7 +371,7 @@ class RunDir:
     def mark_done(self, step: int, end: str) -> None:
         """Record that the run reached its configured end (``end``: how) at ``step``; a run that
         was stopped early (pre-empted) is never marked. Written atomically."""
-        from e2mc.checkpoints.io import atomic_write
+        from e2mc.files import atomic_write
 
         text = json.dumps({"step": int(step), "end": end})
         atomic_write(self.done, lambda f: f.write(text), "w")
@@ -390,6 +412,8 @@ class SearchDir:
         self.confirm_json = self.root / "confirm.json"
         self.confirm_markdown = self.root / "confirm.md"
         self.feature_cache = self.root / "feature-cache"
+        self.jobs_json = self.root / "jobs.json"
+        self.jobs_dir = self.root / "jobs"
 
     def trial_run(self, slug: str) -> RunDir:
         return RunDir(self.root / "trials" / slug / "run")
@@ -586,7 +610,7 @@ class EvalDir:
     def write(self, record: dict[str, Any]) -> Path:
         """Write ``record`` (entries and top-level fields) as ``results.json``, atomically, with
         a ``summary`` (mean, SE and count over seeds of every numeric metric per column)."""
-        from e2mc.checkpoints.io import atomic_write
+        from e2mc.files import atomic_write
 
         record = dict(record)
         entries = [e.to_dict() if isinstance(e, EvalEntry) else dict(e)

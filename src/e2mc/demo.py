@@ -43,7 +43,7 @@ class DemoSettings:
 
 
 def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
 
     preset = "fmnist-vicreg-continue-e2mc" if addon == "e2mc" else "fmnist-vicreg-continue"
     overrides = [
@@ -72,7 +72,7 @@ def evaluate_checkpoint(checkpoint: Path, out_dir: Path, settings: DemoSettings,
 
     from e2mc.checkpoints import load_backbone
     from e2mc.data import build_dataset, eval_transform
-    from e2mc.evaluation import FeatureCache
+    from e2mc.evaluation.features import FeatureCache, data_id
     from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
     backbone, feature_dim, _ = load_backbone(checkpoint)
@@ -86,8 +86,9 @@ def evaluate_checkpoint(checkpoint: Path, out_dir: Path, settings: DemoSettings,
     options = EvalOptions(protocols=("linear", "knn"), fractions=settings.fractions,
                           seeds=settings.seeds, method="generic", knn_k=settings.knn_k,
                           linear_overrides={"epochs": settings.probe_epochs})
+    limits = f"train:{settings.train_limit}|test:{settings.test_limit}"
     return run_evaluation(backbone, feature_dim, train, test, out_dir, options,
-                          data_id=f"{DATA}:{settings.train_limit}:{settings.test_limit}",
+                          data_id=data_id(DATA, None, 28, 1, subset=limits),
                           checkpoint=checkpoint, cache=FeatureCache(cache_dir))
 
 
@@ -134,7 +135,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
                         DATA, out / "analysis", num_samples=settings.analyze_samples,
                         device=device, knn_k=min(100, settings.analyze_samples // 2))
     stage("done")
-    print("\n" + comparison_markdown(comparison))
+    print("\n" + comparison_markdown(comparison, per_seed=False))  # per seed: in the files
     print(f"\ntables: {', '.join(str(p) for p in table_paths)}")
     print(f"report: {report}")
     return next(p for p in table_paths if p.suffix == ".md")

@@ -56,6 +56,10 @@ class ConfigMismatchError(InputError):
     """A run directory resumed with a configuration that differs from its own."""
 
 
+class CorruptImageError(OSError):
+    """An image file that cannot be decoded; the message names the file (bad input, exit 2)."""
+
+
 class RunFailure(E2MCError, RuntimeError):
     """A failure while running (not the input's fault). Exit 1."""
 
@@ -90,8 +94,6 @@ def describe(exc: BaseException) -> tuple[int, str]:
     message = _one_line_cause(str(exc)) or type(exc).__name__
     if isinstance(exc, E2MCError):
         return exc.exit_code, message
-    from e2mc.data.image_folder import CorruptImageError
-
     if isinstance(exc, CorruptImageError):
         return EXIT_INPUT, message
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError,

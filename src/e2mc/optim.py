@@ -1,17 +1,42 @@
-"""Layer-wise adaptive optimizers used by the base methods: LARS (VICReg) and LARC (SwAV).
-
-Both follow the authors' code exactly: :class:`LARS` is VICReg's ``main_vicreg.LARS`` (momentum
-buffer named ``mu``, so the optimizer state of an official checkpoint resumes as is) and
-:class:`LARC` is NVIDIA apex's ``LARC`` wrapped around ``torch.optim.SGD`` as SwAV uses it.
+"""Layer-wise adaptive optimizers, LARS (VICReg) and LARC (SwAV, SimSiam's probe), and the
+learning-rate schedules (:func:`lr_factor`, :func:`cosine_factor`). Both optimizers follow the
+authors' code exactly: :class:`LARS` is VICReg's ``main_vicreg.LARS`` (momentum buffer named
+``mu``, so the optimizer state of an official checkpoint resumes as is) and :class:`LARC` is
+NVIDIA apex's ``LARC`` wrapped around ``torch.optim.SGD`` as SwAV uses it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
+
+#: apex LARC's trust coefficient and epsilon as SwAV and SimSiam's linear protocol use them.
+LARC_TRUST, LARC_EPS = 0.001, 1e-8
+
+
+def cosine_factor(step: float, total: float, final_fraction: float = 0.0) -> float:
+    """The cosine decay from 1 at ``step`` 0 to ``final_fraction`` at ``total`` and after (per
+    epoch, ``CosineAnnealingLR(T_max=total)`` in closed form)."""
+    progress = min(step / max(total, 1), 1.0)
+    return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
+              final_fraction: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): ``constant``
+    is 1 throughout; ``cosine`` warms up linearly over ``warmup_steps`` and then decays to
+    ``final_fraction`` at ``total_steps``."""
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return cosine_factor(step - warmup_steps, total_steps - warmup_steps, final_fraction)
 
 
 class LARS(Optimizer):
@@ -79,8 +104,8 @@ class LARC(torch.optim.SGD):
     momentum_key = "momentum_buffer"
 
     def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.9,
-                 weight_decay: float = 0.0, trust_coefficient: float = 0.001,
-                 clip: bool = False, eps: float = 1e-8) -> None:
+                 weight_decay: float = 0.0, trust_coefficient: float = LARC_TRUST,
+                 clip: bool = False, eps: float = LARC_EPS) -> None:
         if trust_coefficient <= 0:
             raise ValueError(f"trust_coefficient must be > 0, got {trust_coefficient}")
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -10,15 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from e2mc.checkpoints.io import (
-    UntrustedCheckpointError,
-    atomic_save,
-    atomic_write_json,
-    torch_load,
-)
+from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
 from e2mc.checkpoints.remote import fetch, is_url, sha256_of
 from e2mc.checkpoints.strict import check_keys, load_strict
+from e2mc.files import atomic_write_json
 from e2mc.methods.base import SSLMethod
 from e2mc.methods.registry import build_method
 from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from e2mc.training.config import RunConfig, load_config, preset_names
+from e2mc.config import RunConfig, load_config, preset_names
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
@@ -102,8 +102,8 @@ def run_command(args: argparse.Namespace, mode: str) -> int:
     The pre-emption signals are recorded from the start (:mod:`e2mc.training.preemption`): a
     signal while the configuration, the checkpoint or the data are read stops the run before
     its first step instead of killing the process."""
-    from e2mc.checkpoints.io import check_writable_dir
     from e2mc.distributed import is_main_process
+    from e2mc.files import check_writable_dir
     from e2mc.training.preemption import (
         DEFAULT_SIGNALS,
         PREEMPTED_EXIT_CODE,

@@ -13,7 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare", help="compare evaluation runs: mean ± SE table and paired tests",
         description="Rows = runs, columns = protocol/fraction (mean ± SE over seeds). Every "
                     "run is tested against the first (McNemar + paired permutation test on the "
-                    "per-image predictions of the same seed); '*' p<0.05, '**' p<0.01; '†' no "
+                    "per-image predictions of the same seed): one verdict line per run and "
+                    "column first, then the table; '▲'/'▼' significantly better/worse (p<0.05 "
+                    "at every seed; doubled: p<0.01); '†' no "
                     "paired test (no common seed). Runs evaluated differently (report kind, "
                     "primary metric, fractions, seeds) are refused unless --allow-mismatch.")
     p.add_argument("runs", nargs="+", help="run directories written by 'e2mc eval'")
@@ -39,9 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from e2mc.config import comma_list
     from e2mc.evaluation.results import compare_runs, comparison_markdown, write_comparison
 
-    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    names = comma_list(args.names) if args.names else None
     try:
         comp = compare_runs(args.runs, names, n_resamples=args.resamples, seed=args.seed,
                             floor=args.floor, allow_mismatch=args.allow_mismatch)
@@ -50,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path(args.runs[0]).resolve().parent / "comparison"
     paths = write_comparison(comp, out)
-    print(comparison_markdown(comp))
+    print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from e2mc.training.config import load_config
+    from e2mc.config import load_config
 
     print(load_config(args.config, args.overrides).to_yaml(), end="")
     return 0

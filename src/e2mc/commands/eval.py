@@ -6,22 +6,22 @@ import argparse
 import sys
 
 from e2mc.commands._types import at_least
+from e2mc.config import comma_list
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(t) for t in text.split(",") if t.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
-            from exc
+def _listed(cast, what: str):
+    """An argparse type: a comma-separated list of ``cast`` values (:func:`comma_list`)."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(comma_list(text, cast))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") \
+                from exc
+
+    return parse
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
-            from exc
+_floats, _ints, _protocols = _listed(float, "numbers"), _listed(int, "integers"), _listed(str, "")
 
 
 def _checked(parse, what: str, low: float, low_open: bool = False, high: float | None = None,
@@ -53,10 +53,6 @@ def _positive_float(text: str) -> float:
     return _checked(_floats, "value", 0.0, low_open=True)(text)[0]
 
 
-def _protocols(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
 def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
     """``[FRACTION:]V1,V2,...``; a value ``xM`` is M times the fraction's preset value."""
     fraction: float | None = None
@@ -64,9 +60,7 @@ def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
         head, text = text.split(":", 1)
         fraction = _floats(head)[0] if head.strip() else None
     values = []
-    for t in (t.strip() for t in text.split(",")):
-        if not t:
-            continue
+    for t in comma_list(text):
         relative = t.startswith("x")
         try:
             values.append((relative, float(t[1:] if relative else t)))
@@ -195,7 +189,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     from e2mc.checkpoints import is_url, load_backbone, local_checkpoint
     from e2mc.data import build_dataset, eval_transform
     from e2mc.distributed import is_main_process
-    from e2mc.evaluation.features import FeatureCache
+    from e2mc.evaluation.features import FeatureCache, data_id
     from e2mc.evaluation.presets import linear_preset
     from e2mc.evaluation.runner import EvalOptions, run_evaluation
     from e2mc.evaluation.svm import VOC07_COSTS
@@ -251,8 +245,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         or Path.home() / ".cache" / "e2mc" / "features")
     run_evaluation(
         backbone, feature_dim, train_ds, test_ds, args.out, options,
-        data_id=f"{args.data}|{test_spec}|size={size}|ch={channels}"
-                + ("|skip-corrupt" if args.skip_corrupt else ""),
+        data_id=data_id(args.data, test_spec, size, channels, args.skip_corrupt),
         checkpoint=args.checkpoint, cache=cache, lock=False,  # held by run()
         extra_record={"checkpoint": str(named) if is_url(named) else str(args.checkpoint),
                       "checkpoint_file": str(args.checkpoint), "command": sys.argv,

@@ -28,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from e2mc.checkpoints import export_backbone, sidecar_path
 
     model = run_model(args.checkpoint, args.last)
-    if model is not None and model.from_directory:
-        print(f"model: {model.describe()}", file=sys.stderr)
     meta = export_backbone(args.checkpoint, args.out, trust=args.trust_checkpoint,
                            last=args.last)
+    if model is not None and model.from_directory:
+        print(f"model: {model.describe()}", file=sys.stderr)
     print(f"{args.checkpoint}: {meta['arch']} backbone ({meta['feature_dim']}-d features) -> "
           f"{args.out} (+ {sidecar_path(args.out)})")
     return 0

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from e2mc.training.config import preset_names, preset_summary
+    from e2mc.config import preset_names, preset_summary
 
     names = preset_names()
     if args.markdown:
@@ -45,7 +45,7 @@ def _params(params: dict) -> str:
 
 def markdown_table(names: list[str]) -> str:
     """One row per preset with the settings that tell presets apart (resolved values)."""
-    from e2mc.training.config import load_config, preset_summary
+    from e2mc.config import load_config, preset_summary
 
     head = ("| preset | base | mode | backbone | method (params) | add-on (params) | "
             "optimizer | lr | wd | schedule | batch | epochs | precision | base epoch |")

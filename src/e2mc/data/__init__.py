@@ -15,10 +15,11 @@ from .datasets import (
     npz_dataset,
 )
 from .idx import load_idx, save_idx
-from .image_folder import CorruptImageError, SafeImageFolder, image_folder
+from .image_folder import SafeImageFolder, image_folder
 from .multiview import MultiViewDataset, collate_views
 from .subsets import (
     LabeledSubset,
+    dataset_labels,
     label_fraction_indices,
     label_fraction_subset,
     per_class_indices,
@@ -43,7 +44,6 @@ __all__ = [
     "MNIST_CLASSES",
     "RECIPES",
     "ArrayDataset",
-    "CorruptImageError",
     "EvalTransform",
     "LabeledSubset",
     "MultiCropTransform",
@@ -55,6 +55,7 @@ __all__ = [
     "builtin_fashion_mnist",
     "builtin_fashion_mnist_path",
     "collate_views",
+    "dataset_labels",
     "default_normalization",
     "eval_transform",
     "fashion_mnist",

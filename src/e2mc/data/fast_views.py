@@ -41,8 +41,10 @@ from torch.utils.data import Dataset, Subset, default_collate
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from e2mc.errors import CorruptImageError
+
 from . import photometric_cv2
-from .image_folder import CorruptImageError, to_8bit
+from .image_folder import to_8bit
 from .photometric import (
     adjust_brightness,
     adjust_contrast,
@@ -52,6 +54,7 @@ from .photometric import (
     grayscale,
     solarize,
 )
+from .subsets import dataset_labels
 from .views import MultiCropTransform, build_views
 
 __all__ = [
@@ -401,7 +404,7 @@ class FastViewDataset(Dataset):
         samples = list(folder.samples)
         self.samples = samples if indices is None else [samples[i] for i in indices]
         self.views = views
-        labels = getattr(folder, "labels", None)
+        labels = dataset_labels(folder, False)
         self.labels = labels if indices is None or labels is None else labels[indices]
         self.classes = getattr(folder, "classes", None)
         self.num_skipped = int(getattr(folder, "num_skipped", 0))

@@ -15,14 +15,12 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-__all__ = ["CorruptImageError", "SafeImageFolder", "image_folder", "to_8bit"]
+from e2mc.errors import CorruptImageError
+
+__all__ = ["SafeImageFolder", "image_folder", "to_8bit"]
 
 #: Splits of an image-folder data set (``ROOT/<split>/<class>/...``) that take train's classes.
 EVAL_SPLITS = ("test", "val")
-
-
-class CorruptImageError(OSError):
-    """An image file that cannot be decoded; the message names the file."""
 
 
 def to_8bit(img: Image.Image) -> Image.Image:

@@ -9,6 +9,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
+from .subsets import dataset_labels
+
 __all__ = ["MultiViewDataset", "collate_views"]
 
 
@@ -19,7 +21,7 @@ class MultiViewDataset(Dataset):
     def __init__(self, dataset: Any, views_fn: Callable[[Image.Image], list[torch.Tensor]]) -> None:
         self.dataset = dataset
         self.views_fn = views_fn
-        self.labels = getattr(dataset, "labels", getattr(dataset, "targets", None))
+        self.labels = dataset_labels(dataset, False)
         self.classes = getattr(dataset, "classes", None)
 
     @property

@@ -14,10 +14,13 @@ from torch.utils.data import Dataset
 
 __all__ = [
     "LabeledSubset",
+    "dataset_labels",
+    "fraction_label",
     "label_fraction_indices",
     "label_fraction_subset",
     "per_class_indices",
     "read_file_list",
+    "stratified_indices",
     "subset_from_file_list",
 ]
 
@@ -33,7 +36,7 @@ class LabeledSubset(Dataset):
             raise ValueError(f"indices must be 1-D, got shape {self.indices.shape}")
         if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= len(dataset)):
             raise ValueError(f"indices out of range for a dataset of {len(dataset)} samples")
-        self.labels = np.asarray(_labels_of(dataset))[self.indices]
+        self.labels = dataset_labels(dataset)[self.indices]
         self.classes = getattr(dataset, "classes", None)
 
     @property
@@ -48,11 +51,15 @@ class LabeledSubset(Dataset):
         return self.dataset[int(self.indices[index])]
 
 
-def _labels_of(dataset: Any) -> np.ndarray:
+def dataset_labels(dataset: Any, required: bool = True) -> np.ndarray | None:
+    """The class labels of ``dataset`` (``labels``, else ``targets``; int64 numpy). Without them
+    a ``ValueError``, or ``None`` when not ``required``."""
     for attr in ("labels", "targets"):
-        if hasattr(dataset, attr):
+        if getattr(dataset, attr, None) is not None:
             return np.asarray(getattr(dataset, attr), dtype=np.int64)
-    raise ValueError(f"{type(dataset).__name__} has no 'labels' or 'targets' attribute")
+    if required:
+        raise ValueError(f"{type(dataset).__name__} has no 'labels' or 'targets' attribute")
+    return None
 
 
 def _check_labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -95,18 +102,31 @@ def label_fraction_indices(
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
     if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    return stratified_indices(labels, fraction, seed)
+
+
+def stratified_indices(labels: np.ndarray | Sequence[int], fraction: float, seed: int,
+                       keep: int = 0) -> np.ndarray:
+    """The stratified, seeded draw (:func:`per_class_indices`): a class of ``n_c`` samples gives
+    ``min(n_c - keep, max(1, floor(fraction * n_c + 0.5)))`` (none when ``n_c <= keep``)."""
     labels = _check_labels(labels)
     classes, counts = np.unique(labels, return_counts=True)
     per_class = {
-        int(c): min(int(n), max(1, math.floor(fraction * int(n) + 0.5)))
-        for c, n in zip(classes, counts, strict=True)
+        int(c): min(int(n) - keep, max(1, math.floor(fraction * int(n) + 0.5))) if n > keep
+        else 0 for c, n in zip(classes, counts, strict=True)
     }
     return per_class_indices(labels, per_class, seed)
 
 
 def label_fraction_subset(dataset: Any, fraction: float, seed: int) -> LabeledSubset:
     """``dataset`` restricted to :func:`label_fraction_indices` of its labels."""
-    return LabeledSubset(dataset, label_fraction_indices(_labels_of(dataset), fraction, seed))
+    return LabeledSubset(dataset, label_fraction_indices(dataset_labels(dataset), fraction, seed))
+
+
+def fraction_label(fraction: float) -> str:
+    """How a label fraction is written in column and metric names: ``0.01 -> '1%'``,
+    ``0.125 -> '12.5%'``."""
+    return f"{100 * fraction:g}%"
 
 
 def read_file_list(path: str | Path) -> list[str]:

@@ -4,10 +4,9 @@ The first run is *before* (e.g. the official base model), the others are *after*
 +E2MC, ...); every run is evaluated on the same seeded sample of images, so the paired figures
 show the same points moving.
 
-Projector embeddings: a method need not expose its projector alone, so the embedding of an image
-is taken from the method itself, called in eval mode under ``no_grad`` on two identical
-(eval-transformed) views of the image: ``method([x, x]).embeddings[0]``. Backbone features are
-``method.backbone(x)``.
+Backbone features and projector embeddings of the images come from
+:func:`e2mc.evaluation.features.compute_vectors` (the method itself, in eval mode, gives the
+embeddings: :class:`~e2mc.evaluation.features.BackboneAndProjector`).
 """
 
 from __future__ import annotations
@@ -20,9 +19,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, RunModel, read_jsonl, run_model
+from e2mc.config import config_differences
 from e2mc.diagnostics.figures import (
     loss_terms,
     plot_accuracy_curves,
@@ -30,12 +30,13 @@ from e2mc.diagnostics.figures import (
     plot_marginal_pair,
     plot_nn_histograms,
 )
-from e2mc.diagnostics.report import RunDiagnostics, config_differences, write_report
+from e2mc.diagnostics.report import RunDiagnostics, write_report
 from e2mc.diagnostics.statistics import (
     embedding_statistics,
     marginal_values,
     nearest_neighbor_distances,
 )
+from e2mc.evaluation.features import compute_vectors
 
 FEATURES = "backbone features"
 EMBEDDINGS = "projector embeddings"
@@ -111,59 +112,6 @@ def input_channels(module: nn.Module) -> int:
     """Input channels of the first convolution of ``module`` (3 if it has none)."""
     conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
     return conv.in_channels if conv is not None else 3
-
-
-@torch.no_grad()
-def compute_vectors(
-    backbone: nn.Module,
-    method: nn.Module | None,
-    dataset: Dataset,
-    batch_size: int = 256,
-    device: str | torch.device = "cpu",
-    progress: bool = True,
-    desc: str = "features",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
-    ``[N, D]`` of every image of ``dataset``, in order, in eval mode; train/eval modes and
-    devices of the modules are restored afterwards. With a method, the features are those its
-    backbone produced inside the method's forward (captured by a forward hook). Each batch goes
-    through the method as two views, its first and second half (padded to an even size of at
-    least 4; eval mode: BatchNorm uses its running statistics, so an image's vectors do not
-    depend on its batch), so every image passes the backbone once."""
-    from tqdm.auto import tqdm
-
-    device = torch.device(device)
-    modules = [m for m in (backbone, method) if m is not None]
-    states = [(m, m.training, next(m.parameters(), torch.empty(0)).device) for m in modules]
-    for m in modules:
-        m.eval().to(device)
-    feats, embs = [], []
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    captured: list[torch.Tensor] = []
-    hook = None
-    if method is not None:  # the backbone's first output inside the method's forward
-        hook = backbone.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    try:
-        for images, _ in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            x = images.to(device)
-            if method is None:
-                feats.append(backbone(x).float().cpu())
-                continue
-            n = len(x)  # two views of equal size, at least 2 each: pad by repeating images
-            x = x[torch.arange(max(4, n + n % 2), device=x.device) % n]
-            half = len(x) // 2
-            captured.clear()
-            out = method([x[:half], x[half:]])  # each image through the backbone once
-            embs.append(torch.cat(out.embeddings[:2])[:n].float().cpu())
-            if sum(len(c) for c in captured) != len(x):  # not one backbone call per view
-                captured[:] = [backbone(x)]
-            feats.append(torch.cat(captured)[:n].float().cpu())
-    finally:
-        if hook is not None:
-            hook.remove()
-        for m, training, dev in states:
-            m.train(training).to(dev)
-    return torch.cat(feats), (torch.cat(embs) if method is not None else None)
 
 
 def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:

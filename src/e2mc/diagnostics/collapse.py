@@ -19,43 +19,25 @@ Two signals, both pure functions of numbers the run already has:
   ``max(min_rank, rank_fraction * dim)`` (defaults 2 and 1%): a constant output has rank 0, a
   rank-one output 1.
 
-:class:`CollapseMonitor` is the training callback (``e2mc pretrain`` / ``e2mc continue``): it
-checks both signals and warns once per run, naming the signal. ``e2mc analyze`` runs the same
-checks on a finished run (:func:`check_run`).
+The training callback :class:`e2mc.training.collapse_monitor.CollapseMonitor` (``e2mc pretrain``
+/ ``e2mc continue``) checks both signals and warns once per run, naming the signal. ``e2mc
+analyze`` runs the same checks on a finished run (:func:`check_run`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import sys
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from e2mc.artifacts import read_jsonl
 from e2mc.diagnostics.statistics import effective_rank
-from e2mc.training.callbacks import Callback
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from e2mc.training.trainer import Trainer
-
-#: VICReg's ``std = sqrt(var + 1e-4)``: the variance hinge of a constant dimension.
-VICREG_VARIANCE_FLOOR = 1.0 - math.sqrt(1e-4)
-
-
-@dataclass(frozen=True)
-class CollapseValue:
-    """The logged term (trainer name) of a method and the value it takes on a collapsed model;
-    ``tolerance``: how close counts as pinned."""
-
-    term: str
-    value: float
-    tolerance: float
-    meaning: str
+from e2mc.methods import METHODS
+from e2mc.methods.base import CollapseValue
 
 
 @dataclass(frozen=True)
@@ -74,25 +56,10 @@ class CollapseSignal:
 
 def collapse_value(method: str, hparams: Mapping[str, Any] | None = None
                    ) -> CollapseValue | None:
-    """The collapse value of ``method``'s base term (``None`` for a method without one).
-
-    Tolerances: 2% of ``ln K`` for SwAV (a learning run ends well below, e.g. 3.3 against
-    ln 100 = 4.61), 0.05 for VICReg's variance hinge (a learning run keeps it near 0), 0.01 for
-    SimSiam's cosine."""
-    hparams = dict(hparams or {})
-    if method == "swav":
-        k = int(hparams.get("n_prototypes", 3000))
-        ln_k = math.log(k)
-        return CollapseValue("base/swav", ln_k, 0.02 * ln_k,
-                             f"ln K = ln {k} = {ln_k:.3f}, the loss of a uniform prediction")
-    if method == "vicreg":
-        return CollapseValue("base/variance", VICREG_VARIANCE_FLOOR, 0.05,
-                             f"the variance floor {VICREG_VARIANCE_FLOOR:.2f} (every dimension "
-                             "constant over the batch)")
-    if method == "simsiam":
-        return CollapseValue("base/negative_cosine", -1.0, 0.01,
-                             "-1, the negative cosine of identical outputs")
-    return None
+    """The collapse value of the method named ``method`` with ``hparams``
+    (:meth:`e2mc.methods.SSLMethod.collapse_value`; ``None`` for a method without one)."""
+    cls = METHODS.get(method)
+    return cls.collapse_value(hparams) if cls is not None else None
 
 
 def loss_signal(losses: Sequence[float], target: CollapseValue, window: int
@@ -136,15 +103,9 @@ def rank_signal(embeddings: torch.Tensor, min_rank: float = 2.0, rank_fraction: 
 
 def read_term(metrics: str | Path, term: str) -> list[float]:
     """The logged values of ``term`` in a ``metrics.jsonl``, in order (records without it, e.g.
-    evaluation records, are skipped)."""
-    values = []
-    for line in Path(metrics).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if term in record and record[term] is not None:
-            values.append(float(record[term]))
-    return values
+    evaluation records, are skipped; so is a last line cut by a kill)."""
+    return [float(r[term]) for r in read_jsonl(metrics, partial_last_line=True)
+            if r.get(term) is not None]
 
 
 def check_run(method: str, hparams: Mapping[str, Any] | None, losses: Sequence[float] | None,
@@ -164,100 +125,3 @@ def check_run(method: str, hparams: Mapping[str, Any] | None, losses: Sequence[f
         if found is not None:
             signals.append(found)
     return signals
-
-
-class CollapseMonitor(Callback):
-    """Training callback: warn once (stderr and a ``collapse/warning`` record in
-    ``metrics.jsonl``) when the base loss is pinned at its collapse value over the last
-    ``window`` steps, or when the effective rank of the embeddings of the current model on a
-    fixed batch falls below the threshold (checked at the end of every epoch). Starts checking
-    after ``warmup_steps`` (a learning SwAV run starts near ``ln K`` too). Never stops the run.
-    """
-
-    name = "collapse"
-
-    def __init__(self, method: str, hparams: Mapping[str, Any] | None = None, window: int = 20,
-                 warmup_steps: int | None = None, min_rank: float = 2.0,
-                 rank_fraction: float = 0.01, probe_size: int = 256,
-                 stream: Any = None) -> None:
-        self.target = collapse_value(method, hparams)
-        self.window = window
-        self.warmup_steps = warmup_steps
-        self.min_rank, self.rank_fraction = min_rank, rank_fraction
-        self.probe_size = probe_size
-        self.stream = stream
-        self.recent: deque[float] = deque(maxlen=window)
-        self.warned: list[str] = []
-
-    # -- state -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"warned": list(self.warned)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.warned = list(state.get("warned", []))
-
-    # -- hooks -------------------------------------------------------------------------------
-    def on_step_end(self, trainer: Trainer, step: int, run_epoch: int,
-                    terms: dict[str, torch.Tensor]) -> str | None:
-        if self.warned:
-            return None
-        spe = int(getattr(trainer, "steps_per_epoch", 0) or 0)
-        warmup = self.warmup_steps if self.warmup_steps is not None else spe
-        if self.target is not None and self.target.term in terms:
-            self.recent.append(float(terms[self.target.term].detach().float().item()))
-            if step > warmup:
-                found = loss_signal(list(self.recent), self.target, self.window)
-                if found is not None:
-                    self._warn(trainer, step, found)
-                    return None
-        if spe and step % spe == 0 and step > warmup:
-            found = self._rank(trainer)
-            if found is not None:
-                self._warn(trainer, step, found)
-        return None
-
-    def _rank(self, trainer: Trainer) -> CollapseSignal | None:
-        """Effective rank of the first view's embeddings on the dataset's first
-        ``probe_size`` images (their views seeded by the index, so the batch is the same at
-        every check and the training's random streams are untouched), in eval mode without
-        gradients (no method state changes)."""
-        model = trainer.method
-        dataset = trainer.loader.dataset  # SeededSamples: item (index, seed), RNG untouched
-        n = min(self.probe_size, len(dataset))
-        if n < 2:
-            return None
-        views = _stack_views(dataset[(i, i)] for i in range(n))
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model([v.to(device) for v in views])
-        finally:
-            model.train(was_training)
-        return rank_signal(out.embeddings[0].float(), self.min_rank, self.rank_fraction,
-                           "projector embeddings")
-
-    def _warn(self, trainer: Trainer, step: int, signal: CollapseSignal) -> None:
-        self.warned.append(signal.kind)
-        if not getattr(getattr(trainer, "rt", None), "is_main", True):
-            return
-        text = (f"warning: possible collapse at step {step} ({signal.kind} signal): "
-                f"{signal.message}")
-        print(text, file=self.stream or sys.stderr, flush=True)
-        log = getattr(trainer, "log", None)
-        if callable(log):
-            log(step, {"collapse/warning": 1.0, f"collapse/{signal.kind}": signal.value,
-                       "collapse/threshold": signal.threshold})
-
-
-def _stack_views(items: Iterable[Any]) -> list[torch.Tensor]:
-    """Dataset items (``(views, label)`` or ``views``) -> one batch tensor per view."""
-    per_view: list[list[torch.Tensor]] = []
-    for item in items:
-        views = item[0] if isinstance(item, tuple) else item
-        if not per_view:
-            per_view = [[] for _ in views]
-        for slot, v in zip(per_view, views, strict=True):
-            slot.append(v)
-    return [torch.stack(v) for v in per_view]

@@ -48,7 +48,8 @@ class RunDiagnostics:
     #: Collapse signals that fired (``e2mc.diagnostics.collapse.CollapseSignal.to_dict``).
     collapse: list[dict[str, Any]] = field(default_factory=list)
     #: The run's configuration against its base: ``(base name, [(key, base value, value)])``
-    #: (:func:`config_differences`); ``None`` when the file carries no configuration.
+    #: (:func:`e2mc.config.config_differences`); ``None`` when the file carries no
+    #: configuration.
     config_diff: tuple[str, list[tuple[str, Any, Any]]] | None = None
 
     def to_dict(self, root: Path) -> dict[str, Any]:
@@ -63,37 +64,6 @@ class RunDiagnostics:
             "statistics": {kind: s.to_dict() for kind, s in self.statistics.items()},
             "figures": {caption: _relative(p, root) for caption, p in self.figures},
         }
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping):  # an empty mapping has no keys to differ in
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def config_differences(run_config: Mapping[str, Any]
-                       ) -> tuple[str, list[tuple[str, Any, Any]]]:
-    """The keys where a run's configuration (``RunConfig.to_dict()``, as the training
-    checkpoint records it) differs from its base: the shipped preset named by its ``name`` when
-    there is one, else the defaults. Returns ``(base name, [(dotted key, base value, value)])``;
-    a key the base lacks (a ``params`` entry) shows ``None`` on that side; a key the recorded
-    configuration lacks (written by an older version of the package) is left out."""
-    from e2mc.training.config import RunConfig, load_config, preset_names
-
-    name = run_config.get("name")
-    if isinstance(name, str) and name in preset_names():
-        base_name, base = f"preset {name}", load_config(name).to_dict()
-    else:
-        base_name, base = "the defaults", RunConfig().to_dict()
-    flat_run, flat_base = _flatten(run_config), _flatten(base)
-    keys = [k for k in dict.fromkeys([*flat_base, *flat_run]) if k in flat_run]
-    changed = [(k, flat_base.get(k), flat_run[k]) for k in keys
-               if flat_base.get(k) != flat_run[k]]
-    return base_name, changed
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -26,7 +26,6 @@ the sequential probe.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,12 +33,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from e2mc.evaluation.linear import ProbeResult, init_head
+from e2mc.evaluation.linear import EpochTracker, ProbeResult, init_head
 from e2mc.evaluation.presets import LinearProbeConfig
+from e2mc.optim import LARC_EPS, LARC_TRUST, cosine_factor
 
-#: apex LARC settings of SimSiam's linear protocol (see :class:`e2mc.optim.LARC`).
-LARC_TRUST = 0.001
-LARC_EPS = 1e-8
 #: Elements (rows x dim) of evaluation features kept gathered / standardized per stream.
 EVAL_CACHE_ELEMENTS = 1 << 28
 
@@ -109,11 +106,6 @@ class _Group:
     row_w: torch.Tensor        # [S, max_steps_per_epoch, B] 1 / batch length (0 = padding)
     spe: torch.Tensor          # [S] steps per epoch
     total: list[int]           # steps of each stream
-
-
-def _cosine(lr: float, epoch: int, epochs: int) -> float:
-    """``CosineAnnealingLR(T_max=epochs)`` stepped once per epoch, closed form."""
-    return lr * (1 + math.cos(math.pi * epoch / epochs)) / 2
 
 
 def train_linear_heads(
@@ -223,7 +215,7 @@ def train_linear_heads(
                          key=lambda s: -s.total_steps)
         groups.append(_build_group(members, heads, dim, classes, device, dtype))
 
-    trackers = [_Record(ey_all if h.eval_rows is None
+    trackers = [EpochTracker(ey_all if h.eval_rows is None
                         else ey_all[torch.as_tensor(h.eval_rows, device=device)])
                 for h in heads]
     for group in groups:
@@ -265,7 +257,7 @@ def _build_group(members: list[_Stream], heads: Sequence[HeadSpec], dim: int, cl
             weight[j, :, slot] = head.weight.detach().T.to(dtype)
             bias[j, 0, slot] = head.bias.detach().to(dtype)
             for e in range(cfg.epochs):
-                lr_table[j, e, slot] = _cosine(cfg.lr, e, cfg.epochs)
+                lr_table[j, e, slot] = cfg.lr * cosine_factor(e, cfg.epochs)
             wd[j, 0, slot, 0] = cfg.weight_decay
             momentum[j, 0, slot, 0] = cfg.momentum
             lars[j, 0, slot, 0] = cfg.optimizer == "lars"
@@ -305,7 +297,7 @@ def _new_epoch(group: _Group, j: int, s: _Stream, device: torch.device) -> None:
 @torch.no_grad()
 def _run_group(group: _Group, heads: Sequence[HeadSpec], bank: torch.Tensor,
                bank_y: torch.Tensor, ex_all: torch.Tensor, ey_all: torch.Tensor, classes: int,
-               trackers: list[_Record], eval_chunk: int, trace: Counter | None) -> None:
+               trackers: list[EpochTracker], eval_chunk: int, trace: Counter | None) -> None:
     device = bank.device
     dim = bank.shape[1]
     slots, batch = group.slots, group.batch_size
@@ -371,28 +363,9 @@ def _update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torc
     param.sub_(lr * buf)
 
 
-class _Record:
-    """Per-epoch evaluation record of one head (the batched counterpart of ``_Tracker``)."""
-
-    def __init__(self, labels: torch.Tensor) -> None:
-        self.labels = labels
-        self.history: list[float] = []
-        self.best = (-1.0, 0.0, 0, labels.new_zeros(0))
-        self.last = (0.0, 0.0, labels.new_zeros(0, 0))
-        self.loss = float("nan")
-
-    def result(self) -> ProbeResult:
-        top = self.last[2].cpu().numpy()
-        return ProbeResult(top1_last=self.last[0], top5_last=self.last[1],
-                           top1_best=self.best[0], top5_best=self.best[1],
-                           best_epoch=self.best[2], history=self.history,
-                           predictions=top[:, 0].copy(), top5=top,
-                           best_predictions=self.best[3].cpu().numpy(), loss_last=self.loss)
-
-
 def _evaluate(group: _Group, j: int, epochs_done: int, heads: Sequence[HeadSpec],
               ex_all: torch.Tensor, ey_all: torch.Tensor, classes: int,
-              records: list[_Record], chunk: int, trace: Counter | None) -> None:
+              records: list[EpochTracker], chunk: int, trace: Counter | None) -> None:
     """Top-1/top-5 accuracy of the stream's heads that just finished an epoch.
 
     First pass, all heads, in the ``[heads, C, rows]`` layout: a row is a top-1 (top-5) hit
@@ -469,13 +442,7 @@ def _evaluate(group: _Group, j: int, epochs_done: int, heads: Sequence[HeadSpec]
                                        stable=True).indices[:, :k]
                     tops[g].append(order)
                 preds[g].append(arg[:, pos])
-    for g, (_, i) in enumerate(sel):
-        rec = records[i]
-        rec.history.append(top1[g])
-        if g in preds:
-            p = torch.cat(preds[g])
-            if top1[g] > rec.best[0]:
-                rec.best = (top1[g], top5[g], len(rec.history), p)
-        if final[g]:
-            rec.last = (top1[g], top5[g], torch.cat(tops[g]))
-            rec.loss = loss_mean[g]
+    for g, (_, i) in enumerate(sel):  # the last call of a head is its final epoch
+        records[i].add(top1[g], top5[g], torch.cat(preds[g]) if g in preds else None,
+                       torch.cat(tops[g]) if final[g] else None,
+                       loss_mean[g] if final[g] else float("nan"))

@@ -3,6 +3,10 @@
 Every protocol that keeps the backbone frozen (linear probe, kNN, SVM) trains on pooled
 features, so they are extracted once per (checkpoint, data, transform) and reused: training a
 probe many times (fractions x seeds) then costs seconds instead of forward passes.
+
+:func:`extract_features` is the one extraction loop of the package; a method's backbone
+features together with its projector embeddings (``e2mc analyze``, the validation monitor) go
+through it wrapped as :class:`BackboneAndProjector` (:func:`compute_vectors`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from e2mc.checkpoints.io import atomic_write
+from e2mc.files import atomic_write
 
 
 def default_num_workers() -> int:
@@ -43,8 +47,11 @@ def extract_features(
     progress: bool = True,
     autocast: bool | None = None,
     shard: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone``.
+    desc: str = "features",
+) -> tuple[Any, np.ndarray]:
+    """Return ``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone``; a
+    ``backbone`` that returns a tuple of ``[B, D_i]`` tensors (:class:`BackboneAndProjector`)
+    gives a tuple of arrays, one per output.
 
     The backbone runs in eval mode (BatchNorm uses its running statistics, as in every linear
     evaluation protocol) under ``torch.no_grad``; its previous train/eval mode is restored.
@@ -81,34 +88,103 @@ def extract_features(
     backbone.eval().to(device)
     loader = DataLoader(part, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                         pin_memory=device.type == "cuda")
-    feats: list[torch.Tensor] = []
+    feats: list[list[torch.Tensor]] = []  # one list per output of the backbone
     labels: list[torch.Tensor] = []
-    try:
-        for images, targets in tqdm(loader, desc="features", disable=not progress, leave=False):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                out = backbone(images.to(device, non_blocking=True))
-            if out.ndim != 2:
+    several = False
+
+    def outputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        nonlocal several
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = backbone(images.to(device, non_blocking=True))
+        several = isinstance(out, tuple)
+        for o in out if several else (out,):
+            if o.ndim != 2:
                 raise ValueError(f"backbone must return [B, D] pooled features, got "
-                                 f"shape {tuple(out.shape)}")
-            feats.append(out.float().cpu())
+                                 f"shape {tuple(o.shape)}")
+        return tuple(o.float().cpu() for o in (out if several else (out,)))
+
+    try:
+        for images, targets in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            out = outputs(images)
+            feats = feats or [[] for _ in out]
+            for slot, o in zip(feats, out, strict=True):
+                slot.append(o)
             labels.append(torch.as_tensor(targets))
+        if sharded and not feats:  # an empty shard (more ranks than items): learn the shapes
+            image, target = dataset[0]
+            feats = [[o[:0]] for o in outputs(torch.as_tensor(image)[None])]
+            labels.append(torch.as_tensor(np.asarray(target))[None][:0])
+        blocks = [*(torch.cat(slot) for slot in feats), torch.cat(labels)]
         if sharded:
-            if not feats:  # an empty shard (more ranks than items): learn the shapes
-                image, target = dataset[0]
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                    probe = backbone(torch.as_tensor(image)[None].to(device))
-                feats.append(probe.float().cpu()[:0])
-                labels.append(torch.as_tensor(np.asarray(target))[None][:0])
-            x, y = _gather_blocks(torch.cat(feats), torch.cat(labels), n, device)
-            return x.numpy(), y.numpy()
+            blocks = _gather_blocks(blocks, n, device)
     finally:
         backbone.train(was_training)
-    return torch.cat(feats).numpy(), torch.cat(labels).numpy()
+    arrays = tuple(b.numpy() for b in blocks[:-1])
+    return (arrays if several else arrays[0]), blocks[-1].numpy()
 
 
-def _gather_blocks(x: torch.Tensor, y: torch.Tensor, n: int, device: torch.device
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """All-gather every rank's block (padded to ``ceil(n / W)`` rows) and trim to ``n``."""
+class BackboneAndProjector(nn.Module):
+    """A method as a feature extractor: ``forward(images) -> (backbone features [B, F],
+    projector embeddings [B, D])``, for :func:`extract_features`.
+
+    A method need not expose its projector alone, so the embeddings are the method's own,
+    called on two views: the batch's first and second half (padded to an even size of at least
+    4 by repeating images; in eval mode BatchNorm uses its running statistics, so an image's
+    vectors do not depend on its batch). Every image passes the backbone once: its features are
+    the backbone's output inside the method's forward (captured by a forward hook), or those of
+    one more backbone call when the method does not call its backbone once per view."""
+
+    def __init__(self, backbone: nn.Module, method: nn.Module) -> None:
+        super().__init__()
+        self.backbone, self.method = backbone, method
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        captured: list[torch.Tensor] = []
+        hook = self.backbone.register_forward_hook(lambda _m, _i, out: captured.append(out))
+        try:
+            n = len(x)  # two views of equal size, at least 2 each: pad by repeating images
+            x = x[torch.arange(max(4, n + n % 2), device=x.device) % n]
+            half = len(x) // 2
+            out = self.method([x[:half], x[half:]])  # each image through the backbone once
+        finally:
+            hook.remove()
+        if sum(len(c) for c in captured) != len(x):  # not one backbone call per view
+            captured[:] = [self.backbone(x)]
+        return torch.cat(captured)[:n], torch.cat(out.embeddings[:2])[:n]
+
+
+def compute_vectors(
+    backbone: nn.Module,
+    method: nn.Module | None,
+    dataset: Dataset,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    desc: str = "features",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
+    ``[N, D]`` of every image of ``dataset``, in order, as float32 tensors:
+    :func:`extract_features` of ``backbone`` or of :class:`BackboneAndProjector`, in this
+    process, without loader workers or autocast. Train/eval modes and devices of the modules
+    are restored afterwards."""
+    modules = [m for m in (backbone, method) if m is not None]
+    states = [(m, m.training, next(m.parameters(), torch.empty(0)).device) for m in modules]
+    model = backbone if method is None else BackboneAndProjector(backbone, method)
+    try:
+        out, _ = extract_features(model, dataset, batch_size, device, num_workers=0,
+                                  progress=progress, autocast=False, shard=False, desc=desc)
+    finally:
+        for m, training, dev in states:
+            m.train(training).to(dev)
+    if method is None:
+        return torch.from_numpy(out), None
+    return torch.from_numpy(out[0]), torch.from_numpy(out[1])
+
+
+def _gather_blocks(blocks: list[torch.Tensor], n: int, device: torch.device
+                   ) -> list[torch.Tensor]:
+    """All-gather every rank's block of each tensor (padded to ``ceil(n / W)`` rows) and trim
+    to ``n``."""
     import torch.distributed as dist
 
     per_rank = -(-n // dist.get_world_size())
@@ -122,7 +198,7 @@ def _gather_blocks(x: torch.Tensor, y: torch.Tensor, n: int, device: torch.devic
         dist.all_gather(out, padded)
         return torch.cat(out)[:n].cpu()
 
-    return gather(x), gather(y)
+    return [gather(b) for b in blocks]
 
 
 def file_digest(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -191,6 +267,15 @@ def _transform_of(dataset: Any) -> Any:
     while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
         dataset = dataset.dataset
     return getattr(dataset, "transform", None)
+
+
+def data_id(train_spec: str, test_spec: str | None = None, image_size: int | None = None,
+            channels: int | None = None, skip_corrupt: bool = False, subset: str = "") -> str:
+    """An evaluation's data (``results.json``'s ``data``, the cache's ``data_id``):
+    ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|SUBSET]``; ``SUBSET`` says how the caller cut the
+    data sets (``train:1000|test:500``)."""
+    return "|".join([train_spec, test_spec or train_spec, f"size={image_size}", f"ch={channels}",
+                     *(["skip-corrupt"] if skip_corrupt else []), *([subset] if subset else [])])
 
 
 def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from e2mc.evaluation.linear import ProbeResult, _Tracker, random_resized_crop_flip
+from e2mc.evaluation.linear import EpochTracker, ProbeResult, init_head, random_resized_crop_flip
 from e2mc.evaluation.presets import FinetuneConfig
+from e2mc.optim import cosine_factor
 
 
 @torch.no_grad()
@@ -50,9 +51,7 @@ def finetune(
     device = torch.device(device)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    head = nn.Linear(feature_dim, num_classes)
-    nn.init.normal_(head.weight, std=0.01)
-    nn.init.zeros_(head.bias)
+    head = init_head(feature_dim, num_classes)
     model = nn.Sequential(copy.deepcopy(backbone), head).to(device)
     groups = [{"params": list(model[0].parameters()), "lr": config.backbone_lr},
               {"params": list(head.parameters()), "lr": config.head_lr}]
@@ -60,7 +59,8 @@ def finetune(
                                 weight_decay=config.weight_decay)
     scheduler: torch.optim.lr_scheduler.LRScheduler
     if config.schedule == "cosine":
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.epochs)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                      lambda e: cosine_factor(e, config.epochs))
     else:
         scheduler = torch.optim.lr_scheduler.MultiStepLR(
             optimizer, milestones=list(config.milestones), gamma=config.gamma)
@@ -70,7 +70,7 @@ def finetune(
     test_loader = DataLoader(test_dataset, batch_size=max(config.batch_size, 256),
                              num_workers=num_workers, pin_memory=pin)
     loss_fn = nn.CrossEntropyLoss()
-    tracker: _Tracker | None = None
+    tracker: EpochTracker | None = None
     for _ in tqdm(range(config.epochs), desc="fine-tune", disable=not progress):
         model.train()
         for images, labels in train_loader:
@@ -83,7 +83,7 @@ def finetune(
             optimizer.step()
         scheduler.step()
         logits, test_labels = _predict(model, test_loader, device)
-        tracker = tracker or _Tracker(test_labels)
+        tracker = tracker or EpochTracker(test_labels)
         tracker.update(logits)
     assert tracker is not None
     return tracker.result()

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.evaluation.presets import LinearProbeConfig
+from e2mc.optim import cosine_factor
 
 
 @dataclass
@@ -62,11 +63,11 @@ def _build_optimizer(params: list[nn.Parameter], config: LinearProbeConfig
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
                                weight_decay=config.weight_decay)
     # SimSiam's main_lincls.py: apex LARC(SGD(momentum, wd), trust_coefficient=0.001,
-    # clip=False), which e2mc.optim.LARC reproduces.
+    # clip=False), which e2mc.optim.LARC (with its defaults) reproduces.
     from e2mc.optim import LARC
 
     return LARC(params, lr=config.lr, momentum=config.momentum,
-                weight_decay=config.weight_decay, trust_coefficient=0.001, clip=False)
+                weight_decay=config.weight_decay)
 
 
 def init_head(dim: int, num_classes: int) -> nn.Linear:
@@ -85,8 +86,8 @@ class _LinearTrainer:
                  device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         self.head = init_head(dim, num_classes).to(device=device, dtype=dtype)
         self.optimizer = _build_optimizer(list(self.head.parameters()), config)
-        self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer,
-                                                                    T_max=config.epochs)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda e: cosine_factor(e, config.epochs))  # stepped per epoch
         self.loss = nn.CrossEntropyLoss()
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -101,39 +102,44 @@ class _LinearTrainer:
         return torch.cat([self.head(x[i:i + chunk]) for i in range(0, len(x), chunk)])
 
 
-class _Tracker:
-    """Per-epoch test accuracy, best epoch and the predictions that go with them."""
+class EpochTracker:
+    """One probe's per-epoch test accuracy (sequential or batched): the history, the best epoch
+    (the first with the highest top-1) with its predictions, the last with its top-k labels."""
 
-    def __init__(self, test_y: torch.Tensor) -> None:
-        self.test_y = test_y
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
         self.history: list[float] = []
-        self.best: tuple[float, float, int, torch.Tensor] | None = None
-        self.last: tuple[float, float, torch.Tensor] | None = None
+        self.best: tuple[float, float, int, torch.Tensor | None] = (-1.0, 0.0, 0, None)
+        self.last: tuple[float, float, torch.Tensor | None] = (0.0, 0.0, None)
         self.loss = float("nan")
+
+    def add(self, top1: float, top5: float, predictions: torch.Tensor | None = None,
+            top: torch.Tensor | None = None, loss: float = float("nan")) -> None:
+        """Record one epoch: ``predictions`` (top-1 labels) are needed when it is a new best,
+        ``top`` (top-k labels ``[N, k]``) and ``loss`` at the last epoch."""
+        self.history.append(top1)
+        if top1 > self.best[0]:
+            self.best = (top1, top5, len(self.history), predictions)
+        self.last, self.loss = (top1, top5, top), loss
 
     def update(self, logits: torch.Tensor) -> None:
         self.update_top(logits.topk(min(5, logits.shape[1]), dim=1).indices)
 
     def update_top(self, top: torch.Tensor, loss: float = float("nan")) -> None:
         """Record one epoch from the top-k labels ``[N, k]`` (best first) of every test row."""
-        hit = top == self.test_y[:, None]
+        hit = top == self.labels[:, None]
         top1 = 100.0 * hit[:, 0].float().mean().item()
         top5 = 100.0 * hit.any(dim=1).float().mean().item()
-        self.history.append(top1)
-        self.last = (top1, top5, top)
-        self.loss = loss
-        if self.best is None or top1 > self.best[0]:
-            self.best = (top1, top5, len(self.history), top[:, 0].clone())
+        self.add(top1, top5, top[:, 0].clone(), top, loss)
 
     def result(self) -> ProbeResult:
-        assert self.best is not None and self.last is not None
-        top5 = self.last[2].cpu().numpy()
+        assert self.best[3] is not None and self.last[2] is not None
+        top = self.last[2].cpu().numpy()
         return ProbeResult(top1_last=self.last[0], top5_last=self.last[1],
                            top1_best=self.best[0], top5_best=self.best[1],
                            best_epoch=self.best[2], history=self.history,
-                           predictions=top5[:, 0].copy(), top5=top5,
-                           best_predictions=self.best[3].cpu().numpy(),
-                           loss_last=self.loss)
+                           predictions=top[:, 0].copy(), top5=top,
+                           best_predictions=self.best[3].cpu().numpy(), loss_last=self.loss)
 
 
 def _check_arrays(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
@@ -186,7 +192,7 @@ def train_linear_probe(
     torch.manual_seed(seed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     trainer = _LinearTrainer(x.shape[1], num_classes, config, device, dtype)
-    tracker = _Tracker(ty)
+    tracker = EpochTracker(ty)
     for _ in range(config.epochs):
         order = torch.randperm(len(x), generator=gen).to(device)
         for start in range(0, len(x), config.batch_size):
@@ -267,7 +273,7 @@ def train_augmented_linear_probe(
     tx = torch.as_tensor(test_features, dtype=torch.float32, device=device)
     ty = torch.as_tensor(np.asarray(test_labels), dtype=torch.long, device=device)
     trainer = _LinearTrainer(tx.shape[1], num_classes, config, device)
-    tracker = _Tracker(ty)
+    tracker = EpochTracker(ty)
     for _ in tqdm(range(config.epochs), desc="augmented probe", disable=not progress):
         for images, labels in loader:
             images = augment(images.to(device, non_blocking=True), gen)

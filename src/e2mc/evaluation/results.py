@@ -1,4 +1,5 @@
-"""Evaluation directories of ``e2mc eval`` and the comparison table of ``e2mc compare``.
+"""Evaluation directories of ``e2mc eval`` and the comparison of ``e2mc compare`` (its table,
+its accuracy chart and its files).
 
 Files and reader: :class:`e2mc.artifacts.EvalDir`, :class:`~e2mc.artifacts.EvalResults`.
 ``results.json``::
@@ -24,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se, summarize
+from e2mc.data.subsets import fraction_label
 from e2mc.errors import InputError
 
-__all__ = ["Comparison", "compare_runs", "comparison_markdown", "fraction_label", "load_run",
-           "matched_correctness", "mean_se", "save_predictions", "summarize", "write_comparison",
-           "write_results"]
+__all__ = ["Comparison", "compare_runs", "comparison_markdown", "load_run", "verdicts",
+           "matched_correctness", "mean_se", "plot_comparison", "save_predictions", "summarize",
+           "write_comparison", "write_results"]
 from e2mc.evaluation.statistics import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -36,11 +38,6 @@ from e2mc.evaluation.statistics import (
     paired_permutation_test,
     pooled_permutation_test,
 )
-
-
-def fraction_label(fraction: float) -> str:
-    """``0.01 -> '1%'``, ``0.125 -> '12.5%'``."""
-    return f"{100 * fraction:g}%"
 
 
 def save_predictions(run_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,
@@ -51,7 +48,7 @@ def save_predictions(run_dir: str | os.PathLike[str], name: str, predictions: np
     :meth:`EvalDir.begin`; a fresh one when not given, so that a file a complete evaluation
     references is never overwritten. ``results.json``, written last (:func:`write_results`),
     records the file's SHA-256 and makes it part of the directory."""
-    from e2mc.checkpoints.io import atomic_write
+    from e2mc.files import atomic_write
 
     rel = EvalDir(run_dir).prediction_file(name, generation or EvalDir.new_generation())
     arrays = {"predictions": np.asarray(predictions), "labels": np.asarray(labels), **extra}
@@ -95,8 +92,16 @@ class Comparison:
         return next(r for r in self.runs if r != self.floor)
 
 
-def _marker(p: float) -> str:
-    return "**" if p < 0.01 else "*" if p < 0.05 else ""
+#: Significance marks with their direction: the run is better (worse) than the reference.
+BETTER, WORSE = "▲", "▼"
+ALPHA = 0.05
+
+
+def _marker(p: float, difference: float) -> str:
+    """``▲`` (``▲▲`` at p < 0.01) when significantly better than the reference, ``▼`` (``▼▼``)
+    when significantly worse, else nothing."""
+    times = 2 if p < 0.01 else 1 if p < ALPHA else 0
+    return (BETTER if difference > 0 else WORSE) * times
 
 
 def compare_runs(run_dirs: list[str], names: list[str] | None = None,
@@ -105,9 +110,10 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     """Table of mean ± SE (each column's primary metric) and paired tests of every run
     against the first on the same (column, seed) test predictions.
 
-    A cell is marked ``*`` (``**``) when the largest p-value over its matched seeds, taking
-    the larger of McNemar's and the permutation test's, is below 0.05 (0.01): i.e. the
-    difference is significant at every seed under both tests. With two or more matched
+    A cell is marked ``▲`` (better than the first run) or ``▼`` (worse), doubled at 0.01, when
+    the largest p-value over its matched seeds, taking the larger of McNemar's and the
+    permutation test's, is below 0.05: i.e. the difference is significant at every seed under
+    both tests; the direction is the sign of the mean difference. With two or more matched
     seeds, :func:`~e2mc.evaluation.statistics.pooled_permutation_test` also gives one p-value
     over all of them (``Comparison.pooled``).
 
@@ -178,7 +184,9 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
                 pooled.append({"run": name, "reference": names[0], "column": column,
                                "seeds": len(matched), "difference": 100 * diff,
                                "permutation_p": p})
-            cells[name][column] = (mean, se, _marker(worst_p) if worst_p is not None else "")
+            shift = float(np.mean([_paired_difference(*m) for m in matched])) if matched else 0.0
+            cells[name][column] = (mean, se, _marker(worst_p, shift) if worst_p is not None
+                                   else "")
     shown_runs = list(zip(names, runs, strict=True))
     if floor_run is not None:
         floor_cells = {}
@@ -303,11 +311,17 @@ def _correctness(base: EvalResults, ref: EvalEntry, run: EvalResults,
     return (pred_b == labels_b).astype(np.float64), (pred_a == labels_a).astype(np.float64)
 
 
+def _paired_difference(ca: np.ndarray, cb: np.ndarray) -> float:
+    """The run's top-1 minus the reference's, in points (the sign every mark and verdict
+    uses)."""
+    return 100 * float(ca.mean() - cb.mean())
+
+
 def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
                  ) -> dict[str, Any]:
     mc = mcnemar_test(ca, cb)
     low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
-    return {"difference": 100 * (ca.mean() - cb.mean()), "n10": mc.n10, "n01": mc.n01,
+    return {"difference": _paired_difference(ca, cb), "n10": mc.n10, "n01": mc.n01,
             "mcnemar_stat": mc.statistic, "mcnemar_p": mc.p_value, "mcnemar_method": mc.method,
             "permutation_p": paired_permutation_test(ca, cb, n_resamples, seed),
             "cohens_d": cohens_d_paired(ca, cb), "ci95_low": 100 * low, "ci95_high": 100 * high}
@@ -321,18 +335,55 @@ def _cell_text(cell: tuple[float, float | None, str] | None, untested: bool = Fa
         (" †" if untested else "")
 
 
-def comparison_markdown(comp: Comparison) -> str:
-    """The Table-1-style markdown table, a legend and the per-seed tests."""
-    lines = ["| run | " + " | ".join(comp.columns) + " |",
-             "|---|" + "---|" * len(comp.columns)]
+def verdicts(comp: Comparison) -> list[str]:
+    """One sentence per (run, column) tested against the reference, in words that carry the
+    direction: better / worse / no significant difference, the mean difference with its SE over
+    seeds, how many seeds were significantly better and worse (both tests), and the p-value the
+    verdict rests on (pooled over seeds when there are two or more, else the seed's larger)."""
+    pooled = {(t["run"], t["column"]): t for t in comp.pooled}
+    lines = []
+    for run in comp.runs:
+        if run in (comp.reference, comp.floor):
+            continue
+        for column in comp.columns:
+            rows = [t for t in comp.tests if t["run"] == run and t["column"] == column]
+            if not rows:
+                continue
+            mean, se = mean_se(t["difference"] for t in rows)
+            significant = [t for t in rows if max(t["mcnemar_p"], t["permutation_p"]) < ALPHA]
+            better = sum(t["difference"] > 0 for t in significant)
+            worse = sum(t["difference"] < 0 for t in significant)
+            if (run, column) in pooled:
+                p, basis = pooled[(run, column)]["permutation_p"], "pooled permutation p"
+            else:
+                p, basis = max(rows[0]["mcnemar_p"], rows[0]["permutation_p"]), "p"
+            word = (("BETTER than" if mean > 0 else "WORSE than") if p < ALPHA
+                    else "no significant difference from")
+            spread = f" ± {se:.2f}" if se is not None else ""
+            lines.append(f"{run}, {column}: {word} {comp.reference} ({mean:+.2f}{spread} points "
+                         f"over {len(rows)} seed(s); {better} significantly better, {worse} "
+                         f"worse; {basis} {p:.2g})")
+    return lines
+
+
+def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
+    """The verdicts (:func:`verdicts`) first, then the Table-1-style markdown table with its
+    legend, the pooled tests and (``per_seed``) the per-seed tests."""
+    found = verdicts(comp)
+    lines = ([f"Verdict against {comp.reference} (significance: McNemar and the paired "
+              f"permutation test, p < {ALPHA:g}):", "", *[f"- {v}" for v in found], ""]
+             if found else [])
+    lines += ["| run | " + " | ".join(comp.columns) + " |",
+              "|---|" + "---|" * len(comp.columns)]
     for run in comp.runs:
         untested = comp.untested.get(run, {})
         lines.append(f"| {run} | " + " | ".join(_cell_text(comp.cells[run].get(c),
                                                            c in untested)
                                                 for c in comp.columns) + " |")
     lines += ["", f"Mean ± standard error over seeds (percent). Metrics: {comp.metric_note}.",
-              f"* p < 0.05, ** p < 0.01 against {comp.reference} at every seed under both "
-              "McNemar and the paired permutation test."]
+              f"{BETTER} better, {WORSE} worse than {comp.reference}: p < 0.05 ({BETTER * 2} / "
+              f"{WORSE * 2}: p < 0.01) at every seed under both McNemar and the paired "
+              "permutation test."]
     by_reason: dict[str, list[str]] = {}
     for run, reasons in comp.untested.items():
         for column, reason in reasons.items():
@@ -350,7 +401,7 @@ def comparison_markdown(comp: Comparison) -> str:
                   "| run | column | seeds | diff | permutation p |", "|---|---|---|---|---|"]
         lines += [f"| {t['run']} | {t['column']} | {t['seeds']} | {t['difference']:+.2f} | "
                   f"{t['permutation_p']:.3g} |" for t in comp.pooled]
-    if comp.tests:
+    if comp.tests and per_seed:
         lines += ["", "| run | column | seed | diff | n10 | n01 | McNemar p | permutation p | "
                   "Cohen's d | 95% CI |", "|---|---|---|---|---|---|---|---|---|---|"]
         for t in comp.tests:
@@ -362,12 +413,81 @@ def comparison_markdown(comp: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _chart_groups(columns: list[str]) -> dict[str, list[str]]:
+    """Columns grouped by protocol (the text before the first space: ``linear 1%`` ->
+    ``linear``), in the order they first appear."""
+    groups: dict[str, list[str]] = {}
+    for column in columns:
+        groups.setdefault(column.split(" ", 1)[0], []).append(column)
+    return groups
+
+
+def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 120) -> Path:
+    """One panel per protocol; within it, the columns (label fractions, k, ...) along x and one
+    marker per run, offset side by side, with a bar of +- one standard error over seeds (none
+    for a single seed). Runs significantly different from the reference at every seed
+    (``▲``/``▼`` in the table) are labelled so, cells without a paired test ``†``. The y range
+    follows the data, so differences of a fraction of a point stay visible."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    groups = _chart_groups(comp.columns)
+    widths = [max(1.6, 1.1 * len(cols)) for cols in groups.values()]
+    fig, axes = plt.subplots(1, len(groups), figsize=(sum(widths) + 1.2 * len(comp.runs) ** 0.5
+                                                      + 2.0, 3.8),
+                             squeeze=False, gridspec_kw={"width_ratios": widths})
+    n = len(comp.runs)
+    offsets = [(i - (n - 1) / 2) * min(0.8 / max(n, 1), 0.2) for i in range(n)]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (protocol, columns) in zip(axes[0], groups.items(), strict=True):
+        for i, run in enumerate(comp.runs):
+            xs, ys, es, marks = [], [], [], []
+            for j, column in enumerate(columns):
+                cell = comp.cells[run].get(column)
+                if cell is None:
+                    continue
+                mean, se, mark = cell
+                if column in comp.untested.get(run, {}):
+                    mark = "†"  # no paired test: not "not significant"
+                xs.append(j + offsets[i])
+                ys.append(mean)
+                es.append(se or 0.0)
+                marks.append(mark)
+            if not xs:
+                continue
+            style = {"color": "0.45", "marker": "x"} if run == comp.floor else {
+                "color": colors[i % len(colors)], "marker": "o"}
+            ax.errorbar(xs, ys, yerr=es, linestyle="none", capsize=3, markersize=5,
+                        label=run if ax is axes[0][0] else None, **style)
+            for x, y, e, mark in zip(xs, ys, es, marks, strict=True):
+                if mark:
+                    ax.annotate(mark, (x, y + e), ha="center", va="bottom", fontsize=9,
+                                color=style["color"])
+        labels = [c.split(" ", 1)[1] if " " in c else c for c in columns]
+        ax.set_xticks(range(len(columns)), labels, fontsize=8)
+        ax.set_xlim(-0.6, len(columns) - 0.4)
+        ax.set_title(protocol, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(axis="y", labelsize=8)
+    axes[0][0].set_ylabel("top-1 (%), mean ± SE over seeds", fontsize=9)
+    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(f"top-1 by run; {BETTER} better, {WORSE} worse than {comp.reference} "
+                 f"(p < 0.05; doubled: p < 0.01) at every "
+                 "seed" + ("; † no paired test" if comp.untested else ""), fontsize=9)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
 def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> list[Path]:
     """Write ``<prefix>.md`` (the table, with the chart), ``<prefix>.png`` (the accuracy
-    chart, :func:`e2mc.evaluation.charts.plot_comparison`), ``<prefix>.csv`` (one row per run
+    chart, :func:`plot_comparison`), ``<prefix>.csv`` (one row per run
     and column) and ``<prefix>_tests.csv`` (one row per paired test)."""
-    from e2mc.evaluation.charts import plot_comparison
-
     prefix = Path(out_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     chart = plot_comparison(comp, prefix.with_name(prefix.name + ".png"))

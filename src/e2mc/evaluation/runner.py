@@ -21,17 +21,31 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from e2mc.artifacts import EvalDir, writer_lock
-from e2mc.data.subsets import label_fraction_indices, read_file_list, subset_from_file_list
+from e2mc.data.subsets import (
+    fraction_label,
+    label_fraction_indices,
+    read_file_list,
+    subset_from_file_list,
+)
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.presets import finetune_preset, linear_preset
-from e2mc.evaluation.results import fraction_label, save_predictions, write_results
+from e2mc.evaluation.results import save_predictions, write_results
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
 from e2mc.evaluation.sweep import SweepEntry, linear_protocol
 
 PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
+
+
+def column_name(protocol: str, fraction: float | None = None, k: int | None = None,
+                weighting: str = "weighted") -> str:
+    """The column of a ``results.json`` entry: ``linear 1%`` (a probe at a label fraction),
+    ``knn k=20`` (``knn k=20 uniform``), ``svm``."""
+    if protocol == "knn":
+        return f"knn k={k}" + ("" if weighting == "weighted" else f" {weighting}")
+    return protocol if fraction is None else f"{protocol} {fraction_label(fraction)}"
 
 
 @dataclass
@@ -133,7 +147,7 @@ def _probe_entry(run_dir: Path, protocol: str, fraction: float, seed: int,
                      else (result.best_predictions, result.predictions))
     rel = save_predictions(run_dir, name, chosen, labels, generation,
                            other_epoch_predictions=other, top5=result.top5)
-    return {"protocol": protocol, "column": f"{protocol} {fraction_label(fraction)}",
+    return {"protocol": protocol, "column": column_name(protocol, fraction),
             "fraction": fraction, "seed": seed, "primary": f"top1_{report}",
             "metrics": {**result.metrics(), "history": result.history}, "predictions": rel}
 
@@ -247,11 +261,11 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
         for res in knn_classify(train_x, train_y, test_x, test_y, options.knn_k,
                                 options.knn_temperature, num_classes, device=device,
                                 weightings=options.knn_weightings):
-            suffix = "" if res.weighting == "weighted" else f" {res.weighting}"
-            name = f"knn_k{res.k}" + ("" if not suffix else f"_{res.weighting}")
+            name = f"knn_k{res.k}" + ("" if res.weighting == "weighted" else f"_{res.weighting}")
             rel = save_predictions(run_dir, name, res.predictions, test_y, generation,
                                    top5=res.top5_predictions)
-            entries.append({"protocol": "knn", "column": f"knn k={res.k}{suffix}",
+            entries.append({"protocol": "knn", "column": column_name("knn", k=res.k,
+                                                                     weighting=res.weighting),
                             "fraction": 1.0, "seed": 0, "primary": "top1",
                             "metrics": res.metrics(), "predictions": rel})
         timings["knn"] = time.perf_counter() - s

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from e2mc.data.subsets import label_fraction_indices, per_class_indices
+from e2mc.data.subsets import label_fraction_indices, stratified_indices
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 from e2mc.evaluation.linear import ProbeResult, train_linear_probe
 from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
@@ -50,15 +50,11 @@ class SweepEntry:
 def validation_split(labels: np.ndarray, val_fraction: float, seed: int
                      ) -> tuple[np.ndarray, np.ndarray]:
     """Positions ``(train, val)`` of a stratified split of ``labels``: each class with
-    ``n_c >= 2`` images gives ``min(n_c - 1, max(1, round(val_fraction * n_c)))`` to the
-    validation part (rounding half up); classes with one image stay in the training part."""
+    ``n_c >= 2`` images gives ``min(n_c - 1, max(1, round(val_fraction * n_c)))`` (half up) to
+    the validation part (:func:`~e2mc.data.subsets.stratified_indices` with ``keep=1``)."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    labels = np.asarray(labels)
-    classes, counts = np.unique(labels, return_counts=True)
-    per_class = {int(c): (min(int(n) - 1, max(1, math.floor(val_fraction * int(n) + 0.5)))
-                          if n >= 2 else 0) for c, n in zip(classes, counts, strict=True)}
-    val = per_class_indices(labels, per_class, seed)
+    val = stratified_indices(labels, val_fraction, seed, keep=1)
     if val.size == 0:
         raise ValueError("no class has two labelled images: nothing to validate on")
     train = np.setdiff1d(np.arange(len(labels)), val)

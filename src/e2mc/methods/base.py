@@ -7,7 +7,7 @@ optimizer preset.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +38,17 @@ class MethodOutput:
             self.all_embeddings = list(self.embeddings)
 
 
+@dataclass(frozen=True)
+class CollapseValue:
+    """The value of the base term ``term`` on a collapsed model (every image the same
+    embedding), how close counts as pinned, and why in words."""
+
+    term: str
+    value: float
+    tolerance: float
+    meaning: str
+
+
 class SSLMethod(nn.Module):
     """Base class of VICReg, SwAV, SimSiam and Generic.
 
@@ -54,6 +65,13 @@ class SSLMethod(nn.Module):
 
     backbone: nn.Module
     feature_dim: int
+
+    collapse: CollapseValue | None = None  # the base loss on a collapsed model, if known
+
+    @classmethod
+    def collapse_value(cls, hparams: Mapping[str, Any] | None = None) -> CollapseValue | None:
+        """:attr:`collapse` for ``hparams`` (a checkpoint's; read by e2mc.diagnostics.collapse)."""
+        return cls.collapse
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:  # pragma: no cover
         raise NotImplementedError

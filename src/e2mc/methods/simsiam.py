@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import simsiam_predictor, simsiam_projector
 
@@ -43,6 +43,8 @@ class SimSiam(SSLMethod):
     name = "simsiam"
     view_recipe = "simsiam"
     compact_space = "hypersphere"
+    collapse = CollapseValue("base/negative_cosine", -1.0, 0.01,
+                             "-1, the negative cosine of identical outputs")
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, dim: int = 2048, pred_dim: int = 512,

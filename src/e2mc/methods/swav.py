@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -10,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from e2mc.distributed import all_reduce_sum, world_size
-from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import swav_projection_head
-from e2mc.optim import LARC
+from e2mc.optim import LARC, LARC_TRUST
 
 
 @torch.no_grad()
@@ -48,6 +49,14 @@ class SwAV(SSLMethod):
     name = "swav"
     view_recipe = "swav"
     compact_space = "hypersphere"
+
+    @classmethod
+    def collapse_value(cls, hparams: Mapping[str, Any] | None = None) -> CollapseValue:
+        """``ln K`` for ``K`` prototypes (a learning run ends well below: 3.3 for ln 100 = 4.61)."""
+        k = int(dict(hparams or {}).get("n_prototypes", 3000))
+        ln_k = math.log(k)
+        return CollapseValue("base/swav", ln_k, 0.02 * ln_k,
+                             f"ln K = ln {k} = {ln_k:.3f}, the loss of a uniform prediction")
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, hidden_dim: int = 2048, output_dim: int = 128,
@@ -176,7 +185,7 @@ class SwAV(SSLMethod):
                             embeddings=per_view[:2], all_embeddings=per_view)
 
     def build_optimizer(self, lr: float, weight_decay: float, momentum: float = 0.9,
-                        trust_coefficient: float = 0.001, clip: bool = False,
+                        trust_coefficient: float = LARC_TRUST, clip: bool = False,
                         **kwargs: Any) -> torch.optim.Optimizer:
         """LARC around SGD (momentum 0.9, trust 0.001, clip off) over all parameters."""
         if kwargs:

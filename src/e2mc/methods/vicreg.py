@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,10 +12,13 @@ from torch import nn
 
 from e2mc.criterion import covariance_penalty
 from e2mc.distributed import gather_with_grad
-from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import vicreg_projector
 from e2mc.optim import LARS
+
+#: VICReg's ``std = sqrt(var + 1e-4)``: the variance hinge of a constant dimension.
+VICREG_VARIANCE_FLOOR = 1.0 - math.sqrt(1e-4)
 
 
 def vicreg_loss(x: torch.Tensor, y: torch.Tensor, sim_coeff: float = 25.0,
@@ -65,6 +69,9 @@ class VICReg(SSLMethod):
     name = "vicreg"
     view_recipe = "vicreg"
     compact_space = "hypercube"
+    collapse = CollapseValue("base/variance", VICREG_VARIANCE_FLOOR, 0.05,  # a learning run: ~0
+                             f"the variance floor {VICREG_VARIANCE_FLOOR:.2f} (every dimension "
+                             "constant over the batch)")
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, projector: str = "8192-8192-8192",

@@ -1,5 +1,6 @@
-"""Continued pre-training (the paper's step 2) and pre-training: typed run configuration, the
-trainer (AMP, DDP, exact resume), checkpoints and metric logging.
+"""Continued pre-training (the paper's step 2) and pre-training from a run configuration
+(:mod:`e2mc.config`): the trainer (AMP, DDP, exact resume), its callbacks, checkpoints and metric
+logging.
 
 Heavy modules are imported lazily so that ``e2mc --help`` stays fast.
 """
@@ -8,10 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from e2mc.training.config import RunConfig, load_config, preset_names, set_override
-
-__all__ = ["NonFiniteLossError", "RunConfig", "TrainResult", "Trainer", "load_config",
-           "preset_names", "run_training", "set_override"]
+__all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "run_training"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""From a :class:`~e2mc.training.config.RunConfig` to the objects a run trains: the method,
+"""From a :class:`~e2mc.config.RunConfig` to the objects a run trains: the method,
 the add-on, the training data set with its views, and the starting model."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from torch.utils.data import Subset
 
 from e2mc.artifacts import RunDir
+from e2mc.config import RunConfig, parse_signals
 from e2mc.distributed import is_main_process
-from e2mc.training.config import RunConfig
 
 
 def build_method_from_config(cfg: RunConfig) -> Any:
@@ -38,7 +38,7 @@ def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
 def training_images(cfg: RunConfig, transform: Any = None) -> Any:
     """The training split of ``data.dataset`` (first ``data.limit`` images), before the
     validation hold-out."""
-    from e2mc.data import LabeledSubset, build_dataset
+    from e2mc.data import LabeledSubset, build_dataset, dataset_labels
 
     if cfg.data.dataset is None:
         raise ValueError("data.dataset is not set: give a data set ('builtin', an IDX folder, an "
@@ -50,31 +50,22 @@ def training_images(cfg: RunConfig, transform: Any = None) -> Any:
         if cfg.data.limit < 1:
             raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
         limited = range(min(cfg.data.limit, len(base)))
-        base = (LabeledSubset(base, limited) if _labels(base) is not None
+        base = (LabeledSubset(base, limited) if dataset_labels(base, False) is not None
                 else Subset(base, limited))
     return base, skipped
-
-
-def _labels(dataset: Any) -> Any:
-    """The class labels of ``dataset`` (numpy), or None for an unlabelled one."""
-    import numpy as np
-
-    for attr in ("labels", "targets"):
-        if getattr(dataset, attr, None) is not None:
-            return np.asarray(getattr(dataset, attr))
-    return None
 
 
 def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
     """The validation split of the training ``images`` (``data.val_split``), as the record
     stored in the run directory (:meth:`e2mc.artifacts.RunDir.val_split`): ``train`` and
     ``val`` index lists and how they were drawn; None without a split."""
+    from e2mc.data import dataset_labels
     from e2mc.data.holdout import holdout_split
 
     if cfg.data.val_split is None:
         return None
     train, val, stratified = holdout_split(len(images), cfg.data.val_split, cfg.data.val_seed,
-                                           _labels(images))
+                                           dataset_labels(images, False))
     if len(train) < cfg.training.batch_size:
         raise ValueError(f"data.val_split={cfg.data.val_split:g} leaves {len(train)} training "
                          f"images, less than one batch of {cfg.training.batch_size}; hold out "
@@ -117,11 +108,11 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
 def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
     """The monitor's :class:`~e2mc.training.monitor.ValidationData`: the held-out images with
     the evaluation transform."""
-    from e2mc.data import LabeledSubset, eval_transform
+    from e2mc.data import LabeledSubset, dataset_labels, eval_transform
     from e2mc.training.monitor import ValidationData
 
     images, _ = training_images(cfg, eval_transform(cfg.data.image_size, cfg.data.channels))
-    if _labels(images) is None:
+    if dataset_labels(images, False) is None:
         raise ValueError("the validation monitor needs class labels; this data set has none")
     val = LabeledSubset(images, split["val"])
     return ValidationData.from_dataset(val, val.labels, train_size=len(split["train"]),
@@ -132,10 +123,10 @@ def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None) -
     """Every callback of a run: the pre-emption handler when ``training.preempt_signals``
     names signals, the validation monitor (with keep-best) when there is a validation split,
     and the collapse warning (once, on a base loss pinned at its collapse value)."""
-    from e2mc.diagnostics.collapse import CollapseMonitor
+    from e2mc.training.collapse_monitor import CollapseMonitor
     from e2mc.training.keep_best import KeepBest
     from e2mc.training.monitor import ValidationMonitor
-    from e2mc.training.preemption import PreemptionCallback, parse_signals
+    from e2mc.training.preemption import PreemptionCallback
 
     callbacks: list[Any] = []
     if parse_signals(cfg.training.preempt_signals):

@@ -2,9 +2,9 @@
 keep-best, collapse warnings, pre-emption).
 
 The trainer calls every callback on every process, in order, at three points; a callback that
-only writes files or prints checks ``trainer.rt.is_main`` itself. Its ``state_dict`` is saved in
-the training checkpoint under its ``name`` and restored on resume, so a resumed run continues
-with the same best value, patience counter or schedule.
+only writes files or prints checks ``trainer.runtime.is_main`` itself. Its ``state_dict`` is
+saved in the training checkpoint under its ``name`` and restored on resume, so a resumed run
+continues with the same best value, patience counter or schedule.
 """
 
 from __future__ import annotations

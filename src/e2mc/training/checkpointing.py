@@ -124,33 +124,6 @@ RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "da
                      "data.val_seed", "monitor.keep_best")
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict) and not full.endswith("params"):
-            out.update(_flatten(value, f"{full}."))
-        else:
-            out[full] = value
-    return out
-
-
-def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{dotted key: (saved value, new value)}`` of every key whose value differs (``params``
-    sections are compared whole). A key the saved config lacks (written by an older version)
-    counts as its default."""
-    from e2mc.training.config import RunConfig, _apply
-
-    full = RunConfig()
-    try:
-        _apply(full, saved)
-        saved = full.to_dict()
-    except ValueError:  # a key this version no longer knows: compare what there is
-        pass
-    a, b = _flatten(saved), _flatten(new)
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-
-
 def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], int]:
     """``(run_config, step)`` of a training checkpoint, read without loading its tensors."""
     from e2mc.errors import CorruptFileError
@@ -174,13 +147,15 @@ def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool
     ``config_changes.jsonl`` (with ``record``) with the first step that uses them. Returns the
     differences (empty without a checkpoint)."""
     from e2mc.artifacts import RunDir
+    from e2mc.config import config_differences
     from e2mc.errors import ConfigMismatchError
 
     run = RunDir(run_dir)
     if not run.checkpoint.is_file():
         return {}
     saved, step = read_checkpoint_config(run.checkpoint)
-    changes = config_differences(saved, new)
+    _, changed = config_differences(new, saved, whole_params=True)
+    changes = {key: (old, value) for key, old, value in sorted(changed)}
     if not changes:
         return changes
 

@@ -15,6 +15,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from e2mc.training.trainer import Trainer, TrainResult
 
 
+def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = None) -> None:
+    """``step -> value`` of ``metric`` on one line (to ``file``, default stderr)."""
+    file = sys.stderr if file is None else file
+    points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
+    print(f"{metric} by step: {points}", file=file)
+
+
 class BestTracker:
     """The pure rule: a value is an improvement when it exceeds the best so far by more than
     ``min_delta`` (the first value always is); after ``patience`` evaluations in a row without
@@ -75,9 +82,7 @@ class KeepBest:
         """Print the chosen step and the metric's trajectory (main process; to ``file``,
         default stderr)."""
         file = sys.stderr if file is None else file
-        from e2mc.training.monitor import print_trajectory
-
-        if not trainer.rt.is_main or self.tracker.best_step is None:
+        if not trainer.runtime.is_main or self.tracker.best_step is None:
             return
         monitor = next((cb for cb in trainer.callbacks if cb.name == "monitor"), None)
         if monitor is not None:

@@ -22,7 +22,7 @@ class MetricsLogger:
 
     Each :meth:`log` call writes one line ``{"step": ..., "epoch": ..., <name>: value, ...}``
     with every name given; TensorBoard and wandb get the finite numeric ones at ``step``.
-    ``config`` (a :class:`~e2mc.training.config.RunConfig`) supplies the ``logging`` section and
+    ``config`` (a :class:`~e2mc.config.RunConfig`) supplies the ``logging`` section and
     the configuration recorded with the wandb run.
     """
 

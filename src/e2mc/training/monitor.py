@@ -20,7 +20,6 @@ the main process draws the history (kept step marked) to ``RunDir.monitor_plot``
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import time
@@ -31,60 +30,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from e2mc.config import metric_names, monitor_fractions, monitor_label_seeds
 from e2mc.training.callbacks import Callback
 from e2mc.training.preemption import is_preemption
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
 
-    from e2mc.training.config import MonitorConfig
+    from e2mc.config import MonitorConfig
     from e2mc.training.keep_best import KeepBest
     from e2mc.training.trainer import Trainer, TrainResult
-
-LABEL_FREE = ("val/rankme", "val/entropy")
-
-
-def _distinct(text: str, cast: type, key: str, valid: Any, what: str) -> tuple[Any, ...]:
-    """Comma-separated ``text`` as distinct values of ``cast`` that pass ``valid``."""
-    try:
-        values = tuple(cast(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or not all(valid(v) for v in values) or len(set(values)) != len(values):
-        raise ValueError(f"{key} must be distinct comma-separated {what}, got {text!r}")
-    return values
-
-
-def monitor_fractions(text: str) -> tuple[float, ...]:
-    """``"0.01,1"`` -> ``(0.01, 1.0)``: the probes' label budgets, each in (0, 1]."""
-    return _distinct(text, float, "monitor.fractions", lambda v: 0 < v <= 1,
-                     "fractions in (0, 1]")
-
-
-def monitor_label_seeds(text: str) -> tuple[int, ...]:
-    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct non-negative label-subset seeds."""
-    return _distinct(text, int, "monitor.label_seeds", lambda v: v >= 0, "integers >= 0")
-
-
-def metric_names(fractions: str) -> list[str]:
-    """Every metric the monitor logs, for ``monitor.fractions``."""
-    from e2mc.evaluation.results import fraction_label
-
-    probes = [f"val/linear_{fraction_label(f)}" for f in monitor_fractions(fractions)]
-    return ["val/knn", *probes, *LABEL_FREE]
-
-
-def resolve_metric(name: str, fractions: str) -> str:
-    """The full name of a monitor metric (``knn`` and ``val/knn`` both name ``val/knn``); an
-    unknown name is a ``ValueError`` that lists the metrics and the close matches."""
-    names = metric_names(fractions)
-    full = name if name.startswith("val/") else f"val/{name}"
-    if full in names:
-        return full
-    close = difflib.get_close_matches(full, names, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise ValueError(f"unknown monitor metric {name!r}: the monitor logs {', '.join(names)}"
-                     f"{hint}")
 
 
 @dataclass
@@ -124,7 +79,7 @@ def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: Monit
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Backbone features and projector embeddings of the validation images, in eval mode,
     with the random number generators forked (monitoring does not change training)."""
-    from e2mc.diagnostics.analyze import compute_vectors
+    from e2mc.evaluation.features import compute_vectors
 
     devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -141,10 +96,10 @@ def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: Validat
                    ) -> dict[str, float]:
     """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
     from e2mc.criterion import m_spacings_entropy
+    from e2mc.data.subsets import fraction_label
     from e2mc.diagnostics.statistics import effective_rank, marginal_values
     from e2mc.evaluation.knn import knn_classify
     from e2mc.evaluation.presets import linear_preset
-    from e2mc.evaluation.results import fraction_label
     from e2mc.evaluation.sweep import linear_protocol
 
     x = feats.numpy()
@@ -200,16 +155,16 @@ class ValidationMonitor(Callback):
         import torch.distributed as dist
 
         values: dict[str, float] | None = None
-        if not trainer.rt.distributed:
-            values = validation_metrics(trainer.method, self.data, self.cfg, trainer.rt.device)
+        if not trainer.runtime.distributed:
+            values = validation_metrics(trainer.method, self.data, self.cfg, trainer.runtime.device)
         else:  # every rank runs the forward passes (a method's loss may hold collectives)
             start = time.perf_counter()
             feats, embs = validation_vectors(trainer.method, self.data, self.cfg,
-                                             trainer.rt.device)
-            if trainer.rt.is_main:
+                                             trainer.runtime.device)
+            if trainer.runtime.is_main:
                 values = vector_metrics(feats, embs, self.data, self.cfg,
                                         getattr(trainer.method, "compact_space",
-                                                "standardized"), trainer.rt.device)
+                                                "standardized"), trainer.runtime.device)
                 values["val/seconds"] = time.perf_counter() - start
             box = [values]
             dist.broadcast_object_list(box, src=0)
@@ -242,7 +197,7 @@ class ValidationMonitor(Callback):
             self._evaluate(trainer, result.step, result.run_epoch)
         if self.keep_best is not None:
             self.keep_best.report(trainer, result)
-        if trainer.rt.is_main and self.history:
+        if trainer.runtime.is_main and self.history:
             kept = self.keep_best.tracker.best_step if self.keep_best is not None else None
             plot_history(self.history, metric_names(self.cfg.fractions),
                          trainer.run.monitor_plot, kept)
@@ -257,13 +212,6 @@ class ValidationMonitor(Callback):
             self.keep_best.load_state_dict(state["keep_best"])
 
 
-def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = None) -> None:
-    """``step -> value`` of ``metric`` on one line (to ``file``, default stderr)."""
-    file = sys.stderr if file is None else file
-    points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
-    print(f"{metric} by step: {points}", file=file)
-
-
 def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
                  path: str | os.PathLike[str], kept_step: int | None = None) -> list[str]:
     """Each of ``metrics`` (:func:`metric_names`) that ``history`` has against steps, one panel
@@ -274,7 +222,7 @@ def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from e2mc.checkpoints.io import atomic_write
+    from e2mc.files import atomic_write
 
     names = [m for m in metrics if any(m in h for h in history)]  # no projector: no label-free
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from e2mc.config import parse_signals
 from e2mc.errors import E2MCError
 from e2mc.training.callbacks import Callback
 
@@ -47,39 +48,11 @@ __all__ = [
     "WorkerInit",
     "is_preemption",
     "ignore_in_worker",
-    "parse_signals",
     "requeue_slurm_job",
 ]
 
 PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, run again to resume
 DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
-
-
-def parse_signals(spec: str | Sequence[str | signal.Signals] | None
-                  ) -> tuple[signal.Signals, ...]:
-    """``"SIGTERM,SIGUSR1"`` (names with or without ``SIG``, any case, or numbers) -> signals;
-    ``""``, ``"none"`` or ``None`` -> none. Raises ``ValueError`` naming an unknown signal or one
-    that cannot be handled (``SIGKILL``, ``SIGSTOP``)."""
-    if spec is None:
-        return ()
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in items]
-    names = [n for n in names if isinstance(n, signal.Signals) or (n and n.lower() != "none")]
-    out = []
-    for name in names:
-        if isinstance(name, signal.Signals):
-            out.append(name)
-            continue
-        try:
-            sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[
-                name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
-        except (KeyError, ValueError):
-            raise ValueError(f"unknown signal {name!r} in training.preempt_signals "
-                             f"(e.g. SIGTERM,SIGUSR1)") from None
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ValueError(f"{sig.name} cannot be caught; use e.g. SIGTERM or SIGUSR1")
-        out.append(sig)
-    return tuple(dict.fromkeys(out))
 
 
 class PreemptionHandler:
@@ -251,7 +224,7 @@ class PreemptionCallback(Callback):
 
     @staticmethod
     def _device(trainer: Any) -> torch.device | None:
-        return trainer.rt.device if dist.is_available() and dist.is_initialized() else None
+        return trainer.runtime.device if dist.is_available() and dist.is_initialized() else None
 
     def on_step_end(self, trainer: Any, step: int, run_epoch: int, terms: Any) -> str | None:
         if not self.handler.signals:
@@ -264,5 +237,5 @@ class PreemptionCallback(Callback):
     def on_fit_end(self, trainer: Any, result: Any) -> None:
         self.handler.uninstall()
         if is_preemption(getattr(result, "stop_reason", None)) and self.requeue \
-                and trainer.rt.is_main:
+                and trainer.runtime.is_main:
             self.requeued = requeue_slurm_job()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import RunDir, writer_lock
+from e2mc.config import RunConfig
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -20,7 +21,6 @@ from e2mc.training.build import (
     training_images,
 )
 from e2mc.training.checkpointing import check_resume_config
-from e2mc.training.config import RunConfig
 
 
 def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False) -> Any:

@@ -24,7 +24,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.artifacts import CHECKPOINT, RunDir
+from e2mc.config import RunConfig
 from e2mc.errors import NonFiniteError
+from e2mc.optim import lr_factor
 from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import (
     load_optimizer_state_keep_hyperparameters,
@@ -33,7 +35,6 @@ from e2mc.training.checkpointing import (
     save_training_checkpoint,
     set_rng_state,
 )
-from e2mc.training.config import RunConfig
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples, collate_views
 
@@ -98,22 +99,6 @@ def init_runtime(device: str = "auto") -> Runtime:
     return Runtime(device=dev, rank=rank, world_size=world_size, local_rank=local_rank)
 
 
-def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
-              final_fraction: float = 0.0) -> float:
-    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): ``constant``
-    is 1 throughout; ``cosine`` warms up linearly over ``warmup_steps`` and then decays to
-    ``final_fraction`` at ``total_steps``."""
-    if schedule == "constant":
-        return 1.0
-    if schedule != "cosine":
-        raise ValueError(f"unknown schedule {schedule!r}")
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    span = max(total_steps - warmup_steps, 1)
-    progress = min((step - warmup_steps) / span, 1.0)
-    return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def _gather_objects(obj: Any) -> list[Any]:
     """``obj`` of every process, in rank order. Serialised with ``torch.save`` first (tensors
     inside ``all_gather_object`` payloads fail to unpickle) and read back weights-only."""
@@ -164,23 +149,24 @@ class Trainer:
                  prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,
                  callbacks: list[Callback] | None = None) -> None:
         self.cfg = cfg
-        self.tc = cfg.training
+        self.training_cfg = cfg.training
         self.run_dir = Path(run_dir)
         self.run = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
         self.logger: MetricsLogger | None = None
         self.postfix: dict[str, str] = {}  # extra progress-bar fields set by callbacks
-        self.rt = runtime or init_runtime(self.tc.device)
+        self.runtime = runtime or init_runtime(self.training_cfg.device)
         self.method = method
         self.addon = addon
         self.base_epoch = base_epoch
         self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
         self._last_good: tuple[Path, int] | None = None  # (checkpoint, step) for messages
-        if self.tc.precision == "fp16" and self.rt.device.type != "cuda":
+        if self.training_cfg.precision == "fp16" and self.runtime.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
-        self.sampler = EpochBatchSampler(len(dataset), self.tc.batch_size, seed=self.tc.seed,
-                                         rank=self.rt.rank, world_size=self.rt.world_size)
+        self.sampler = EpochBatchSampler(len(dataset), self.training_cfg.batch_size,
+                                         seed=self.training_cfg.seed, rank=self.runtime.rank,
+                                         world_size=self.runtime.world_size)
         workers = cfg.data.num_workers
         # data.pipeline=device: the data set collates uint8 crops + parameters and names the
         # augmentation that turns them into views on the training device
@@ -188,24 +174,24 @@ class Trainer:
         collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
-            collate_fn=collate_fn or collate_views, pin_memory=self.rt.device.type == "cuda",
+            collate_fn=collate_fn or collate_views, pin_memory=self.runtime.device.type == "cuda",
             persistent_workers=workers > 0)
         self._setup_model()
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
-        method, rt = self.method, self.rt
-        if rt.distributed and getattr(method, "sync_batchnorm", False):
-            if rt.device.type == "cuda":
+        method, runtime = self.method, self.runtime
+        if runtime.distributed and getattr(method, "sync_batchnorm", False):
+            if runtime.device.type == "cuda":
                 method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
-            elif rt.is_main:
+            elif runtime.is_main:
                 print("note: SyncBatchNorm needs CUDA; using per-process BatchNorm on CPU",
                       file=sys.stderr)
-        method.to(rt.device)
-        self.addon.to(rt.device)
-        if self.tc.channels_last:
+        method.to(runtime.device)
+        self.addon.to(runtime.device)
+        if self.training_cfg.channels_last:
             method.to(memory_format=torch.channels_last)
-        if self.tc.compile:  # in place: the state-dict keys stay those of the checkpoints
+        if self.training_cfg.compile:  # in place: the state-dict keys stay those of the checkpoints
             method.backbone.compile()
         self.method = method
         self.optimizer = method.build_optimizer(lr=self.cfg.lr,
@@ -213,13 +199,14 @@ class Trainer:
                                                 **self.cfg.optim.params)
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
-        self.scaler = torch.amp.GradScaler(rt.device.type,
-                                           enabled=self.tc.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(runtime.device.type,
+                                           enabled=self.training_cfg.precision == "fp16")
         self.model: nn.Module = method
-        if rt.distributed:
-            ids = [rt.device.index] if rt.device.type == "cuda" else None
+        if runtime.distributed:
+            ids = [runtime.device.index] if runtime.device.type == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(
-                method, device_ids=ids, find_unused_parameters=self.tc.find_unused_parameters)
+                method, device_ids=ids,
+                find_unused_parameters=self.training_cfg.find_unused_parameters)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -228,21 +215,21 @@ class Trainer:
     @property
     def total_steps(self) -> int:
         """Optimizer steps of the whole run (``training.max_steps`` when it is smaller)."""
-        total = self.tc.epochs * self.steps_per_epoch
-        return min(total, self.tc.max_steps) if self.tc.max_steps is not None else total
+        total, most = self.training_cfg.epochs * self.steps_per_epoch, self.training_cfg.max_steps
+        return min(total, most) if most is not None else total
 
     def _autocast(self) -> Any:
-        if self.tc.precision == "fp32":
+        if self.training_cfg.precision == "fp32":
             return nullcontext()
-        dtype = torch.bfloat16 if self.tc.precision == "bf16" else torch.float16
-        return torch.autocast(self.rt.device.type, dtype=dtype)
+        dtype = torch.bfloat16 if self.training_cfg.precision == "bf16" else torch.float16
+        return torch.autocast(self.runtime.device.type, dtype=dtype)
 
     # ------------------------------------------------------------------ checkpoints
     def _state(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int
                ) -> dict[str, Any]:
         rngs: list[Any] = [rng_state()]
         method_states: list[Any] = [self.method.training_state()]
-        if self.rt.distributed:  # per-process states (RNG, SwAV's queue shard)
+        if self.runtime.distributed:  # per-process states (RNG, SwAV's queue shard)
             rngs, method_states = zip(*_gather_objects((rngs[0], method_states[0])),
                                       strict=True)
         return {
@@ -252,7 +239,7 @@ class Trainer:
             "skipped_steps": skipped, "rng": list(rngs),
             "training_state": method_states[0], "training_states": list(method_states),
             "addon": {"name": self.cfg.addon.name, "state": self.addon.state_dict()},
-            "run_config": self.cfg.to_dict(), "world_size": self.rt.world_size,
+            "run_config": self.cfg.to_dict(), "world_size": self.runtime.world_size,
             "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
         }
 
@@ -260,7 +247,7 @@ class Trainer:
         self._refuse_bad_weights(step)
         state = self._state(run_epoch, step, batch_in_epoch, skipped)  # collective under DDP
         path = self.run.checkpoint
-        if self.rt.is_main:
+        if self.runtime.is_main:
             save_training_checkpoint(path, self.method, **state)
         self._last_good = (path, step)
         return path
@@ -282,14 +269,14 @@ class Trainer:
         """Model-only checkpoint of the current weights (epoch copies, ``best.pt``); main
         process only, written atomically."""
         self._refuse_bad_weights(step, agree=False)  # may be called on the main process only
-        if self.rt.is_main:
+        if self.runtime.is_main:
             save_training_checkpoint(
                 path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
                 step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
 
     def _save_epoch_copy(self, run_epoch: int, step: int) -> None:
         """Model-only checkpoint ``checkpoints/epoch_XXXX.pt`` (for accuracy-vs-epoch curves)."""
-        if self.tc.keep_epoch_checkpoints:
+        if self.training_cfg.keep_epoch_checkpoints:
             self.save_model(self.run.epoch_checkpoint(run_epoch), run_epoch, step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -300,25 +287,25 @@ class Trainer:
     def _resume(self) -> tuple[int, int, int]:
         """Load the run's checkpoint if present; returns ``(run_epoch, step, skipped)``."""
         path = self.run.checkpoint
-        if self.rt.is_main:
+        if self.runtime.is_main:
             for stale in self.run.stale_temp_files():  # partial files of killed atomic writes
                 stale.unlink(missing_ok=True)
                 print(f"removed {stale} (left by an interrupted write)", file=sys.stderr)
         if not path.exists():
             if self.prepare_optimizer is not None:
                 self.prepare_optimizer(self.optimizer)
-            if self.rt.is_main:  # a run killed before its first checkpoint starts again
+            if self.runtime.is_main:  # a run killed before its first checkpoint starts again
                 self.run.truncate_metrics(-1)
             return 0, 0, 0
         ckpt = load_training_checkpoint(path, getattr(self.method, "name", ""))
         saved_batch = ckpt["run_config"]["training"]["batch_size"]
-        if saved_batch != self.tc.batch_size:
+        if saved_batch != self.training_cfg.batch_size:
             raise ValueError(f"{path} was trained with batch size {saved_batch}, this run has "
-                             f"{self.tc.batch_size}; resume with the same batch size")
+                             f"{self.training_cfg.batch_size}; resume with the same batch size")
         self.method.load_state_dict(ckpt["model"], strict=True)
         states = ckpt.get("training_states") or [ckpt.get("training_state") or {}]
-        self._pending_training_state = (states[self.rt.rank] if len(states) == self.rt.world_size
-                                        else states[0])
+        self._pending_training_state = (states[self.runtime.rank]
+                                        if len(states) == self.runtime.world_size else states[0])
         # the momentum buffers of the checkpoint with this configuration's hyperparameters
         # (equal unless --override-config changed them)
         load_optimizer_state_keep_hyperparameters(self.optimizer, ckpt["optimizer"])
@@ -332,9 +319,9 @@ class Trainer:
             if cb.name in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[cb.name])
         rngs = ckpt["rng"]
-        set_rng_state(rngs[self.rt.rank] if len(rngs) == self.rt.world_size else rngs[0])
+        set_rng_state(rngs[self.runtime.rank] if len(rngs) == self.runtime.world_size else rngs[0])
         self._last_good = (path, int(ckpt["step"]))
-        if self.rt.is_main:
+        if self.runtime.is_main:
             self.run.truncate_metrics(int(ckpt["step"]))
             print(f"resuming from {path}: epoch {ckpt['run_epoch']}, "
                   f"batch {ckpt['batch_in_epoch']}, step {ckpt['step']}", file=sys.stderr)
@@ -345,7 +332,7 @@ class Trainer:
     def _complete_epoch_copies(self, run_epoch: int, batch_in_epoch: int, step: int) -> None:
         """After a resume: write the epoch copy a kill interrupted (the checkpoint taken at an
         epoch's end holds the same weights) and name the ones that cannot be recreated."""
-        if not self.tc.keep_epoch_checkpoints:
+        if not self.training_cfg.keep_epoch_checkpoints:
             return
         have = {epoch for epoch, _ in self.run.epoch_checkpoints()}
         missing = [e for e in range(run_epoch + 1) if e not in have]
@@ -371,7 +358,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _set_lr(self, step: int) -> float:
-        total = self.tc.epochs * self.steps_per_epoch
+        total = self.training_cfg.epochs * self.steps_per_epoch
         warmup = round(self.cfg.optim.warmup_epochs * self.steps_per_epoch)
         factor = lr_factor(step, total, self.cfg.optim.schedule, warmup,
                            self.cfg.optim.final_lr_fraction)
@@ -386,7 +373,7 @@ class Trainer:
             out = self.model(views)
         embeddings = out.all_embeddings if getattr(self.addon, "uses_all_views", False) \
             else out.embeddings
-        with torch.autocast(self.rt.device.type, enabled=False):
+        with torch.autocast(self.runtime.device.type, enabled=False):
             extra = self.addon([e.float() for e in embeddings])
         base_loss = out.loss.float()
         terms: dict[str, torch.Tensor] = {"loss": base_loss + extra["loss"].float(),
@@ -401,7 +388,7 @@ class Trainer:
         values = torch.stack([t.detach().float().reshape(()) for t in terms.values()])
         finite = torch.isfinite(values)
         flag = (~finite).any().to(torch.int32).reshape(1)
-        if self.rt.distributed:
+        if self.runtime.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if not bool(flag.item()):
             return None
@@ -410,9 +397,9 @@ class Trainer:
 
     def _agree(self, flag: bool) -> bool:
         """``flag`` of any process (all processes take the same decision)."""
-        if not self.rt.distributed:
+        if not self.runtime.distributed:
             return flag
-        t = torch.tensor([int(flag)], device=self.rt.device)
+        t = torch.tensor([int(flag)], device=self.runtime.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
@@ -465,7 +452,7 @@ class Trainer:
         """Forward, backward, update; returns the terms and what was not finite (the loss, a
         gradient, the updated weights), if anything. With ``skip_nonfinite`` a failed step
         leaves weights, buffers and optimizer state as they were before it."""
-        snapshot = self._snapshot() if self.tc.skip_nonfinite else None
+        snapshot = self._snapshot() if self.training_cfg.skip_nonfinite else None
         terms = self._forward(views)
         bad = self._first_nonfinite(terms)
         self.optimizer.zero_grad(set_to_none=True)
@@ -490,13 +477,13 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
         """Train until ``training.epochs`` run epochs are done (or ``training.max_steps``)."""
-        tc, rt = self.tc, self.rt
+        training_cfg, runtime = self.training_cfg, self.runtime
         run_epoch, step, skipped = self._resume()
-        if rt.is_main:
+        if runtime.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        spe = self.steps_per_epoch
-        start_batch = step - run_epoch * spe
-        logger = self.logger = MetricsLogger(self.run_dir, enabled=rt.is_main, config=self.cfg)
+        steps_per_epoch = self.steps_per_epoch
+        start_batch = step - run_epoch * steps_per_epoch
+        logger = self.logger = MetricsLogger(self.run_dir, enabled=runtime.is_main, config=self.cfg)
         ckpt_path: Path | None = self.run.checkpoint if step else None
         if step == 0 and run_epoch == 0:
             self._save_epoch_copy(0, 0)
@@ -505,13 +492,14 @@ class Trainer:
         stop_reason: str | None = None
         for cb in self.callbacks:
             cb.on_fit_start(self, step)
-        if tc.max_steps is not None and step >= tc.max_steps:  # a re-run: nothing left to do
-            stopped, stop_reason = True, f"training.max_steps={tc.max_steps}"
-            if rt.is_main:
+        # a re-run: nothing left to do
+        if training_cfg.max_steps is not None and step >= training_cfg.max_steps:
+            stopped, stop_reason = True, f"training.max_steps={training_cfg.max_steps}"
+            if runtime.is_main:
                 print(f"{self.run.checkpoint} is at step {step}, training.max_steps is "
-                      f"{tc.max_steps}: no step to take", file=sys.stderr)
+                      f"{training_cfg.max_steps}: no step to take", file=sys.stderr)
         try:
-            while run_epoch < tc.epochs and not stopped:
+            while run_epoch < training_cfg.epochs and not stopped:
                 self._enter_epoch(run_epoch, mid_epoch=start_batch > 0)
                 self.sampler.set_epoch(run_epoch, start_batch)
                 bar = self._bar(run_epoch, start_batch)
@@ -519,30 +507,30 @@ class Trainer:
                 self.model.train()
                 for batch_idx, batch in enumerate(self.loader, start=start_batch):
                     views = batch[0] if isinstance(batch, tuple) else batch
-                    iteration = self.base_epoch * spe + step
+                    iteration = self.base_epoch * steps_per_epoch + step
                     lr = self._set_lr(step)
                     self.method.before_step(iteration)
-                    views = [v.to(rt.device, non_blocking=True) for v in views]
+                    views = [v.to(runtime.device, non_blocking=True) for v in views]
                     if self.device_augment is not None:  # batch = (uint8 crops, parameters)
                         views = self.device_augment(views, batch[1])
-                    if tc.channels_last:
+                    if training_cfg.channels_last:
                         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
                     terms, bad = self._step(views, iteration)
                     if bad is not None:
                         where = f"{bad} at step {step + 1} (epoch {run_epoch}, batch {batch_idx})"
-                        if not tc.skip_nonfinite:
+                        if not training_cfg.skip_nonfinite:
                             raise NonFiniteLossError(
                                 f"{where}; stopping. {self._last_good_text()}; "
                                 "--skip-nonfinite skips such steps")
                         skipped += 1
-                        if rt.is_main:
+                        if runtime.is_main:
                             print(f"warning: {where}; step skipped ({skipped} so far)",
                                   file=sys.stderr)
                     step += 1
-                    window_images += tc.batch_size
+                    window_images += training_cfg.batch_size
                     if bar is not None:
                         bar.update(1)
-                    if step % tc.log_every == 0 or batch_idx == spe - 1:
+                    if step % training_cfg.log_every == 0 or batch_idx == steps_per_epoch - 1:
                         elapsed = max(time.perf_counter() - window_start, 1e-9)
                         last = {k: float(v.item()) for k, v in terms.items()}
                         last.update(lr=lr, images_per_s=window_images / elapsed,
@@ -552,18 +540,19 @@ class Trainer:
                             bar.set_postfix({**self._postfix(last), **self.postfix},
                                             refresh=False)
                         window_images, window_start = 0, time.perf_counter()
-                    done_epoch = batch_idx == spe - 1
+                    done_epoch = batch_idx == steps_per_epoch - 1
                     if done_epoch:
                         run_epoch += 1
-                    if tc.max_steps is not None and step >= tc.max_steps:
-                        stopped, stop_reason = True, f"training.max_steps={tc.max_steps}"
+                    if training_cfg.max_steps is not None and step >= training_cfg.max_steps:
+                        stopped, stop_reason = True, f"training.max_steps={training_cfg.max_steps}"
                     for cb in self.callbacks:
                         reason = cb.on_step_end(self, step, run_epoch, terms)
                         if reason and not stopped:
                             stopped, stop_reason = True, reason
-                    every = tc.checkpoint_every_steps
+                    every = training_cfg.checkpoint_every_steps
                     if done_epoch or stopped or (every and step % every == 0):
-                        ckpt_path = self._save(run_epoch, step, step - run_epoch * spe, skipped)
+                        ckpt_path = self._save(run_epoch, step,
+                                               step - run_epoch * steps_per_epoch, skipped)
                         if done_epoch:
                             self._save_epoch_copy(run_epoch, step)
                     if stopped:
@@ -572,7 +561,7 @@ class Trainer:
                     bar.close()
                 start_batch = 0
             result = TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
-                                 completed=run_epoch >= tc.epochs, checkpoint=ckpt_path,
+                                 completed=run_epoch >= training_cfg.epochs, checkpoint=ckpt_path,
                                  last_metrics=last, method=self.method, stop_reason=stop_reason)
             for cb in self.callbacks:
                 cb.on_fit_end(self, result)
@@ -582,12 +571,12 @@ class Trainer:
         return result
 
     def _bar(self, run_epoch: int, start_batch: int) -> Any:
-        if not (self.rt.is_main and self.tc.progress):
+        if not (self.runtime.is_main and self.training_cfg.progress):
             return None
         from tqdm import tqdm
 
         return tqdm(total=self.steps_per_epoch, initial=start_batch, unit="step",
-                    desc=f"epoch {run_epoch + 1}/{self.tc.epochs}", file=sys.stderr,
+                    desc=f"epoch {run_epoch + 1}/{self.training_cfg.epochs}", file=sys.stderr,
                     dynamic_ncols=True, mininterval=1.0)
 
     @staticmethod

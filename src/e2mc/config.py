@@ -2,7 +2,11 @@
 
 Every field has a type; values from YAML files and from ``--set`` are coerced to it, and an
 unknown key is a :class:`ValueError` that names it. The ``params`` sections are free-form keyword
-arguments handed to the method, add-on or optimizer builder (their own builders validate them).
+arguments handed to the method, add-on or optimizer builder; :meth:`RunConfig.validate` checks
+them against those builders' signatures (``e2mc.methods``, ``e2mc.addons``, a layer below).
+The values of the monitor's and the pre-emption's fields are parsed here too
+(:func:`monitor_fractions`, :func:`resolve_metric`, :func:`parse_signals`), so that the
+configuration imports none of the modules that use it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import difflib
 import math
 import re
+import signal
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -217,8 +222,6 @@ class RunConfig:
         _choice("optim.schedule", self.optim.schedule, SCHEDULES)
         _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
         _choice("data.pipeline", self.data.pipeline, PIPELINES)
-        from e2mc.training.preemption import parse_signals
-
         parse_signals(self.training.preempt_signals)
         for key, value in (("training.epochs", self.training.epochs),
                            ("training.batch_size", self.training.batch_size),
@@ -254,9 +257,7 @@ class RunConfig:
             check_params(addon.__init__, self.addon.params, "addon.params")
 
     def _validate_monitor(self) -> None:
-        """The validation split and monitor keys (the metric names: ``e2mc.training.monitor``)."""
-        from e2mc.training.monitor import monitor_fractions, monitor_label_seeds, resolve_metric
-
+        """The validation split and monitor keys (the metric names: :func:`metric_names`)."""
         vs, mon = self.data.val_split, self.monitor
         if vs is not None and not (0 < vs < 1 or (vs >= 1 and float(vs).is_integer())):
             raise ValueError(f"data.val_split must be a fraction in (0, 1) or a whole count "
@@ -338,6 +339,88 @@ def _check_ranges(cfg: RunConfig) -> None:
     if not _DEVICE.match(t.device):
         raise ValueError(f"training.device must be auto, cpu, cuda, cuda:N or mps; got "
                          f"{t.device!r}")
+
+
+# --------------------------------------------------------------------------- field values
+#: The monitor's label-free metrics (``e2mc.training.monitor``).
+LABEL_FREE = ("val/rankme", "val/entropy")
+
+
+def comma_list(text: Any, cast: Any = str) -> list[Any]:
+    """``"a, b,,c"`` -> ``[cast("a"), cast("b"), cast("c")]``: the items of a comma-separated
+    list (a config value, an option), stripped, empty ones dropped."""
+    return [cast(item) for item in (t.strip() for t in str(text).split(",")) if item]
+
+
+def _distinct(text: str, cast: type, key: str, valid: Any, what: str) -> tuple[Any, ...]:
+    """Comma-separated ``text`` as distinct values of ``cast`` that pass ``valid``."""
+    try:
+        values = tuple(comma_list(text, cast))
+    except ValueError:
+        values = ()
+    if not values or not all(valid(v) for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"{key} must be distinct comma-separated {what}, got {text!r}")
+    return values
+
+
+def monitor_fractions(text: str) -> tuple[float, ...]:
+    """``"0.01,1"`` -> ``(0.01, 1.0)``: the probes' label budgets, each in (0, 1]."""
+    return _distinct(text, float, "monitor.fractions", lambda v: 0 < v <= 1,
+                     "fractions in (0, 1]")
+
+
+def monitor_label_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct non-negative label-subset seeds."""
+    return _distinct(text, int, "monitor.label_seeds", lambda v: v >= 0, "integers >= 0")
+
+
+def metric_names(fractions: str) -> list[str]:
+    """Every metric the monitor logs, for ``monitor.fractions``."""
+    from e2mc.data.subsets import fraction_label
+
+    probes = [f"val/linear_{fraction_label(f)}" for f in monitor_fractions(fractions)]
+    return ["val/knn", *probes, *LABEL_FREE]
+
+
+def resolve_metric(name: str, fractions: str) -> str:
+    """The full name of a monitor metric (``knn`` and ``val/knn`` both name ``val/knn``); an
+    unknown name is a ``ValueError`` that lists the metrics and the close matches."""
+    names = metric_names(fractions)
+    full = name if name.startswith("val/") else f"val/{name}"
+    if full in names:
+        return full
+    close = difflib.get_close_matches(full, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ValueError(f"unknown monitor metric {name!r}: the monitor logs {', '.join(names)}"
+                     f"{hint}")
+
+
+def parse_signals(spec: str | Sequence[str | signal.Signals] | None
+                  ) -> tuple[signal.Signals, ...]:
+    """``"SIGTERM,SIGUSR1"`` (``training.preempt_signals``: names with or without ``SIG``, any
+    case, or numbers) -> signals; ``""``, ``"none"`` or ``None`` -> none. Raises ``ValueError``
+    naming an unknown signal or one that cannot be handled (``SIGKILL``, ``SIGSTOP``)."""
+
+    if spec is None:
+        return ()
+    items = comma_list(spec) if isinstance(spec, str) else list(spec)
+    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in items]
+    names = [n for n in names if isinstance(n, signal.Signals) or (n and n.lower() != "none")]
+    out = []
+    for name in names:
+        if isinstance(name, signal.Signals):
+            out.append(name)
+            continue
+        try:
+            sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[
+                name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown signal {name!r} in training.preempt_signals "
+                             f"(e.g. SIGTERM,SIGUSR1)") from None
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"{sig.name} cannot be caught; use e.g. SIGTERM or SIGUSR1")
+        out.append(sig)
+    return tuple(dict.fromkeys(out))
 
 
 # --------------------------------------------------------------------------- YAML input
@@ -743,3 +826,51 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
     _apply(cfg, data)
     cfg.validate()
     return cfg
+
+
+# --------------------------------------------------------------------------- differences
+def flatten_config(data: Mapping[str, Any], whole_params: bool = False,
+                   prefix: str = "") -> dict[str, Any]:
+    """``{"training.epochs": 10, ...}``: a nested configuration mapping by dotted key (an empty
+    mapping has no keys); with ``whole_params`` a ``params`` section is one value."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and not (whole_params and full.endswith("params")):
+            out.update(flatten_config(value, whole_params, f"{full}."))
+        else:
+            out[full] = value
+    return out
+
+
+def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None = None,
+                       whole_params: bool = False
+                       ) -> tuple[str, list[tuple[str, Any, Any]]]:
+    """The keys where ``config`` (``RunConfig.to_dict()``, e.g. as a checkpoint records it)
+    differs from ``base``, as ``(base name, [(dotted key, base value, value)])``.
+
+    Without ``base``: the shipped preset named by ``config``'s ``name`` when there is one, else
+    the defaults; a key ``config`` lacks (recorded by an older version of the package) is left
+    out, a key the base lacks (a ``params`` entry) shows ``None`` on that side. A given
+    ``base`` (the configuration a run was trained with, when it resumes) counts a key it lacks
+    as its default, and every key of either side is compared. ``whole_params``: compare the
+    ``params`` sections whole."""
+    if base is None:
+        name = config.get("name")
+        if isinstance(name, str) and name in preset_names():
+            base_name, base = f"preset {name}", load_config(name).to_dict()
+        else:
+            base_name, base = "the defaults", RunConfig().to_dict()
+        only_config_keys = True
+    else:
+        base_name, only_config_keys = "the given configuration", False
+        full = RunConfig()
+        try:
+            _apply(full, base)
+            base = full.to_dict()
+        except ValueError:  # a key this version no longer knows: compare what there is
+            pass
+    flat, flat_base = flatten_config(config, whole_params), flatten_config(base, whole_params)
+    keys = [k for k in dict.fromkeys([*flat_base, *flat]) if k in flat or not only_config_keys]
+    return base_name, [(k, flat_base.get(k), flat.get(k)) for k in keys
+                       if flat_base.get(k) != flat.get(k)]

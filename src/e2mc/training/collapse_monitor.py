@@ -1,0 +1,115 @@
+"""The collapse warning during training: :class:`CollapseMonitor` checks the signals of
+:mod:`e2mc.diagnostics.collapse` (the base loss pinned at its collapse value, the effective rank
+of the embeddings below its threshold) and warns once per run, naming the signal."""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from e2mc.diagnostics.collapse import CollapseSignal, collapse_value, loss_signal, rank_signal
+from e2mc.training.callbacks import Callback
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from e2mc.training.trainer import Trainer
+
+
+class CollapseMonitor(Callback):
+    """Training callback: warn once (stderr and a ``collapse/warning`` record in
+    ``metrics.jsonl``) when the base loss is pinned at its collapse value over the last
+    ``window`` steps, or when the effective rank of the embeddings of the current model on a
+    fixed batch falls below the threshold (checked at the end of every epoch). Starts checking
+    after ``warmup_steps`` (a learning SwAV run starts near ``ln K`` too). Never stops the run.
+    """
+
+    name = "collapse"
+
+    def __init__(self, method: str, hparams: Mapping[str, Any] | None = None, window: int = 20,
+                 warmup_steps: int | None = None, min_rank: float = 2.0,
+                 rank_fraction: float = 0.01, probe_size: int = 256,
+                 stream: Any = None) -> None:
+        self.target = collapse_value(method, hparams)
+        self.window = window
+        self.warmup_steps = warmup_steps
+        self.min_rank, self.rank_fraction = min_rank, rank_fraction
+        self.probe_size = probe_size
+        self.stream = stream
+        self.recent: deque[float] = deque(maxlen=window)
+        self.warned: list[str] = []
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"warned": list(self.warned)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.warned = list(state.get("warned", []))
+
+    # -- hooks -------------------------------------------------------------------------------
+    def on_step_end(self, trainer: Trainer, step: int, run_epoch: int,
+                    terms: dict[str, torch.Tensor]) -> str | None:
+        if self.warned:
+            return None
+        spe = int(getattr(trainer, "steps_per_epoch", 0) or 0)
+        warmup = self.warmup_steps if self.warmup_steps is not None else spe
+        if self.target is not None and self.target.term in terms:
+            self.recent.append(float(terms[self.target.term].detach().float().item()))
+            if step > warmup:
+                found = loss_signal(list(self.recent), self.target, self.window)
+                if found is not None:
+                    self._warn(trainer, step, found)
+                    return None
+        if spe and step % spe == 0 and step > warmup:
+            found = self._rank(trainer)
+            if found is not None:
+                self._warn(trainer, step, found)
+        return None
+
+    def _rank(self, trainer: Trainer) -> CollapseSignal | None:
+        """Effective rank of the first view's embeddings on the dataset's first
+        ``probe_size`` images (their views seeded by the index, so the batch is the same at
+        every check and the training's random streams are untouched), in eval mode without
+        gradients (no method state changes)."""
+        model = trainer.method
+        dataset = trainer.loader.dataset  # SeededSamples: item (index, seed), RNG untouched
+        n = min(self.probe_size, len(dataset))
+        if n < 2:
+            return None
+        views = _stack_views(dataset[(i, i)] for i in range(n))
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model([v.to(device) for v in views])
+        finally:
+            model.train(was_training)
+        return rank_signal(out.embeddings[0].float(), self.min_rank, self.rank_fraction,
+                           "projector embeddings")
+
+    def _warn(self, trainer: Trainer, step: int, signal: CollapseSignal) -> None:
+        self.warned.append(signal.kind)
+        if not getattr(getattr(trainer, "runtime", None), "is_main", True):
+            return
+        text = (f"warning: possible collapse at step {step} ({signal.kind} signal): "
+                f"{signal.message}")
+        print(text, file=self.stream or sys.stderr, flush=True)
+        log = getattr(trainer, "log", None)
+        if callable(log):
+            log(step, {"collapse/warning": 1.0, f"collapse/{signal.kind}": signal.value,
+                       "collapse/threshold": signal.threshold})
+
+
+def _stack_views(items: Iterable[Any]) -> list[torch.Tensor]:
+    """Dataset items (``(views, label)`` or ``views``) -> one batch tensor per view."""
+    per_view: list[list[torch.Tensor]] = []
+    for item in items:
+        views = item[0] if isinstance(item, tuple) else item
+        if not per_view:
+            per_view = [[] for _ in views]
+        for slot, v in zip(per_view, views, strict=True):
+            slot.append(v)
+    return [torch.stack(v) for v in per_view]
