@@ -60,7 +60,7 @@ def test_compare_command_floor_option(evals: tuple[Path, Path, Path], tmp_path: 
     assert capsys.readouterr().err.startswith("e2mc compare: error:")
 
 
-def _eval(root, correct: np.ndarray, seeds=(0, 1)):
+def _eval(root, correct: np.ndarray, seeds=(0, 1), image_size: int = 28):
     from e2mc.artifacts import EvalDir
     from e2mc.evaluation.results import save_predictions
 
@@ -70,7 +70,7 @@ def _eval(root, correct: np.ndarray, seeds=(0, 1)):
                 "predictions": save_predictions(root, f"linear_1_s{s}",
                                                 np.where(correct, 0, 1), labels)}
                for s in seeds]
-    EvalDir(root).write({"entries": entries})
+    EvalDir(root).write({"entries": entries, "image_size": image_size})
     return str(root)
 
 
@@ -94,3 +94,14 @@ def test_a_significantly_worse_row_is_marked_and_called_worse(tmp_path, capsys):
                              "over 2 seed(s); 0 significantly better, 2 worse;")
     assert out[3].startswith("- other, linear 1%: BETTER than continued (+20.00")
     assert "| e2mc | 45.00 ± 0.00▼▼ |" in out
+
+
+def test_compare_refuses_evaluations_at_different_image_sizes(tmp_path, capsys):
+    from e2mc.cli import main
+
+    a = _eval(tmp_path / "a", np.arange(200) < 150)
+    b = _eval(tmp_path / "b", np.arange(200) < 150, image_size=224)
+    assert main(["compare", a, b, "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "image size (a: 28 px; b: 224 px)" in err
+    assert main(["compare", a, b, "--out", str(tmp_path / "cmp"), "--allow-mismatch"]) == 0

@@ -43,7 +43,9 @@ def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
 
 def _eval(ref: Path | str, data: Path, out: Path, *extra: str) -> EvalDir:
     assert main(["eval", str(ref), "--data", str(data), "--protocol", "knn", "--knn-k", "5",
-                 "--image-size", "16", "--no-cache", "--quiet", "--out", str(out), *extra]) == 0
+                 "--no-cache", "--quiet", "--out", str(out), *extra]) == 0
+    assert EvalDir(out).load().info["image_size"] == 16  # the size the run trained at (the
+    # start file records none: it is given --image-size 16)
     return EvalDir(out)
 
 
@@ -66,7 +68,7 @@ def test_eval_of_a_run_directory_scores_its_kept_model(kept_run, tmp_path: Path,
     kept = _eval(run, data, tmp_path / "kept")
     assert "the run's kept model (keep-best's best.pt; --last takes the last step)" in \
         capsys.readouterr().err
-    assert _values(kept) == _values(_eval(start, data, tmp_path / "start"))
+    assert _values(kept) == _values(_eval(start, data, tmp_path / "start", "--image-size", "16"))
     assert kept.load().info["model"] == {"file": str(files.best), "step": 0, "kept_model": True}
     last = _eval(run, data, tmp_path / "last", "--last")
     assert "the run's last step (--last; keep-best kept best.pt)" in capsys.readouterr().err

@@ -307,6 +307,13 @@ def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] 
     return out
 
 
+def recorded_image_size(info: dict[str, Any]) -> int | None:
+    """The image size the model of a loaded checkpoint was trained at, from the configuration a
+    project checkpoint records (``run_config``); ``None`` for official and plain files."""
+    size = ((info.get("run_config") or {}).get("data") or {}).get("image_size")
+    return int(size) if isinstance(size, int) and size > 0 else None
+
+
 def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
                   in_channels: int = 3, trust: bool = False
                   ) -> tuple[nn.Module, int, dict[str, Any]]:

@@ -115,7 +115,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--in-channels", type=at_least(1), default=None,
                    help="image channels (default: the model's first layer's)")
     p.add_argument("--image-size", type=at_least(1), default=None,
-                   help="evaluation image size (default: 32 with --small-images, else 224)")
+                   help="evaluation image size (default: the size the checkpoint records it "
+                        "was trained at; else 32 with --small-images, else 224, with a note)")
     p.add_argument("--trust-checkpoint", "--trust", dest="trust", action="store_true",
                    help="allow torch.load(weights_only=False) for a trusted checkpoint")
     p.add_argument("--epochs", type=at_least(1), default=None,
@@ -186,7 +187,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     from pathlib import Path
 
     from e2mc.artifacts import run_model
-    from e2mc.checkpoints import is_url, load_backbone, local_checkpoint
+    from e2mc.checkpoints import is_url, load_backbone, local_checkpoint, recorded_image_size
     from e2mc.data import build_dataset, eval_transform
     from e2mc.distributed import is_main_process
     from e2mc.evaluation.features import FeatureCache, data_id
@@ -234,7 +235,11 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         named if is_url(named) else args.checkpoint, arch=args.arch,
         small_images=args.small_images, in_channels=args.in_channels or 3, trust=args.trust)
     channels = _model_channels(backbone, args, info)
-    size = args.image_size or (32 if args.small_images else 224)
+    size = args.image_size or recorded_image_size(info)
+    if size is None:
+        size = 32 if args.small_images else 224
+        print(f"note: {args.checkpoint} records no training image size; evaluating at {size} px "
+              "(--image-size sets it)", file=sys.stderr)
     transform = eval_transform(size, channels)
     train_ds = build_dataset(args.data, "train", transform, skip_corrupt=args.skip_corrupt)
     test_spec = args.test_data or args.data

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, RunModel, read_jsonl, run_model
+from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
 from e2mc.diagnostics.figures import (
     loss_terms,
@@ -176,8 +177,9 @@ def analyze(
     """Analyse ``runs`` (first = before) on ``num_samples`` seeded images of ``data``/``split``
     and write ``out_dir/{diagnostics.json, report.html, *.png}``; return the JSON and HTML paths.
 
-    ``image_size``: the eval transform size (default: the images' own size when at most 64 px,
-    else 224). ``accuracy_curve``: kNN top-1 (``accuracy_knn_k`` neighbours, on
+    ``image_size``: the eval transform size (default: the size the first run's model was
+    trained at, as its checkpoint records; else the images' own size when at most 64 px, else
+    224). ``accuracy_curve``: kNN top-1 (``accuracy_knn_k`` neighbours, on
     ``accuracy_train_samples`` training images) of every per-epoch checkpoint of every run.
     A run directory stands for its kept model (``best.pt``) when it has one, for its last step
     with ``last`` (:func:`resolve_run`).
@@ -194,6 +196,8 @@ def analyze(
 
     loaded = [load(src.checkpoint) for src in sources]
     channels = input_channels(loaded[0][0])
+    if image_size is None:  # the size the first model was trained at, else the images' own
+        image_size = recorded_image_size(loaded[0][2])
     if image_size is None:
         first = build_dataset(data, split)[0][0]
         image_size = min(first.size) if max(first.size) <= 64 else 224

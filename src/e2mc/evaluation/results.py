@@ -121,7 +121,8 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
     first row, ``floor_name``, shown for scale and tested against nothing.
 
-    Runs (and the floor) that differ from the first in report kind (``eval --report``), a
+    Runs (and the floor) that differ from the first in image size, report kind
+    (``eval --report``), a
     column's primary metric, a protocol's label fractions or a column's label seeds are
     refused (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
     primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
@@ -209,12 +210,15 @@ _PROBES = ("linear", "linear-aug", "finetune")
 
 
 def _differences(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
-    """What makes ``run`` not comparable with ``ref``: the report kind, a common column's
-    primary metric or label seeds, a common protocol's label fractions."""
+    """What makes ``run`` not comparable with ``ref``: the image size, the report kind, a common
+    column's primary metric or label seeds, a common protocol's label fractions."""
     def listed(values: Any) -> str:
         return ", ".join(str(v) for v in values)
 
     out = []
+    sizes = ref.info.get("image_size"), run.info.get("image_size")
+    if all(sizes) and sizes[0] != sizes[1]:
+        out.append(f"image size ({ref_name}: {sizes[0]} px; {name}: {sizes[1]} px)")
     kinds = ref.info.get("reported_epoch"), run.info.get("reported_epoch")
     if all(kinds) and kinds[0] != kinds[1] and all(
             any(e.protocol in _PROBES for e in r.entries) for r in (ref, run)):
