@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=None,
                    help="eval transform size (default: the images' own size if <= 64 px, "
                         "else 224)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256,
+                   help="feature extraction batch (default: 256)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--knn-k", type=int, default=100,
                    help="the far neighbour of the NN-distance statistics (default 100)")

@@ -10,7 +10,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="run the whole path on the shipped Fashion-MNIST subset and base model",
         description="Continue the shipped VICReg base model with and without E2MC, evaluate "
-        "all three with linear probes (1%%, 10%%, 100%% labels) and kNN, test the differences, "
+        "all three with linear probes (1%, 10%, 100% labels) and kNN, test the differences, "
         "draw the diagnostics, and print the comparison table. A few minutes on a CPU.",
     )
     parser.add_argument("--out", default="e2mc-demo",
@@ -19,10 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a reduced run (well under a minute) to check the installation")
     parser.add_argument("--epochs", type=int, default=None,
                         help="continued epochs (default 1; the paper's ratio would be 10%% of "
-                        "the base's 30)")
+                        "the base's 16)")
     parser.add_argument("--base", default=None,
                         help="a VICReg base checkpoint to start from instead of the shipped one")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu",
+                        help="device of training and evaluation: cpu, cuda, cuda:1 "
+                             "(default: %(default)s)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override the continued-training config")
     parser.set_defaults(func=run)

@@ -142,14 +142,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "random subset; needs an image-folder data set; repeatable")
     p.add_argument("--report", choices=("last", "best"), default="last",
                    help="which epoch's top-1 the table shows (default: last)")
-    p.add_argument("--knn-k", type=_checked(_ints, "k", 1), default=(20, 200))
-    p.add_argument("--knn-temperature", type=_positive_float, default=0.07)
+    p.add_argument("--knn-k", type=_checked(_ints, "k", 1), default=(20, 200),
+                   help="neighbours of the kNN classifier, comma-separated (default: 20,200)")
+    p.add_argument("--knn-temperature", type=_positive_float, default=0.07,
+                   help="temperature T of the weighted kNN vote exp(sim / T) (default: 0.07)")
     p.add_argument("--knn-weighting", type=_protocols, default=("weighted", "uniform"),
                    help="kNN votes: weighted (exp(sim / T)), uniform (majority); both by "
                         "default, from one neighbour search")
     p.add_argument("--svm-costs", type=_checked(_floats, "cost", 0.0, True), default=None,
                    help="SVM cost grid (default: the VOC07 grid of 23 values)")
-    p.add_argument("--svm-folds", type=at_least(2), default=3)
+    p.add_argument("--svm-folds", type=at_least(2), default=3,
+                   help="cross-validation folds choosing the SVM cost (default: 3)")
     p.add_argument("--batch-size", type=at_least(1), default=256,
                    help="feature extraction batch")
     p.add_argument("--num-workers", type=at_least(0), default=None,

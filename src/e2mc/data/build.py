@@ -26,6 +26,13 @@ BUILTIN_SPECS = ("builtin", "builtin:fashion-mnist")
 _FOLDER_SPLITS = {"train": ("train",), "test": ("test", "val"), "val": ("val", "test")}
 
 
+def _folder_splits_text(split: str) -> str:
+    """``train/`` for the training split, ``train/ and test/ (or val/)`` for the others."""
+    others = [name for name in _FOLDER_SPLITS.get(split, ()) if name != "train"]
+    return "train/" + (f" and {others[0]}/" if others else "") + \
+        (f" (or {'/ or '.join(others[1:])}/)" if len(others) > 1 else "")
+
+
 def _idx_classes(folder: Path) -> tuple[str, ...] | None:
     """Class names guessed from the folder path: Fashion-MNIST if it mentions 'fashion', MNIST if it
     mentions 'mnist', otherwise unknown (the IDX files themselves do not say)."""
@@ -77,6 +84,6 @@ def build_dataset(
         "'builtin:fashion-mnist'; an existing .npz file with x_<split>/y_<split> arrays; a folder "
         "holding train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
         "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] (directly, in FashionMNIST/raw "
-        f"or MNIST/raw); or a folder with train/ and {'/'.join(_FOLDER_SPLITS.get(split, ()))}/ "
-        "subfolders of class folders"
+        f"or MNIST/raw); or a folder with {_folder_splits_text(split)} subfolders of class "
+        "folders"
     )
