@@ -27,7 +27,6 @@ import pytest
 import torch
 from torch import nn
 
-import e2mc.evaluation.features as features_mod
 import e2mc.files as ckio
 from e2mc.artifacts import EvalDir, RunDir, read_jsonl
 from e2mc.config import RunConfig
@@ -150,7 +149,6 @@ def _install_kill(target: tuple[str, int] | None, step_delay: float = 0.0) -> No
         return original(path, write, mode)
 
     ckio.atomic_write = atomic_write
-    features_mod.atomic_write = atomic_write
     log = MetricsLogger.log
 
     def logged(self, step, metrics):

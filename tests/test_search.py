@@ -279,25 +279,24 @@ def test_a_preempted_trial_is_resumed_not_counted(
     _same_search(out, ref)
 
 
-def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
-                   sig: int = 9) -> int:
-    """``e2mc search`` in a forked child that gets ``sig`` (SIGKILL: halfway through) during
-    the ``nth`` atomic write of a file whose path ends with ``target``; its exit code (-9 when
-    a SIGKILL landed)."""
+def _killed_during_write(work, matches, nth: int = 1, sig: int = 9) -> int:
+    """``work()`` (an exit code) in a forked child that gets ``sig`` during the ``nth`` atomic
+    write of a path for which ``matches(path)`` holds: SIGKILL halfway through the write, any
+    other signal before it (recorded by a handler; the write goes on). The child's exit code
+    (-9 when a SIGKILL landed)."""
     import multiprocessing
-    import os
     import signal
 
-    import e2mc.files as ckio
+    import e2mc.files as files
 
     def child() -> None:
-        original, seen = ckio.atomic_write, [0]
+        original, seen = files.atomic_write, [0]
 
         def killing(path, write, mode="wb"):
-            if str(path).endswith(target):
+            if matches(str(path)):
                 seen[0] += 1
                 if seen[0] == nth and sig != signal.SIGKILL:
-                    os.kill(os.getpid(), sig)  # recorded by a handler; the write goes on
+                    os.kill(os.getpid(), sig)
                 elif seen[0] == nth:
                     def half(f):
                         f.write(b"\0" if "b" in mode else "{")
@@ -306,14 +305,22 @@ def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
                     return original(path, half, mode)
             return original(path, write, mode)
 
-        ckio.atomic_write = killing
-        os._exit(_search(base, out, "--grid", "addon.params.beta=1",
-                         "--set", "training.epochs=2"))
+        files.atomic_write = killing
+        os._exit(work())
 
     proc = multiprocessing.get_context("fork").Process(target=child)
     proc.start()
     proc.join(120)
     return proc.exitcode
+
+
+def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
+                   sig: int = 9) -> int:
+    """The one-trial two-epoch search, given ``sig`` during the ``nth`` write of a file ending
+    with ``target`` (:func:`_killed_during_write`)."""
+    return _killed_during_write(
+        lambda: _search(base, out, "--grid", "addon.params.beta=1", "--set",
+                        "training.epochs=2"), lambda path: path.endswith(target), nth, sig)
 
 
 @pytest.mark.slow  # 12 killed and resumed searches: about 25 s on 2 cores
@@ -372,36 +379,11 @@ def _run_and_confirm(base: tuple[Path, Path], out: Path) -> int:
 
 
 def _confirm_killed(base: tuple[Path, Path], out: Path, target: str, sig: int) -> int:
-    """:func:`_run_and_confirm` in a forked child that gets ``sig`` (SIGKILL halfway through
-    the write) during the first atomic write of a confirmation file ending with ``target``."""
-    import multiprocessing
-    import signal
-
-    import e2mc.files as ckio
-
-    def child() -> None:
-        original = ckio.atomic_write
-
-        def killing(path, write, mode="wb"):
-            if "confirm" in str(path) and str(path).endswith(target):
-                ckio.atomic_write = original  # once
-                if sig != signal.SIGKILL:
-                    os.kill(os.getpid(), sig)
-                else:
-                    def half(f):
-                        f.write(b"\0" if "b" in mode else "{")
-                        f.flush()
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return original(path, half, mode)
-            return original(path, write, mode)
-
-        ckio.atomic_write = killing
-        os._exit(_run_and_confirm(base, out))
-
-    proc = multiprocessing.get_context("fork").Process(target=child)
-    proc.start()
-    proc.join(120)
-    return proc.exitcode
+    """:func:`_run_and_confirm`, given ``sig`` during the first write of a confirmation file
+    ending with ``target`` (:func:`_killed_during_write`)."""
+    return _killed_during_write(lambda: _run_and_confirm(base, out),
+                                lambda path: os.path.relpath(path, out).startswith("confirm")
+                                and path.endswith(target), 1, sig)
 
 
 @pytest.mark.slow  # 7 killed and resumed confirmations: about 40 s on 2 cores

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from e2mc.files import atomic_write
+import e2mc.files as files
 
 
 def default_num_workers() -> int:
@@ -440,7 +440,7 @@ class FeatureCache:
         if is_main_process() and self.writable:
             try:
                 self._remove_stale_temp_files(key)
-                atomic_write(self.path(key), lambda f: np.savez(
+                files.atomic_write(self.path(key), lambda f: np.savez(
                     f, features=features, labels=labels,
                     identity=np.array(json.dumps(identity, sort_keys=True))))
             except OSError as err:  # read-only, full, not a directory: go on without it
