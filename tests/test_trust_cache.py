@@ -15,7 +15,6 @@ from torch import nn
 from torch.utils.data import Subset, TensorDataset
 
 from e2mc.data import ArrayDataset, build_dataset
-from e2mc.evaluation import features as features_module
 from e2mc.evaluation.features import FeatureCache, dataset_fingerprint
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
@@ -114,10 +113,16 @@ def _make_unwritable(cache_dir: Path, monkeypatch) -> None:
     cache_dir.mkdir()
     cache_dir.chmod(stat.S_IRUSR | stat.S_IXUSR)
     if os.geteuid() == 0:  # root writes anyway: the write fails as it would for a user
-        def refuse(path, *args, **kwargs):
-            raise PermissionError(13, "Permission denied", str(path))
+        import e2mc.files
 
-        monkeypatch.setattr(features_module, "atomic_write", refuse)
+        original = e2mc.files.atomic_write
+
+        def refuse(path, *args, **kwargs):
+            if Path(path).parent == cache_dir:
+                raise PermissionError(13, "Permission denied", str(path))
+            return original(path, *args, **kwargs)
+
+        monkeypatch.setattr(e2mc.files, "atomic_write", refuse)
 
 
 def test_unwritable_cache_directory_warns_and_goes_on(tmp_path, monkeypatch, capsys):
