@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
+from e2mc.config import comma_list
+from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, TrainJob, Work, train_run
 
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
         "last step, if positive; otherwise none")
@@ -61,7 +63,7 @@ def grid_trials(grid: Sequence[str]) -> list[Trial]:
         if "=" not in item:
             raise ValueError(f"--grid {item!r} must look like key=value1,value2,...")
         key, values = item.split("=", 1)
-        choices = [v.strip() for v in values.split(",") if v.strip()]
+        choices = comma_list(values)
         if not choices:
             raise ValueError(f"--grid {item!r} lists no values")
         axes.append([f"{key.strip()}={v}" for v in choices])
@@ -71,7 +73,7 @@ def grid_trials(grid: Sequence[str]) -> list[Trial]:
 def file_trials(path: str | Path) -> list[Trial]:
     """Trials from a YAML file: a list of mappings ``{name: ..., set: {key: value, ...}}`` (or
     a plain mapping of overrides), or ``{grid: {key: [values]}}``."""
-    from e2mc.training.config import read_yaml
+    from e2mc.config import read_yaml
 
     path = Path(path)
     try:
@@ -142,12 +144,19 @@ class SearchSpec:
 class Search:
     """A search directory: ``trials/<trial>/run`` and ``trials/<control>/control`` training
     runs, ``search.json`` (spec, rule, results, selection), ``search.md`` and
-    ``search.png``; ``confirm/`` after :meth:`confirm`."""
+    ``search.png``; ``confirm/`` after :meth:`confirm`.
+
+    ``executor`` (:mod:`e2mc.jobs`): ``inline`` (the default) trains every run in this process,
+    one after another; ``local`` and ``slurm`` run each training run and each evaluation as a
+    job, wait for them, then read the results back exactly as the inline search does."""
 
     def __init__(self, spec: SearchSpec, out: str | Path,
-                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
+                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+                 executor: ExecutorOptions | None = None) -> None:
         self.spec, self.out, self.log = spec, Path(out), log
         self.files = SearchDir(out)
+        self.jobs = (JobRunner(executor, out, log)
+                     if executor is not None and executor.kind != "inline" else None)
         self._check_resumable()
         self._check_params_keys()
         self.configs = {t.name: self._config(t.overrides, control=False) for t in spec.trials}
@@ -168,7 +177,7 @@ class Search:
     def _check_params_keys(self) -> None:
         """A trial key inside a ``params`` section must exist in the config: those sections
         accept any name, so a misspelt key would otherwise change nothing, silently."""
-        from e2mc.training.config import load_config
+        from e2mc.config import load_config
 
         cfg = load_config(self.spec.config, self._base())
         for trial in self.spec.trials:
@@ -182,7 +191,7 @@ class Search:
                                      f"{name!r} (it has: {', '.join(have) or 'nothing'})")
 
     def _config(self, overrides: list[str], control: bool, seed: int | None = None) -> Any:
-        from e2mc.training.config import load_config
+        from e2mc.config import load_config
 
         s = self.spec
         extra = [f"addon.name={CONTROL_ADDON}", "addon.params={}"] if control else []
@@ -242,18 +251,18 @@ class Search:
                                   "again to resume")
 
     def _train(self, cfg: Any, run: RunDir) -> list[dict[str, Any]]:
-        """Train ``run`` to its configured end unless it is marked done; a pre-empted run is
-        :class:`SearchPreempted` (never marked done, resumed by the next invocation)."""
+        """Train ``run`` to its configured end unless it is marked done (with jobs: done by its
+        job); a pre-empted run is :class:`SearchPreempted` (never marked done, resumed by the
+        next invocation)."""
         from e2mc.training.preemption import PreemptedAtStart
-        from e2mc.training.run import run_training
 
         self._check_stop()
         if run.is_done():
-            self.log(f"  skip (done): {run.root}")
+            self.log(f"  {'skip' if self.jobs is None else 'read'} (done): {run.root}")
         else:
             self.log(f"  train {cfg.addon.name}: {run.root}")
             try:
-                result = run_training(cfg, run.root)
+                result = train_run(cfg, run.root)  # marks the run done when it finished
             except PreemptedAtStart as stop:  # a signal while the run was being built
                 raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
                                       "resume it") from None
@@ -261,9 +270,26 @@ class Search:
                 raise SearchPreempted(f"{run.root} stopped at step {result.step} "
                                       f"({result.stop_reason}); run the same command again to "
                                       "resume it")
-            run.mark_done(result.step, result.stop_reason or "completed")
         self._check_stop()
         return [r for r in run.read_metrics() if self.spec.metric in r]
+
+    # ---------------------------------------------------------------- jobs
+    def _work_key(self, directory: Path) -> str:
+        return directory.relative_to(self.files.root).as_posix()
+
+    def _train_work(self, cfg: Any, run: RunDir) -> Work:
+        return Work(self._work_key(run.root), TrainJob(cfg, run.root), run.root,
+                    run.is_done)
+
+    def _run_jobs(self, works: list[Work], kind: str) -> None:
+        """Bring ``works`` to done through the executor's jobs (:class:`~e2mc.jobs.JobRunner`);
+        a job that stopped unfinished is :class:`SearchPreempted`."""
+        assert self.jobs is not None
+        unique = list({w.key: w for w in works}.values())  # a shared control once
+        try:
+            self.jobs.run(unique, kind, should_stop=lambda: self._stop_requested())
+        except JobStopped as stop:
+            raise SearchPreempted(str(stop)) from None
 
     def run(self) -> dict[str, Any]:
         """Train every trial and its control (skipping finished ones), apply the rule, write
@@ -277,6 +303,11 @@ class Search:
                                   "trials": [], "selected": None}
         self._write(record)  # the rule is on disk before the first run
         metric = self.spec.metric
+        if self.jobs is not None:  # every trial and control as a job, side by side
+            self._run_jobs([self._train_work(cfg, rd) for trial in self.spec.trials
+                            for cfg, rd in zip((self.configs[trial.name],
+                                                self.controls[trial.name]),
+                                               self.run_dirs(trial), strict=True)], "train")
         for trial in self.spec.trials:
             self.log(f"trial {trial.name}")
             run, control = self.run_dirs(trial)
@@ -329,6 +360,19 @@ class Search:
             self.log("nothing selected: nothing to confirm")
             return None
         trial = next(t for t in self.spec.trials if t.name == chosen)
+        if self.jobs is not None:  # the runs as jobs, then their evaluations as jobs
+            kinds = (("run", False), ("control", True))
+            self._run_jobs([self._train_work(self._config(trial.control_overrides if control
+                                                          else trial.overrides, control, seed),
+                                              self.files.confirm_run(seed, kind))
+                            for seed in seeds for kind, control in kinds], "train")
+            evals = [(self.files.confirm_run(seed, kind), self.files.confirm_eval(seed, kind))
+                     for seed in seeds for kind, _ in kinds]
+            self._run_jobs([Work(self._work_key(out.root),
+                                 CallJob(evaluate_on_test,
+                                         self._eval_args(run, out, eval_fractions, label_seeds,
+                                                         probe_epochs, device)),
+                                 out.root, out.exists) for run, out in evals], "eval")
         pairs = []
         for seed in seeds:
             self.log(f"confirm {chosen}, training seed {seed}")
@@ -348,32 +392,51 @@ class Search:
 
     def _test_eval(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
-        from e2mc.checkpoints import load_backbone
-        from e2mc.data import build_dataset, eval_transform
-        from e2mc.evaluation.features import FeatureCache
-        from e2mc.evaluation.runner import EvalOptions, run_evaluation
-
-        if out.exists():
-            return out.root
-        cfg = self.configs[self.spec.trials[0].name]
-        tf = eval_transform(cfg.data.image_size, cfg.data.channels)
-        train = build_dataset(self.spec.data, "train", tf)
-        test = build_dataset(self.spec.data, "test", tf)
-        backbone, dim, _ = load_backbone(run.checkpoint)
-        options = EvalOptions(protocols=("linear", "knn"), fractions=tuple(fractions),
-                              seeds=tuple(label_seeds), method="generic", knn_k=(20,),
-                              knn_weightings=("weighted",),
-                              linear_overrides={"epochs": probe_epochs}, device=device,
-                              progress=False)
-        run_evaluation(backbone, dim, train, test, out.root, options,
-                       data_id=f"{self.spec.data}|size={cfg.data.image_size}",
-                       checkpoint=run.checkpoint, cache=FeatureCache(self.files.feature_cache),
-                       extra_record={"checkpoint": str(run.checkpoint)})
+        if not out.exists():
+            evaluate_on_test(**self._eval_args(run, out, fractions, label_seeds, probe_epochs,
+                                               device))
         return out.root
+
+    def _eval_args(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
+                   label_seeds: Sequence[int], probe_epochs: int, device: str
+                   ) -> dict[str, Any]:
+        """The arguments of :func:`evaluate_on_test` for ``run`` into ``out``."""
+        cfg = self.configs[self.spec.trials[0].name]
+        return {"checkpoint": str(run.checkpoint), "out": str(out.root), "data": self.spec.data,
+                "image_size": cfg.data.image_size, "channels": cfg.data.channels,
+                "fractions": tuple(fractions), "label_seeds": tuple(label_seeds),
+                "probe_epochs": probe_epochs, "device": device,
+                "cache": str(self.files.feature_cache)}
+
+
+def evaluate_on_test(checkpoint: str, out: str, data: str, image_size: int, channels: int,
+                     fractions: Sequence[float], label_seeds: Sequence[int], probe_epochs: int,
+                     device: str, cache: str) -> None:
+    """A confirmation's test evaluation of ``checkpoint`` into ``out`` (linear probes at
+    ``fractions`` with ``label_seeds``, kNN k = 20; features cached in ``cache``); run by the
+    search itself or as a job (:class:`~e2mc.jobs.CallJob`)."""
+    from e2mc.checkpoints import load_backbone
+    from e2mc.data import build_dataset, eval_transform
+    from e2mc.evaluation.features import FeatureCache, data_id
+    from e2mc.evaluation.runner import EvalOptions, run_evaluation
+
+    tf = eval_transform(image_size, channels)
+    train = build_dataset(data, "train", tf)
+    test = build_dataset(data, "test", tf)
+    backbone, dim, _ = load_backbone(checkpoint)
+    options = EvalOptions(protocols=("linear", "knn"), fractions=tuple(fractions),
+                          seeds=tuple(label_seeds), method="generic", knn_k=(20,),
+                          knn_weightings=("weighted",),
+                          linear_overrides={"epochs": probe_epochs}, device=device,
+                          progress=False)
+    run_evaluation(backbone, dim, train, test, out, options,
+                   data_id=data_id(data, None, image_size, channels),
+                   checkpoint=Path(checkpoint), cache=FeatureCache(cache),
+                   extra_record={"checkpoint": checkpoint})
 
 
 def _write_text(path: Path, text: str) -> None:
-    from e2mc.checkpoints.io import atomic_write
+    from e2mc.files import atomic_write
 
     atomic_write(path, lambda f: f.write(text), "w")
 
@@ -439,7 +502,7 @@ def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
     if record["trials"]:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    from e2mc.checkpoints.io import atomic_write
+    from e2mc.files import atomic_write
 
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)

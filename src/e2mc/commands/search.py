@@ -44,20 +44,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--probe-epochs", type=int, default=30,
                         help="linear-probe epochs of the confirmation (30)")
     parser.add_argument("--device", default="cpu", help="device of the confirmation's probes")
+    jobs = parser.add_argument_group(
+        "jobs (e2mc.jobs; local and slurm need submitit: pip install 'e2mc[cluster]')")
+    jobs.add_argument("--executor", choices=("inline", "local", "slurm"), default="inline",
+                      help="inline (default): every run in this process, one after another; "
+                           "local: each run and evaluation as a process of its own; slurm: "
+                           "each as a SLURM job. The search waits for the jobs, records their "
+                           "ids in OUT/jobs.json and resumes without resubmitting them")
+    jobs.add_argument("--partition", help="SLURM partition")
+    jobs.add_argument("--nodes", type=int, default=1,
+                      help="SLURM nodes of each training job (1)")
+    jobs.add_argument("--gpus-per-node", type=int, default=0,
+                      help="GPUs per node of each training job, one process (task) per GPU "
+                           "(DDP); evaluations take one (0: CPU)")
+    jobs.add_argument("--cpus-per-task", type=int, help="SLURM CPUs per task (per GPU)")
+    jobs.add_argument("--time", dest="time_min", type=int, metavar="MINUTES",
+                      help="time limit of each job (slurm: 240); a job that reaches it "
+                           "checkpoints and is requeued")
+    jobs.add_argument("--account", help="SLURM account")
+    jobs.add_argument("--constraint", help="SLURM node constraint")
+    jobs.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                      help="any other sbatch setting, e.g. --slurm qos=high --slurm "
+                           "mail-type=END (repeatable; KEY alone for a flag)")
+    jobs.add_argument("--max-parallel", type=int, metavar="N",
+                      help="jobs in flight at once (local: 1; slurm: all, as a job array "
+                           "with at most N running)")
+    jobs.add_argument("--jobs-dir", metavar="DIR",
+                      help="submitit's job files and logs (OUT/jobs)")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from e2mc.config import load_config, resolve_metric
     from e2mc.evaluation.features import file_digest
+    from e2mc.jobs import ExecutorOptions, parse_slurm_settings
     from e2mc.search import Search, SearchPreempted, SearchSpec, file_trials, grid_trials
-    from e2mc.training.config import load_config
-    from e2mc.training.monitor import resolve_metric
     from e2mc.training.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 
     if bool(args.grid) == bool(args.trials):
         raise ValueError("give the trials with --grid (repeatable) or --trials FILE, not both")
+    executor = ExecutorOptions(
+        kind=args.executor, partition=args.partition, nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
+        time_min=args.time_min, account=args.account, constraint=args.constraint,
+        slurm=parse_slurm_settings(args.slurm), max_parallel=args.max_parallel,
+        jobs_dir=args.jobs_dir)
+    executor.check()  # before anything runs: options the executor ignores, submitit missing
     trials = grid_trials(args.grid) if args.grid else file_trials(args.trials)
     checkpoint = Path(args.checkpoint)
     if not checkpoint.is_file():
@@ -70,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
                       metric=resolve_metric(args.metric, fractions), common=list(args.common),
                       trials=trials)
     seeds = _seeds(args.confirm) if args.confirm else None
-    search = Search(spec, args.out)
+    search = Search(spec, args.out, executor=executor)
     # a pre-emption signal between runs (a run's own trainer handles it within the run) stops
     # the search at the next boundary; either way it exits 75 and resumes when run again
     with PreemptionHandler() as signals:
@@ -87,8 +121,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _seeds(text: str) -> list[int]:
+    from e2mc.config import comma_list
+
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        seeds = comma_list(text, int)
     except ValueError:
         raise ValueError(f"--confirm takes comma-separated integer seeds, got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):

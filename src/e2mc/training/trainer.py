@@ -568,7 +568,17 @@ class Trainer:
         finally:
             logger.close()
             self.logger = None
+            self._stop_workers()
         return result
+
+    def _stop_workers(self) -> None:
+        """Stop the DataLoader's persistent workers now. A run stopped mid-epoch (max_steps, a
+        signal) leaves its iterator unfinished; its workers ignore the pre-emption signals,
+        so the interpreter's exit could not terminate them and would wait for them forever."""
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            self.loader._iterator = None
 
     def _bar(self, run_epoch: int, start_batch: int) -> Any:
         if not (self.runtime.is_main and self.training_cfg.progress):

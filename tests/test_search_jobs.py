@@ -1,0 +1,260 @@
+"""``e2mc search --executor local|slurm`` (e2mc.jobs): every run as a job of its own through
+submitit, the same numbers as the inline search, resuming, failures, the SLURM script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from e2mc.artifacts import SEARCH_JSON, RunDir
+from e2mc.cli import main
+from helpers import TINY_RUN
+
+submitit = pytest.importorskip("submitit")
+
+TINY = [*TINY_RUN, "monitor.every=4", "monitor.probe_epochs=2", "monitor.knn_k=3",
+        "training.epochs=2"]
+GRID = ("--grid", "addon.params.beta=1,10")  # two trials sharing one control: three runs
+LOCAL = ("--executor", "local", "--max-parallel", "2")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from e2mc.checkpoints import save_checkpoint
+    from e2mc.methods import build_method
+
+    root = tmp_path_factory.mktemp("jobs-base")
+    rng = np.random.default_rng(0)
+    data = root / "d.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (40, 16, 16), dtype=np.uint8),
+             y_train=np.arange(40) % 4, x_test=rng.integers(0, 256, (20, 16, 16), dtype=np.uint8),
+             y_test=np.arange(20) % 4)
+    torch.manual_seed(0)
+    ckpt = root / "base.pt"
+    save_checkpoint(ckpt, build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1,
+                                       projector="32-32"))
+    return ckpt, data
+
+
+def _search(base: tuple[Path, Path], out: Path, *extra: str, data: Path | None = None,
+            grid: tuple[str, ...] = GRID) -> int:
+    ckpt, default_data = base
+    sets = [a for item in TINY for a in ("--set", item)]
+    return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+                 "--data", str(data or default_data), "--out", str(out), "--metric", "val/knn",
+                 *sets, *grid, *extra])
+
+
+def _numbers(out: Path) -> tuple[list[dict], str | None]:
+    record = json.loads((out / SEARCH_JSON).read_text())
+    keys = ("name", "trajectory", "control_trajectory", "value", "control_value",
+            "difference", "steps")
+    return [{k: t[k] for k in keys} for t in record["trials"]], record["selected"]
+
+
+def _jobs(out: Path) -> dict[str, dict]:
+    return json.loads((out / "jobs.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def searches(base: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[Path, Path]:
+    """The same search inline and through the local executor (its 3 jobs at once)."""
+    root = tmp_path_factory.mktemp("jobs-searches")
+    assert _search(base, root / "inline") == 0
+    assert _search(base, root / "local", "--executor", "local", "--max-parallel", "3") == 0
+    return root / "inline", root / "local"
+
+
+@pytest.mark.slow  # searches through submitit's local executor
+def test_local_jobs_run_apart_and_give_the_inline_numbers(searches: tuple[Path, Path]) -> None:
+    inline, local = searches
+    assert _numbers(local) == _numbers(inline)
+    assert _numbers(local)[0] and len(_numbers(local)[0]) == 2
+    jobs = _jobs(local)
+    assert sorted(jobs) == sorted(p.relative_to(local).parent.as_posix()
+                                  for p in local.glob("trials/**/done.json"))
+    assert len(jobs) == 3 and all(j["state"] == "done" and j["executor"] == "local"
+                                  for j in jobs.values())
+    pids = {j["pid"] for j in jobs.values()}
+    assert len(pids) == 3 and os.getpid() not in pids  # each run in a process of its own
+    assert all(Path(j["log"]).is_file() for j in jobs.values())
+    assert not list(local.rglob(".e2mc.lock")) and not list(local.rglob("*.tmp"))
+
+
+@pytest.mark.slow  # searches through submitit's local executor
+def test_a_resumed_search_resubmits_nothing_that_finished(
+        base: tuple[Path, Path], searches: tuple[Path, Path],
+        capsys: pytest.CaptureFixture) -> None:
+    _, local = searches
+    before, files = _jobs(local), sorted(p.name for p in (local / "jobs").iterdir())
+    capsys.readouterr()
+    assert _search(base, local, "--executor", "local") == 0
+    err = capsys.readouterr().err
+    assert "  job " not in err and "read (done)" in err
+    assert _jobs(local) == before
+    assert sorted(p.name for p in (local / "jobs").iterdir()) == files
+
+
+_KILLER = '''
+import os
+if os.environ.get("SUBMITIT_LOCAL_JOB_ID") and os.environ.get("E2MC_TEST_KILL"):
+    import signal
+    import e2mc.files as files
+    target, mark = os.environ["E2MC_TEST_KILL"].split(os.pathsep)
+    original = files.atomic_write
+
+    def atomic_write(path, write, mode="wb"):
+        original(path, write, mode)
+        if str(path).endswith("checkpoint.pt") and target in str(path) \\
+                and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    files.atomic_write = atomic_write
+'''
+
+
+@pytest.mark.slow  # searches through submitit's local executor
+def test_a_killed_job_resumes_when_the_search_runs_again(
+        base: tuple[Path, Path], searches: tuple[Path, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """SIGKILL of a job right after its run's first checkpoint (a sitecustomize in the job
+    processes only, set up by this test): the search stops (75); run again, it resubmits that
+    run alone, which resumes from its checkpoint, and the numbers are the inline search's
+    (this search is the inline one's second trial with its control)."""
+    inline, _ = searches
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_KILLER)
+    mark = tmp_path / "killed"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("E2MC_TEST_KILL", os.pathsep.join(["beta_10-", str(mark)]))
+    out = tmp_path / "s"
+    one = ("--grid", "addon.params.beta=10")
+    assert _search(base, out, *LOCAL, grid=one) == 75
+    err = capsys.readouterr().err
+    assert mark.is_file() and "ended without a result" in err
+    (killed,) = [k for k in _jobs(out) if "beta_10-" in k]
+    run = RunDir(out / killed)
+    assert not run.is_done() and torch.load(run.checkpoint, weights_only=True)["step"] == 4
+    first = _jobs(out)
+    assert _search(base, out, *LOCAL, grid=one) == 0
+    assert "resuming from" in Path(_jobs(out)[killed]["log"]).read_text()
+    from e2mc.search import select
+
+    rows = [_numbers(inline)[0][1]]  # the inline search's beta=10 trial and its control
+    assert _numbers(out) == (rows, select(rows))
+    again = _jobs(out)
+    assert again[killed]["earlier"] == [first[killed]["job_id"]]
+    for key, entry in first.items():  # what had finished was not submitted again
+        if entry["state"] == "done":
+            assert again[key]["job_id"] == entry["job_id"]
+
+
+@pytest.mark.slow  # searches through submitit's local executor
+def test_a_failed_job_stops_the_search_with_its_log_tail(
+        base: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "s"
+    missing = tmp_path / "gone.npz"  # every job fails reading its data
+    assert _search(base, out, "--executor", "local", "--max-parallel", "1",
+                   data=missing) == 1
+    err = capsys.readouterr().err
+    assert "--- last lines of" in err and "gone.npz" in err
+    assert "e2mc search: error: job " in err and " failed: " in err
+    assert "1 failed" in err
+    record = json.loads((out / SEARCH_JSON).read_text())
+    assert record["trials"] == [] and record["selected"] is None  # nothing on partial data
+    assert [j["state"] for j in _jobs(out).values()] == ["failed"]
+
+
+def test_executor_options_are_checked_before_anything_runs(
+        base: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    assert _search(base, tmp_path / "a", "--executor", "local", "--partition", "gpu") == 2
+    assert "--partition only apply to --executor slurm" in capsys.readouterr().err
+    assert _search(base, tmp_path / "b", "--max-parallel", "2") == 2
+    assert "only apply to --executor local or slurm" in capsys.readouterr().err
+    assert _search(base, tmp_path / "c", "--executor", "local", "--slurm", "qos=") == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "submitit", None)  # not installed
+    assert _search(base, tmp_path / "d", "--executor", "slurm") == 2
+    assert "pip install 'e2mc[cluster]'" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+def test_the_slurm_job_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sbatch script submitit would submit (not submitted: no SLURM here): one task per GPU
+    on each node, the GPUs, submitit's signal ahead of the time limit, requeueing, logs
+    appended across requeues, and the partition, time, account and extra settings."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from e2mc.jobs import ExecutorOptions, make_executor, parse_slurm_settings, slurm_parameters
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    options = ExecutorOptions(kind="slurm", partition="gpu", nodes=2, gpus_per_node=4,
+                              cpus_per_task=10, time_min=120, account="proj",
+                              constraint="a100", max_parallel=3,
+                              slurm=parse_slurm_settings(["qos=high", "exclusive"]))
+    options.check()
+    executor = make_executor(options, tmp_path, "e2mc-search")
+    lines = executor._make_submission_file_text(executor._submitit_command_str, "x").splitlines()
+    for expected in ("--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4",
+                     "--cpus-per-task=10", "--signal=USR2@300", "--requeue",
+                     "--open-mode=append", "--partition=gpu", "--time=120", "--account=proj",
+                     "--constraint=a100", "--qos=high", "--exclusive", "--job-name=e2mc-search"):
+        assert f"#SBATCH {expected}" in lines, expected
+    assert any(ln.startswith("srun ") and "submitit.core._submit" in ln for ln in lines)
+    # evaluations: one task on one GPU; several jobs at once: an array, 3 running at a time
+    evaluation = make_executor(options, tmp_path, "e2mc-search", kind="eval")
+    text = evaluation._make_submission_file_text("python", "x")
+    assert "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --gpus-per-node=1" in text
+    assert "#SBATCH --nodes=1" in text
+    array = _make_sbatch_string(command="python", folder=tmp_path, map_count=12,
+                                **slurm_parameters(options, "e2mc-search"))
+    assert "#SBATCH --array=0-11%3" in array
+
+
+def test_a_slurm_task_joins_the_process_group_as_under_torchrun(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task 3 of a 2-node job with 4 tasks per node: submitit's environment gives the
+    variables torchrun would set, which the trainer's init_runtime reads."""
+    from e2mc.jobs import _join_process_group
+
+    for name, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "8",
+                        "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "3",
+                        "SLURM_LOCALID": "3", "SLURM_JOB_NODELIST": "gpu[12-13]"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                 "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(name, "-")  # (so that the test's end restores them)
+        monkeypatch.delenv(name)
+    _join_process_group()
+    assert (os.environ["MASTER_ADDR"], os.environ["RANK"], os.environ["WORLD_SIZE"],
+            os.environ["LOCAL_RANK"], os.environ["CUDA_VISIBLE_DEVICES"]) == \
+        ("gpu12", "3", "8", "3", "3")
+    assert 20000 <= int(os.environ["MASTER_PORT"]) <= 60000
+
+
+def test_submitits_signal_takes_the_trainers_preemption_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a job, submitit's time-limit signal (USR2) is raised again as the trainer's first
+    pre-emption signal, so the trainer checkpoints after its step and stops."""
+    from e2mc.jobs import _signals_to_trainer
+    from e2mc.training.preemption import PreemptionHandler
+
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    before = signal.getsignal(signal.SIGUSR2)
+    with _signals_to_trainer("SIGTERM,SIGUSR1"):
+        trainer = PreemptionHandler("SIGTERM,SIGUSR1").install()  # as the trainer does
+        signal.raise_signal(signal.SIGUSR2)
+        assert trainer.received == signal.SIGTERM
+        trainer.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) == before
