@@ -17,3 +17,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tiny_base(root, n_test: int = 20):
+    """``(checkpoint, data)`` in ``root``: 40 training and ``n_test`` test images of 16 px in
+    four classes (``.npz``), and a fresh VICReg model of the :data:`TINY_RUN` architecture
+    saved as a project checkpoint (seed 0), the start of tiny continued runs and searches."""
+    import numpy as np
+    import torch
+
+    from e2mc.checkpoints import save_checkpoint
+    from e2mc.methods import build_method
+
+    rng = np.random.default_rng(0)
+    data = root / "d.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (40, 16, 16), dtype=np.uint8),
+             y_train=np.arange(40) % 4,
+             x_test=rng.integers(0, 256, (n_test, 16, 16), dtype=np.uint8),
+             y_test=np.arange(n_test) % 4)
+    torch.manual_seed(0)
+    ckpt = root / "base.pt"
+    save_checkpoint(ckpt, build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1,
+                                       projector="32-32"))
+    return ckpt, data

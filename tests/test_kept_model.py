@@ -6,32 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from e2mc.artifacts import EvalDir, RunDir
 from e2mc.cli import main
-from helpers import TINY_RUN
+from helpers import TINY_RUN, tiny_base
 
 
 @pytest.fixture(scope="module")
 def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """``(start checkpoint, data, run)``: a keep-best run in which no later step can beat the
     start (``monitor.min_delta`` 1000 points), so ``best.pt`` is the starting model."""
-    from e2mc.checkpoints import save_checkpoint
-    from e2mc.methods import build_method
-
     root = tmp_path_factory.mktemp("kept")
-    rng = np.random.default_rng(0)
-    data = root / "d.npz"
-    np.savez(data, x_train=rng.integers(0, 256, (40, 16, 16), dtype=np.uint8),
-             y_train=np.arange(40) % 4, x_test=rng.integers(0, 256, (24, 16, 16), dtype=np.uint8),
-             y_test=np.arange(24) % 4)
-    torch.manual_seed(0)
-    start = root / "start.pt"
-    save_checkpoint(start, build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1,
-                                        projector="32-32"))
+    start, data = tiny_base(root, n_test=24)
     run = root / "run"
     sets = [*TINY_RUN, "monitor.every=2", "monitor.probe_epochs=2", "monitor.knn_k=3",
             "monitor.min_delta=1000", "training.max_steps=4", "optim.base_lr=0.5"]

@@ -8,13 +8,12 @@ import os
 import signal
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from e2mc.artifacts import SEARCH_JSON, RunDir
 from e2mc.cli import main
-from helpers import TINY_RUN
+from helpers import TINY_RUN, tiny_base
 
 submitit = pytest.importorskip("submitit")
 
@@ -26,20 +25,7 @@ LOCAL = ("--executor", "local", "--max-parallel", "2")
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from e2mc.checkpoints import save_checkpoint
-    from e2mc.methods import build_method
-
-    root = tmp_path_factory.mktemp("jobs-base")
-    rng = np.random.default_rng(0)
-    data = root / "d.npz"
-    np.savez(data, x_train=rng.integers(0, 256, (40, 16, 16), dtype=np.uint8),
-             y_train=np.arange(40) % 4, x_test=rng.integers(0, 256, (20, 16, 16), dtype=np.uint8),
-             y_test=np.arange(20) % 4)
-    torch.manual_seed(0)
-    ckpt = root / "base.pt"
-    save_checkpoint(ckpt, build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1,
-                                       projector="32-32"))
-    return ckpt, data
+    return tiny_base(tmp_path_factory.mktemp("jobs-base"))
 
 
 def _search(base: tuple[Path, Path], out: Path, *extra: str, data: Path | None = None,
