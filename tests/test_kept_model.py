@@ -85,10 +85,14 @@ def test_export_analyze_and_continue_take_the_kept_model(kept_run, tmp_path: Pat
     capsys.readouterr()
     assert main(["analyze", str(run), "--data", str(data), "--out", str(tmp_path / "a"),
                  "--num-samples", "20", "--knn-k", "3", "--image-size", "16",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--names", "kept"]) == 0
     assert "the run's kept model" in capsys.readouterr().err
     report = json.loads((tmp_path / "a" / "diagnostics.json").read_text())
     assert "best.pt" in json.dumps(report) and "kept model (best.pt), step 0" in json.dumps(report)
+    assert '"kept"' in json.dumps(report)  # the run's name given with --names
+    assert main(["analyze", str(run), "--data", str(data), "--out", str(tmp_path / "b"),
+                 "--names", "a,b"]) == 2
+    assert "--names needs 1 distinct names, one per run" in capsys.readouterr().err
     # continue --from RUN starts from its kept model
     sets = [*TINY_RUN, "training.max_steps=1"]
     assert main(["continue", "--config", "fmnist-vicreg-continue", "--from", str(run),

@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_OR_CHECKPOINT",
                    help="run directory (its checkpoint.pt or latest checkpoints/epoch_XXXX.pt, "
                         "and its metrics.jsonl) or checkpoint file; first = before")
+    p.add_argument("--names", default=None, metavar="A,B,...",
+                   help="comma-separated names of the runs in the report, one per run "
+                        "(default: their directory or file names)")
     p.add_argument("--data", required=True,
                    help="dataset spec understood by e2mc.data.build_dataset ('builtin', a "
                         "folder, an .npz file)")
@@ -51,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from e2mc.config import comma_list
     from e2mc.diagnostics.analyze import analyze, default_loader
     from e2mc.errors import InputError
 
@@ -67,6 +71,6 @@ def run(args: argparse.Namespace) -> int:
         accuracy_curve=args.accuracy_curve,
         accuracy_train_samples=args.accuracy_train_samples,
         loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress,
-        last=args.last)
+        last=args.last, names=comma_list(args.names) if args.names else None)
     print(f"wrote {json_path}\nwrote {html_path}")
     return 0

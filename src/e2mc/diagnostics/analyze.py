@@ -173,6 +173,7 @@ def analyze(
     loader: Loader | None = None,
     progress: bool = True,
     last: bool = False,
+    names: Sequence[str] | None = None,
 ) -> tuple[Path, Path]:
     """Analyse ``runs`` (first = before) on ``num_samples`` seeded images of ``data``/``split``
     and write ``out_dir/{diagnostics.json, report.html, *.png}``; return the JSON and HTML paths.
@@ -182,13 +183,20 @@ def analyze(
     224). ``accuracy_curve``: kNN top-1 (``accuracy_knn_k`` neighbours, on
     ``accuracy_train_samples`` training images) of every per-epoch checkpoint of every run.
     A run directory stands for its kept model (``best.pt``) when it has one, for its last step
-    with ``last`` (:func:`resolve_run`).
+    with ``last`` (:func:`resolve_run`). ``names``: the runs' names in the report (default:
+    their directory or file names).
     """
     from e2mc.data import build_dataset, eval_transform
 
     if not runs:
         raise ValueError("analyze needs at least one run or checkpoint")
     sources = [resolve_run(r, last) for r in runs]
+    if names is not None:
+        if len(names) != len(sources) or len(set(names)) != len(names):
+            raise ValueError(f"--names needs {len(sources)} distinct names, one per run; got "
+                             f"{', '.join(names) or 'none'}")
+        for src, name in zip(sources, names, strict=True):
+            src.name = name
     _unique_names(sources)
     load = loader or default_loader()
     out = Path(out_dir)
