@@ -200,7 +200,8 @@ class ValidationMonitor(Callback):
         if trainer.runtime.is_main and self.history:
             kept = self.keep_best.tracker.best_step if self.keep_best is not None else None
             plot_history(self.history, metric_names(self.cfg.fractions),
-                         trainer.run.monitor_plot, kept)
+                         trainer.run.monitor_plot, kept,
+                         self.keep_best.metric if self.keep_best is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history),
@@ -213,10 +214,11 @@ class ValidationMonitor(Callback):
 
 
 def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
-                 path: str | os.PathLike[str], kept_step: int | None = None) -> list[str]:
+                 path: str | os.PathLike[str], kept_step: int | None = None,
+                 kept_by: str | None = None) -> list[str]:
     """Each of ``metrics`` (:func:`metric_names`) that ``history`` has against steps, one panel
-    each, the step kept by keep-best marked; written atomically to ``path``. Returns the
-    metrics drawn."""
+    each, the step kept by keep-best marked (and the metric that chose it, ``kept_by``, named
+    in the legend); written atomically to ``path``. Returns the metrics drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,7 +232,9 @@ def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
         steps, values = zip(*[(h["step"], h[name]) for h in history if name in h], strict=True)
         ax.plot(steps, values, "-o", ms=3)
         if kept_step is not None:
-            ax.axvline(kept_step, color="C3", ls="--", lw=1, label=f"kept: step {kept_step}")
+            by = f" by {kept_by}" if kept_by else ""
+            ax.axvline(kept_step, color="C3", ls="--", lw=1,
+                       label=f"kept{by}: step {kept_step}")
             ax.legend(fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step")
