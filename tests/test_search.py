@@ -134,12 +134,12 @@ def test_confirmation_pairs_each_seed_and_pools(tmp_path: Path) -> None:
 def test_confirm_trains_each_seed_and_tests_on_the_test_split(base: tuple[Path, Path],
                                                                tmp_path: Path) -> None:
     from e2mc.artifacts import SearchDir
-    from e2mc.evaluation.features import file_digest
+    from e2mc.files import sha256_file
     from e2mc.search import Search, SearchSpec
 
     ckpt, data = base
     spec = SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
-                      checkpoint_sha256=file_digest(ckpt), data=str(data), val_split=0.2,
+                      checkpoint_sha256=sha256_file(ckpt), data=str(data), val_split=0.2,
                       seed=0, metric="val/knn", common=TINY,
                       trials=[Trial("beta 1", ["addon.params.beta=1"])])
     search = Search(spec, tmp_path / "s", log=lambda _m: None)
@@ -159,12 +159,12 @@ def test_confirm_trains_each_seed_and_tests_on_the_test_split(base: tuple[Path, 
 
 # --------------------------------------------------------------------------- trust (issue 22)
 def _spec(base: tuple[Path, Path], trials: list[Trial], *common: str):
-    from e2mc.evaluation.features import file_digest
+    from e2mc.files import sha256_file
     from e2mc.search import SearchSpec
 
     ckpt, data = base
     return SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
-                      checkpoint_sha256=file_digest(ckpt), data=str(data), val_split=0.2,
+                      checkpoint_sha256=sha256_file(ckpt), data=str(data), val_split=0.2,
                       seed=0, metric="val/knn", common=[*TINY, *common], trials=trials)
 
 

@@ -70,9 +70,9 @@ def test_file_urls_with_the_same_file_name_load_their_own_weights(tmp_path, hub)
     assert cache_path(a.as_uri()) != cache_path(b.as_uri())
     assert cache_path(a.as_uri()).name.endswith("checkpoint.pt")  # still recognisable
     # the sha256 is part of the key: another digest for the same URL is another entry
-    from e2mc.checkpoints.remote import sha256_of
+    from e2mc.files import sha256_file
 
-    digest = sha256_of(b)
+    digest = sha256_file(b)
     assert fetch(f"{b.as_uri()}#sha256={digest}", progress=False).read_bytes() == b.read_bytes()
     with pytest.raises(ValueError, match="invalid hash value"):
         fetch(b.as_uri(), sha256="0" * 64, progress=False)

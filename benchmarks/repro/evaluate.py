@@ -87,11 +87,11 @@ class Evaluator:
         """``run_evaluation`` of ``checkpoint``'s backbone into ``out_dir`` (or its cached
         record when it exists for the same file and options)."""
         from e2mc.checkpoints import load_backbone
-        from e2mc.evaluation.features import file_digest
         from e2mc.evaluation.runner import run_evaluation
+        from e2mc.files import sha256_file
 
         options = self.options(method, protocols, fractions, seeds)
-        stamp = {"checkpoint_sha256": file_digest(checkpoint), "data_id": split.data_id,
+        stamp = {"checkpoint_sha256": sha256_file(checkpoint), "data_id": split.data_id,
                  "options": repr(options)}
         eval_dir = EvalDir(out_dir)
         if eval_dir.exists():

@@ -110,10 +110,9 @@ def read_jsonl(path: str | Path, partial_last_line: bool = False) -> list[dict[s
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     """Replace ``path`` atomically by ``records``, one JSON object per line."""
-    from e2mc.files import atomic_write
+    from e2mc.files import atomic_write_text
 
-    text = "".join(json.dumps(r, allow_nan=True) + "\n" for r in records)
-    atomic_write(Path(path), lambda f: f.write(text), "w")
+    atomic_write_text(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
 
 
 # --------------------------------------------------------------------------- one writer
@@ -348,11 +347,10 @@ class RunDir:
 
     def write_val_split(self, record: dict[str, Any]) -> None:
         """Write the validation-split record atomically."""
-        from e2mc.files import atomic_write
+        from e2mc.files import atomic_write_text
 
         self.root.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(record)
-        atomic_write(self.val_split, lambda f: f.write(text), "w")
+        atomic_write_text(self.val_split, json.dumps(record))
 
     def stale_temp_files(self) -> list[Path]:
         """Temporary files of interrupted atomic writes (``.NAME.*.tmp``) in the run directory
@@ -371,10 +369,9 @@ class RunDir:
     def mark_done(self, step: int, end: str) -> None:
         """Record that the run reached its configured end (``end``: how) at ``step``; a run that
         was stopped early (pre-empted) is never marked. Written atomically."""
-        from e2mc.files import atomic_write
+        from e2mc.files import atomic_write_text
 
-        text = json.dumps({"step": int(step), "end": end})
-        atomic_write(self.done, lambda f: f.write(text), "w")
+        atomic_write_text(self.done, json.dumps({"step": int(step), "end": end}))
 
     def is_done(self) -> bool:
         """Whether :meth:`mark_done` was called and the checkpoint it describes is there."""
@@ -610,7 +607,7 @@ class EvalDir:
     def write(self, record: dict[str, Any]) -> Path:
         """Write ``record`` (entries and top-level fields) as ``results.json``, atomically, with
         a ``summary`` (mean, SE and count over seeds of every numeric metric per column)."""
-        from e2mc.files import atomic_write
+        from e2mc.files import atomic_write_text
 
         record = dict(record)
         entries = [e.to_dict() if isinstance(e, EvalEntry) else dict(e)
@@ -624,22 +621,18 @@ class EvalDir:
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(f".{RESULTS}.*.tmp"):  # left by a killed write
             stale.unlink(missing_ok=True)
-        atomic_write(self.results, lambda f: f.write(text), "w")
+        atomic_write_text(self.results, text)
         self.remove_unreferenced(entries)  # the previous evaluation's predictions
         return self.results
 
     def _file_digest(self, entry: dict[str, Any]) -> str:
-        import hashlib
+        from e2mc.files import sha256_file
 
         path = self.root / entry["predictions"]
         if not path.is_file():
             raise ValueError(f"{self.results}: entry {entry.get('column')!r} names predictions "
                              f"{entry['predictions']}, which {self.root} does not hold")
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
+        return sha256_file(path)
 
 
 def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:

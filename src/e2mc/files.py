@@ -1,11 +1,12 @@
 """Writing files safely: atomically (a temporary file beside the target, then a rename), into
-directories checked for write permission first. No torch: checkpoints are written through
-:func:`e2mc.checkpoints.io.atomic_save`."""
+directories checked for write permission first; and the SHA-256 that identifies a file's
+content. No torch: checkpoints are written through :func:`e2mc.checkpoints.io.atomic_save`."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -78,5 +79,20 @@ def check_writable_dir(path: str | os.PathLike[str], what: str = "directory") ->
         os.unlink(probe)
 
 
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` atomically by ``text`` (:func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(text), "w")
+
+
 def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n"), "w")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """SHA-256 (hex) of a file's content, read in ``chunk``-byte blocks: the one identity of a
+    file's bytes (checkpoints, downloads, predictions)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -372,10 +372,9 @@ class JobRunner:
         return record if isinstance(record, dict) else {}
 
     def _write_record(self, record: dict[str, dict[str, Any]]) -> None:
-        from e2mc.files import atomic_write
+        from e2mc.files import atomic_write_text
 
-        text = json.dumps(record, indent=2, sort_keys=True)
-        atomic_write(self.files.jobs_json, lambda f: f.write(text), "w")
+        atomic_write_text(self.files.jobs_json, json.dumps(record, indent=2, sort_keys=True))
 
     def _note(self, record: dict[str, Any], key: str, **fields: Any) -> None:
         record.setdefault(key, {}).update(fields)

@@ -31,6 +31,7 @@ from typing import Any
 
 from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
 from e2mc.config import comma_list
+from e2mc.files import atomic_write_text
 from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, TrainJob, Work, train_run
 
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
@@ -328,10 +329,10 @@ class Search:
         return record
 
     def _write(self, record: dict[str, Any]) -> None:
-        _write_text(self.files.json, json.dumps(record, indent=2))
+        atomic_write_text(self.files.json, json.dumps(record, indent=2))
 
     def _report(self, record: dict[str, Any]) -> None:
-        _write_text(self.files.markdown, search_markdown(record))
+        atomic_write_text(self.files.markdown, search_markdown(record))
         plot_trajectories(record, self.files.plot)
         chosen = record["selected"]
         if chosen is None:
@@ -385,8 +386,8 @@ class Search:
                                               eval_fractions, label_seeds, probe_epochs, device)
             pairs.append((seed, evals["control"], evals["run"]))
         result = confirmation(pairs, chosen)
-        _write_text(self.files.confirm_json, json.dumps(result, indent=2))
-        _write_text(self.files.confirm_markdown, confirm_markdown(result))
+        atomic_write_text(self.files.confirm_json, json.dumps(result, indent=2))
+        atomic_write_text(self.files.confirm_markdown, confirm_markdown(result))
         self.log(confirm_markdown(result))
         return result
 
@@ -433,12 +434,6 @@ def evaluate_on_test(checkpoint: str, out: str, data: str, image_size: int, chan
                    data_id=data_id(data, None, image_size, channels),
                    checkpoint=Path(checkpoint), cache=FeatureCache(cache),
                    extra_record={"checkpoint": checkpoint})
-
-
-def _write_text(path: Path, text: str) -> None:
-    from e2mc.files import atomic_write
-
-    atomic_write(path, lambda f: f.write(text), "w")
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:

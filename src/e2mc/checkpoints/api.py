@@ -12,9 +12,9 @@ from torch import nn
 
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
-from e2mc.checkpoints.remote import fetch, is_url, sha256_of
+from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import check_keys, load_strict
-from e2mc.files import atomic_write_json
+from e2mc.files import atomic_write_json, sha256_file
 from e2mc.methods.base import SSLMethod
 from e2mc.methods.registry import build_method
 from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint
@@ -303,7 +303,7 @@ def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] 
     if omitted:
         out["omitted"] = sorted(omitted)
     if local_file is not None:
-        out["sha256"] = sha256_of(local_file)
+        out["sha256"] = sha256_file(local_file)
     return out
 
 

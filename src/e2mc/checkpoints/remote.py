@@ -19,6 +19,8 @@ from pathlib import Path
 from urllib.error import HTTPError
 from urllib.parse import unquote, urlsplit
 
+from e2mc.files import sha256_file
+
 SCHEMES = ("http", "https", "file")
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's convention
 _HEX = re.compile(r"[0-9a-fA-F]{64}")
@@ -54,14 +56,6 @@ def cache_path(url: str, sha256: str | None = None) -> Path:
     expected = (sha256 or from_fragment or "").lower()
     key = hashlib.sha256(f"{url}#sha256={expected}".encode()).hexdigest()[:16]
     return Path(torch.hub.get_dir()) / "checkpoints" / f"{key}-{name}"
-
-
-def sha256_of(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
@@ -101,7 +95,7 @@ def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
         except OSError as err:  # URLError (no server, missing file:// target), disk errors
             raise ValueError(f"cannot download {url}: {getattr(err, 'reason', err)}") from None
     elif expected is not None:
-        actual = sha256_of(dst)
+        actual = sha256_file(dst)
         if not actual.startswith(expected):
             raise ValueError(f"{dst} (cached copy of {url}) has sha256 {actual}, expected "
                              f"{expected}: delete the file to download it again")

@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from e2mc.config import load_config, resolve_metric
-    from e2mc.evaluation.features import file_digest
+    from e2mc.files import sha256_file
     from e2mc.jobs import ExecutorOptions, parse_slurm_settings
     from e2mc.search import Search, SearchPreempted, SearchSpec, file_trials, grid_trials
     from e2mc.training.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace) -> int:
     fractions = load_config(args.config, [*args.common, f"data.val_split={args.val_split}"]
                             ).monitor.fractions
     spec = SearchSpec(config=args.config, checkpoint=str(checkpoint.resolve()),
-                      checkpoint_sha256=file_digest(checkpoint), data=args.data,
+                      checkpoint_sha256=sha256_file(checkpoint), data=args.data,
                       val_split=args.val_split, seed=args.seed,
                       metric=resolve_metric(args.metric, fractions), common=list(args.common),
                       trials=trials)

@@ -201,15 +201,6 @@ def _gather_blocks(blocks: list[torch.Tensor], n: int, device: torch.device
     return [gather(b) for b in blocks]
 
 
-def file_digest(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's content."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def state_dict_digest(module: nn.Module) -> str:
     """SHA-256 over the names, shapes, dtypes and values of ``module.state_dict()``
     (parameters and buffers such as BatchNorm running statistics)."""
@@ -344,7 +335,7 @@ class FeatureCache:
             checkpoint: str | os.PathLike[str] | None = None,
             precision: str = "float32") -> tuple[str, dict[str, Any]]:
         """The cache key (hex) and the identity it was computed from."""
-        model_id = (f"file:{file_digest(checkpoint)}:{model_signature(backbone)}"
+        model_id = (f"file:{files.sha256_file(checkpoint)}:{model_signature(backbone)}"
                     if checkpoint is not None else f"state:{state_dict_digest(backbone)}")
         identity = {"format": CACHE_FORMAT, "model": model_id, "precision": precision,
                     **dataset_fingerprint(dataset, data_id)}
