@@ -193,13 +193,18 @@ def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     if host != socket.gethostname():
         return record
+    return record if process_alive(pid) else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return None
+        return False
     except PermissionError:
-        pass
-    return record
+        return True
+    return True
 
 
 def _holder(text: str) -> str:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2mc.artifacts import live_writer, process_alive
 from e2mc.errors import InputError, RunFailure
 
 EXECUTORS = ("inline", "local", "slurm")
@@ -396,7 +397,7 @@ class JobRunner:
             return _Tracked(work, job_id, job, _task0(job).paths.stderr)
         job = submitit.LocalJob(folder, job_id)
         pid = int(job_id)
-        if not (_local_controller_alive(pid) or _live_writer(work.directory)):
+        if not (_local_controller_alive(pid) or live_writer(work.directory) is not None):
             return None
         return _Tracked(work, job_id, job, job.paths.stderr, foreign_pid=pid)
 
@@ -406,7 +407,8 @@ class JobRunner:
         if _task0(t.job).paths.result_pickle.exists():  # (a local job's process may linger)
             return "ended"
         if t.foreign_pid is not None:
-            alive = _local_controller_alive(t.foreign_pid) or _live_writer(t.work.directory)
+            alive = (_local_controller_alive(t.foreign_pid)
+                     or live_writer(t.work.directory) is not None)
             return "running" if alive else "ended"
         if t.job.done():
             return "ended"
@@ -571,23 +573,13 @@ def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
 
 def _local_controller_alive(pid: int) -> bool:
     """Whether ``pid`` is a live submitit local job controller on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc: a live pid is all we know
     return b"submitit.local._local" in cmdline
-
-
-def _live_writer(directory: Path) -> bool:
-    from e2mc.artifacts import live_writer
-
-    return live_writer(directory) is not None
 
 
 class _Progress:
