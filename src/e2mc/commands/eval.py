@@ -233,7 +233,8 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     model = run_model(named, args.last)
     if model is not None and model.from_directory:
         print(f"model: {model.describe()}", file=sys.stderr)
-    args.checkpoint = local_checkpoint(named, args.last)  # a URL or a run directory: its file
+    # the file read: the run directory's model, the file named, or a URL's local copy
+    args.checkpoint = str(model.path) if model is not None else local_checkpoint(named)
     backbone, feature_dim, info = load_backbone(
         named if is_url(named) else args.checkpoint, arch=args.arch,
         small_images=args.small_images, in_channels=args.in_channels or 3, trust=args.trust)
