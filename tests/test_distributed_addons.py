@@ -73,6 +73,10 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
+    # Done and saved: leave without the interpreter's teardown, in which gloo's threads abort
+    # the process now and then ("terminate called without an active exception", SIGABRT),
+    # which mp.spawn reports as a failure of a worker whose results are complete.
+    os._exit(0)
 
 
 
