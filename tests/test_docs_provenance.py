@@ -1,0 +1,144 @@
+"""Every table of measured numbers in docs/ and README.md says the command and the commit that
+produced it (issue 24).
+
+A table is a Markdown table outside code fences (a row starting with ``|`` followed by a
+delimiter row). It holds *measured* numbers when a body cell has a number with a decimal point,
+a ``±`` or a per cent sign. Such a table needs a ``Produced by ... commit HASH`` line (the
+command, or "command not recorded", and the short hash of the commit that added the numbers)
+either near it (within ``NEAR`` lines above or below, with no heading or other table in between)
+or in the page's preamble (before its first ``## `` heading), which then covers every table of
+a generated page. A table of settings, formats or formulas that looks measured by that rule is
+marked with ``<!-- settings table -->`` right above it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MEASURED = re.compile(r"\d\.\d|±|\d\s*%")
+PRODUCED = re.compile(r"^\s*Produced by\b.*\bcommits? [0-9a-f]{7,40}\b")
+SETTINGS = "<!-- settings table -->"
+NEAR = 8
+
+
+def pages() -> list[Path]:
+    return sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
+
+
+def _is_delimiter(line: str) -> bool:
+    s = line.strip()
+    return s.startswith("|") and "-" in s and set(s) <= set("|-: ")
+
+
+def _is_row(line: str) -> bool:
+    return line.strip().startswith("|")
+
+
+def tables(lines: list[str]) -> list[tuple[int, int]]:
+    """(first line, one past the last line) of every Markdown table outside code fences."""
+    found, fenced, i = [], False, 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        if stripped.startswith(("```", "~~~")):
+            fenced = not fenced
+        elif (not fenced and _is_row(lines[i]) and i + 1 < len(lines)
+              and _is_delimiter(lines[i + 1])):
+            end = i + 2
+            while end < len(lines) and _is_row(lines[end]):
+                end += 1
+            found.append((i, end))
+            i = end
+            continue
+        i += 1
+    return found
+
+
+def is_measured(lines: list[str], start: int, end: int) -> bool:
+    return any(MEASURED.search(cell) for row in lines[start + 2:end] for cell in row.split("|"))
+
+
+def is_settings(lines: list[str], start: int) -> bool:
+    """``<!-- settings table -->`` among the HTML comment lines right above the table."""
+    i = start - 1
+    while i >= 0 and lines[i].strip().startswith("<!--") and lines[i].strip().endswith("-->"):
+        if lines[i].strip() == SETTINGS:
+            return True
+        i -= 1
+    return False
+
+
+def _stops(line: str) -> bool:
+    return line.lstrip().startswith("#") or _is_row(line)
+
+
+def has_provenance(lines: list[str], start: int, end: int) -> bool:
+    preamble = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    if any(PRODUCED.match(line) for line in lines[:preamble]):
+        return True
+    for step, first, last in ((-1, start - 1, max(start - 1 - NEAR, -1)),
+                              (1, end, min(end + NEAR, len(lines)))):
+        for i in range(first, last, step):
+            if PRODUCED.match(lines[i]):
+                return True
+            if _stops(lines[i]):
+                break
+    return False
+
+
+def unsourced(text: str) -> list[tuple[int, str]]:
+    """(line number, header row) of every measured table without a Produced-by line."""
+    lines = text.splitlines()
+    return [(start + 1, lines[start].strip()[:70]) for start, end in tables(lines)
+            if is_measured(lines, start, end) and not is_settings(lines, start)
+            and not has_provenance(lines, start, end)]
+
+
+def test_every_measured_table_says_its_command_and_commit():
+    missing = [f"{page.relative_to(REPO)}:{line}: {header}"
+               for page in pages() for line, header in unsourced(page.read_text(encoding="utf-8"))]
+    assert not missing, (
+        "tables of measured numbers without a 'Produced by: COMMAND at commit HASH' line next "
+        "to them (or '<!-- settings table -->' right above a table of settings):\n"
+        + "\n".join(missing))
+
+
+def test_the_walk_finds_the_measured_tables():
+    """The rule sees the result pages' tables (a parser that found none would pass anything)."""
+    counts = {}
+    for page in pages():
+        lines = page.read_text(encoding="utf-8").splitlines()
+        counts[page.relative_to(REPO).as_posix()] = sum(
+            is_measured(lines, s, e) and not is_settings(lines, s) for s, e in tables(lines))
+    assert counts["docs/results/full-vicreg.md"] == 3
+    assert counts["docs/demo.md"] == 1
+    assert sum(counts.values()) >= 40
+
+
+TABLE = "| run | linear 1% |\n|---|---|\n| continued | 64.87 ± 0.55 |\n"
+
+
+def test_a_measured_table_without_its_line_is_found():
+    intro = "# Page\n\n## Results\n\n"
+    line = "Produced by: `e2mc demo` at commit 135e76b (2-core CPU).\n"
+    assert unsourced(intro + TABLE) == [(5, "| run | linear 1% |")]
+    assert unsourced(intro + TABLE + "\n" + line) == []
+    assert unsourced(intro + line + "\n" + TABLE) == []
+    # a command without a commit, or a line beyond a heading or another table, does not count
+    assert unsourced(intro + TABLE + "\nProduced by: `e2mc demo`.\n") != []
+    assert unsourced(intro + TABLE + "\n## Next\n\n" + line) != []
+    other = "| a | b |\n|---|---|\n| 1 | 2 |\n"
+    assert unsourced(intro + TABLE + "\n" + other + "\n" + line) != []
+    assert unsourced(intro + TABLE + "\n" + "text\n" * NEAR + line) != []
+    # the preamble's line covers the page; a settings table is marked; integers are not measured
+    page = "# Page\n\n" + line + "\n## Results\n\n" + TABLE + "\n## More\n\n" + TABLE
+    assert unsourced(page) == []
+    assert unsourced(intro + SETTINGS + "\n" + TABLE) == []
+    assert unsourced(intro + "<!-- settings table -->\n<!-- generated -->\n" + TABLE) == []
+    assert unsourced(intro + "| exit code | meaning |\n|---|---|\n| 2 | bad input |\n") == []
+    # a table in a code fence is printed output, not a table of the page
+    assert unsourced(intro + "```text\n" + TABLE + "```\n") == []
+    # an indented table (in a list item) is a table too
+    indented = "".join("  " + row + "\n" for row in TABLE.splitlines())
+    assert unsourced(intro + "- item:\n\n" + indented) == [(7, "| run | linear 1% |")]
