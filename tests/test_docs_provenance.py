@@ -14,7 +14,10 @@ marked with ``<!-- settings table -->`` right above it.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = re.compile(r"\d\.\d|±|\d\s*%")
@@ -142,3 +145,19 @@ def test_a_measured_table_without_its_line_is_found():
     # an indented table (in a list item) is a table too
     indented = "".join("  " + row + "\n" for row in TABLE.splitlines())
     assert unsourced(intro + "- item:\n\n" + indented) == [(7, "| run | linear 1% |")]
+
+
+def test_a_generated_results_page_says_its_commit():
+    """``reproduce_fashion_mnist.py --write-docs`` writes a page this test accepts."""
+    from repro.report import produced_by, source_commit
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    commit = source_commit()
+    assert commit is not None and commit.removesuffix("+changes") == head
+    line = produced_by("python benchmarks/reproduce_fashion_mnist.py --data builtin", commit)
+    assert line.startswith("Produced by `python benchmarks/reproduce_fashion_mnist.py --data")
+    assert PRODUCED.match(line + " (see `docs/reproduction.md`).")
+    assert not PRODUCED.match(produced_by("python x.py", None))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
         table[method] = rows
         tests[method] = _method_tests(s, method, cols)
     result = {
-        "command": command, "quick": s.quick_mode,
+        "command": command, "commit": source_commit(), "quick": s.quick_mode,
         "settings": {k: (str(v) if isinstance(v, Path) else v)
                      for k, v in vars(s).items() if k not in ("base_runs",)},
         "base_runs": {m: str(runs.base_dir(s, m)) for m in s.methods},
@@ -279,6 +280,27 @@ def public_command(command: str) -> str:
     return shlex.join(shown)
 
 
+def source_commit() -> str | None:
+    """The short hash of the checkout this code runs from, with ``+changes`` when its tracked
+    code (``src``, ``benchmarks``) differs from it; None outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, check=True, timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/src",
+                      ":/benchmarks")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit}+changes" if changed else commit
+
+
+def produced_by(command: str, commit: str | None) -> str:
+    """The page's provenance: the command and the commit (tests/test_docs_provenance.py)."""
+    at = f"at commit {commit}" if commit else "(commit not recorded)"
+    return f"Produced by `{public_command(command)}` {at}"
+
+
 def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
     cmd = f"`{public_command(r['command'])}`"
     runs_root = s.out.parent if s.out.is_absolute() else None
@@ -289,7 +311,8 @@ def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
         lines += ["> **Quick mode** (pipeline check on a few hundred images, 1-2 epochs): the "
                   "numbers below mean nothing about the method.", ""]
     lines += [
-        f"Produced by {cmd} (see `docs/reproduction.md`). Data: `{public_path(s.data, data=True)}` "
+        f"{produced_by(r['command'], r.get('commit'))} (see `docs/reproduction.md`). "
+        f"Data: `{public_path(s.data, data=True)}` "
         f"(train limit {s.train_limit}, test limit {s.test_limit}), {s.image_size} px; backbone "
         f"`{s.backbone}`; base models {s.base_epochs} epochs (seed {s.base_seed}); continued "
         f"training {s.continued_epochs} epochs at the presets' constant learning rates, training "
