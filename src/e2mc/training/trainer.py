@@ -2,7 +2,10 @@
 
 One loop serves ``e2mc continue`` (the paper's step 2, docs/method.md) and ``e2mc pretrain``. The
 trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on called as
-``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs.
+``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs. Beside the
+loop: the non-finite checks (:mod:`~e2mc.training.nonfinite`), the resume state
+(:mod:`~e2mc.training.resume`) and the callbacks (:mod:`~e2mc.training.callbacks`), which see
+the trainer as a :class:`~e2mc.training.callbacks.TrainerView`.
 """
 
 from __future__ import annotations
