@@ -132,7 +132,7 @@ def test_debug_shows_the_traceback(files: dict[str, Path]) -> None:
 
 
 def test_describe_maps_errors_to_exit_codes() -> None:
-    from e2mc.training.trainer import NonFiniteLossError
+    from e2mc.training.nonfinite import NonFiniteLossError
 
     assert describe(ValueError("x"))[0] == EXIT_INPUT
     assert describe(FileNotFoundError(errno.ENOENT, "No such file", "a.pt")) == (
@@ -418,8 +418,10 @@ def test_a_nonfinite_gradient_stops_or_is_skipped(tmp_path: Path) -> None:
 
     from e2mc.addons import build_addon
     from e2mc.config import RunConfig
+    from e2mc.distributed import Runtime
     from e2mc.methods.base import MethodOutput, SSLMethod
-    from e2mc.training.trainer import NonFiniteLossError, Runtime, Trainer
+    from e2mc.training.nonfinite import NonFiniteLossError
+    from e2mc.training.trainer import Trainer
 
     class NaNGrad(SSLMethod):
         name = "nan-grad"

@@ -30,10 +30,11 @@ from torch import nn
 import e2mc.files as ckio
 from e2mc.artifacts import EvalDir, RunDir, read_jsonl
 from e2mc.config import RunConfig
+from e2mc.distributed import Runtime
 from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.training.callbacks import Callback
 from e2mc.training.logging import MetricsLogger
-from e2mc.training.trainer import Runtime, Trainer
+from e2mc.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(
     "fork" not in multiprocessing.get_all_start_methods(), reason="needs fork (POSIX)")

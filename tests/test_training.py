@@ -20,11 +20,14 @@ from torch import nn
 
 import e2mc
 from e2mc.config import RunConfig
+from e2mc.distributed import Runtime
 from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.optim import lr_factor
 from e2mc.training.checkpointing import rng_state, set_rng_state
 from e2mc.training.logging import read_metrics
+from e2mc.training.nonfinite import NonFiniteLossError
 from e2mc.training.sampling import EpochBatchSampler
-from e2mc.training.trainer import NonFiniteLossError, Runtime, Trainer, lr_factor
+from e2mc.training.trainer import Trainer
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
 # One thread: on a busy 2-core machine two-thread kernels wait on each other (100x slower).

@@ -1,9 +1,64 @@
-"""Rank helpers and gathering with gradients for ``torch.distributed`` (torchrun, gloo or nccl)."""
+"""Process setup (:class:`Runtime`, :func:`init_runtime`), rank helpers and gathering (with
+gradients, or of any object) for ``torch.distributed`` (torchrun, gloo or nccl)."""
 
 from __future__ import annotations
 
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.distributed as dist
+
+
+@dataclass
+class Runtime:
+    """Where this process runs: device, rank, number of processes."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_runtime(device: str = "auto") -> Runtime:
+    """Pick the device and, under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment), join the
+    process group from the environment variables: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("training.device is cuda but no CUDA device is available")
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    return Runtime(device=dev, rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every process, in rank order. Serialised with ``torch.save`` first (tensors
+    inside ``all_gather_object`` payloads fail to unpickle) and read back weights-only."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, buffer.getvalue())
+    return [torch.load(io.BytesIO(b), weights_only=True) for b in gathered]
 
 
 def is_distributed() -> bool:

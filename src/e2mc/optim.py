@@ -39,6 +39,17 @@ def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
     return cosine_factor(step - warmup_steps, total_steps - warmup_steps, final_fraction)
 
 
+def set_scheduled_lr(optimizer: Optimizer, step: int, total_steps: int, schedule: str,
+                     warmup_steps: int = 0, final_fraction: float = 0.0) -> float:
+    """Set every parameter group's ``lr`` to its ``initial_lr`` times :func:`lr_factor` at
+    ``step`` (groups marked ``fix_lr`` keep theirs); returns the first group's ``lr``."""
+    factor = lr_factor(step, total_steps, schedule, warmup_steps, final_fraction)
+    for group in optimizer.param_groups:
+        if not group.get("fix_lr", False):
+            group["lr"] = group["initial_lr"] * factor
+    return float(optimizer.param_groups[0]["lr"])
+
+
 class LARS(Optimizer):
     """LARS as in VICReg's ``main_vicreg.py``.
 

@@ -175,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from e2mc.artifacts import writer_lock
-    from e2mc.distributed import is_main_process
-    from e2mc.training.trainer import init_runtime
+    from e2mc.distributed import init_runtime, is_main_process
 
     device = str(init_runtime(args.device).device)  # joins the group under torchrun
     # One writer per evaluation directory, from the start: a second 'e2mc eval --out' into it

@@ -13,10 +13,14 @@ __all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "run_training"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Trainer", "TrainResult", "NonFiniteLossError"):
+    if name in ("Trainer", "TrainResult"):
         from e2mc.training import trainer
 
         return getattr(trainer, name)
+    if name == "NonFiniteLossError":
+        from e2mc.training.nonfinite import NonFiniteLossError
+
+        return NonFiniteLossError
     if name == "run_training":
         from e2mc.training.run import run_training
 

@@ -120,12 +120,14 @@ def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
 
 
 def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None) -> list[Any]:
-    """Every callback of a run: the pre-emption handler when ``training.preempt_signals``
-    names signals, the validation monitor (with keep-best) when there is a validation split,
-    and the collapse warning (once, on a base loss pinned at its collapse value)."""
+    """Every callback of a run (besides the trainer's own: epoch copies, progress bar), in the
+    order they run: the pre-emption handler when ``training.preempt_signals`` names signals;
+    when there is a validation split the validation monitor, keep-best (reading the values the
+    monitor logged) and the monitor's plot; the collapse warning (once, on a base loss pinned
+    at its collapse value)."""
     from e2mc.training.collapse_monitor import CollapseMonitor
     from e2mc.training.keep_best import KeepBest
-    from e2mc.training.monitor import ValidationMonitor
+    from e2mc.training.monitor import MonitorPlot, ValidationMonitor
     from e2mc.training.preemption import PreemptionCallback
 
     callbacks: list[Any] = []
@@ -133,8 +135,9 @@ def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None) -
         callbacks.append(PreemptionCallback(cfg.training.preempt_signals, cfg.training.requeue))
     mon = cfg.monitor
     if mon.enabled and split is not None:
+        monitor = ValidationMonitor(build_validation_data(cfg, split), mon)
         keep = KeepBest(mon.keep_best, mon.patience, mon.min_delta) if mon.keep_best else None
-        callbacks.append(ValidationMonitor(build_validation_data(cfg, split), mon, keep))
+        callbacks += [monitor, *([keep] if keep else []), MonitorPlot(monitor, keep)]
     callbacks.append(CollapseMonitor(cfg.method.name, getattr(method, "hparams", {})))
     return callbacks
 

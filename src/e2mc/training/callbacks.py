@@ -1,20 +1,71 @@
-"""Trainer callbacks: what runs beside the loop without being part of it (the validation monitor,
-keep-best, collapse warnings, pre-emption).
+"""Trainer callbacks: what runs beside the loop without being part of it (epoch copies, the progress
+bar, the validation monitor, keep-best, collapse warnings, pre-emption).
 
-The trainer calls every callback on every process, in order, at three points; a callback that
-only writes files or prints checks ``trainer.runtime.is_main`` itself. Its ``state_dict`` is
-saved in the training checkpoint under its ``name`` and restored on resume, so a resumed run
-continues with the same best value, patience counter or schedule.
+The trainer calls every callback on every process, in order, at five points; a callback that
+only writes files or prints checks ``trainer.runtime.is_main`` itself. A callback sees the
+trainer through :class:`TrainerView` only, and other callbacks through what they logged
+(:attr:`TrainerView.last_logged`). Its ``state_dict`` is saved in the training checkpoint under
+its ``name`` and restored on resume, so a resumed run continues with the same best value,
+patience counter or schedule.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    import torch
+    from pathlib import Path
 
-    from e2mc.training.trainer import Trainer, TrainResult
+    import torch
+    from torch.utils.data import DataLoader
+
+    from e2mc.artifacts import RunDir
+    from e2mc.config import RunConfig
+    from e2mc.distributed import Runtime
+
+
+class TrainerView(Protocol):
+    """What a callback may use of the trainer that calls it."""
+
+    #: Device, rank and number of processes.
+    runtime: Runtime
+    #: The method being trained (not its DDP wrapper).
+    method: torch.nn.Module
+    #: The run's configuration.
+    cfg: RunConfig
+    #: The run directory.
+    run: RunDir
+    #: The training data loader (its ``dataset`` yields ``(index, seed)`` items).
+    loader: DataLoader
+    #: Completed epochs when this invocation started (the resumed checkpoint's; 0 when fresh).
+    start_epoch: int
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    @property
+    def total_steps(self) -> int: ...
+
+    @property
+    def last_logged(self) -> Mapping[str, tuple[int, Any]]:
+        """Every key logged in this invocation: the step and the value it was last logged with
+        (on every process, also where nothing is written)."""
+        ...
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """One record of ``metrics.jsonl`` / TensorBoard (written by the main process)."""
+
+    def save_model(self, path: Path, run_epoch: int, step: int) -> None:
+        """A model-only checkpoint of the current weights at ``path`` (main process writes)."""
+
+
+class FitResult(Protocol):
+    """What :meth:`Callback.on_fit_end` reads of how the invocation ended."""
+
+    run_epoch: int
+    step: int
+    stop_reason: str | None
 
 
 class Callback:
@@ -23,18 +74,24 @@ class Callback:
     #: Key of the callback's state in the training checkpoint.
     name: str = "callback"
 
-    def on_fit_start(self, trainer: Trainer, step: int) -> None:
+    def on_fit_start(self, trainer: TrainerView, step: int) -> None:
         """Before the first step of this invocation; ``step`` is 0 for a fresh run (the weights
         are the starting model's) or the resumed step."""
 
-    def on_step_end(self, trainer: Trainer, step: int, run_epoch: int,
+    def on_epoch_start(self, trainer: TrainerView, run_epoch: int, start_batch: int) -> None:
+        """Before the first batch of an epoch (``start_batch`` > 0: resumed in its middle)."""
+
+    def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
                     terms: dict[str, torch.Tensor]) -> str | None:
         """After optimizer step ``step`` (1-based) and before the checkpoint decision.
         ``run_epoch`` counts completed epochs. Return a reason (a short sentence) to stop the
         run; the trainer then writes its checkpoint and ends."""
         return None
 
-    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
+    def on_epoch_end(self, trainer: TrainerView, run_epoch: int, step: int) -> None:
+        """After the last step of an epoch and its checkpoint (``run_epoch`` epochs done)."""
+
+    def on_fit_end(self, trainer: TrainerView, result: FitResult) -> None:
         """After the last step of this invocation (not called when the run fails)."""
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from e2mc.diagnostics.collapse import CollapseSignal, collapse_value, loss_signa
 from e2mc.training.callbacks import Callback
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from e2mc.training.trainer import Trainer
+    from e2mc.training.callbacks import TrainerView
 
 
 class CollapseMonitor(Callback):
@@ -49,7 +49,7 @@ class CollapseMonitor(Callback):
         self.warned = list(state.get("warned", []))
 
     # -- hooks -------------------------------------------------------------------------------
-    def on_step_end(self, trainer: Trainer, step: int, run_epoch: int,
+    def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
                     terms: dict[str, torch.Tensor]) -> str | None:
         if self.warned:
             return None
@@ -68,7 +68,7 @@ class CollapseMonitor(Callback):
                 self._warn(trainer, step, found)
         return None
 
-    def _rank(self, trainer: Trainer) -> CollapseSignal | None:
+    def _rank(self, trainer: TrainerView) -> CollapseSignal | None:
         """Effective rank of the first view's embeddings on the dataset's first
         ``probe_size`` images (their views seeded by the index, so the batch is the same at
         every check and the training's random streams are untouched), in eval mode without
@@ -90,7 +90,7 @@ class CollapseMonitor(Callback):
         return rank_signal(out.embeddings[0].float(), self.min_rank, self.rank_fraction,
                            "projector embeddings")
 
-    def _warn(self, trainer: Trainer, step: int, signal: CollapseSignal) -> None:
+    def _warn(self, trainer: TrainerView, step: int, signal: CollapseSignal) -> None:
         self.warned.append(signal.kind)
         if not getattr(getattr(trainer, "runtime", None), "is_main", True):
             return

@@ -11,8 +11,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from e2mc.training.callbacks import Callback
+
 if TYPE_CHECKING:  # pragma: no cover
-    from e2mc.training.trainer import Trainer, TrainResult
+    from e2mc.training.callbacks import FitResult, TrainerView
 
 
 def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = None) -> None:
@@ -58,18 +60,33 @@ class BestTracker:
         self.stale = int(state.get("stale", 0))
 
 
-class KeepBest:
+class KeepBest(Callback):
     """Writes ``best.pt`` (the run directory's :attr:`~e2mc.artifacts.RunDir.best`) whenever
-    ``metric`` improves; used by :class:`~e2mc.training.monitor.ValidationMonitor`, which saves
-    this object's state with its own."""
+    ``metric`` improves, reading the values the validation monitor logged at a step (the
+    trainer's :attr:`~e2mc.training.callbacks.TrainerView.last_logged`); runs after the
+    monitor. Asks to stop after ``patience`` evaluations without improvement."""
+
+    name = "keep_best"
 
     def __init__(self, metric: str, patience: int | None = None, min_delta: float = 0.0) -> None:
         self.metric = metric
         self.tracker = BestTracker(patience, min_delta)
+        self.trajectory: list[tuple[int, float]] = []  # (step, value) of every evaluation
 
-    def update(self, trainer: Trainer, step: int, run_epoch: int,
-               values: dict[str, float]) -> str | None:
-        improved, stop = self.tracker.update(step, values[self.metric], run_epoch)
+    def _take(self, trainer: TrainerView, step: int, run_epoch: int) -> str | None:
+        """Update from the validation values logged at ``step``, if any and not seen yet."""
+        if self.trajectory and self.trajectory[-1][0] == step:
+            return None
+        values = {k: v for k, (at, v) in trainer.last_logged.items()
+                  if at == step and k.startswith("val/")}
+        if not values:
+            return None
+        if self.metric not in values:
+            raise ValueError(f"keep-best's metric {self.metric} is not among the validation "
+                             f"values ({', '.join(sorted(values))})")
+        value = values[self.metric]
+        self.trajectory.append((step, value))
+        improved, stop = self.tracker.update(step, value, run_epoch)
         if improved:
             trainer.save_model(trainer.run.best, run_epoch, step)
         if stop:
@@ -78,15 +95,25 @@ class KeepBest:
                     f"{self.tracker.best_step})")
         return None
 
-    def report(self, trainer: Trainer, result: TrainResult, file: Any = None) -> None:
+    def on_fit_start(self, trainer: TrainerView, step: int) -> None:
+        self._take(trainer, step, 0)  # the starting model, scored at step 0
+
+    def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
+                    terms: Any) -> str | None:
+        return self._take(trainer, step, run_epoch)
+
+    def on_fit_end(self, trainer: TrainerView, result: FitResult) -> None:
+        self._take(trainer, result.step, result.run_epoch)  # the last step, scored at the end
+        self.report(trainer)
+
+    def report(self, trainer: TrainerView, file: Any = None) -> None:
         """Print the chosen step and the metric's trajectory (main process; to ``file``,
         default stderr)."""
         file = sys.stderr if file is None else file
         if not trainer.runtime.is_main or self.tracker.best_step is None:
             return
-        monitor = next((cb for cb in trainer.callbacks if cb.name == "monitor"), None)
-        if monitor is not None:
-            print_trajectory(monitor.history, self.metric, file)
+        print_trajectory([{"step": s, self.metric: v} for s, v in self.trajectory],
+                         self.metric, file)
         t = self.tracker
         if t.best_step == 0:
             print(f"keep-best: no step beat the starting model on {self.metric} "
@@ -101,7 +128,15 @@ class KeepBest:
               f"export-backbone {run} {run}-backbone.pt", file=file)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.tracker.state_dict()
+        return {**self.tracker.state_dict(), "trajectory": [list(p) for p in self.trajectory]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a checkpoint written before keep-best was a callback of
+        its own gives the monitor's ``history`` instead of the trajectory
+        (:func:`e2mc.training.resume.callback_states`)."""
         self.tracker.load_state_dict(state)
+        if "trajectory" in state:
+            self.trajectory = [(int(s), v) for s, v in state["trajectory"]]
+        else:
+            self.trajectory = [(int(h["step"]), h[self.metric])
+                               for h in state.get("history", []) if self.metric in h]

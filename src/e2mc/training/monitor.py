@@ -16,6 +16,11 @@ On the projector embeddings (label-free): ``val/rankme``, the effective rank (Ra
 ``val/seconds`` is the wall time of the evaluation. Everything runs under ``no_grad`` in eval
 mode with the random number generators forked, so monitoring does not change training. At the end
 the main process draws the history (kept step marked) to ``RunDir.monitor_plot``.
+
+The three kinds of metric (:data:`METRICS`: kNN, linear probes, label-free) are functions of the
+one extraction of the images (:class:`ValidationVectors`), so an evaluation runs the backbone over
+the validation images once and writes one record; :class:`ValidationMonitor` is the callback
+that evaluates and logs, :class:`MonitorPlot` the one that draws.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
 
     from e2mc.config import MonitorConfig
+    from e2mc.training.callbacks import FitResult, TrainerView
     from e2mc.training.keep_best import KeepBest
-    from e2mc.training.trainer import Trainer, TrainResult
 
 
 @dataclass
@@ -91,25 +96,36 @@ def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: Monit
             np.random.set_state(numpy_state)
 
 
-def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: ValidationData,
-                   cfg: MonitorConfig, space: str, device: torch.device | str = "cpu"
-                   ) -> dict[str, float]:
-    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
-    from e2mc.criterion import m_spacings_entropy
-    from e2mc.data.subsets import fraction_label
-    from e2mc.diagnostics.statistics import effective_rank, marginal_values
+@dataclass
+class ValidationVectors:
+    """One extraction of the validation images (:func:`validation_vectors`), which every metric
+    of the monitor reads: backbone ``features``, projector ``embeddings`` (None without a
+    projector) and the method's compact space."""
+
+    features: torch.Tensor
+    embeddings: torch.Tensor | None
+    space: str
+
+
+def knn_metric(vectors: ValidationVectors, data: ValidationData, cfg: MonitorConfig,
+               device: torch.device | str = "cpu") -> dict[str, float]:
+    """``val/knn``: cosine kNN top-1 of the probe-test half against the probe-train half."""
     from e2mc.evaluation.knn import knn_classify
+
+    x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
+    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
+                       num_classes=int(y.max()) + 1, weightings=("weighted",))
+    return {"val/knn": float(knn[0].top1)}
+
+
+def probe_metrics(vectors: ValidationVectors, data: ValidationData, cfg: MonitorConfig,
+                  device: torch.device | str = "cpu") -> dict[str, float]:
+    """``val/linear_<f>``: the linear probes of every label fraction, mean over the seeds."""
+    from e2mc.data.subsets import fraction_label
     from e2mc.evaluation.presets import linear_preset
     from e2mc.evaluation.sweep import linear_protocol
 
-    x = feats.numpy()
-    y = data.labels
-    tr, te = data.probe_train, data.probe_test
-    classes = int(y.max()) + 1
-    out: dict[str, float] = {}
-    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
-                       num_classes=classes, weightings=("weighted",))
-    out["val/knn"] = float(knn[0].top1)
+    x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
     nominal = monitor_fractions(cfg.fractions)
     effective = {f: min(1.0, f * data.train_size / len(tr)) for f in nominal}
     entries = linear_protocol(
@@ -117,13 +133,39 @@ def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: Validat
         monitor_label_seeds(cfg.label_seeds),
         config_for=lambda f: linear_preset("generic", f, epochs=cfg.probe_epochs),
         device=device)
+    out: dict[str, float] = {}
     for f in nominal:
         values = [e.result.top1_last for e in entries if e.fraction == effective[f]]
         out[f"val/linear_{fraction_label(f)}"] = float(np.mean(values))
-    if embs is not None:
-        out["val/rankme"] = float(effective_rank(embs))
-        out["val/entropy"] = float(m_spacings_entropy(marginal_values(embs, space).double())
-                                   .mean())
+    return out
+
+
+def label_free_metrics(vectors: ValidationVectors, data: ValidationData, cfg: MonitorConfig,
+                       device: torch.device | str = "cpu") -> dict[str, float]:
+    """``val/rankme`` and ``val/entropy`` of the projector embeddings (none without them)."""
+    from e2mc.criterion import m_spacings_entropy
+    from e2mc.diagnostics.statistics import effective_rank, marginal_values
+
+    embs = vectors.embeddings
+    if embs is None:
+        return {}
+    return {"val/rankme": float(effective_rank(embs)),
+            "val/entropy": float(m_spacings_entropy(marginal_values(embs, vectors.space)
+                                                    .double()).mean())}
+
+
+#: The monitor's metrics, in the order of its record: each reads the one extraction.
+METRICS = (knn_metric, probe_metrics, label_free_metrics)
+
+
+def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: ValidationData,
+                   cfg: MonitorConfig, space: str, device: torch.device | str = "cpu"
+                   ) -> dict[str, float]:
+    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
+    vectors = ValidationVectors(feats, embs, space)
+    out: dict[str, float] = {}
+    for metric in METRICS:
+        out.update(metric(vectors, data, cfg, device))
     return out
 
 
@@ -140,18 +182,18 @@ def validation_metrics(method: torch.nn.Module, data: ValidationData, cfg: Monit
 
 class ValidationMonitor(Callback):
     """Evaluates :func:`validation_metrics` at step 0, every ``cfg.every`` steps (None: every
-    epoch) and at the last step; logs the values (``metrics.jsonl``, TensorBoard, progress
-    bar) and hands them to ``keep_best``. Under ``torch.distributed`` rank 0 evaluates and
-    broadcasts the values."""
+    epoch) and at the last step, and logs the values as one record (``metrics.jsonl``,
+    TensorBoard; keep-best and the progress bar read them from the trainer's
+    :attr:`~e2mc.training.callbacks.TrainerView.last_logged`). Under ``torch.distributed``
+    every rank extracts the vectors, rank 0 scores them and broadcasts the values."""
 
     name = "monitor"
 
-    def __init__(self, data: ValidationData, cfg: MonitorConfig,
-                 keep_best: KeepBest | None = None) -> None:
-        self.data, self.cfg, self.keep_best = data, cfg, keep_best
+    def __init__(self, data: ValidationData, cfg: MonitorConfig) -> None:
+        self.data, self.cfg = data, cfg
         self.history: list[dict[str, float]] = []
 
-    def _evaluate(self, trainer: Trainer, step: int, run_epoch: int) -> str | None:
+    def _evaluate(self, trainer: TrainerView, step: int, run_epoch: int) -> None:
         import torch.distributed as dist
 
         values: dict[str, float] | None = None
@@ -172,45 +214,48 @@ class ValidationMonitor(Callback):
         assert values is not None
         self.history.append({"step": step, **values})
         trainer.log(step, {"epoch": run_epoch, **values})
-        shown = self.keep_best.metric if self.keep_best else "val/knn"
-        trainer.postfix["val"] = f"{values[shown]:.2f}"
-        if self.keep_best is None:
-            return None
-        return self.keep_best.update(trainer, step, run_epoch, values)
 
-    def on_fit_start(self, trainer: Trainer, step: int) -> None:
+    def on_fit_start(self, trainer: TrainerView, step: int) -> None:
         if step == 0:
             self._evaluate(trainer, 0, 0)
 
-    def on_step_end(self, trainer: Trainer, step: int, run_epoch: int,
+    def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
                     terms: dict[str, torch.Tensor]) -> str | None:
         every = self.cfg.every or trainer.steps_per_epoch
         if step % every == 0 or step == trainer.total_steps:
-            return self._evaluate(trainer, step, run_epoch)
+            self._evaluate(trainer, step, run_epoch)
         return None
 
-    def on_fit_end(self, trainer: Trainer, result: TrainResult) -> None:
+    def on_fit_end(self, trainer: TrainerView, result: FitResult) -> None:
         last = self.history[-1]["step"] if self.history else None
         # stopped early by max_steps or patience: the last step is scored; a pre-empted run
         # is not (its grace time is for the checkpoint, and it will be resumed)
         if last != result.step and result.step > 0 and not is_preemption(result.stop_reason):
             self._evaluate(trainer, result.step, result.run_epoch)
-        if self.keep_best is not None:
-            self.keep_best.report(trainer, result)
-        if trainer.runtime.is_main and self.history:
-            kept = self.keep_best.tracker.best_step if self.keep_best is not None else None
-            plot_history(self.history, metric_names(self.cfg.fractions),
-                         trainer.run.monitor_plot, kept,
-                         self.keep_best.metric if self.keep_best is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history),
-                "keep_best": self.keep_best.state_dict() if self.keep_best else None}
+        return {"history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = list(state.get("history", []))
-        if self.keep_best is not None and state.get("keep_best"):
-            self.keep_best.load_state_dict(state["keep_best"])
+
+
+class MonitorPlot(Callback):
+    """At the end, the main process draws the monitor's history to ``RunDir.monitor_plot``
+    with the step ``keep_best`` kept marked; runs after both."""
+
+    name = "monitor_plot"
+
+    def __init__(self, monitor: ValidationMonitor, keep_best: KeepBest | None = None) -> None:
+        self.monitor, self.keep_best = monitor, keep_best
+
+    def on_fit_end(self, trainer: TrainerView, result: FitResult) -> None:
+        history, keep = self.monitor.history, self.keep_best
+        if trainer.runtime.is_main and history:
+            plot_history(history, metric_names(self.monitor.cfg.fractions),
+                         trainer.run.monitor_plot,
+                         keep.tracker.best_step if keep is not None else None,
+                         keep.metric if keep is not None else None)
 
 
 def plot_history(history: list[dict[str, float]], metrics: Sequence[str],

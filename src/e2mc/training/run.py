@@ -28,7 +28,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     checkpoint, whose configuration must equal ``cfg`` up to the keys of
     :func:`~e2mc.training.checkpointing.check_resume_config`, or ``override_config``).
     Returns the :class:`~e2mc.training.trainer.TrainResult`."""
-    from e2mc.training.trainer import init_runtime
+    from e2mc.distributed import init_runtime
 
     run = RunDir(run_dir)
     check_resume_config(run.root, cfg.to_dict(), override_config, record=False)
