@@ -39,7 +39,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                         help="epochs of this run (for continue: continued epochs)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 or auto (training.device)")
     parser.add_argument("--seed", type=int, metavar="N",
-                        help="training seed: initial weights of new heads, data order, views "
+                        help="training seed: random initial weights, data order, views "
                              "(training.seed)")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bar (training.progress=false)")

@@ -39,9 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--knn-k", type=int, default=100,
                    help="the far neighbour of the NN-distance statistics (default 100)")
-    p.add_argument("--sample-seed", type=int, default=0,
+    p.add_argument("--sample-seed", type=int, default=0, metavar="N",
                    help="seed of the sampled images and dimension pairs (default 0)")
-    p.add_argument("--seed", dest="sample_seed", type=int, action=Renamed,
+    p.add_argument("--seed", dest="sample_seed", type=int, action=Renamed, metavar="N",
                    new="--sample-seed", command="analyze")
     p.add_argument("--accuracy-curve", action="store_true",
                    help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")

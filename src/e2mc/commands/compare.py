@@ -27,9 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "comparison_tests.csv (default: the first run's parent directory)")
     p.add_argument("--resamples", type=at_least(1), default=10_000,
                    help="permutation / bootstrap resamples (default: 10000)")
-    p.add_argument("--resample-seed", type=int, default=0,
+    p.add_argument("--resample-seed", type=int, default=0, metavar="N",
                    help="seed of the permutation and bootstrap resampling (default: 0)")
-    p.add_argument("--seed", dest="resample_seed", type=int, action=Renamed,
+    p.add_argument("--seed", dest="resample_seed", type=int, action=Renamed, metavar="N",
                    new="--resample-seed", command="compare")
     p.add_argument("--floor", default=None, metavar="EVAL_DIR",
                    help="evaluation of a random-init model of the same architecture (e.g. "
