@@ -2,7 +2,7 @@
 
 Step 1 is the project's own ``e2mc pretrain`` (resumes when the run directory exists):
 
-    e2mc pretrain --config fmnist-vicreg-pretrain --run-dir runs/demo-base-vicreg \\
+    e2mc pretrain --config fmnist-vicreg-pretrain --out runs/demo-base-vicreg \\
         --set model.backbone=cnn5_small --set training.epochs=16 --set data.num_workers=1 \\
         --set training.cpu_threads=2
 

@@ -392,7 +392,7 @@ def test_compare_with_same_named_folders_or_repeated_names(
     b = _eval_dir(tmp_path / "x2" / "eval", 80.0)
     out = tmp_path / "cmp"
     assert main(["compare", str(a), str(b), "--out", str(out), "--resamples", "50"]) == 0
-    table = (tmp_path / "cmp.csv").read_text()
+    table = (out / "comparison.csv").read_text()
     rows = {line.split(",")[0]: line for line in table.splitlines()[1:]}
     assert len(rows) == 2 and any("60" in r for r in rows.values()) \
         and any("80" in r for r in rows.values())

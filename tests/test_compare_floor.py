@@ -53,7 +53,7 @@ def test_compare_command_floor_option(evals: tuple[Path, Path, Path], tmp_path: 
     assert code == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert rows[1].startswith("| random init |") and rows[2].startswith("| a |")
-    written = [line for line in (tmp_path / "cmp.md").read_text().splitlines()
+    written = [line for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
                if line.startswith("| ")]
     assert written[1].startswith("| random init |")
     assert main(["compare", str(a), "--floor", str(tmp_path / "nowhere")]) == 2

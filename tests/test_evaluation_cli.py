@@ -106,19 +106,19 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
 def test_compare_command_writes_markdown_and_csv(tmp_path):
     a = tiny_run(tmp_path, "a", 0, 0.0)
     b = tiny_run(tmp_path, "b", 1, 3.0)
-    out = tmp_path / "cmp" / "table"
+    out = tmp_path / "cmp"  # a directory: cmp/comparison.md, .csv, ...
     proc = cli("compare", str(a), str(b), "--names", "base,e2mc", "--out", str(out),
                "--resamples", "200")
     assert proc.returncode == 0, proc.stderr
     assert "| base |" in proc.stdout and "| e2mc |" in proc.stdout
-    md = (tmp_path / "cmp" / "table.md").read_text().splitlines()
+    md = (out / "comparison.md").read_text().splitlines()
     assert md[0].startswith("Verdict against base")  # the verdicts first, then the table
     assert "| run | linear 50% | linear 100% | knn k=5 | knn k=5 uniform | svm |" in md
     assert "| run | column | seed |" not in proc.stdout  # per-seed tests: in the files only
     assert any(line.startswith("| run | column | seed |") for line in md)
-    rows = list(csv.DictReader((tmp_path / "cmp" / "table.csv").open()))
+    rows = list(csv.DictReader((out / "comparison.csv").open()))
     assert {r["run"] for r in rows} == {"base", "e2mc"} and len(rows) == 10
-    tests = list(csv.DictReader((tmp_path / "cmp" / "table_tests.csv").open()))
+    tests = list(csv.DictReader((out / "comparison_tests.csv").open()))
     assert len(tests) == 2 + 2 + 2 + 1  # two seeds x two linear columns, 2 kNN, SVM
     bad = cli("compare", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "no results.json" in bad.stderr

@@ -231,12 +231,12 @@ def test_compare_refuses_a_last_and_a_best_report(tmp_path: Path,
     assert err.count("\n") == 1 and err.startswith("e2mc compare: error: ")
     assert "report kind" in err and "last" in err and "best" in err
     assert "--allow-mismatch" in err
-    assert not (tmp_path / "c.md").exists()
+    assert not (tmp_path / "c" / "comparison.md").exists()
     # told to: each run shows its own number (a: last epoch 60, 61; b: best 70, 71), and the
     # table says which metric each row is, and that they differ
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c"), "--resamples", "50",
                  "--allow-mismatch"]) == 0
-    md = (tmp_path / "c.md").read_text()
+    md = (tmp_path / "c" / "comparison.md").read_text()
     assert "| a | 60.50 ± 0.50 |" in md and "| b | 70.50 ± 0.50" in md
     assert "linear 10%: top1_last (a), top1_best (b)" in md
     assert "report kind" in md and "--allow-mismatch" in md
@@ -274,7 +274,7 @@ def test_compare_says_which_rows_have_no_paired_test(tmp_path: Path,
     assert "† no paired test (no common seed): b at linear 10%" in out
     comp = compare_runs([str(a), str(b)], n_resamples=50, allow_mismatch=True)
     assert comp.tests == [] and comp.untested == {"b": {"linear 10%": "no common seed"}}
-    rows = (tmp_path / "c.csv").read_text().splitlines()
+    rows = (tmp_path / "c" / "comparison.csv").read_text().splitlines()
     assert rows[0] == "run,column,mean,se,marker,no_paired_test"
     assert rows[1:] == ["a,linear 10%,60.5000,0.5000,,reference",
                         "b,linear 10%,92.5000,0.5000,,no common seed"]

@@ -130,11 +130,12 @@ class InitConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where a run's metrics go besides ``metrics.jsonl``: TensorBoard (when installed) and
-    Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
+    """Where a run's metrics go besides ``metrics.jsonl``: TensorBoard (``tensorboard``: null =
+    when installed, silently; true = asked for, a note when it is not installed; false = off)
+    and Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
     ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
 
-    tensorboard: bool = True
+    tensorboard: bool | None = None
     wandb: bool = False
     wandb_project: str = "e2mc"
     wandb_entity: str | None = None

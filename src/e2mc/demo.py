@@ -34,6 +34,7 @@ class DemoSettings:
     knn_k: tuple[int, ...] = (20, 200)
     analyze_samples: int = 2000
     overrides: list[str] = field(default_factory=list)
+    progress: bool = True  # progress bars of training, evaluation and analysis
 
     @classmethod
     def quick(cls) -> DemoSettings:
@@ -49,7 +50,7 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
     overrides = [
         "model.backbone=cnn5_small", f"data.dataset={DATA}", "data.num_workers=0",
         f"training.epochs={settings.continued_epochs}", "training.keep_epoch_checkpoints=true",
-        "training.progress=true",
+        f"training.progress={str(settings.progress).lower()}",
     ]
     if settings.train_limit is not None:
         overrides.append(f"data.limit={settings.train_limit}")
@@ -85,7 +86,8 @@ def evaluate_checkpoint(checkpoint: Path, out_dir: Path, settings: DemoSettings,
         test = Subset(test, range(min(settings.test_limit, len(test))))
     options = EvalOptions(protocols=("linear", "knn"), fractions=settings.fractions,
                           seeds=settings.seeds, method="generic", knn_k=settings.knn_k,
-                          linear_overrides={"epochs": settings.probe_epochs})
+                          linear_overrides={"epochs": settings.probe_epochs},
+                          progress=settings.progress)
     limits = f"train:{settings.train_limit}|test:{settings.test_limit}"
     return run_evaluation(backbone, feature_dim, train, test, out_dir, options,
                           data_id=data_id(DATA, None, 28, 1, subset=limits),
@@ -97,6 +99,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_runs, comparison_markdown, write_comparison
+    from e2mc.evaluation.results import COMPARISON_STEM
     from e2mc.training.run import run_training
 
     settings = settings or DemoSettings()
@@ -128,12 +131,13 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     stage("paired comparison against 'continued'")
     order = ["continued", "e2mc", "base"]
     comparison = compare_runs([str(eval_dirs[n]) for n in order], names=order)
-    table_paths = write_comparison(comparison, out / "comparison")
+    table_paths = write_comparison(comparison, out / COMPARISON_STEM)
 
     stage("diagnostics (marginals, nearest-neighbour distances, loss terms)")
     _, report = analyze([str(checkpoints["base"]), str(out / "continued"), str(out / "e2mc")],
                         DATA, out / "analysis", num_samples=settings.analyze_samples,
-                        device=device, knn_k=min(100, settings.analyze_samples // 2))
+                        device=device, knn_k=min(100, settings.analyze_samples // 2),
+                        progress=settings.progress)
     stage("done")
     print("\n" + comparison_markdown(comparison, per_seed=False))  # per seed: in the files
     print(f"\ntables: {', '.join(str(p) for p in table_paths)}")

@@ -342,13 +342,14 @@ class JobRunner:
     """Submits, records, waits for and checks the jobs of a search (see the module text)."""
 
     def __init__(self, options: ExecutorOptions, search_root: str | Path,
-                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
+                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+                 progress: bool = True) -> None:
         from e2mc.artifacts import SearchDir
 
         options.check()
         if options.kind == "inline":
             raise ValueError("JobRunner is for --executor local or slurm")
-        self.options, self.log = options, log
+        self.options, self.log, self.progress = options, log, progress
         self.files = SearchDir(search_root)
         self.folder = Path(options.jobs_dir or self.files.jobs_dir).absolute()
         self.name = f"e2mc-{self.files.root.resolve().name}"
@@ -450,7 +451,7 @@ class JobRunner:
                 self.log(f"  waiting for job {attached.job_id} (still running): {work.key} "
                          f"(log {attached.log})")
         total = len(works)
-        progress = _Progress(total, len(done), self.log)
+        progress = _Progress(total, len(done), self.log, shown=self.progress)
         executor = make_executor(self.options, self.folder, self.name, kind) if pending else None
         limit = self.options.max_parallel or (len(pending) + len(tracked))
         free_slots = list(range(limit))
@@ -583,20 +584,21 @@ def _local_controller_alive(pid: int) -> bool:
 
 
 class _Progress:
-    """The jobs' progress: a bar on a terminal, else a line whenever a count changes."""
+    """The jobs' progress: a bar on a terminal (:func:`e2mc.progress.progress_bar`), else a
+    line whenever a count changes; nothing when not ``shown`` (``--quiet``)."""
 
-    def __init__(self, total: int, done: int, log: Callable[[str], None]) -> None:
-        self.total, self.log, self.last = total, log, None
+    def __init__(self, total: int, done: int, log: Callable[[str], None],
+                 shown: bool = True) -> None:
+        from e2mc.progress import is_terminal, progress_bar
+
+        self.total, self.log, self.last, self.shown = total, log, None, shown
         self.bar = None
-        if sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, initial=done, desc="jobs", unit="job",
-                            file=sys.stderr, dynamic_ncols=True)
+        if shown and is_terminal():
+            self.bar = progress_bar(total=total, initial=done, desc="jobs", unit="job")
 
     def show(self, queued: int, running: int, done: int, failed: int = 0) -> None:
         counts = (queued, running, done, failed)
-        if counts == self.last:
+        if counts == self.last or not self.shown:
             return
         self.last = counts
         if self.bar is not None:

@@ -153,10 +153,13 @@ class Search:
 
     def __init__(self, spec: SearchSpec, out: str | Path,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-                 executor: ExecutorOptions | None = None) -> None:
+                 executor: ExecutorOptions | None = None, progress: bool = True) -> None:
         self.spec, self.out, self.log = spec, Path(out), log
+        #: the runs' progress bars and the jobs' counts (``--quiet``: off); not part of the
+        #: spec, so a search resumes with or without it
+        self.progress = progress
         self.files = SearchDir(out)
-        self.jobs = (JobRunner(executor, out, log)
+        self.jobs = (JobRunner(executor, out, log, progress=progress)
                      if executor is not None and executor.kind != "inline" else None)
         self._check_resumable()
         self._check_params_keys()
@@ -196,6 +199,7 @@ class Search:
 
         s = self.spec
         extra = [f"addon.name={CONTROL_ADDON}", "addon.params={}"] if control else []
+        extra += [] if self.progress else ["training.progress=false"]
         cfg = load_config(s.config, [*self._base(seed), *overrides, *extra])
         if cfg.addon.name == CONTROL_ADDON and not control:
             raise ValueError(f"the search config {s.config!r} has no add-on to test: its trials "

@@ -14,9 +14,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
     parser.add_argument("--config", required=True,
                         help=f"preset name or YAML file; presets: {', '.join(_safe_presets())}")
-    parser.add_argument("--run-dir", required=True, type=Path,
+    parser.add_argument("--out", "--run-dir", dest="run_dir", required=True, type=Path,
+                        metavar="DIR",
                         help="run directory (config.yaml, metrics.jsonl, checkpoints); running "
-                             "the same command again resumes from its checkpoint")
+                             "the same command again resumes from its checkpoint (--run-dir: "
+                             "the old spelling)")
     if mode == "continue":
         parser.add_argument("--from", dest="init_checkpoint", metavar="CHECKPOINT",
                             help="official (VICReg, SwAV, SimSiam), e2mc or backbone-only "
@@ -36,6 +38,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     parser.add_argument("--epochs", type=int,
                         help="epochs of this run (for continue: continued epochs)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 or auto (training.device)")
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help="training seed: random initial weights, data order, views "
+                             "(training.seed)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar (training.progress=false)")
     parser.add_argument("--skip-nonfinite", action="store_true",
                         help="skip steps whose loss, gradients or updated weights are NaN/inf "
                              "or exploded (counted; the step's update is undone) instead of "
@@ -66,8 +73,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
 
 
 def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
-    """Preset + ``--set`` overrides + the dedicated options, validated."""
-    overrides = [f"mode={mode}", *args.overrides]
+    """Preset + ``--set`` overrides + the dedicated options, validated. ``--seed`` and a
+    ``--set training.seed`` of another value are refused (exit 2)."""
+    from e2mc.errors import InputError
+
+    seed = getattr(args, "seed", None)
+    # --seed before the --set overrides: a different training.seed there shows in the result
+    overrides = [f"mode={mode}", *([f"training.seed={seed}"] if seed is not None else []),
+                 *args.overrides]
     if getattr(args, "init_checkpoint", None):
         overrides.append(f"init.checkpoint={args.init_checkpoint}")
     if getattr(args, "trust", False):
@@ -86,11 +99,17 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
         overrides.append("training.skip_nonfinite=true")
     if args.skip_corrupt:
         overrides.append("data.skip_corrupt=true")
+    if getattr(args, "quiet", False):
+        overrides.append("training.progress=false")
     for option, key in (("val_split", "data.val_split"), ("monitor_every", "monitor.every"),
                         ("keep_best", "monitor.keep_best"), ("patience", "monitor.patience")):
         if getattr(args, option) is not None:
             overrides.append(f"{key}={getattr(args, option)}")
-    return load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides)
+    if seed is not None and cfg.training.seed != seed:
+        raise InputError(f"--seed {seed} and --set training.seed={cfg.training.seed} disagree; "
+                         "give the training seed once")
+    return cfg
 
 
 def run_command(args: argparse.Namespace, mode: str) -> int:

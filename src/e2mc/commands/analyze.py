@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from e2mc.commands._types import Renamed
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -37,14 +39,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--knn-k", type=int, default=100,
                    help="the far neighbour of the NN-distance statistics (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="sample and dimension-pair seed")
+    p.add_argument("--sample-seed", type=int, default=0, metavar="N",
+                   help="seed of the sampled images and dimension pairs (default 0)")
+    p.add_argument("--seed", dest="sample_seed", type=int, action=Renamed, metavar="N",
+                   new="--sample-seed", command="analyze")
     p.add_argument("--accuracy-curve", action="store_true",
                    help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")
     p.add_argument("--accuracy-train-samples", type=int, default=5000,
                    help="training images in the kNN bank of the accuracy curve")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow pickled (non weights-only) checkpoints from trusted sources")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--quiet", "-q", "--no-progress", dest="quiet", action="store_true",
+                   help="no progress bars (--no-progress: the old spelling)")
     p.add_argument("--last", action="store_true",
                    help="of each run directory, the last step's checkpoint instead of the kept "
                         "model (best.pt, when the run was trained with --keep-best)")
@@ -67,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
     json_path, html_path = analyze(
         args.runs, args.data, args.out, split=args.split,
         num_samples=args.num_samples or None, image_size=args.image_size,
-        batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.seed,
+        batch_size=args.batch_size, device=device, knn_k=args.knn_k, seed=args.sample_seed,
         accuracy_curve=args.accuracy_curve,
         accuracy_train_samples=args.accuracy_train_samples,
-        loader=default_loader(trust=args.trust_checkpoint), progress=not args.no_progress,
+        loader=default_loader(trust=args.trust_checkpoint), progress=not args.quiet,
         last=args.last, names=comma_list(args.names) if args.names else None)
     print(f"wrote {json_path}\nwrote {html_path}")
     return 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from e2mc.commands._types import at_least
+from e2mc.commands._types import Renamed, at_least
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,12 +21,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "primary metric, fractions, seeds) are refused unless --allow-mismatch.")
     p.add_argument("runs", nargs="+", help="run directories written by 'e2mc eval'")
     p.add_argument("--names", default=None, help="comma-separated row names (default: dirs)")
-    p.add_argument("--out", default=None,
-                   help="output prefix: writes PREFIX.md, PREFIX.csv, PREFIX_tests.csv "
-                        "(default: comparison in the first run's parent directory)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="directory of the comparison's files: comparison.md (verdicts, table, "
+                        "per-seed tests), comparison.png (chart), comparison.csv, "
+                        "comparison_tests.csv (default: the first run's parent directory)")
     p.add_argument("--resamples", type=at_least(1), default=10_000,
                    help="permutation / bootstrap resamples (default: 10000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    p.add_argument("--resample-seed", type=int, default=0, metavar="N",
+                   help="seed of the permutation and bootstrap resampling (default: 0)")
+    p.add_argument("--seed", dest="resample_seed", type=int, action=Renamed, metavar="N",
+                   new="--resample-seed", command="compare")
     p.add_argument("--floor", default=None, metavar="EVAL_DIR",
                    help="evaluation of a random-init model of the same architecture (e.g. "
                         "'e2mc eval RUN/checkpoints/epoch_0000.pt ...'): shown as the first "
@@ -39,20 +44,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from e2mc.config import comma_list
-    from e2mc.evaluation.results import compare_runs, comparison_markdown, write_comparison
+    from e2mc.evaluation.results import (
+        COMPARISON_STEM,
+        compare_runs,
+        comparison_markdown,
+        write_comparison,
+    )
 
     names = comma_list(args.names) if args.names else None
+    if args.out is not None:
+        _check_out_dir(Path(args.out))
     try:
-        comp = compare_runs(args.runs, names, n_resamples=args.resamples, seed=args.seed,
-                            floor=args.floor, allow_mismatch=args.allow_mismatch)
+        comp = compare_runs(args.runs, names, n_resamples=args.resamples,
+                            seed=args.resample_seed, floor=args.floor,
+                            allow_mismatch=args.allow_mismatch)
     except ValueError as exc:
         print(f"e2mc compare: error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path(args.runs[0]).resolve().parent / "comparison"
-    paths = write_comparison(comp, out)
+    out = Path(args.out) if args.out is not None else Path(args.runs[0]).resolve().parent
+    paths = write_comparison(comp, out / COMPARISON_STEM)
     print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _check_out_dir(out: Path) -> None:
+    """``--out`` is a directory (it was a file prefix: ``--out X`` wrote ``X.md``,
+    ``X.csv``, ...). A file there, or a comparison written with the old prefix
+    beside it (a script would go on reading its stale numbers), is refused with what changed."""
+    from e2mc.errors import InputError
+    from e2mc.evaluation.results import COMPARISON_STEM, comparison_paths
+
+    changed = ("compare --out is a directory now (it was a file prefix): the files are "
+               f"{out / COMPARISON_STEM}.md, .png, .csv and _tests.csv")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; {changed}")
+    stale = [p for p in comparison_paths(out) if p.exists()]
+    if stale:
+        raise InputError(f"{changed}; {stale[0]} beside it is a comparison written with --out "
+                         "as a prefix, which this run would not update: remove "
+                         f"{', '.join(p.name for p in stale)} or give another --out")

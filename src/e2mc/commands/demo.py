@@ -25,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu",
                         help="device of training and evaluation: cpu, cuda, cuda:1 "
                              "(default: %(default)s)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bars (the stages and the table are still printed)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override the continued-training config")
     parser.set_defaults(func=run)
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--epochs must be >= 1, got {args.epochs}")
         settings.continued_epochs = args.epochs
     settings.overrides = list(args.overrides)
+    settings.progress = not args.quiet
     from e2mc.demo import BASE_CHECKPOINT
 
     run_demo(args.out, settings, base_checkpoint=args.base or BASE_CHECKPOINT, device=args.device)

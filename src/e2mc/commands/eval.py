@@ -167,7 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip unreadable images of an image folder (counted) instead of "
                         "stopping with an error that names the file")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 

@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--probe-epochs", type=int, default=30,
                         help="linear-probe epochs of the confirmation (30)")
     parser.add_argument("--device", default="cpu", help="device of the confirmation's probes")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bars of the runs, no job counts")
     jobs = parser.add_argument_group(
         "jobs (e2mc.jobs; local and slurm need submitit: pip install 'e2mc[cluster]')")
     jobs.add_argument("--executor", choices=("inline", "local", "slurm"), default="inline",
@@ -104,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
                       metric=resolve_metric(args.metric, fractions), common=list(args.common),
                       trials=trials)
     seeds = _seeds(args.confirm) if args.confirm else None
-    search = Search(spec, args.out, executor=executor)
+    search = Search(spec, args.out, executor=executor, progress=not args.quiet)
     # a pre-emption signal between runs (a run's own trainer handles it within the run) stops
     # the search at the next boundary; either way it exits 75 and resumes when run again
     with PreemptionHandler() as signals:

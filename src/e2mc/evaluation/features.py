@@ -65,9 +65,8 @@ def extract_features(
     extracts the ``r``-th contiguous block of ``ceil(N / W)`` items and the blocks are
     all-gathered in rank order, so every rank returns the features of the whole data set.
     """
-    from tqdm.auto import tqdm
-
     from e2mc.distributed import is_distributed, rank, world_size
+    from e2mc.progress import progress_bar
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -104,7 +103,8 @@ def extract_features(
         return tuple(o.float().cpu() for o in (out if several else (out,)))
 
     try:
-        for images, targets in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        for images, targets in progress_bar(loader, desc=desc, disable=not progress,
+                                            leave=False):
             out = outputs(images)
             feats = feats or [[] for _ in out]
             for slot, o in zip(feats, out, strict=True):

@@ -45,7 +45,7 @@ def finetune(
     """Fine-tune a copy of ``backbone`` (the caller's module is not modified) with a new
     linear head on ``train_dataset`` (pass a ``Subset`` for a label fraction); both datasets
     yield eval-transformed tensors and integer labels."""
-    from tqdm.auto import tqdm
+    from e2mc.progress import progress_bar
 
     config = config or FinetuneConfig()
     device = torch.device(device)
@@ -71,7 +71,8 @@ def finetune(
                              num_workers=num_workers, pin_memory=pin)
     loss_fn = nn.CrossEntropyLoss()
     tracker: EpochTracker | None = None
-    for _ in tqdm(range(config.epochs), desc="fine-tune", disable=not progress):
+    for _ in progress_bar(range(config.epochs), desc="fine-tune", unit="epoch",
+                          disable=not progress):
         model.train()
         for images, labels in train_loader:
             images = images.to(device, non_blocking=True)

@@ -258,7 +258,7 @@ def train_augmented_linear_probe(
     ``test_features`` (centre/eval transform, e.g. from :class:`FeatureCache`). Slow: one
     forward pass of the training set per epoch, meant for a GPU. ``train_dataset`` yields
     eval-transformed tensors (pass a ``Subset`` for a label fraction)."""
-    from tqdm.auto import tqdm
+    from e2mc.progress import progress_bar
 
     config = config or LinearProbeConfig()
     if config.standardize:
@@ -274,7 +274,8 @@ def train_augmented_linear_probe(
     ty = torch.as_tensor(np.asarray(test_labels), dtype=torch.long, device=device)
     trainer = _LinearTrainer(tx.shape[1], num_classes, config, device)
     tracker = EpochTracker(ty)
-    for _ in tqdm(range(config.epochs), desc="augmented probe", disable=not progress):
+    for _ in progress_bar(range(config.epochs), desc="augmented probe", unit="epoch",
+                          disable=not progress):
         for images, labels in loader:
             images = augment(images.to(device, non_blocking=True), gen)
             with torch.no_grad():

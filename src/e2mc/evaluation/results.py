@@ -30,7 +30,7 @@ from e2mc.errors import InputError
 
 __all__ = ["Comparison", "compare_runs", "comparison_markdown", "load_run", "verdicts",
            "matched_correctness", "mean_se", "plot_comparison", "save_predictions", "summarize",
-           "write_comparison", "write_results"]
+           "write_comparison", "write_results", "COMPARISON_STEM", "comparison_paths"]
 from e2mc.evaluation.statistics import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -488,16 +488,26 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     return out
 
 
+#: The name of a comparison's files in their directory (``e2mc compare --out DIR``, the demo):
+#: ``DIR/comparison.md``, ``.png``, ``.csv``, ``_tests.csv``.
+COMPARISON_STEM = "comparison"
+
+
+def comparison_paths(out_prefix: str | os.PathLike[str]) -> list[Path]:
+    """The files :func:`write_comparison` writes for ``out_prefix``: ``.md``, ``.png``,
+    ``.csv``, ``_tests.csv``."""
+    prefix = Path(out_prefix)
+    return [prefix.with_name(prefix.name + end) for end in (".md", ".png", ".csv", "_tests.csv")]
+
+
 def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> list[Path]:
     """Write ``<prefix>.md`` (the table, with the chart), ``<prefix>.png`` (the accuracy
     chart, :func:`plot_comparison`), ``<prefix>.csv`` (one row per run
     and column) and ``<prefix>_tests.csv`` (one row per paired test)."""
-    prefix = Path(out_prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    chart = plot_comparison(comp, prefix.with_name(prefix.name + ".png"))
-    md = prefix.with_name(prefix.name + ".md")
+    md, png, table, tests = comparison_paths(out_prefix)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    chart = plot_comparison(comp, png)
     md.write_text(comparison_markdown(comp) + f"\n![accuracy by run and column]({chart.name})\n")
-    table = prefix.with_name(prefix.name + ".csv")
     with table.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "column", "mean", "se", "marker", "no_paired_test"])
@@ -509,7 +519,6 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
                            if run == comp.reference else comp.untested.get(run, {}).get(c, ""))
                     w.writerow([run, c, f"{mean:.4f}", "" if se is None else f"{se:.4f}", mark,
                                 why])
-    tests = prefix.with_name(prefix.name + "_tests.csv")
     keys = ["run", "reference", "column", "seed", "difference", "n10", "n01", "mcnemar_stat",
             "mcnemar_p", "mcnemar_method", "permutation_p", "cohens_d", "ci95_low", "ci95_high"]
     with tests.open("w", newline="") as f:

@@ -112,7 +112,7 @@ RESUME_FREE_KEYS = frozenset({
     "training.cpu_threads", "training.log_every", "training.checkpoint_every_steps",
     "training.keep_epoch_checkpoints", "training.skip_nonfinite", "training.channels_last",
     "training.find_unused_parameters", "data.num_workers", "init.trust",
-    "training.compile", "training.preempt_signals", "training.requeue",
+    "training.compile", "training.preempt_signals", "training.requeue", "logging.tensorboard",
 })
 #: Keys that cannot change within a run directory, not even with ``--override-config``: they
 #: change the model's shape, the method, the images or the position in the data

@@ -15,10 +15,17 @@ from typing import Any
 
 from e2mc.artifacts import RunDir
 
+#: The optional extras this process has already printed a "not installed" note about.
+_NOTED: set[str] = set()
+
 
 class MetricsLogger:
     """Append metrics to ``run_dir/metrics.jsonl``, ``run_dir/tensorboard`` (if importable) and
     a wandb run (when ``config.logging.wandb``).
+
+    ``config.logging.tensorboard``: None (the default) uses TensorBoard when it is installed
+    and says nothing when it is not; True asks for it: a missing package is one note per
+    process; False turns it off.
 
     Each :meth:`log` call writes one line ``{"step": ..., "epoch": ..., <name>: value, ...}``
     with every name given; TensorBoard and wandb get the finite numeric ones at ``step``.
@@ -39,16 +46,20 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
         log_cfg = getattr(config, "logging", None)
+        asked = False  # the user set logging.tensorboard: true
         if log_cfg is not None:
-            tensorboard = tensorboard and log_cfg.tensorboard
+            tensorboard = tensorboard and log_cfg.tensorboard is not False
+            asked = log_cfg.tensorboard is True
             if log_cfg.wandb:
                 self._wandb = start_wandb(self.run, log_cfg, config)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                print("note: tensorboard is not installed; logging to metrics.jsonl only",
-                      file=sys.stderr)
+                if asked and not _NOTED:
+                    _NOTED.add("tensorboard")
+                    print("note: tensorboard is not installed (pip install tensorboard); "
+                          "logging to metrics.jsonl only", file=sys.stderr)
             else:
                 self._writer = SummaryWriter(log_dir=str(self.run.tensorboard))
 

@@ -3,18 +3,17 @@ images per second, the losses and the latest validation value."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from e2mc import progress
 from e2mc.training.callbacks import Callback, FitResult, TrainerView
 
 
 def progress_bar(total: int, initial: int, desc: str) -> Any:
-    """The bar of one epoch (tqdm on stderr)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", desc=desc, file=sys.stderr,
-                dynamic_ncols=True, mininterval=1.0)
+    """The bar of one epoch on stderr: tqdm on a terminal, plain lines in a log
+    (:func:`e2mc.progress.progress_bar`)."""
+    return progress.progress_bar(total=total, initial=initial, unit="step", desc=desc,
+                                 dynamic_ncols=True, mininterval=1.0)
 
 
 def postfix(metrics: dict[str, Any]) -> dict[str, str]:

@@ -1,0 +1,142 @@
+"""Progress display: a tqdm bar on a terminal (or in a Jupyter kernel), plain lines elsewhere.
+
+A bar redraws itself with carriage returns, which fill a log file (a SLURM job's output, a
+redirected ``2>run.log``) with thousands of partial lines. :func:`progress_bar` returns a tqdm
+bar when its stream is a terminal, and otherwise a :class:`PlainProgress` with the part of
+tqdm's interface the package uses (iteration, ``update``, ``set_postfix``,
+``set_postfix_str``, ``n``, ``close``, a context manager) that prints one line, no carriage
+return, at 25, 50, 75 and 100 % of ``total`` and otherwise at most every ``every`` seconds.
+``disable=True`` (a command's ``--quiet``) prints nothing either way.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+__all__ = ["PLAIN_EVERY_S", "PlainProgress", "is_terminal", "progress_bar"]
+
+#: Seconds between two plain lines that no quarter of the total prompted.
+PLAIN_EVERY_S = 30.0
+
+
+def is_terminal(stream: IO[str] | None = None) -> bool:
+    """Whether ``stream`` (default ``sys.stderr``) is an interactive terminal."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def progress_bar(iterable: Iterable[Any] | None = None, *, total: float | None = None,
+                 initial: float = 0, desc: str | None = None, unit: str = "it",
+                 disable: bool = False, leave: bool = True, file: IO[str] | None = None,
+                 every: float = PLAIN_EVERY_S, **tqdm_options: Any) -> Any:
+    """A progress display over ``iterable`` (or updated by hand with ``total``): a tqdm bar
+    (``tqdm_options`` passed on) when ``file`` (default ``sys.stderr``) is a terminal or the
+    process is a Jupyter kernel, else a :class:`PlainProgress`; nothing at all with
+    ``disable``."""
+    stream = sys.stderr if file is None else file
+    if not disable and (is_terminal(stream) or "ipykernel" in sys.modules):
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, initial=initial, desc=desc, unit=unit, leave=leave,
+                    file=stream, dynamic_ncols=True, **tqdm_options)
+    return PlainProgress(iterable, total=total, initial=initial, desc=desc, unit=unit,
+                         disable=disable, file=stream, every=every)
+
+
+class PlainProgress:
+    """Progress as whole lines: ``DESC: N/TOTAL UNIT (P%), elapsed Ts[, POSTFIX]``, printed
+    when a quarter of ``total`` is reached and otherwise at most every ``every`` seconds; on
+    :meth:`close`, a last line if the count moved since the previous one."""
+
+    def __init__(self, iterable: Iterable[Any] | None = None, *, total: float | None = None,
+                 initial: float = 0, desc: str | None = None, unit: str = "it",
+                 disable: bool = False, file: IO[str] | None = None,
+                 every: float = PLAIN_EVERY_S) -> None:
+        if total is None and iterable is not None:
+            try:
+                total = len(iterable)  # type: ignore[arg-type]
+            except TypeError:
+                total = None
+        self.iterable, self.total, self.n = iterable, total, initial
+        self.desc, self.unit, self.disable = desc, unit, disable
+        self.file, self.every = file, every
+        self.postfix = ""
+        self._start = self._last_time = time.monotonic()
+        self._last_n = initial
+        self._quarter = self._quarters(initial)
+        self._closed = False
+
+    def _quarters(self, n: float) -> int:
+        """How many quarters of the total ``n`` has reached (0 without a total)."""
+        return int(4 * n // self.total) if self.total else 0
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.iterable is None:
+            raise TypeError("this progress display has no iterable; call update() instead")
+        try:
+            for item in self.iterable:
+                yield item
+                self.update(1)
+        finally:
+            self.close()
+
+    def __len__(self) -> int:
+        return int(self.total or 0)
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+        quarter = self._quarters(self.n)
+        if quarter > self._quarter or time.monotonic() - self._last_time >= self.every:
+            self._quarter = max(quarter, self._quarter)
+            self._print()
+
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True,
+                    **kwargs: Any) -> None:
+        fields = {**(ordered_dict or {}), **kwargs}
+        self.postfix = ", ".join(f"{k}={v}" for k, v in fields.items())
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.postfix = str(s)
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def refresh(self) -> None:
+        """Nothing to redraw: lines are printed as the count moves."""
+
+    def close(self) -> None:
+        if not self._closed and self.n != self._last_n:
+            self._print()
+        self._closed = True
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def line(self) -> str:
+        """The line :meth:`update` prints now."""
+        count = f"{_number(self.n)}/{_number(self.total)}" if self.total else _number(self.n)
+        text = f"{self.desc}: " if self.desc else ""
+        text += f"{count} {self.unit}"
+        if self.total:
+            text += f" ({100 * self.n / self.total:.0f}%)"
+        text += f", elapsed {time.monotonic() - self._start:.0f}s"
+        return text + (f", {self.postfix}" if self.postfix else "")
+
+    def _print(self) -> None:
+        self._last_time, self._last_n = time.monotonic(), self.n
+        if not self.disable:
+            print(self.line(), file=sys.stderr if self.file is None else self.file, flush=True)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) and not value.is_integer() else \
+        str(int(value))

@@ -1,0 +1,221 @@
+"""One CLI grammar (issue 24): ``--out`` is the output directory of every subcommand that writes
+one, ``--quiet`` / ``-q`` the one silence flag, ``--seed`` the training seed (compare's and
+analyze's other seeds renamed, the old spelling kept with a note), and optional extras noted
+only when asked for."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from e2mc.artifacts import EvalDir
+from e2mc.cli import build_parser, main
+from e2mc.errors import EXIT_INPUT
+from helpers import TINY_RUN, tiny_base
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+# ----------------------------------------------------------------------------- --out
+@pytest.mark.parametrize("command", ["continue", "pretrain"])
+def test_out_and_the_old_run_dir_are_one_option(command: str) -> None:
+    new = _parse(command, "--config", "fmnist-vicreg-continue", "--out", "R")
+    old = _parse(command, "--config", "fmnist-vicreg-continue", "--run-dir", "R")
+    assert new.run_dir == old.run_dir == Path("R")
+
+
+def test_every_subcommand_that_writes_a_directory_takes_out() -> None:
+    for argv in (["eval", "ckpt", "--data", "d"], ["analyze", "run", "--data", "d"],
+                 ["search", "--config", "c", "--from", "x", "--data", "d"], ["demo"],
+                 ["compare", "a"], ["continue", "--config", "c"]):
+        args = _parse(*argv, "--out", "D")
+        assert Path(getattr(args, "run_dir", None) or args.out) == Path("D"), argv
+
+
+# ----------------------------------------------------------------------------- --quiet
+@pytest.mark.parametrize("argv", [
+    ["continue", "--config", "c", "--out", "R"], ["pretrain", "--config", "c", "--out", "R"],
+    ["eval", "ckpt", "--data", "d", "--out", "D"], ["analyze", "run", "--data", "d", "--out", "D"],
+    ["search", "--config", "c", "--from", "x", "--data", "d", "--out", "D"], ["demo"]])
+def test_quiet_and_q_on_every_subcommand_that_shows_progress(argv: list[str]) -> None:
+    assert _parse(*argv).quiet is False
+    assert _parse(*argv, "--quiet").quiet is True
+    assert _parse(*argv, "-q").quiet is True
+
+
+def test_analyze_no_progress_is_the_old_spelling_of_quiet() -> None:
+    assert _parse("analyze", "run", "--data", "d", "--out", "D", "--no-progress").quiet is True
+
+
+def test_continue_quiet_and_seed_reach_the_config() -> None:
+    from e2mc.commands._run_options import config_from_args
+
+    args = _parse("continue", "--config", "fmnist-vicreg-continue", "--out", "R", "-q",
+                  "--seed", "7")
+    cfg = config_from_args(args, "continue")
+    assert cfg.training.progress is False and cfg.training.seed == 7
+    plain = config_from_args(_parse("continue", "--config", "fmnist-vicreg-continue",
+                                    "--out", "R"), "continue")
+    assert plain.training.progress is True and plain.training.seed == 0
+    same = _parse("continue", "--config", "fmnist-vicreg-continue", "--out", "R", "--seed", "7",
+                  "--set", "training.seed=7")
+    assert config_from_args(same, "continue").training.seed == 7
+
+
+def test_seed_and_a_different_set_training_seed_is_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["continue", "--config", "fmnist-vicreg-continue", "--out", str(tmp_path / "r"),
+                 "--seed", "1", "--set", "training.seed=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_INPUT
+    assert err == ["e2mc continue: error: --seed 1 and --set training.seed=2 disagree; give "
+                   "the training seed once"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_search_quiet_turns_off_its_runs_progress_but_not_their_identity(tmp_path: Path) -> None:
+    from e2mc.search import Search, SearchSpec, grid_trials
+
+    ckpt = tmp_path / "base.pt"
+    ckpt.write_bytes(b"x")
+    spec = SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
+                      checkpoint_sha256="0" * 64, data="builtin", val_split=0.2, seed=0,
+                      metric="val/knn", common=list(TINY_RUN[:-1]),
+                      trials=grid_trials(["addon.params.beta=1,2"]))
+    spec.common = [c for c in spec.common if not c.startswith("training.progress")]
+    loud, quiet = Search(spec, tmp_path / "a"), Search(spec, tmp_path / "b", progress=False)
+    for name in loud.configs:
+        assert loud.configs[name].training.progress is True
+        assert quiet.configs[name].training.progress is False
+        assert quiet.controls[name].training.progress is False
+    assert loud.spec.identity() == quiet.spec.identity()  # resumable with or without -q
+
+
+# ----------------------------------------------------------------------------- renamed seeds
+def test_compare_seed_is_resample_seed_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _parse("compare", "a").resample_seed == 0
+    assert capsys.readouterr().err == ""
+    assert _parse("compare", "a", "--resample-seed", "4").resample_seed == 4
+    assert capsys.readouterr().err == ""
+    assert _parse("compare", "a", "--seed", "5").resample_seed == 5
+    assert capsys.readouterr().err == "note: compare --seed is now --resample-seed\n"
+
+
+def test_analyze_seed_is_sample_seed_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["analyze", "run", "--data", "d", "--out", "D"]
+    assert _parse(*base).sample_seed == 0 and not hasattr(_parse(*base), "seed")
+    assert _parse(*base, "--sample-seed", "3").sample_seed == 3
+    assert capsys.readouterr().err == ""
+    assert _parse(*base, "--seed", "6").sample_seed == 6
+    assert capsys.readouterr().err == "note: analyze --seed is now --sample-seed\n"
+
+
+# ----------------------------------------------------------------------------- compare --out
+def _eval_dir(root: Path, correct: int) -> Path:
+    from e2mc.evaluation.results import save_predictions
+
+    labels = np.arange(40) % 2
+    preds = labels.copy()
+    preds[correct:] = 1 - preds[correct:]
+    entries = []
+    for seed in (0, 1):
+        rel = save_predictions(root, f"linear_10_seed{seed}", preds, labels)
+        entries.append({"protocol": "linear", "column": "linear 10%", "primary": "top1",
+                        "metrics": {"top1": 100 * correct / 40}, "fraction": 0.1, "seed": seed,
+                        "predictions": rel})
+    EvalDir(root).write({"entries": entries})
+    return root
+
+
+def test_compare_out_is_a_directory_and_its_old_seed_gives_the_same_numbers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _eval_dir(tmp_path / "evals" / "a", 20)
+    b = _eval_dir(tmp_path / "evals" / "b", 30)
+    args = [str(a), str(b), "--resamples", "200"]
+    assert main(["compare", *args, "--out", str(tmp_path / "new"), "--resample-seed", "3"]) == 0
+    out = capsys.readouterr().out
+    names = ["comparison.md", "comparison.png", "comparison.csv", "comparison_tests.csv"]
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == sorted(names)
+    assert f"wrote {tmp_path / 'new' / 'comparison.md'}" in out
+    tests = list(csv.DictReader((tmp_path / "new" / "comparison_tests.csv").open()))
+    assert [float(t["difference"]) for t in tests] == [25.0, 25.0]
+    assert main(["compare", *args, "--out", str(tmp_path / "old"), "--seed", "3"]) == 0
+    assert "note: compare --seed is now --resample-seed" in capsys.readouterr().err
+    for name in names[2:]:  # the same resampling seed: the same p-values and intervals
+        assert (tmp_path / "old" / name).read_bytes() == (tmp_path / "new" / name).read_bytes()
+    assert main(["compare", *args]) == 0  # default: the first run's parent directory
+    assert (tmp_path / "evals" / "comparison.md").is_file()
+
+
+def test_compare_out_refuses_a_file_and_a_stale_prefix_comparison(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = _eval_dir(tmp_path / "a", 20)
+    b = _eval_dir(tmp_path / "b", 30)
+    (tmp_path / "file").write_text("x")
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "file")]) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("e2mc compare: error: --out ") and "is a directory now" in err
+    (tmp_path / "table.md").write_text("| run | linear 10% |\n| old | 99.0 |\n")
+    (tmp_path / "table.csv").write_text("run,column,mean\nold,linear 10%,99.0\n")
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "table")]) == EXIT_INPUT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "would not update" in err
+    assert "remove table.md, table.csv" in err
+    assert not (tmp_path / "table").exists()
+
+
+# ----------------------------------------------------------------------------- extras' notes
+def test_tensorboard_note_only_when_asked_and_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import e2mc.training.logging as run_logging
+    from e2mc.config import load_config
+    from e2mc.training.logging import MetricsLogger
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
+    monkeypatch.setattr(run_logging, "_NOTED", set())
+    default = load_config("fmnist-vicreg-continue")
+    assert default.logging.tensorboard is None
+    with MetricsLogger(tmp_path / "a", config=default) as logger:
+        logger.log(1, {"loss": 1.0})
+    assert capsys.readouterr().err == ""
+    asked = load_config("fmnist-vicreg-continue", ["logging.tensorboard=true"])
+    for run in ("b", "c"):
+        with MetricsLogger(tmp_path / run, config=asked) as logger:
+            logger.log(1, {"loss": 1.0})
+    err = capsys.readouterr().err
+    assert err.count("note: tensorboard is not installed") == 1
+    assert not (tmp_path / "b" / "tensorboard").exists()
+    off = load_config("fmnist-vicreg-continue", ["logging.tensorboard=false"])
+    assert off.logging.tensorboard is False
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow  # integration: a few seconds on 2 cores
+def test_pretrain_with_out_seed_and_quiet_prints_no_progress(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from e2mc.config import read_yaml
+
+    _, data = tiny_base(tmp_path)
+    sets = [a for item in TINY_RUN if not item.startswith("training.progress")
+            for a in ("--set", item)]
+    run = tmp_path / "run"
+    assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--out", str(run), "--data",
+                 str(data), "--seed", "3", "--quiet", *sets,
+                 "--set", "training.max_steps=2"]) == 0
+    err = capfd.readouterr().err
+    assert "\r" not in err and "step/s" not in err and "epoch 1/1" not in err
+    lines = err.strip().splitlines()  # what the run is, where it stopped; nothing between
+    assert len(lines) == 2 and lines[0].startswith("pretrain fmnist-vicreg-pretrain: vicreg")
+    assert lines[-1].startswith("stopped (training.max_steps=2): epoch 0/1, "
+                                                   "step 2")
+    cfg = read_yaml(run / "config.yaml")
+    assert cfg["training"]["seed"] == 3 and cfg["training"]["progress"] is False
+    assert "tensorboard" not in err
