@@ -1,8 +1,11 @@
-"""Shared by several test modules: a free loopback port for the 2-process gloo tests, and the
-overrides of a tiny training run (a small torchvision model on 16 px single-channel images)."""
+"""Shared by several test modules: a free loopback port for the 2-process gloo tests (one band
+per pytest-xdist worker), and the overrides of a tiny training run (a small torchvision model on
+16 px single-channel images)."""
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 
 #: A continued or pretraining run in seconds on a CPU (``--set`` / ``load_config`` overrides).
@@ -14,9 +17,21 @@ TINY_RUN = ["model.backbone=mobilenet_v3_small", "model.in_channels=1", "data.im
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port for a gloo rendezvous (rank 0 binds it a moment later). Below the
+    kernel's ephemeral range (32768 up on Linux), so no socket another test opens in the
+    meantime gets it, and in a band of 1500 ports per pytest-xdist worker (of 8), so that two
+    workers never pick the same one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = 20000 + (index % 8) * 1500
+    for port in random.Random().sample(range(low, low + 1500), 1500):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {low}..{low + 1499}")
 
 
 def tiny_base(root, n_test: int = 20):

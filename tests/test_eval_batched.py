@@ -191,3 +191,36 @@ def test_paper_presets_run_through_the_batched_path(method):
                                  dtype=torch.float64)
         assert e.result.history == ref.history
         assert np.array_equal(e.result.predictions, ref.predictions)
+
+
+def test_plan_shares_a_stream_per_batch_order_and_a_group_per_batch_size():
+    """Grid points of one subset and seed share a stream (one set of batches); another seed,
+    standardization or batch size is another stream; groups are batch sizes, longest first."""
+    from e2mc.evaluation.batched.plan import plan_groups, plan_streams
+
+    heads = mixed_heads(240)
+    streams, slots = plan_streams(heads)
+    assert [s.heads for s in streams] == [[0, 1, 2], [3], [4], [5], [6]]
+    assert [(s, slot) for s, slot in slots][:3] == [(streams[0], 0), (streams[0], 1),
+                                                    (streams[0], 2)]
+    assert streams[0].total_steps == 3 * 4 and streams[2].total_steps == 4 * 3  # 120/32, 80/32
+    groups = plan_groups(streams)
+    assert [[s.batch_size for s in g] for g in groups] == [[32, 32, 32], [50], [64]]
+    assert [s.total_steps for s in groups[0]] == sorted((s.total_steps for s in groups[0]),
+                                                        reverse=True)
+
+
+def test_best_head_is_chosen_on_finished_results_top1_then_loss_then_order():
+    from e2mc.evaluation.batched import best_head
+    from e2mc.evaluation.linear import ProbeResult
+
+    def result(top1: float, loss: float) -> ProbeResult:
+        return ProbeResult(top1_last=top1, top5_last=100.0, top1_best=top1, top5_best=100.0,
+                           best_epoch=1, history=[top1], loss_last=loss)
+
+    assert best_head([result(50, 1.0), result(60, 2.0), result(55, 0.1)]) == 1
+    assert best_head([result(60, 2.0), result(60, 1.0), result(60, 1.0)]) == 1
+    assert best_head([result(60, float("nan")), result(60, 9.0)]) == 1
+    assert best_head([result(60, float("nan")), result(60, float("nan"))]) == 0
+    with pytest.raises(ValueError):
+        best_head([])

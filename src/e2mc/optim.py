@@ -18,6 +18,15 @@ from torch.optim import Optimizer
 LARC_TRUST, LARC_EPS = 0.001, 1e-8
 
 
+def larc_trust_ratio(param_norm: torch.Tensor, grad_norm: torch.Tensor,
+                     weight_decay: float | torch.Tensor, trust: float = LARC_TRUST,
+                     eps: float = LARC_EPS) -> torch.Tensor:
+    """apex LARC's adaptive learning rate ``trust ||p|| / (||g|| + wd ||p|| + eps)``, the one
+    formula of :class:`LARC` and of the batched probe's per-head update
+    (:mod:`e2mc.evaluation.batched.engine`); it applies where both norms are non-zero."""
+    return trust * param_norm / (grad_norm + param_norm * weight_decay + eps)
+
+
 def cosine_factor(step: float, total: float, final_fraction: float = 0.0) -> float:
     """The cosine decay from 1 at ``step`` 0 to ``final_fraction`` at ``total`` and after (per
     epoch, ``CosineAnnealingLR(T_max=total)`` in closed form)."""
@@ -137,8 +146,8 @@ class LARC(torch.optim.SGD):
                 param_norm = torch.linalg.vector_norm(p)
                 grad_norm = torch.linalg.vector_norm(p.grad)
                 if param_norm != 0 and grad_norm != 0:
-                    adaptive_lr = self.trust_coefficient * param_norm / (
-                        grad_norm + param_norm * weight_decay + self.eps)
+                    adaptive_lr = larc_trust_ratio(param_norm, grad_norm, weight_decay,
+                                                   self.trust_coefficient, self.eps)
                     if self.clip:
                         adaptive_lr = torch.clamp(adaptive_lr / group["lr"], max=1.0)
                     p.grad.add_(p, alpha=weight_decay)

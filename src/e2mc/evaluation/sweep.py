@@ -19,7 +19,6 @@ sequential probes (:func:`e2mc.evaluation.linear.train_linear_probe`), the refer
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from e2mc.data.subsets import label_fraction_indices, stratified_indices
-from e2mc.evaluation.batched import HeadSpec, train_linear_heads
+from e2mc.evaluation.batched import BEST_HEAD_RULE, HeadSpec, best_head, train_linear_heads
 from e2mc.evaluation.linear import ProbeResult, train_linear_probe
 from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
 
@@ -130,12 +129,9 @@ def linear_protocol(
             pos += len(points)
             grid = [{"lr": lr, "weight_decay": wd, "val_top1": r.top1_last,
                      "val_loss": r.loss_last} for (lr, wd), r in zip(points, results, strict=True)]
-            best = min(range(len(points)),
-                       key=lambda i: (-grid[i]["val_top1"], _nan_last(grid[i]["val_loss"]), i))
-            lr, wd = points[best]
+            lr, wd = points[best_head(results)]
             chosen[k] = (replace(config, lr=lr, weight_decay=wd), {
-                "rule": "best last-epoch validation top-1; ties: lower validation loss, then "
-                        "grid order",
+                "rule": BEST_HEAD_RULE,
                 "train_size": int(len(tr_rows)), "validation_size": int(len(val_rows)),
                 "grid": grid, "chosen": {"lr": lr, "weight_decay": wd}})
 
@@ -151,10 +147,6 @@ def linear_protocol(
                        selection=chosen[k][1] if k in chosen else None)
             for k, ((fraction, seed, idx, _, _), result) in enumerate(zip(plan, finals,
                                                                           strict=True))]
-
-
-def _nan_last(value: float) -> float:
-    return math.inf if math.isnan(value) else value
 
 
 def linear_sweep(

@@ -1,0 +1,117 @@
+"""Many linear probes trained at once on one cached feature tensor.
+
+Every probe of an evaluation (label fractions x label seeds x a learning-rate / weight-decay
+grid, with the per-method presets of :mod:`e2mc.evaluation.presets`) is one *head* of a batched
+model. A head is exactly what :func:`e2mc.evaluation.linear.train_linear_probe` trains for the
+same settings and seed: the same initialization (N(0, 0.01^2) weights drawn after
+``torch.manual_seed(seed)``, zero bias), the same sample order (``randperm`` of a generator
+seeded with ``seed``, one per epoch), mini-batches of ``batch_size`` rows of its label subset
+(the last one smaller), cross-entropy, SGD with momentum (or SimSiam's LARC, per head), weight
+decay, and the per-epoch cosine decay of its learning rate to 0 over its epochs.
+
+Three parts:
+
+- :mod:`~e2mc.evaluation.batched.plan` -- which heads share a matrix product. Heads that see
+  the same rows in the same order (same label subset, seed, batch size and standardization,
+  e.g. the points of a learning-rate grid) share a *stream*; streams of one batch size form a
+  *group*.
+- :mod:`~e2mc.evaluation.batched.engine` -- a group's weights are one
+  ``[streams, D, heads_per_stream * C]`` tensor; a training step gathers each stream's batch
+  from the one feature bank into ``[streams, B, D]`` and does one ``torch.baddbmm`` forward and
+  one ``torch.bmm`` for the weight gradient (the softmax cross-entropy gradient is written out,
+  no autograd). The optimizer update is elementwise over all heads, with per-head learning
+  rate, weight decay, momentum and LARC flag (LARC's trust ratio is
+  :func:`e2mc.optim.larc_trust_ratio`). A head that has finished its epochs stops changing; a
+  stream whose heads have all finished leaves the batch (streams are sorted by length, so the
+  active ones are a prefix).
+- :mod:`~e2mc.evaluation.batched.scoring` -- after each epoch of a stream its heads are
+  evaluated on their evaluation rows (top-1/top-5, cross-entropy), which gives the same
+  last/best-epoch numbers as the sequential probe; the best head of a grid is chosen after
+  training, from the finished results (:func:`best_head`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+import torch
+
+from e2mc.evaluation.batched.engine import build_bank, build_group, train_group
+from e2mc.evaluation.batched.plan import HeadSpec, plan_groups, plan_streams
+from e2mc.evaluation.batched.scoring import (
+    BEST_HEAD_RULE,
+    EVAL_CACHE_ELEMENTS,
+    best_head,
+    evaluate_stream,
+    head_results,
+    new_trackers,
+    prepare_eval_rows,
+)
+from e2mc.evaluation.linear import ProbeResult
+
+__all__ = ["BEST_HEAD_RULE", "EVAL_CACHE_ELEMENTS", "HeadSpec", "best_head",
+           "train_linear_heads"]
+
+
+def train_linear_heads(
+    train_x: np.ndarray | torch.Tensor,
+    train_y: np.ndarray | torch.Tensor,
+    eval_x: np.ndarray | torch.Tensor,
+    eval_y: np.ndarray | torch.Tensor,
+    heads: Sequence[HeadSpec],
+    num_classes: int | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    keep_weights: bool = False,
+    eval_chunk: int = 8192,
+    trace: Counter | None = None,
+) -> list[ProbeResult]:
+    """Train every head of ``heads`` at once; one :class:`ProbeResult` per head, in order.
+
+    ``train_x [N, D]`` / ``train_y [N]`` hold every training row the heads index;
+    ``eval_x`` / ``eval_y`` the evaluation rows (the test split, or the training features
+    themselves for validation heads with ``eval_rows``). ``trace`` (a ``Counter``), when given,
+    receives the shapes of every matrix product, for a floor measurement.
+    """
+    if not heads:
+        raise ValueError("no heads to train")
+    device = torch.device(device)
+    x_all = torch.as_tensor(train_x, device=device).to(dtype)
+    y_all = torch.as_tensor(np.asarray(train_y), device=device).long()
+    ex_all = torch.as_tensor(eval_x, device=device).to(dtype)
+    ey_all = torch.as_tensor(np.asarray(eval_y), device=device).long()
+    _check_inputs(x_all, y_all, ex_all, ey_all, heads)
+    dim = x_all.shape[1]
+    classes = num_classes or int(max(y_all.max().item(), ey_all.max().item())) + 1
+
+    streams, head_slots = plan_streams(heads)
+    bank, bank_y = build_bank(x_all, y_all, streams)
+    prepare_eval_rows(streams, ex_all)
+    groups = [build_group(members, heads, dim, classes, device, dtype)
+              for members in plan_groups(streams)]
+    records = new_trackers(heads, ey_all)
+    for group in groups:
+        score = partial(evaluate_stream, group, heads=heads, ex_all=ex_all, ey_all=ey_all,
+                        records=records, chunk=eval_chunk, trace=trace)
+        train_group(group, bank, bank_y, score, trace)
+    if keep_weights:
+        return head_results(records, groups, head_slots)
+    return head_results(records)
+
+
+def _check_inputs(x_all: torch.Tensor, y_all: torch.Tensor, ex_all: torch.Tensor,
+                  ey_all: torch.Tensor, heads: Sequence[HeadSpec]) -> None:
+    if x_all.ndim != 2 or ex_all.ndim != 2 or x_all.shape[1] != ex_all.shape[1]:
+        raise ValueError(f"features must be [N, D] with the same D, got {tuple(x_all.shape)} "
+                         f"and {tuple(ex_all.shape)}")
+    if y_all.shape != (len(x_all),) or ey_all.shape != (len(ex_all),):
+        raise ValueError("labels must be 1-D class indices, one per feature row")
+    for h in heads:
+        if h.rows.max() >= len(x_all) or h.rows.min() < 0:
+            raise ValueError(f"training rows out of range for {len(x_all)} feature rows")
+        if h.eval_rows is not None and (h.eval_rows.max() >= len(ex_all)
+                                        or h.eval_rows.min() < 0):
+            raise ValueError(f"evaluation rows out of range for {len(ex_all)} rows")

@@ -1,0 +1,237 @@
+"""The training of a group of streams: its weights as one ``[streams, D, heads_per_stream * C]``
+tensor, each step one gather of ``[streams, B, D]`` rows, one ``torch.baddbmm`` forward, one
+``torch.bmm`` for the weight gradient (the softmax cross-entropy gradient written out, no
+autograd) and an elementwise SGD / LARC update with each head's settings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from e2mc.evaluation.batched.plan import HeadSpec, Stream, digest
+from e2mc.evaluation.linear import init_head
+from e2mc.optim import cosine_factor, larc_trust_ratio
+
+
+def build_bank(x_all: torch.Tensor, y_all: torch.Tensor, streams: Sequence[Stream]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows the streams train on, with their labels: the raw features (when a stream reads
+    them) followed by one standardized copy per standardized row set. Sets each standardized
+    stream's ``offset``, ``mean`` and ``std``."""
+    pieces: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    size = 0
+    copies: dict[str | None, tuple[int, torch.Tensor, torch.Tensor]] = {}
+    if any(not s.standardize for s in streams):
+        pieces.append(x_all)
+        labels.append(y_all)
+        size = len(x_all)
+    for s in streams:
+        if not s.standardize:
+            continue
+        key = digest(s.rows)
+        if key not in copies:
+            rows = torch.as_tensor(s.rows, device=x_all.device)
+            sub = x_all[rows]
+            mean = sub.mean(dim=0)
+            std = sub.std(dim=0, unbiased=False).clamp_min(1e-6)
+            pieces.append((sub - mean) / std)
+            labels.append(y_all[rows])
+            copies[key] = (size, mean, std)
+            size += len(sub)
+        s.offset, s.mean, s.std = copies[key]
+    bank = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    bank_y = labels[0] if len(labels) == 1 else torch.cat(labels)
+    return bank, bank_y
+
+
+@dataclass
+class Group:
+    """Streams of one batch size, sorted by number of steps (longest first)."""
+
+    batch_size: int
+    streams: list[Stream]
+    slots: int                 # heads per stream (padded)
+    classes: int
+    weight: torch.Tensor       # [S, D, slots * C]
+    bias: torch.Tensor         # [S, 1, slots * C]
+    buf_w: torch.Tensor
+    buf_b: torch.Tensor
+    lr_table: torch.Tensor     # [S, max_epochs + 1, slots]: lr of each epoch, 0 when finished
+    wd: torch.Tensor           # [S, 1, slots, 1]
+    momentum: torch.Tensor     # [S, 1, slots, 1]
+    lars: torch.Tensor         # [S, 1, slots, 1] bool
+    any_lars: bool
+    idx: torch.Tensor          # [S, max_steps_per_epoch, B] bank rows of the current epoch
+    row_w: torch.Tensor        # [S, max_steps_per_epoch, B] 1 / batch length (0 = padding)
+    spe: torch.Tensor          # [S] steps per epoch
+    total: list[int]           # steps of each stream
+    generators: list[torch.Generator]  # each stream's sample order (seeded with its seed)
+
+
+def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, classes: int,
+                device: torch.device, dtype: torch.dtype) -> Group:
+    """A group's weights (each head initialized as :func:`~e2mc.evaluation.linear.init_head`
+    after ``torch.manual_seed(seed)``), optimizer state and per-head settings."""
+    slots = max(len(s.heads) for s in members)
+    n_streams = len(members)
+    weight = torch.zeros(n_streams, dim, slots, classes, dtype=dtype)
+    bias = torch.zeros(n_streams, 1, slots, classes, dtype=dtype)
+    for j, s in enumerate(members):
+        for slot, i in enumerate(s.heads):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(heads[i].seed)
+                head = init_head(dim, classes)
+            weight[j, :, slot] = head.weight.detach().T.to(dtype)
+            bias[j, 0, slot] = head.bias.detach().to(dtype)
+    lr_table, wd, momentum, lars = _head_settings(members, heads, slots, dtype)
+    max_spe = max(s.steps_per_epoch for s in members)
+    batch = members[0].batch_size
+    row_w = torch.zeros(n_streams, max_spe, batch, dtype=dtype)
+    for j, s in enumerate(members):
+        for step in range(s.steps_per_epoch):
+            length = min(batch, s.n - step * batch)
+            row_w[j, step, :length] = 1.0 / length
+    return Group(
+        batch_size=batch, streams=members, slots=slots, classes=classes,
+        weight=weight.view(n_streams, dim, slots * classes).to(device),
+        bias=bias.view(n_streams, 1, slots * classes).to(device),
+        buf_w=torch.zeros(n_streams, dim, slots * classes, dtype=dtype, device=device),
+        buf_b=torch.zeros(n_streams, 1, slots * classes, dtype=dtype, device=device),
+        lr_table=lr_table.to(device), wd=wd.to(device), momentum=momentum.to(device),
+        lars=lars.to(device), any_lars=bool(lars.any()),
+        idx=torch.zeros(n_streams, max_spe, batch, dtype=torch.long, device=device),
+        row_w=row_w.to(device),
+        spe=torch.tensor([s.steps_per_epoch for s in members], device=device),
+        total=[s.total_steps for s in members],
+        generators=[torch.Generator(device="cpu").manual_seed(s.seed) for s in members])
+
+
+def _head_settings(members: list[Stream], heads: Sequence[HeadSpec], slots: int,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Per head: the learning rate of every epoch (cosine decay to 0 over its epochs; 0 once it
+    has finished), weight decay, momentum and whether it is LARC."""
+    n_streams = len(members)
+    max_epochs = max(heads[i].config.epochs for s in members for i in s.heads)
+    lr_table = torch.zeros(n_streams, max_epochs + 1, slots, dtype=dtype)
+    wd = torch.zeros(n_streams, 1, slots, 1, dtype=dtype)
+    momentum = torch.zeros(n_streams, 1, slots, 1, dtype=dtype)
+    lars = torch.zeros(n_streams, 1, slots, 1, dtype=torch.bool)
+    for j, s in enumerate(members):
+        for slot, i in enumerate(s.heads):
+            cfg = heads[i].config
+            for e in range(cfg.epochs):
+                lr_table[j, e, slot] = cfg.lr * cosine_factor(e, cfg.epochs)
+            wd[j, 0, slot, 0] = cfg.weight_decay
+            momentum[j, 0, slot, 0] = cfg.momentum
+            lars[j, 0, slot, 0] = cfg.optimizer == "lars"
+    return lr_table, wd, momentum, lars
+
+
+def new_epoch(group: Group, j: int) -> None:
+    """Draw stream ``j``'s permutation of the epoch and lay it out as ``[steps, B]`` rows."""
+    s = group.streams[j]
+    order = torch.randperm(s.n, generator=group.generators[j])
+    # a standardized stream reads its own copy of its rows, a raw one the feature tensor
+    rows = order + s.offset if s.standardize else torch.as_tensor(s.rows)[order]
+    pad = s.steps_per_epoch * s.batch_size - s.n
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad)])
+    group.idx[j, :s.steps_per_epoch] = rows.view(s.steps_per_epoch, s.batch_size).to(
+        group.idx.device)
+
+
+@torch.no_grad()
+def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
+                end_of_epoch: Callable[[int, int], None], trace: Counter | None = None) -> None:
+    """Train the group to the end of its longest stream; ``end_of_epoch(j, epochs_done)``
+    after each epoch of stream ``j`` (the scoring). Streams whose heads have all finished
+    leave the batch (they are the suffix of the sorted streams)."""
+    spe = [s.steps_per_epoch for s in group.streams]
+    for step in range(group.total[0]):
+        active = sum(1 for t in group.total if t > step)
+        for j in range(active):
+            if step % spe[j] == 0:
+                new_epoch(group, j)
+        train_step(group, step, active, bank, bank_y, trace)
+        for j in range(active):
+            if (step + 1) % spe[j] == 0:
+                end_of_epoch(j, (step + 1) // spe[j])
+
+
+def train_step(group: Group, step: int, active: int, bank: torch.Tensor, bank_y: torch.Tensor,
+               trace: Counter | None = None) -> None:
+    """One step of the first ``active`` streams of the group (every head, finished ones with
+    learning rate 0)."""
+    dim = bank.shape[1]
+    slots, batch, classes = group.slots, group.batch_size, group.classes
+    ar = torch.arange(active, device=bank.device)
+    in_epoch = step % group.spe[:active]
+    epoch = step // group.spe[:active]
+    idx = group.idx[ar, in_epoch]                              # [A, B]
+    xb = bank.index_select(0, idx.reshape(-1)).view(active, batch, dim)
+    yb = bank_y.index_select(0, idx.reshape(-1)).view(active, batch)
+    w = group.weight[:active]
+    b = group.bias[:active]
+    grad_w, grad_b = forward_backward(w, b, xb, yb, group.row_w[ar, in_epoch], slots, classes)
+    if trace is not None:
+        trace[("train", active, batch, dim, slots * classes)] += 1
+    lr = group.lr_table[ar, epoch].view(active, 1, slots, 1)   # 0 once a head is done
+    settings = (lr, group.wd[:active], group.momentum[:active],
+                group.lars[:active] if group.any_lars else None)
+    update(w.view(active, dim, slots, classes), grad_w.view(active, dim, slots, classes),
+           group.buf_w[:active].view(active, dim, slots, classes), *settings)
+    update(b.view(active, 1, slots, classes), grad_b.view(active, 1, slots, classes),
+           group.buf_b[:active].view(active, 1, slots, classes), *settings)
+
+
+def forward_backward(w: torch.Tensor, b: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+                     row_w: torch.Tensor, slots: int, classes: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients ``[A, D, slots * C]`` and ``[A, 1, slots * C]`` of every head's mean
+    cross-entropy on its stream's batch ``xb [A, B, D]``, ``yb [A, B]`` (``row_w``: 1 / batch
+    length, 0 for padding rows): ``softmax(logits) - onehot(y)``, weighted, times the rows."""
+    active, batch, _ = xb.shape
+    logits = torch.baddbmm(b, xb, w).view(active, batch, slots, classes)
+    grad = torch.softmax(logits, dim=-1)
+    grad.scatter_add_(-1, yb.view(active, batch, 1, 1).expand(active, batch, slots, 1),
+                      grad.new_full((1, 1, 1, 1), -1.0).expand(active, batch, slots, 1))
+    grad.mul_(row_w.view(active, batch, 1, 1))
+    grad = grad.view(active, batch, slots * classes)
+    grad_w = torch.bmm(xb.transpose(1, 2), grad)               # [A, D, slots * C]
+    grad_b = grad.sum(dim=1, keepdim=True)                     # [A, 1, slots * C]
+    return grad_w, grad_b
+
+
+def update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor,
+           wd: torch.Tensor, momentum: torch.Tensor, lars: torch.Tensor | None) -> None:
+    """SGD with momentum and weight decay, or apex LARC (per head, where ``lars``), in place.
+
+    Shapes ``[A, R, slots, C]``: a head's parameter is ``[:, :, slot, :]``. LARC, per head and
+    per parameter: ``g <- (g + wd p) a`` with :func:`~e2mc.optim.larc_trust_ratio` ``a`` when
+    both norms are non-zero, else ``g`` unchanged (no weight decay), then plain SGD momentum.
+    """
+    if lars is not None:
+        p_norm = param.pow(2).sum(dim=(1, 3), keepdim=True).sqrt()
+        g_norm = grad.pow(2).sum(dim=(1, 3), keepdim=True).sqrt()
+        ok = lars & (p_norm != 0) & (g_norm != 0)
+        scale = torch.where(ok, larc_trust_ratio(p_norm, g_norm, wd), torch.ones_like(p_norm))
+        wd = torch.where(lars & ~ok, torch.zeros_like(wd), wd)
+        grad = (grad + wd * param) * scale
+    else:
+        grad = grad + wd * param
+    buf.mul_(momentum).add_(grad)
+    param.sub_(lr * buf)
+
+
+def head_weights(group: Group, stream: Stream, slot: int) -> tuple[np.ndarray, np.ndarray]:
+    """One head's weight ``[D, C]`` and bias ``[C]``, as numpy copies."""
+    j = group.streams.index(stream)
+    dim, classes = group.weight.shape[1], group.classes
+    w = group.weight[j].view(dim, group.slots, classes)[:, slot]
+    b = group.bias[j].view(group.slots, classes)[slot]
+    return w.detach().cpu().numpy().copy(), b.detach().cpu().numpy().copy()
