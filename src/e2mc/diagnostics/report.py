@@ -104,17 +104,21 @@ def _img(caption: str, path: Path, root: Path) -> str:
 
 #: The direction marks of the statistics tables and the verdict.
 HIGHER, LOWER = "↑ higher", "↓ lower"
+#: A statistic within this fraction of the first run's value counts as unchanged (a statistic
+#: of a sample of images moves a little between two nearly equal models).
+SAME_WITHIN = 0.01
 
 
 def _moved(reference: Any, value: Any, better: str) -> str:
-    """``"better"``, ``"worse"`` or ``"same"``: how ``value`` compares with ``reference`` for a
-    statistic whose ``better`` direction is ``"higher"`` or ``"lower"``; ``""`` when either is
-    not a finite number or the statistic has no direction."""
+    """``"better"``, ``"worse"`` or ``"same"`` (within :data:`SAME_WITHIN` of ``reference``):
+    how ``value`` compares with ``reference`` for a statistic whose ``better`` direction is
+    ``"higher"`` or ``"lower"``; ``""`` when either is not a finite number or the statistic has
+    no direction."""
     numbers = [v for v in (reference, value)
                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
     if not better or len(numbers) < 2:
         return ""
-    if math.isclose(value, reference, rel_tol=1e-9, abs_tol=1e-12):
+    if math.isclose(value, reference, rel_tol=SAME_WITHIN, abs_tol=1e-12):
         return "same"
     return "better" if (value > reference) == (better == "higher") else "worse"
 
@@ -142,7 +146,7 @@ def _stats_table(kind: str, runs: Sequence[RunDiagnostics]) -> str:
 def _verdict(runs: Sequence[RunDiagnostics], kinds: Sequence[str]) -> list[str]:
     """One sentence (HTML) per later run and kind of vector: how many of the statistics with a
     direction moved the better way from the first run's, which moved the other way (with both
-    values), how many stayed the same."""
+    values), how many stayed within :data:`SAME_WITHIN` of it."""
     reference, lines = runs[0], []
     for run in runs[1:]:
         for kind in kinds:
@@ -162,8 +166,9 @@ def _verdict(runs: Sequence[RunDiagnostics], kinds: Sequence[str]) -> list[str]:
                 continue
             if len(moved["same"]) == total:
                 model = run.info.get("model")
-                lines.append(who + f"all {total} statistics with a direction are the same "
-                             "(the same model, or one that did not move"
+                lines.append(who + f"all {total} statistics with a direction are within "
+                             f"{SAME_WITHIN:.0%} of {html.escape(reference.name)}'s (the same "
+                             "model, or one that barely moved"
                              + (f"; analysed: {html.escape(str(model))})" if model else ")"))
                 continue
             text = (f'<span class="better">{len(moved["better"])} of {total}</span> '
@@ -173,7 +178,8 @@ def _verdict(runs: Sequence[RunDiagnostics], kinds: Sequence[str]) -> list[str]:
                 text += (f'; <span class="worse">{len(moved["worse"])} the other way</span>: '
                          + "; ".join(moved["worse"]))
             if moved["same"]:
-                text += f"; {len(moved['same'])} the same"
+                text += (f"; {len(moved['same'])} within {SAME_WITHIN:.0%} of "
+                         f"{html.escape(reference.name)}'s")
             lines.append(who + text)
     return lines
 
@@ -298,8 +304,9 @@ def write_report(
     if found:
         body.append('<h2>Verdict</h2><ul class="verdict">'
                     + "".join(f"<li>{line}</li>" for line in found) + "</ul><p class=\"hint\">"
-                    "Statistics of one seeded sample of images, without a significance test; "
-                    "the better direction of each is marked in the tables below.</p>")
+                    "Statistics of one seeded sample of images, without a significance test; a "
+                    f"change of less than {SAME_WITHIN:.0%} counts as none; the better "
+                    "direction of each statistic is marked in the tables below.</p>")
     if figures:
         body.append("<h2>Figures</h2>" + "".join(_img(c, p, root) for c, p in figures))
     if per_run:
