@@ -142,3 +142,9 @@ def test_compare_chart_names_the_reference_and_explains_the_marks(
             assert line.get_ydata()[0] == pytest.approx(mean)
             assert (line.get_markerfacecolor() != "white") == said[column]
     plt.close(fig)
+    shown.clear()
+    plot_comparison(compare_runs([str(a)]), tmp_path / "alone.png")  # nothing tested
+    fig = shown[0]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a"]
+    assert fig.get_suptitle() == "accuracy by column" and len(fig.axes) == len(groups)
+    plt.close(fig)

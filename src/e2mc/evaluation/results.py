@@ -498,8 +498,10 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
         return ({"color": "0.45", "marker": "x"} if run == comp.floor else
                 {"color": colors[i % len(colors)], "marker": "o"})
 
+    compared = any(r not in (comp.reference, comp.floor) for r in comp.runs)
+
     def name(run: str) -> str:
-        return (f"{run} (reference)" if run == comp.reference else
+        return (f"{run} (reference)" if run == comp.reference and compared else
                 f"{run} (floor, not tested)" if run == comp.floor else run)
 
     handles: dict[str, Any] = {}
@@ -560,9 +562,10 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
         axes[-1][g].set_xlabel(_CHART_X.get(protocol, ""), fontsize=8)
     blank = Line2D([], [], linestyle="none")
     legend = [(handles[r], name(r)) for r in comp.runs if r in handles]
-    legend.append((blank, f"{BETTER} / {WORSE}: better / worse than {comp.reference} at every "
-                   f"seed, p < {ALPHA:g} ({BETTER * 2} / {WORSE * 2}: p < 0.01); no mark: not "
-                   "significant at every seed"))
+    if compared:
+        legend.append((blank, f"{BETTER} / {WORSE}: better / worse than {comp.reference} at "
+                       f"every seed, p < {ALPHA:g} ({BETTER * 2} / {WORSE * 2}: p < 0.01); no "
+                       "mark: not significant at every seed"))
     if rows == 2:
         legend.append((blank, "difference row: filled = the verdict's test is significant (p < "
                        f"{ALPHA:g}, pooled over seeds when there are several), hollow = not"))
@@ -570,7 +573,8 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
         legend.append((blank, "†: no paired test"))
     fig.legend([h for h, _ in legend], [t for _, t in legend], loc="outside lower center",
                ncols=1, fontsize=8, frameon=False)
-    fig.suptitle(f"accuracy by run and column, tested against {comp.reference}", fontsize=10)
+    fig.suptitle(f"accuracy by run and column, tested against {comp.reference}" if compared
+                 else "accuracy by column", fontsize=10)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi, bbox_inches="tight")
