@@ -105,3 +105,46 @@ def test_compare_refuses_evaluations_at_different_image_sizes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "image size (a: 28 px; b: 224 px)" in err
     assert main(["compare", a, b, "--out", str(tmp_path / "cmp"), "--allow-mismatch"]) == 0
+
+
+def test_compare_chart_names_the_reference_and_explains_the_marks(
+        evals: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's legend says which run is the reference and which the floor and what the
+    marks mean; its second row draws each run's paired difference from the reference (the
+    verdicts' numbers), filled where the verdict is significant."""
+    import matplotlib.pyplot as plt
+
+    from e2mc.evaluation.results import plot_comparison, verdicts
+
+    floor, a, b = evals
+    comp = compare_runs([str(a), str(b)], n_resamples=100, floor=str(floor))
+    shown = []
+    monkeypatch.setattr(plt, "close", shown.append)
+    plot_comparison(comp, tmp_path / "chart.png")
+    fig = shown[0]
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts[:3] == ["random init (floor, not tested)", "a (reference)", "b"]
+    assert texts[3].startswith("▲ / ▼: better / worse than a at every seed, p < 0.05")
+    groups = ["linear", "knn", "svm"]
+    assert len(fig.axes) == 2 * len(groups)  # the values, and the differences from a
+    said = {v.split(":")[0].removeprefix("b, "): "BETTER" in v or "WORSE" in v
+            for v in verdicts(comp)}
+    assert any(said.values()) and not all(said.values())  # both kinds of marker drawn
+    for g, protocol in enumerate(groups):
+        low = fig.axes[len(groups) + g]
+        assert low.get_title() == f"{protocol}: difference from a (points)"
+        points = [line for line in low.lines if line.get_marker() == "o"]
+        columns = [c for c in comp.columns if c.split(" ", 1)[0] == protocol]
+        assert len(points) == len(columns)
+        for line, column in zip(points, columns, strict=True):
+            mean, _ = mean_se(t["difference"] for t in comp.tests
+                              if t["run"] == "b" and t["column"] == column)
+            assert line.get_ydata()[0] == pytest.approx(mean)
+            assert (line.get_markerfacecolor() != "white") == said[column]
+    plt.close(fig)
+    shown.clear()
+    plot_comparison(compare_runs([str(a)]), tmp_path / "alone.png")  # nothing tested
+    fig = shown[0]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a"]
+    assert fig.get_suptitle() == "accuracy by column" and len(fig.axes) == len(groups)
+    plt.close(fig)

@@ -124,3 +124,47 @@ def test_analyze_rejects_too_few_samples(tmp_path):
     with pytest.raises(ValueError, match="too few"):
         analyze([ckpt], "builtin", tmp_path / "o", num_samples=20, knn_k=100,
                 loader=lambda p: (method.backbone, method, {}), progress=False)
+
+
+def test_training_curves_and_the_validation_monitor_are_separate_figures(tmp_path,
+                                                                          monkeypatch):
+    """The monitor's val/ metrics are not captioned as loss terms: the loss figure holds the
+    training terms (no timing panels), the monitor figure the val/ metrics; the run's own
+    monitor.png (which marks the kept step) is used when it has one."""
+    run = _run_dir(tmp_path)
+    records = [{"step": 0, "epoch": 0, "val/knn": 62.5, "val/rankme": 77.1, "val/seconds": 0.3},
+               {"step": 4, "epoch": 0, "loss": 19.7, "lr": 0.003, "images_per_s": 140.0,
+                "skipped_steps": 0},
+               {"step": 4, "epoch": 1, "val/knn": 62.0, "val/rankme": 77.3, "val/seconds": 0.2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    model = tiny_vicreg(0)
+
+    def loader(path: Path):
+        return model.backbone, model, {"epoch": 0}
+
+    seen = {}
+
+    def analysed(out: Path) -> dict:
+        json_path, _ = analyze([run], "builtin", out, num_samples=60, knn_k=5, loader=loader,
+                               progress=False, batch_size=64)
+        return json.loads(json_path.read_text(encoding="utf-8"))["runs"][0]["figures"]
+
+    import e2mc.diagnostics.analyze as workflow
+
+    real = workflow.plot_loss_terms
+
+    def spy(records, path, **kwargs):
+        seen[Path(path).name] = kwargs["keys"]
+        return real(records, path, **kwargs)
+
+    monkeypatch.setattr(workflow, "plot_loss_terms", spy)
+    figures = analysed(tmp_path / "a")
+    assert seen == {"loss_run.png": ["loss", "lr"], "monitor_run.png": ["val/knn", "val/rankme"]}
+    assert list(figures.values()) == ["loss_run.png", "monitor_run.png"]
+    captions = list(figures)
+    assert captions[0].startswith("training: loss terms and learning rate against step (1 ")
+    assert captions[1].startswith("validation monitor") and "loss" not in captions[1]
+    (run / "monitor.png").write_bytes((tmp_path / "a" / "nn_distances.png").read_bytes())
+    figures = analysed(tmp_path / "b")
+    assert (tmp_path / "b" / "monitor_run.png").read_bytes() == (run / "monitor.png").read_bytes()
+    assert list(figures)[1].endswith("the kept step marked")

@@ -139,3 +139,104 @@ def test_report_embeds_and_names_every_figure(tmp_path, compact):
     assert data["runs"][1]["figures"] == {"loss terms": "after_loss.png"}
     with pytest.raises(ValueError, match="does not exist"):
         write_report(out, runs, [("missing", out / "nope.png")])
+
+
+def test_few_points_get_markers_and_one_point_an_axis_around_it():
+    """A short run's one logged step is a visible point on an axis step-1 .. step+1 with integer
+    ticks (not an empty panel with ticks 3.8 .. 4.2); a long series is a plain line."""
+    import matplotlib.pyplot as plt
+
+    from e2mc.diagnostics.figures import FEW_POINTS, draw_series
+
+    fig, (one, few, many) = plt.subplots(1, 3)
+    draw_series(one, [4.0], [19.7])
+    draw_series(few, [0, 3, 4], [1.0, 2.0, 3.0])
+    draw_series(many, list(range(FEW_POINTS + 1)), [0.0] * (FEW_POINTS + 1))
+    assert one.lines[0].get_marker() == "o" and one.get_xlim() == (3.0, 5.0)
+    assert list(one.get_xticks()) == [3.0, 4.0, 5.0]
+    assert few.lines[0].get_marker() == "o"
+    assert all(float(t).is_integer() for t in few.get_xticks())
+    assert many.lines[0].get_marker() == "None"
+    plt.close(fig)
+
+
+def test_loss_panels_say_what_they_show_and_keys_select_them(tmp_path, monkeypatch):
+    from e2mc.diagnostics import figures
+
+    shown = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path, dpi: shown.setdefault(
+        "titles", [ax.get_title() for ax in fig.axes if ax.get_visible()]) and Path(path))
+    records = [{"step": 4, "loss": 19.7, "lr": 0.003, "val/knn": 62.5, "val/linear_1%": 40.9}]
+    figures.plot_loss_terms(records, tmp_path / "m.png", keys=["val/knn", "val/linear_1%"])
+    assert shown["titles"] == ["val/knn: kNN top-1 (%)",
+                               "val/linear_1%: linear probe top-1 (%), 1% labels"]
+    assert figures.term_title("base/invariance") == "base/invariance"
+
+
+def test_accuracy_of_one_epoch_per_run_is_bars_with_their_values(tmp_path, monkeypatch):
+    from e2mc.diagnostics import figures
+
+    seen = {}
+
+    def keep(fig, path, dpi):
+        ax = fig.axes[0]
+        seen["bars"] = [p.get_height() for p in ax.patches]
+        seen["labels"] = [t.get_text() for t in ax.texts]
+        return Path(path)
+
+    monkeypatch.setattr(figures, "_save", keep)
+    figures.plot_accuracy_curves([("continued", [1], [75.39]), ("e2mc", [1], [75.0])],
+                                 tmp_path / "a.png")
+    assert seen["bars"] == [75.39, 75.0] and seen["labels"] == ["75.39", "75.00"]
+
+
+def test_report_opens_on_the_verdict_and_marks_the_better_direction(tmp_path, compact):
+    """Verdict, figures, training curves and statistics before the runs' details and settings;
+    each row with a direction says which is better; the verdict counts what moved which way
+    from the first run (known changes: effective rank up = better, |correlation| up = worse)."""
+    import dataclasses
+    import re
+
+    before, _ = compact
+    stats = embedding_statistics(before, "unit", k=10)
+    moved = dataclasses.replace(stats, effective_rank=stats.effective_rank * 1.02,
+                                abs_corr_mean=stats.abs_corr_mean * 1.5,
+                                entropy_mean=stats.entropy_mean * 0.995)  # within 1%: same
+    out = tmp_path / "report"
+    loss = plot_loss_terms(_metrics(tmp_path / "metrics.jsonl"), out / "loss.png")
+    runs = [RunDiagnostics("base", "base.pt", {"emb": stats}),
+            RunDiagnostics("same", "same.pt", {"emb": stats}, info={"model": "last step"}),
+            RunDiagnostics("e2mc", "e2mc.pt", {"emb": moved}, figures=[("training", loss)])]
+    marg = plot_marginal_pair(before, {"x": before}, out / "marginals.png")
+    _, html_path = write_report(out, runs, [("marginals", marg)],
+                                extra={"settings": {"data": "builtin", "split": "test",
+                                                    "num_samples": 300},
+                                       "accuracy": {"e2mc": {"epochs": [0, 1],
+                                                             "top1": [70.0, 71.25]}}})
+    page = html_path.read_text(encoding="utf-8")
+    order = [page.index(h) for h in ("<h2>Verdict</h2>", "<h2>Figures</h2>",
+                                     "<h2>Training curves</h2>", "<h2>Statistics</h2>",
+                                     "<h2>Runs</h2>", "<h2>Settings</h2>")]
+    assert order == sorted(order)
+    assert "300 images of <code>builtin</code> (test split)" in page[:order[0]]
+    verdict = page[order[0]:order[1]]
+    directed = sum(1 for _, better in STAT_ROWS.values() if better)
+    assert (f"<b>same</b> against <b>base</b>, emb: all {directed} statistics with a direction "
+            "are within 1% of base's (the same model, or one that barely moved; analysed: last "
+            "step)" in verdict)
+    a, b = stats.abs_corr_mean, moved.abs_corr_mean
+    assert (f'<b>e2mc</b> against <b>base</b>, emb: <span class="better">1 of {directed}</span> '
+            "statistics moved the better way (effective rank); <span class=\"worse\">1 the other "
+            f"way</span>: |correlation| off-diagonal, mean ({a:.4g} → {b:.4g}); "
+            f"{directed - 2} within 1% of base's") in verdict
+    assert "<b>e2mc</b> 71.25 % (epoch 1)" in verdict
+    rows = {label: cls for cls, label in re.findall(r'<tr class="(\w+)"><th>([^<]+)</th>', page)}
+    for label, better in STAT_ROWS.values():
+        mark = {"higher": "↑ higher", "lower": "↓ lower"}.get(better, "")
+        assert rows[label.replace("<", "&lt;")] == (better or "plain")
+        assert f'<th>{label.replace("<", "&lt;")}</th><td class="dir">{mark}</td>' in page
+    rank = page[page.index("<th>effective rank</th>"):]
+    rank = rank[:rank.index("</tr>")]
+    assert rank.endswith(f'<td class="better">{moved.effective_rank:.4g}</td>')
+    corr = page[page.index("<th>|correlation| off-diagonal, mean</th>"):]
+    assert corr[:corr.index("</tr>")].endswith(f'<td class="worse">{b:.4g}</td>')

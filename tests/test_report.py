@@ -56,7 +56,7 @@ def test_analyze_page_tables_config_and_an_empty_metrics_file(tmp_path, capsys):
                  "0", "--knn-k", "5", "--no-progress", "--device", "cpu", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     page = (out / "report.html").read_text()
-    runs = page[page.index("<h2>Runs</h2>"):page.index("<h2>Statistics</h2>")]
+    runs = page[page.index("<h2>Runs</h2>"):page.index("<h2>Settings</h2>")]  # runs last
     assert "{&quot;" not in runs and "{\"" not in runs  # details as rows, not a JSON dump
     assert "<th>loss terms</th><td>none logged yet (empty metrics.jsonl)</td>" in runs
     assert "differences from preset fmnist-vicreg-continue" in runs

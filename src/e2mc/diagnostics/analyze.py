@@ -11,6 +11,7 @@ embeddings: :class:`~e2mc.evaluation.features.BackboneAndProjector`).
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, RunModel, read_jsonl, 
 from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
 from e2mc.diagnostics.figures import (
+    is_monitor_term,
     loss_terms,
     plot_accuracy_curves,
     plot_loss_terms,
@@ -49,13 +51,15 @@ Loader = Callable[[Path], tuple[nn.Module, nn.Module | None, dict[str, Any]]]
 @dataclass
 class RunSource:
     """Where a run's files are: the checkpoint to analyse, its per-epoch checkpoints (for the
-    accuracy curve) and its ``metrics.jsonl`` (for the loss curves), when present."""
+    accuracy curve), its ``metrics.jsonl`` (for the loss curves) and the validation monitor's
+    figure, when present."""
 
     name: str
     checkpoint: Path
     metrics: Path | None = None
     epoch_checkpoints: list[tuple[int, Path]] = field(default_factory=list)
     model: RunModel | None = None
+    monitor_plot: Path | None = None
 
 
 def resolve_run(path: str | Path, last: bool = False) -> RunSource:
@@ -74,7 +78,9 @@ def resolve_run(path: str | Path, last: bool = False) -> RunSource:
     model = run.model(last)
     print(f"model: {model.describe()}", file=sys.stderr)
     metrics = run.metrics if run.metrics.is_file() else None
-    return RunSource(path.resolve().name, model.path, metrics, run.epoch_checkpoints(), model)
+    monitor = run.monitor_plot if run.monitor_plot.is_file() else None
+    return RunSource(path.resolve().name, model.path, metrics, run.epoch_checkpoints(), model,
+                     monitor)
 
 
 def _unique_names(sources: Sequence[RunSource]) -> None:
@@ -139,6 +145,39 @@ def _collapse_signals(src: RunSource, method: nn.Module | None,
         print(f"warning: {src.name}: possible collapse ({signal.kind} signal): "
               f"{signal.message}", file=sys.stderr)
     return [signal.to_dict() for signal in signals]
+
+
+#: Logged numbers that time the run rather than describe its training.
+_TIMING = ("images_per_s", "val/seconds")
+
+
+def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str, Any]],
+                     out: Path) -> None:
+    """The run's training loss terms and learning rate (``loss_NAME.png``) and its validation
+    monitor (``monitor_NAME.png``: the run's own ``monitor.png``, which marks the kept step,
+    else drawn from the ``val/`` records), each captioned with what it shows."""
+    terms = loss_terms(records)
+    shown = [k for k in terms if k not in _TIMING
+             and not (k == "skipped_steps" and not any(terms[k][1]))]
+    training = [k for k in shown if not is_monitor_term(k)]
+    monitor = [k for k in shown if is_monitor_term(k)]
+    if training:
+        logged = len({s for k in training for s in terms[k][0]})
+        run.figures.append((f"training: loss terms and learning rate against step ({logged} "
+                            "logged step(s))", plot_loss_terms(
+                                records, out / f"loss_{src.name}.png", title=src.name,
+                                keys=training)))
+    caption = ("validation monitor (held-out training images): kNN and linear-probe top-1 (%), "
+               "RankMe and marginal entropy against step")
+    if src.monitor_plot is not None:
+        copy = out / f"monitor_{src.name}.png"
+        shutil.copyfile(src.monitor_plot, copy)
+        run.figures.append((caption + ", the kept step marked", copy))
+    elif monitor:
+        run.figures.append((caption, plot_loss_terms(records, out / f"monitor_{src.name}.png",
+                                                     title=src.name, keys=monitor)))
+    if not terms and src.metrics is not None:  # a run stopped before its first logged step
+        run.info["loss terms"] = "none logged yet (empty metrics.jsonl)"
 
 
 def _knn_accuracy(backbone: nn.Module, train: Dataset, test: Dataset, k: int, batch_size: int,
@@ -243,11 +282,7 @@ def analyze(
             run.config_diff = config_differences(run_config)
         run.collapse = _collapse_signals(src, method, embs)
         records = read_jsonl(src.metrics, partial_last_line=True) if src.metrics else []
-        if loss_terms(records):
-            run.figures.append(("loss terms", plot_loss_terms(
-                records, out / f"loss_{src.name}.png", title=src.name)))
-        elif src.metrics is not None:  # a run stopped before its first logged step
-            run.info["loss terms"] = "none logged yet (empty metrics.jsonl)"
+        _training_curves(run, src, records, out)
         reports.append(run)
 
     figures = []
@@ -280,7 +315,8 @@ def analyze(
                                           device, progress))
                 epochs.append(epoch)
             curves.append((src.name, epochs, accs))
-        figures.append((f"kNN top-1 (k={accuracy_knn_k}) against epoch",
+        figures.append((f"kNN top-1 (k={accuracy_knn_k}, {len(train)} training images as the "
+                        "bank) of each per-epoch checkpoint against continued epoch",
                         plot_accuracy_curves(curves, out / "accuracy.png",
                                              ylabel="kNN top-1 (%)")))
         extra = {"accuracy": {n: {"epochs": e, "top1": a} for n, e, a in curves}}

@@ -3,8 +3,12 @@
 - :func:`plot_marginal_pair`: 2-D marginal of a random pair of compact dimensions, before and
   after (paper Fig. 2 and A.1).
 - :func:`plot_nn_histograms`: distances to the 1st and k-th nearest neighbour (paper Fig. 3).
-- :func:`plot_accuracy_curves`: accuracy against continued epoch, one line per run (paper Fig. 4).
+- :func:`plot_accuracy_curves`: accuracy against continued epoch, one line per run (paper Fig. 4);
+  bars with the values written on them when every run has one epoch.
 - :func:`plot_loss_terms`: loss terms over training from a run's ``metrics.jsonl``.
+
+Lines with few points carry a marker on every point, a series of one point is drawn as that point
+with an axis around it, and step and epoch axes have integer ticks.
 
 Every function writes ``path`` at exactly ``figsize * dpi`` pixels (no tight bounding box) and
 returns the path.
@@ -22,11 +26,49 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from e2mc.artifacts import read_jsonl  # noqa: E402
 
 #: Keys of a ``metrics.jsonl`` record that are coordinates, not loss terms.
 _COORDINATES = ("step", "epoch", "batch")  # positions, not terms
+#: Up to this many points a line marks each of them (a short run's few logged steps).
+FEW_POINTS = 30
+#: What a panel of :func:`plot_loss_terms` shows, under its key (``val/...``: the validation
+#: monitor's metrics, ``e2mc.config.metric_names``).
+TERM_TITLES = {
+    "loss": "total loss", "base/loss": "method's loss", "addon/loss": "add-on's loss (weighted)",
+    "lr": "learning rate", "val/knn": "kNN top-1 (%)", "val/rankme": "RankMe (effective rank)",
+    "val/entropy": "mean marginal entropy", "images_per_s": "throughput (images/s)",
+    "skipped_steps": "skipped non-finite steps",
+}
+
+
+def term_title(name: str) -> str:
+    """A panel title that says what the term is: ``val/linear_1%`` -> ``val/linear_1%: linear
+    probe top-1 (%), 1% labels``; the key alone when it has no description."""
+    if name in TERM_TITLES:
+        return f"{name}: {TERM_TITLES[name]}"
+    if name.startswith("val/linear_"):
+        return f"{name}: linear probe top-1 (%), {name.removeprefix('val/linear_')} labels"
+    return name
+
+
+def is_monitor_term(name: str) -> bool:
+    """A metric of the validation monitor (``val/...``), not a training loss term."""
+    return name.startswith("val/")
+
+
+def draw_series(ax: object, xs: Sequence[float], ys: Sequence[float], **style: object) -> None:
+    """``ax.plot`` with a marker on every point when there are at most :data:`FEW_POINTS`, and
+    integer x ticks; a single x value gets the range x-1 .. x+1 (not matplotlib's +-0.2 of an
+    empty panel)."""
+    few = len(xs) <= FEW_POINTS
+    ax.plot(list(xs), list(ys), marker="o" if few else None,  # type: ignore[attr-defined]
+            markersize=4 if len(xs) > 1 else 6, **style)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # type: ignore[attr-defined]
+    if xs and min(xs) == max(xs):
+        ax.set_xlim(min(xs) - 1, max(xs) + 1)  # type: ignore[attr-defined]
 
 
 def _as_numpy(a: object, name: str, ndim: int) -> np.ndarray:
@@ -146,19 +188,31 @@ def plot_accuracy_curves(
     figsize: tuple[float, float] = (6.0, 4.0),
     dpi: int = 100,
 ) -> Path:
-    """Accuracy against continued epoch, one line per ``(run name, epochs, accuracies)``."""
+    """Accuracy against continued epoch, one line per ``(run name, epochs, accuracies)``, a
+    marker on every point; when every run has one epoch, one bar per run with its value
+    written on it (a line of one point is a dot)."""
     if not runs:
         raise ValueError("runs is empty")
-    fig, ax = plt.subplots(figsize=figsize)
     for name, epochs, accs in runs:
         if len(epochs) != len(accs) or len(epochs) == 0:
             raise ValueError(f"run {name!r}: {len(epochs)} epochs but {len(accs)} accuracies")
-        ax.plot(list(epochs), list(accs), marker="o", label=name)
-    ax.set_xlabel("continued epoch")
+    fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if all(len(epochs) == 1 for _, epochs, _ in runs):
+        names = [f"{name}\n(epoch {epochs[0]:g})" for name, epochs, _ in runs]
+        values = [float(accs[0]) for _, _, accs in runs]
+        bars = ax.bar(names, values, color=[colors[i % len(colors)] for i in range(len(runs))],
+                      width=0.6)
+        ax.bar_label(bars, [f"{v:.2f}" for v in values], fontsize=9)
+        ax.set_ylim(0, max(100.0, max(values)) * 1.08)
+        ax.grid(axis="y", alpha=0.3)
+    else:
+        for i, (name, epochs, accs) in enumerate(runs):
+            draw_series(ax, epochs, accs, label=name, color=colors[i % len(colors)])
+        ax.set_xlabel("continued epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
     return _save(fig, path, dpi)
 
 
@@ -190,22 +244,27 @@ def plot_loss_terms(
     path: str | Path,
     *,
     title: str | None = None,
+    keys: Sequence[str] | None = None,
     figsize: tuple[float, float] | None = None,
     dpi: int = 100,
 ) -> Path:
     """One small panel per logged term (their scales differ by orders of magnitude) against the
-    step, from a ``metrics.jsonl`` path or its parsed records."""
+    step, from a ``metrics.jsonl`` path or its parsed records; ``keys``: only these terms, in
+    this order (default: every term). Each panel is titled with what it shows
+    (:func:`term_title`); few points carry markers (:func:`draw_series`)."""
     records = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
     terms = loss_terms(records)
+    if keys is not None:
+        terms = {k: terms[k] for k in keys if k in terms}
     if not terms:
         raise ValueError("no numeric loss terms found in the metrics")
     rows, cols = _grid(len(terms))
     figsize = figsize or (3.6 * cols, 2.6 * rows + (0.4 if title else 0.0))
-    fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False, layout="constrained")
     flat = axes.ravel()
     for ax, (name, (steps, values)) in zip(flat, terms.items(), strict=False):
-        ax.plot(steps, values, lw=1.2)
-        ax.set_title(name, fontsize=9)
+        draw_series(ax, steps, values, lw=1.2)
+        ax.set_title(term_title(name), fontsize=8)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -213,5 +272,4 @@ def plot_loss_terms(
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return _save(fig, path, dpi)

@@ -1,5 +1,10 @@
 """``diagnostics.json`` and one self-contained HTML report (figures embedded as base64 PNGs, so
-the single file can be mailed or archived; the PNG files are also kept next to it)."""
+the single file can be mailed or archived; the PNG files are also kept next to it).
+
+The page opens on what matters: the verdict (how each run's statistics moved from the first
+run's, collapse warnings, the accuracy curve's last values), then the figures, the training
+curves and the statistics tables (each row marked with the direction that is better); the
+runs' checkpoints, configurations and the analysis settings come last."""
 
 from __future__ import annotations
 
@@ -97,16 +102,98 @@ def _img(caption: str, path: Path, root: Path) -> str:
             f"<figcaption>{html.escape(caption)} <code>{name}</code></figcaption></figure>")
 
 
+#: The direction marks of the statistics tables and the verdict.
+HIGHER, LOWER = "↑ higher", "↓ lower"
+#: A statistic within this fraction of the first run's value counts as unchanged (a statistic
+#: of a sample of images moves a little between two nearly equal models).
+SAME_WITHIN = 0.01
+
+
+def _moved(reference: Any, value: Any, better: str) -> str:
+    """``"better"``, ``"worse"`` or ``"same"`` (within :data:`SAME_WITHIN` of ``reference``):
+    how ``value`` compares with ``reference`` for a statistic whose ``better`` direction is
+    ``"higher"`` or ``"lower"``; ``""`` when either is not a finite number or the statistic has
+    no direction."""
+    numbers = [v for v in (reference, value)
+               if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    if not better or len(numbers) < 2:
+        return ""
+    if math.isclose(value, reference, rel_tol=SAME_WITHIN, abs_tol=1e-12):
+        return "same"
+    return "better" if (value > reference) == (better == "higher") else "worse"
+
+
 def _stats_table(kind: str, runs: Sequence[RunDiagnostics]) -> str:
     present = [r for r in runs if kind in r.statistics]
     head = "".join(f"<th>{html.escape(r.name)}</th>" for r in present)
+    reference = present[0]
     rows = []
     for key, (label, better) in STAT_ROWS.items():
-        hint = f' <span class="hint">({better} is better)</span>' if better else ""
-        cells = "".join(f"<td>{_fmt(getattr(r.statistics[kind], key))}</td>" for r in present)
-        rows.append(f"<tr><th>{html.escape(label)}{hint}</th>{cells}</tr>")
-    return (f"<h3>{html.escape(kind)}</h3><table><tr><th>statistic</th>{head}</tr>"
-            + "".join(rows) + "</table>")
+        mark = {"higher": HIGHER, "lower": LOWER}.get(better, "")
+        cells = []
+        for r in present:
+            value = getattr(r.statistics[kind], key)
+            moved = "" if r is reference else _moved(
+                getattr(reference.statistics[kind], key), value, better)
+            cls = f' class="{moved}"' if moved in ("better", "worse") else ""
+            cells.append(f"<td{cls}>{_fmt(value)}</td>")
+        rows.append(f'<tr class="{better or "plain"}"><th>{html.escape(label)}</th>'
+                    f'<td class="dir">{mark}</td>{"".join(cells)}</tr>')
+    return (f"<h3>{html.escape(kind)}</h3><table><tr><th>statistic</th><th>better</th>{head}"
+            "</tr>" + "".join(rows) + "</table>")
+
+
+def _verdict(runs: Sequence[RunDiagnostics], kinds: Sequence[str]) -> list[str]:
+    """One sentence (HTML) per later run and kind of vector: how many of the statistics with a
+    direction moved the better way from the first run's, which moved the other way (with both
+    values), how many stayed within :data:`SAME_WITHIN` of it."""
+    reference, lines = runs[0], []
+    for run in runs[1:]:
+        for kind in kinds:
+            if kind not in run.statistics or kind not in reference.statistics:
+                continue
+            moved: dict[str, list[str]] = {"better": [], "worse": [], "same": []}
+            for key, (label, better) in STAT_ROWS.items():
+                a, b = (getattr(r.statistics[kind], key) for r in (reference, run))
+                how = _moved(a, b, better)
+                if how:
+                    moved[how].append(f"{html.escape(label)} ({_fmt(a)} → {_fmt(b)})"
+                                      if how == "worse" else html.escape(label))
+            total = sum(len(v) for v in moved.values())
+            who = (f"<b>{html.escape(run.name)}</b> against <b>{html.escape(reference.name)}"
+                   f"</b>, {html.escape(kind)}: ")
+            if not total:
+                continue
+            if len(moved["same"]) == total:
+                model = run.info.get("model")
+                lines.append(who + f"all {total} statistics with a direction are within "
+                             f"{SAME_WITHIN:.0%} of {html.escape(reference.name)}'s (the same "
+                             "model, or one that barely moved"
+                             + (f"; analysed: {html.escape(str(model))})" if model else ")"))
+                continue
+            text = (f'<span class="better">{len(moved["better"])} of {total}</span> '
+                    "statistics moved the better way"
+                    + (f" ({'; '.join(moved['better'])})" if moved["better"] else ""))
+            if moved["worse"]:
+                text += (f'; <span class="worse">{len(moved["worse"])} the other way</span>: '
+                         + "; ".join(moved["worse"]))
+            if moved["same"]:
+                text += (f"; {len(moved['same'])} within {SAME_WITHIN:.0%} of "
+                         f"{html.escape(reference.name)}'s")
+            lines.append(who + text)
+    return lines
+
+
+def _accuracy_line(accuracy: Any) -> str | None:
+    """The last value of each run's accuracy curve (``extra["accuracy"]``), in one sentence."""
+    if not isinstance(accuracy, Mapping) or not accuracy:
+        return None
+    parts = [f"<b>{html.escape(str(name))}</b> {curve['top1'][-1]:.2f} % (epoch "
+             f"{curve['epochs'][-1]})" for name, curve in accuracy.items()
+             if isinstance(curve, Mapping) and curve.get("top1")]
+    return ("kNN top-1 of the last per-epoch checkpoint: " + ", ".join(parts)
+            + " (on the analysed images, no significance test: <code>e2mc eval</code> and "
+            "<code>e2mc compare</code> give tested accuracies)") if parts else None
 
 
 def _cell(value: Any) -> str:
@@ -125,7 +212,7 @@ def _key_table(rows: Sequence[tuple[Any, ...]], head: Sequence[str]) -> str:
 
 def _runs_section(runs: Sequence[RunDiagnostics]) -> str:
     """Each run: its checkpoint and loader details as a table, and its configuration's
-    differences from its base."""
+    differences from its base; folded (``<details>``), under the names of the runs."""
     parts = []
     for r in runs:
         rows = [("checkpoint", r.source),
@@ -138,7 +225,10 @@ def _runs_section(runs: Sequence[RunDiagnostics]) -> str:
                 _key_table(changed, ("key", base, r.name)) if changed
                 else "<p>none</p>")
         parts.append(part + "</div>")
-    return f'<h2>Runs</h2><div class="runs">{"".join(parts)}</div>'
+    names = ", ".join(html.escape(r.name) for r in runs)
+    return (f"<h2>Runs</h2><details><summary>checkpoints, loaders and configuration "
+            f"differences of {names}</summary><div class=\"runs\">{''.join(parts)}</div>"
+            "</details>")
 
 
 _STYLE = """
@@ -146,6 +236,9 @@ body{font-family:sans-serif;margin:1.5em;max-width:1600px}
 table{border-collapse:collapse;margin-bottom:1em}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;font-size:13px}
 th:first-child{text-align:left}.hint{color:#888;font-weight:normal;font-size:11px}
+td.dir{text-align:left;color:#555;white-space:nowrap}tr.lower td.dir{color:#1a4d99}
+td.better,span.better{color:#0a6b2b}td.worse,span.worse{color:#b00}
+.verdict li{margin:0.3em 0}summary{cursor:pointer;color:#333}
 figure{display:inline-block;margin:0.5em;vertical-align:top}
 img{max-width:100%}figcaption{font-size:12px;color:#444}
 .runs{display:flex;flex-wrap:wrap;gap:1em}.run{border:1px solid #ddd;padding:0.5em}
@@ -165,7 +258,9 @@ def write_report(
     """Write ``out_dir/diagnostics.json`` and ``out_dir/report.html``; return both paths.
 
     ``figures``: ``(caption, png path)`` comparing runs (marginals, NN histograms, accuracy);
-    each run's own figures (loss terms) appear in its column. ``extra`` goes into the JSON.
+    each run's own figures (training curves) appear under its name. ``extra`` goes into the
+    JSON; its ``settings`` (the analysis settings) and ``accuracy`` (``name -> {"epochs",
+    "top1"}``) also into the page.
     """
     if not runs:
         raise ValueError("write_report needs at least one run")
@@ -190,22 +285,37 @@ def write_report(
         f'<div class="run"><h3>{html.escape(r.name)}</h3>'
         + "".join(_img(c, p, root) for c, p in r.figures) + "</div>"
         for r in runs if r.figures)
-    body = [
-        f"<h1>{html.escape(title)}</h1>"
-        + (_key_table(sorted(settings.items()), ("setting", "value"))
-           if isinstance(settings, Mapping) else ""),
-        _runs_section(runs),
-        "<h2>Statistics</h2>" + "".join(_stats_table(k, runs) for k in kinds),
-    ]
+    found = _verdict(runs, kinds)
+    accuracy = _accuracy_line(extra.get("accuracy") if extra else None)
+    if accuracy:
+        found.append(accuracy)
     flagged = [(r.name, c) for r in runs for c in r.collapse]
+    sample = (f" Statistics and figures on {_fmt(settings['num_samples'])} images of "
+              f"<code>{_fmt(settings['data'])}</code> ({_fmt(settings['split'])} split)."
+              if isinstance(settings, Mapping) and {"num_samples", "data", "split"} <= set(
+                  settings) else "")
+    intro = (f"<p>{len(runs)} run(s); the first, <b>{html.escape(runs[0].name)}</b>, is the "
+             f"reference every other run is compared with.{sample}</p>")
+    body = [f"<h1>{html.escape(title)}</h1>" + intro]
     if flagged:
-        body.insert(1, '<h2 class="warn">Possible collapse</h2><ul>' + "".join(
+        body.append('<h2 class="warn">Possible collapse</h2><ul>' + "".join(
             f"<li><b>{html.escape(name)}</b> ({html.escape(c['kind'])} signal): "
             f"{html.escape(c['message'])}</li>" for name, c in flagged) + "</ul>")
+    if found:
+        body.append('<h2>Verdict</h2><ul class="verdict">'
+                    + "".join(f"<li>{line}</li>" for line in found) + "</ul><p class=\"hint\">"
+                    "Statistics of one seeded sample of images, without a significance test; a "
+                    f"change of less than {SAME_WITHIN:.0%} counts as none; the better "
+                    "direction of each statistic is marked in the tables below.</p>")
     if figures:
         body.append("<h2>Figures</h2>" + "".join(_img(c, p, root) for c, p in figures))
     if per_run:
         body.append(f'<h2>Training curves</h2><div class="runs">{per_run}</div>')
+    body.append("<h2>Statistics</h2>" + "".join(_stats_table(k, runs) for k in kinds))
+    body.append(_runs_section(runs))
+    if isinstance(settings, Mapping):
+        body.append("<h2>Settings</h2>" + _key_table(sorted(settings.items()),
+                                                     ("setting", "value")))
     html_path = root / "report.html"
     html_path.write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

@@ -85,6 +85,9 @@ class Comparison:
     #: What differs between the runs (report kind, primary, fractions, label seeds), when they
     #: were compared anyway (``allow_mismatch``).
     mismatches: list[str] = field(default_factory=list)
+    #: ``primaries[column]``: the primary metrics of the column's cells (one unless the runs
+    #: were compared with ``allow_mismatch``), for the chart's axis labels.
+    primaries: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def reference(self) -> str:
@@ -202,7 +205,10 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     return Comparison(runs=names, columns=columns, cells=cells, tests=tests,
                       metric_note=_metric_note(columns, shown_runs), pooled=pooled,
                       floor=floor_name if floor is not None else None, untested=untested,
-                      mismatches=mismatches)
+                      mismatches=mismatches,
+                      primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
+                                                       for e in r.column(c)))
+                                 for c in columns})
 
 
 #: Protocols whose number depends on the report kind (``eval --report last|best``).
@@ -339,12 +345,21 @@ def _cell_text(cell: tuple[float, float | None, str] | None, untested: bool = Fa
         (" †" if untested else "")
 
 
+def _verdict_p(comp: Comparison, run: str, column: str, rows: list[dict[str, Any]]
+               ) -> tuple[float, str]:
+    """The p-value a verdict rests on and its name: pooled over seeds when there are two or
+    more, else the seed's larger of McNemar's and the permutation test's."""
+    pooled = next((t for t in comp.pooled if t["run"] == run and t["column"] == column), None)
+    if pooled is not None:
+        return pooled["permutation_p"], "pooled permutation p"
+    return max(rows[0]["mcnemar_p"], rows[0]["permutation_p"]), "p"
+
+
 def verdicts(comp: Comparison) -> list[str]:
     """One sentence per (run, column) tested against the reference, in words that carry the
     direction: better / worse / no significant difference, the mean difference with its SE over
     seeds, how many seeds were significantly better and worse (both tests), and the p-value the
     verdict rests on (pooled over seeds when there are two or more, else the seed's larger)."""
-    pooled = {(t["run"], t["column"]): t for t in comp.pooled}
     lines = []
     for run in comp.runs:
         if run in (comp.reference, comp.floor):
@@ -357,10 +372,7 @@ def verdicts(comp: Comparison) -> list[str]:
             significant = [t for t in rows if max(t["mcnemar_p"], t["permutation_p"]) < ALPHA]
             better = sum(t["difference"] > 0 for t in significant)
             worse = sum(t["difference"] < 0 for t in significant)
-            if (run, column) in pooled:
-                p, basis = pooled[(run, column)]["permutation_p"], "pooled permutation p"
-            else:
-                p, basis = max(rows[0]["mcnemar_p"], rows[0]["permutation_p"]), "p"
+            p, basis = _verdict_p(comp, run, column, rows)
             word = (("BETTER than" if mean > 0 else "WORSE than") if p < ALPHA
                     else "no significant difference from")
             spread = f" ± {se:.2f}" if se is not None else ""
@@ -426,26 +438,76 @@ def _chart_groups(columns: list[str]) -> dict[str, list[str]]:
     return groups
 
 
+#: What the x axis of a protocol's panel varies (its columns after the protocol's name).
+_CHART_X = {"linear": "labels used", "linear-aug": "labels used", "finetune": "labels used",
+            "knn": "neighbours k (uniform: majority vote, else similarity-weighted)"}
+
+
+def _chart_metric(comp: Comparison, columns: list[str]) -> str:
+    """The y label of a protocol's panel: what its cells' primary metrics measure."""
+    primaries = {p for c in columns for p in comp.primaries.get(c, [])}
+    if primaries and all(p.startswith("top1") or p == "accuracy" for p in primaries):
+        return "top-1 accuracy (%)"
+    if primaries == {"mAP"}:
+        return "mAP (%)"
+    return "primary metric (%, see the table)"
+
+
+def _chart_differences(comp: Comparison, run: str, column: str
+                       ) -> tuple[float, float, bool] | None:
+    """``(mean paired difference from the reference in points, its SE over seeds or 0,
+    significant by the verdict's test)`` of ``run`` at ``column``; None when untested."""
+    rows = [t for t in comp.tests if t["run"] == run and t["column"] == column]
+    if not rows:
+        return None
+    mean, se = mean_se(t["difference"] for t in rows)
+    return mean, se or 0.0, _verdict_p(comp, run, column, rows)[0] < ALPHA
+
+
 def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 120) -> Path:
     """One panel per protocol; within it, the columns (label fractions, k, ...) along x and one
     marker per run, offset side by side, with a bar of +- one standard error over seeds (none
     for a single seed). Runs significantly different from the reference at every seed
     (``▲``/``▼`` in the table) are labelled so, cells without a paired test ``†``. The y range
-    follows the data, so differences of a fraction of a point stay visible."""
+    follows the data, so differences of a fraction of a point stay visible.
+
+    When runs were tested against the reference, a second row shows what the verdicts
+    (:func:`verdicts`) rest on: each run's paired difference from the reference in points
+    (mean +- SE over seeds), a filled marker where the verdict's test is significant, a hollow
+    one where it is not, around a line at 0 (the reference). The legend, below the panels, names
+    the reference and the floor and explains the marks."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     groups = _chart_groups(comp.columns)
-    widths = [max(1.6, 1.1 * len(cols)) for cols in groups.values()]
-    fig, axes = plt.subplots(1, len(groups), figsize=(sum(widths) + 1.2 * len(comp.runs) ** 0.5
-                                                      + 2.0, 3.8),
-                             squeeze=False, gridspec_kw={"width_ratios": widths})
+    tested = [r for r in comp.runs if r not in (comp.reference, comp.floor)
+              and any(t["run"] == r for t in comp.tests)]
+    widths = [max(2.2, 1.2 * len(cols)) for cols in groups.values()]
+    rows = 2 if tested else 1
+    fig, axes = plt.subplots(rows, len(groups), figsize=(sum(widths) + 1.0, 3.4 * rows + 1.0),
+                             squeeze=False, gridspec_kw={"width_ratios": widths},
+                             layout="constrained")
     n = len(comp.runs)
     offsets = [(i - (n - 1) / 2) * min(0.8 / max(n, 1), 0.2) for i in range(n)]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (protocol, columns) in zip(axes[0], groups.items(), strict=True):
+
+    def style(i: int, run: str) -> dict[str, Any]:
+        return ({"color": "0.45", "marker": "x"} if run == comp.floor else
+                {"color": colors[i % len(colors)], "marker": "o"})
+
+    compared = any(r not in (comp.reference, comp.floor) for r in comp.runs)
+
+    def name(run: str) -> str:
+        return (f"{run} (reference)" if run == comp.reference and compared else
+                f"{run} (floor, not tested)" if run == comp.floor else run)
+
+    handles: dict[str, Any] = {}
+    for g, (protocol, columns) in enumerate(groups.items()):
+        ax = axes[0][g]
+        one_seed = True
         for i, run in enumerate(comp.runs):
             xs, ys, es, marks = [], [], [], []
             for j, column in enumerate(columns):
@@ -453,6 +515,7 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
                 if cell is None:
                     continue
                 mean, se, mark = cell
+                one_seed = one_seed and se is None
                 if column in comp.untested.get(run, {}):
                     mark = "†"  # no paired test: not "not significant"
                 xs.append(j + offsets[i])
@@ -461,26 +524,57 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
                 marks.append(mark)
             if not xs:
                 continue
-            style = {"color": "0.45", "marker": "x"} if run == comp.floor else {
-                "color": colors[i % len(colors)], "marker": "o"}
-            ax.errorbar(xs, ys, yerr=es, linestyle="none", capsize=3, markersize=5,
-                        label=run if ax is axes[0][0] else None, **style)
+            handles[run] = ax.errorbar(xs, ys, yerr=es, linestyle="none", capsize=3,
+                                       markersize=5, **style(i, run))
             for x, y, e, mark in zip(xs, ys, es, marks, strict=True):
                 if mark:
-                    ax.annotate(mark, (x, y + e), ha="center", va="bottom", fontsize=9,
-                                color=style["color"])
-        labels = [c.split(" ", 1)[1] if " " in c else c for c in columns]
-        ax.set_xticks(range(len(columns)), labels, fontsize=8)
-        ax.set_xlim(-0.6, len(columns) - 0.4)
-        ax.set_title(protocol, fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-        ax.tick_params(axis="y", labelsize=8)
-    axes[0][0].set_ylabel("top-1 (%), mean ± SE over seeds", fontsize=9)
-    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    fig.suptitle(f"top-1 by run; {BETTER} better, {WORSE} worse than {comp.reference} "
-                 f"(p < 0.05; doubled: p < 0.01) at every "
-                 "seed" + ("; † no paired test" if comp.untested else ""), fontsize=9)
-    fig.tight_layout()
+                    ax.annotate(mark, (x, y + e), xytext=(0, 4), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=9,
+                                color=style(i, run)["color"])
+        metric = _chart_metric(comp, columns)
+        ax.set_title(f"{protocol}: " + ("one seed, no error bar" if one_seed
+                                        else "mean ± SE over seeds"), fontsize=9)
+        ax.set_ylabel(metric, fontsize=8)
+        if rows == 2:
+            low = axes[1][g]
+            low.axhline(0.0, color=colors[comp.runs.index(comp.reference) % len(colors)],
+                        lw=1.0, ls="--")
+            for i, run in enumerate(comp.runs):
+                if run not in tested:
+                    continue
+                for j, column in enumerate(columns):
+                    diff = _chart_differences(comp, run, column)
+                    if diff is None:
+                        continue
+                    mean, se, significant = diff
+                    st = style(i, run)
+                    low.errorbar([j + offsets[i]], [mean], yerr=[se], linestyle="none",
+                                 capsize=3, markersize=6, color=st["color"], marker="o",
+                                 markerfacecolor=st["color"] if significant else "white")
+            low.set_title(f"{protocol}: difference from {comp.reference} (points)", fontsize=9)
+            low.set_ylabel(f"{comp.reference} = 0; above: better", fontsize=8)
+        for ax in axes[:, g]:
+            labels = [c.split(" ", 1)[1] if " " in c else c for c in columns]
+            ax.set_xticks(range(len(columns)), labels, fontsize=8)
+            ax.set_xlim(-0.6, len(columns) - 0.4)
+            ax.grid(axis="y", alpha=0.3)
+            ax.tick_params(axis="y", labelsize=8)
+        axes[-1][g].set_xlabel(_CHART_X.get(protocol, ""), fontsize=8)
+    blank = Line2D([], [], linestyle="none")
+    legend = [(handles[r], name(r)) for r in comp.runs if r in handles]
+    if compared:
+        legend.append((blank, f"{BETTER} / {WORSE}: better / worse than {comp.reference} at "
+                       f"every seed, p < {ALPHA:g} ({BETTER * 2} / {WORSE * 2}: p < 0.01); no "
+                       "mark: not significant at every seed"))
+    if rows == 2:
+        legend.append((blank, "difference row: filled = the verdict's test is significant (p < "
+                       f"{ALPHA:g}, pooled over seeds when there are several), hollow = not"))
+    if comp.untested:
+        legend.append((blank, "†: no paired test"))
+    fig.legend([h for h, _ in legend], [t for _, t in legend], loc="outside lower center",
+               ncols=1, fontsize=8, frameon=False)
+    fig.suptitle(f"accuracy by run and column, tested against {comp.reference}" if compared
+                 else "accuracy by column", fontsize=10)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi, bbox_inches="tight")
