@@ -248,6 +248,11 @@ def test_continue_module_with_monitor_and_keep_best(tmp_path, data):
     assert last["hparams"]["backbone_class"] == "TinyNet" and last["hparams"]["feature_dim"] == 12
     # run again: resumes (nothing left to train) with the same module
     assert continue_module(TinyNet(), "fmnist-vicreg-continue-e2mc", run, sets).step == 2
+    # a module and a checkpoint: one start, not one of them ignored
+    with pytest.raises(ValueError, match="a module to continue and init.checkpoint .* give one"):
+        continue_module(TinyNet(), "fmnist-vicreg-continue-e2mc", tmp_path / "r2",
+                        [*sets, f"init.checkpoint={tmp_path / 'base.pt'}"])
+    assert not (tmp_path / "r2" / "checkpoint.pt").exists()
 
 
 def test_builtin_checkpoint_names_the_shipped_file(tmp_path, capsys):

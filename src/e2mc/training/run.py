@@ -98,10 +98,6 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
                                                    record=True).items():
             print(f"config change on resume: {key}: {old!r} -> {new!r}", file=sys.stderr)
         run.config.write_text(cfg.to_yaml(), encoding="utf-8")
-        if start is not None:
-            atomic_write_json(start, run.start)
-            print(f"start: {start['from']}, backbone sha256 {start['backbone_sha256'][:16]}",
-                  file=sys.stderr)
         print(f"{cfg.mode} {cfg.name}: {cfg.method.name} + add-on {cfg.addon.name}, "
               f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "
               f"batch {cfg.training.batch_size} over "
@@ -109,6 +105,10 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
               f"{cfg.training.epochs} epoch(s), run directory {run.root}"
               + (f"; {len(split['val'])} images held out for validation" if split else ""),
               file=sys.stderr)
+        if start is not None:
+            atomic_write_json(start, run.start)
+            print(f"start: {start['from']}, backbone sha256 {start['backbone_sha256'][:16]}",
+                  file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
                       base_epoch=base_epoch, collate_fn=collate_views,
                       prepare_optimizer=prepare, callbacks=callbacks)
