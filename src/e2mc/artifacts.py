@@ -10,6 +10,8 @@ A **training run directory** (``e2mc continue`` / ``e2mc pretrain``)::
     metrics.jsonl            one JSON object per logged step (training terms, monitor values)
     config_changes.jsonl     configuration changes accepted on resume, with their first step
     val_split.json           the held-out validation indices (``--val-split``)
+    start.json               what the run started from (checkpoint, pretrained weights or a
+                             module) and the SHA-256 of its starting backbone's state dict
     monitor.png              the monitor's validation metrics against steps (kept step marked)
     tensorboard/             the same scalars for TensorBoard
     done.json                the step and the end the run reached (written by ``e2mc search`` when
@@ -59,6 +61,7 @@ CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
 VAL_SPLIT = "val_split.json"
+START = "start.json"
 MONITOR_PLOT = "monitor.png"
 EPOCH_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
@@ -242,13 +245,42 @@ class RunModel:
         return {"file": str(self.path), "step": step, "kept_model": self.kept}
 
 
+#: Checkpoints shipped with the package (``e2mc/assets``), by the name ``builtin:NAME`` that
+#: every command taking a checkpoint accepts: name -> (file, what it is).
+BUILTIN_CHECKPOINTS: dict[str, tuple[str, str]] = {
+    "demo-vicreg": ("demo_base_vicreg.pt", "the demo's VICReg base (cnn5_small, 16 epochs on the "
+                                           "shipped Fashion-MNIST subset)"),
+}
+BUILTIN_PREFIX = "builtin:"
+
+
+def builtin_checkpoint(ref: str | os.PathLike[str]) -> Path | None:
+    """The shipped file ``builtin:NAME`` stands for (:data:`BUILTIN_CHECKPOINTS`); ``None`` for
+    any other reference; an unknown ``NAME`` is an :class:`~e2mc.errors.InputError` listing
+    the builtin names."""
+    ref = os.fspath(ref)
+    if not ref.startswith(BUILTIN_PREFIX):
+        return None
+    name = ref[len(BUILTIN_PREFIX):]
+    if name not in BUILTIN_CHECKPOINTS:
+        known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_CHECKPOINTS)
+        raise InputError(f"unknown builtin checkpoint {ref!r}; builtin checkpoints: {known}")
+    from importlib import resources
+
+    return Path(str(resources.files("e2mc") / "assets" / BUILTIN_CHECKPOINTS[name][0]))
+
+
 def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | None:
     """What a command's model argument stands for: a training run directory's model
     (:meth:`RunDir.model`: ``best.pt`` when keep-best wrote one, else or with ``last`` the
-    latest checkpoint), or a checkpoint file itself (``best.pt`` named explicitly counts as the
-    kept model); ``None`` for a URL."""
+    latest checkpoint), a checkpoint file itself (``best.pt`` named explicitly counts as the
+    kept model) or a shipped one (``builtin:NAME``, :func:`builtin_checkpoint`); ``None`` for a
+    URL."""
     if "://" in os.fspath(ref):
         return None
+    builtin = builtin_checkpoint(ref)
+    if builtin is not None:
+        return RunModel(builtin, kept=False, from_directory=False)
     path = Path(ref)
     if path.is_dir():
         return RunDir(path).model(last)
@@ -283,6 +315,10 @@ class RunDir:
     @property
     def val_split(self) -> Path:
         return self.root / VAL_SPLIT
+
+    @property
+    def start(self) -> Path:
+        return self.root / START
 
     @property
     def monitor_plot(self) -> Path:

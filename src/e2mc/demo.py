@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-BASE_CHECKPOINT = Path(str(resources.files("e2mc") / "assets" / "demo_base_vicreg.pt"))
+from e2mc.artifacts import builtin_checkpoint
+
+BASE_CHECKPOINT = builtin_checkpoint("builtin:demo-vicreg")
 DATA = "builtin"
 
 
@@ -104,7 +105,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
 
     settings = settings or DemoSettings()
     out = Path(out_dir)
-    base = Path(base_checkpoint)
+    base = builtin_checkpoint(base_checkpoint) or Path(base_checkpoint)
     if not base.exists():
         raise FileNotFoundError(f"base checkpoint not found: {base}")
     out.mkdir(parents=True, exist_ok=True)

@@ -5,14 +5,20 @@ Names (``model.backbone`` in a config, ``--backbone`` on the command line):
 * ``resnet50`` or ``torchvision:resnet50``: a torchvision classification model, randomly
   initialised; ``torchvision:resnet50:IMAGENET1K_V2`` loads that torchvision weights enum
   (downloaded once into torch.hub's cache, hash-checked);
-* ``timm:resnet50.a1_in1k``: a timm model (the ``[timm]`` extra), randomly initialised;
+* ``timm:resnet50``: a timm model (the ``[timm]`` extra), randomly initialised;
+  ``timm:resnet50.a1_in1k`` (a pretrained tag after the dot) loads that tag's pretrained weights
+  (``timm.create_model(..., pretrained=True)``: the Hugging Face hub's cache, or torch.hub's
+  for the tags timm downloads by URL);
 * ``hf:<repo id or local folder>``: a Hugging Face vision model (the ``[hf]`` extra) with its
-  weights (``from_pretrained``);
+  weights (``from_pretrained``, the Hugging Face hub's cache);
 * ``cnn5`` / ``cnn5_small``: the package's small CNNs for 28-32 px images on a CPU.
 
 Every backbone maps ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features. Weights
 for any of them can also come from a checkpoint (``--from FILE_OR_URL``). When a checkpoint
 overwrites every weight anyway, :func:`weights_from_checkpoint` skips fetching pretrained ones.
+:func:`pretrained_weights` says which pretrained weights a name loads; weights that are neither
+in the cache nor downloadable (offline) are a ``ValueError`` naming the cache directory and the
+file or tag it looked for.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 import contextvars
 import difflib
 import functools
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,6 +88,77 @@ def parse_backbone_name(name: str) -> tuple[str, str, str | None]:
         model, _, weights = rest.partition(":")
         return source, model, weights or None
     return source, rest, None
+
+
+def pretrained_weights(name: str) -> dict[str, Any] | None:
+    """The pretrained weights the backbone ``name`` loads when it is built, None for a random
+    initialisation: ``{"backbone", "library", "weights", "cache", "file"}``, where ``weights``
+    is the torchvision weights enum, the timm tag (``ARCH.TAG``) or the Hugging Face repository,
+    ``cache`` the directory the library's loader looks in and ``file`` what it looks for there
+    (the torchvision file name, the timm hub id or file name; None where the library decides).
+    An unknown weights name is a ``ValueError``. Nothing is downloaded."""
+    source, model_name, weights = parse_backbone_name(name)
+    if source == "torchvision":
+        if weights is None:
+            return None
+        import torch.hub
+        import torchvision.models as tvm
+
+        url = _torchvision_weights(model_name, weights, tvm).url
+        return {"backbone": name, "library": "torchvision", "weights": weights,
+                "cache": os.path.join(torch.hub.get_dir(), "checkpoints"),
+                "file": os.path.basename(url)}
+    if source == "timm":
+        if "." not in model_name:
+            return None
+        return {"backbone": name, "library": "timm", "weights": model_name, **_timm_cache(name)}
+    return {"backbone": name, "library": "transformers", "weights": model_name,
+            "cache": _hf_cache(), "file": None}
+
+
+def _hf_cache() -> str:
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # (the hf / timm extras bring it)
+        return "the Hugging Face hub cache"
+    return str(constants.HF_HUB_CACHE)
+
+
+def _timm_cache(name: str) -> dict[str, Any]:
+    """Where ``timm.create_model(name, pretrained=True)`` looks: the Hugging Face hub's cache
+    for a tag published there, else torch.hub's ``checkpoints`` (a tag downloaded by URL)."""
+    import torch.hub
+
+    try:
+        import timm
+    except ImportError:
+        raise _missing_extra("timm", "timm", name) from None
+    tagged = name.partition(":")[2]
+    try:
+        cfg = timm.models.get_pretrained_cfg(tagged)
+    except RuntimeError:  # timm's "Invalid pretrained tag"
+        cfg = None
+    if cfg is None:
+        raise _unknown("timm pretrained tag", tagged,
+                       list(timm.list_pretrained(f"{tagged.split('.', 1)[0]}.*")),
+                       "; timm:ARCH without a tag is randomly initialised")
+    if cfg.hf_hub_id:
+        return {"cache": _hf_cache(), "file": cfg.hf_hub_id}
+    url = cfg.url or ""
+    return {"cache": os.path.join(torch.hub.get_dir(), "checkpoints"),
+            "file": os.path.basename(url) or None}
+
+
+def _fetch_failed(name: str, err: BaseException) -> ValueError:
+    """The one-line error of pretrained weights that could not be loaded (offline, a missing
+    file in the cache, a download that failed)."""
+    where = pretrained_weights(name) or {}
+    wanted = f"{where.get('file')} " if where.get("file") else ""
+    reason = " ".join(str(getattr(err, "reason", None) or err).split())
+    return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
+                      f"cache {where.get('cache')} and fetching it failed ({type(err).__name__}: "
+                      f"{reason}); download it where there is a network (the same cache "
+                      "directory: TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
 
 
 class SmallConvNet(nn.Sequential):
@@ -151,18 +229,18 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
         raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     weight_enum = None
     if weights is not None:
-        enum = tvm.get_model_weights(name)
-        if weights not in enum.__members__:
-            raise _unknown(f"{name} weights", weights, list(enum.__members__),
-                           f"; available: {', '.join(enum.__members__)}")
+        weight_enum = _torchvision_weights(name, weights, tvm)
         if in_channels != 3 or small_images:
             raise ValueError(f"the {name} {weights} weights expect 3-channel images and the "
                              "standard stem: drop small_images / in_channels, or the weights")
-        weight_enum = enum[weights]
     model = tvm.get_model(name, weights=None)
     if weight_enum is not None and not _SKIP_PRETRAINED.get():
         # torch.hub's download and cache, with the hash check of the file name's hash prefix
-        model.load_state_dict(weight_enum.get_state_dict(progress=True, check_hash=True))
+        try:
+            state = weight_enum.get_state_dict(progress=True, check_hash=True)
+        except OSError as err:  # URLError (offline), HTTP errors, disk errors
+            raise _fetch_failed(f"torchvision:{name}:{weights}", err) from None
+        model.load_state_dict(state)
     if name in RESNETS:
         feature_dim = model.fc.in_features
         model.fc = nn.Identity()
@@ -178,6 +256,15 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
     if in_channels != 3:
         _replace_first_conv(model, in_channels)
     return model, feature_dim
+
+
+def _torchvision_weights(name: str, weights: str, tvm: Any) -> Any:
+    """The torchvision weights enum member ``weights`` of the model ``name``."""
+    enum = tvm.get_model_weights(name)
+    if weights not in enum.__members__:
+        raise _unknown(f"{name} weights", weights, list(enum.__members__),
+                       f"; available: {', '.join(enum.__members__)}")
+    return enum[weights]
 
 
 def _missing_extra(package: str, extra: str, name: str) -> ValueError:
@@ -196,7 +283,14 @@ def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.
     architecture = name.split(".", 1)[0]
     if not timm.is_model(architecture):
         raise _unknown("timm model", name, list(timm.list_models()))
-    model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_channels)
+    pretrained = "." in name and not _SKIP_PRETRAINED.get()  # ARCH.TAG: that tag's weights
+    if pretrained:
+        _timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
+    try:
+        model = timm.create_model(name, pretrained=pretrained, num_classes=0,
+                                  in_chans=in_channels)
+    except OSError as err:  # offline: not in the hub's cache (LocalEntryNotFoundError), URLError
+        raise _fetch_failed(f"timm:{name}", err) from None
     return model, int(model.num_features)
 
 
@@ -232,7 +326,8 @@ def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Mo
         else:
             model = transformers.AutoModel.from_pretrained(repo, config=config)
     except OSError as err:  # not a folder, not on the hub (or offline): the library's message
-        raise ValueError(f"cannot load Hugging Face model {repo!r}: {err}") from None
+        raise ValueError(f"cannot load Hugging Face model {repo!r} (cache {_hf_cache()}): "
+                         f"{err}") from None
     dim = getattr(config, "hidden_size", None)
     if dim is None and getattr(config, "hidden_sizes", None):
         dim = config.hidden_sizes[-1]

@@ -234,12 +234,18 @@ def load_for_training(path: PathOrState, method: str, trust: bool = False,
 
 
 def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
-    """A checkpoint file, a URL, or a training run directory's model
+    """A checkpoint file, a URL, a shipped checkpoint (``builtin:NAME``:
+    :func:`e2mc.artifacts.builtin_checkpoint`) or a training run directory's model
     (:meth:`e2mc.artifacts.RunDir.model`: its kept ``best.pt`` when keep-best wrote one, else
     or with ``last`` its latest checkpoint): what the subcommands accept."""
-    from e2mc.artifacts import RunDir
+    from e2mc.artifacts import RunDir, builtin_checkpoint
 
-    if is_url(path_or_run_dir) or not Path(path_or_run_dir).is_dir():
+    if is_url(path_or_run_dir):
+        return os.fspath(path_or_run_dir)
+    builtin = builtin_checkpoint(path_or_run_dir)
+    if builtin is not None:
+        return str(builtin)
+    if not Path(path_or_run_dir).is_dir():
         return os.fspath(path_or_run_dir)
     return str(RunDir(path_or_run_dir).model(last).path)
 

@@ -22,9 +22,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     if mode == "continue":
         parser.add_argument("--from", dest="init_checkpoint", metavar="CHECKPOINT",
                             help="official (VICReg, SwAV, SimSiam), e2mc or backbone-only "
-                                 "checkpoint to start from: a file or an http(s):// or file:// "
+                                 "checkpoint to start from: a file, a run directory, "
+                                 "builtin:demo-vicreg (shipped) or an http(s):// or file:// "
                                  "URL (downloaded once into torch.hub's cache; append "
-                                 "#sha256=HEX to check it) (init.checkpoint)")
+                                 "#sha256=HEX to check it) (init.checkpoint); without it, "
+                                 "continue starts from the pretrained weights --backbone names")
         parser.add_argument("--new-heads", action="store_true",
                             help="allow a backbone-only checkpoint: the projector (and "
                                  "predictor) start from random weights (init.new_heads)")
@@ -33,7 +35,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                                  "(only for files you trust)")
     parser.add_argument("--backbone", metavar="NAME",
                         help="backbone by name: resnet50, torchvision:resnet50[:WEIGHTS], "
-                             "timm:NAME (extra [timm]), hf:REPO_ID (extra [hf]) (model.backbone)")
+                             "timm:NAME[.TAG] (extra [timm]), hf:REPO_ID (extra [hf]) "
+                             "(model.backbone); WEIGHTS and TAG name pretrained weights, "
+                             "loaded through the library's cache (not with --from)")
     parser.add_argument("--data", help="training data set (data.dataset)")
     parser.add_argument("--epochs", type=int,
                         help="epochs of this run (for continue: continued epochs)")

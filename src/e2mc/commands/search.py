@@ -79,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from e2mc.artifacts import builtin_checkpoint
     from e2mc.config import load_config, resolve_metric
     from e2mc.files import sha256_file
     from e2mc.jobs import ExecutorOptions, parse_slurm_settings
@@ -95,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
         jobs_dir=args.jobs_dir)
     executor.check()  # before anything runs: options the executor ignores, submitit missing
     trials = grid_trials(args.grid) if args.grid else file_trials(args.trials)
-    checkpoint = Path(args.checkpoint)
+    checkpoint = builtin_checkpoint(args.checkpoint) or Path(args.checkpoint)
     if not checkpoint.is_file():
         raise ValueError(f"starting checkpoint {checkpoint} does not exist or is not a file")
     fractions = load_config(args.config, [*args.common, f"data.val_split={args.val_split}"]

@@ -22,7 +22,15 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from e2mc.artifacts import CHECKPOINT, EPOCH_DIR, RunDir, RunModel, read_jsonl, run_model
+from e2mc.artifacts import (
+    CHECKPOINT,
+    EPOCH_DIR,
+    RunDir,
+    RunModel,
+    builtin_checkpoint,
+    read_jsonl,
+    run_model,
+)
 from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
 from e2mc.diagnostics.figures import (
@@ -65,8 +73,8 @@ class RunSource:
 def resolve_run(path: str | Path, last: bool = False) -> RunSource:
     """A run directory (its model, :meth:`~e2mc.artifacts.RunDir.model`: ``best.pt`` when
     keep-best wrote one, else or with ``last`` its latest checkpoint; plus ``metrics.jsonl`` and
-    the per-epoch checkpoints) or a checkpoint file."""
-    path = Path(path)
+    the per-epoch checkpoints), a checkpoint file or a shipped one (``builtin:NAME``)."""
+    path = builtin_checkpoint(path) or Path(path)
     if path.is_file():
         return RunSource(path.stem, path, model=run_model(path))
     if not path.is_dir():

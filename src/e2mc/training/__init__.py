@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "run_training"]
+__all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "continue_module", "run_training"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,8 +21,8 @@ def __getattr__(name: str) -> Any:
         from e2mc.training.nonfinite import NonFiniteLossError
 
         return NonFiniteLossError
-    if name == "run_training":
-        from e2mc.training.run import run_training
+    if name in ("run_training", "continue_module"):
+        from e2mc.training import run
 
-        return run_training
+        return getattr(run, name)
     raise AttributeError(f"module 'e2mc.training' has no attribute {name!r}")

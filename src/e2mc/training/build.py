@@ -10,17 +10,45 @@ from typing import Any
 
 from torch.utils.data import Subset
 
-from e2mc.artifacts import RunDir
+from e2mc.artifacts import RunDir, builtin_checkpoint
 from e2mc.config import RunConfig, parse_signals
 from e2mc.distributed import is_main_process
 
 
-def build_method_from_config(cfg: RunConfig) -> Any:
+def build_method_from_config(cfg: RunConfig, backbone: Any = None,
+                             feature_dim: int | None = None) -> Any:
     """``e2mc.methods.build_method(name, backbone=..., small_images=..., in_channels=...,
-    **method.params)``."""
+    **method.params)``; ``backbone``: a module that replaces ``model.backbone`` (its pooled
+    output size ``feature_dim``, :func:`module_feature_dim`)."""
     from e2mc.methods import build_method
 
-    return build_method(cfg.method.name, **method_kwargs(cfg))
+    kwargs = method_kwargs(cfg)
+    if backbone is not None:
+        kwargs.update(backbone=backbone, feature_dim=feature_dim)
+    return build_method(cfg.method.name, **kwargs)
+
+
+def module_feature_dim(cfg: RunConfig, module: Any) -> int:
+    """The pooled output size of ``module`` on two images of the run's size and channels
+    (evaluated in eval mode without gradients; its training mode is restored)."""
+    import torch
+
+    was_training = module.training
+    try:
+        module.eval()
+        with torch.no_grad():
+            param = next(iter(module.parameters()), None)
+            x = torch.zeros(2, cfg.data.channels, cfg.data.image_size, cfg.data.image_size,
+                            device=param.device if param is not None else "cpu")
+            out = module(x)
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"the module maps [2, {cfg.data.channels}, {cfg.data.image_size}, "
+                         f"{cfg.data.image_size}] images to {shape}, not [2, feature_dim] "
+                         "pooled features: pool and flatten them, or pass feature_dim")
+    return int(out.shape[1])
 
 
 def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
@@ -148,10 +176,15 @@ def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
             "in_channels": cfg.model.in_channels, **cfg.method.params}
 
 
-def load_start(cfg: RunConfig) -> tuple[Any, int, Callable[[Any], None] | None]:
+def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = None
+               ) -> tuple[Any, int, Callable[[Any], None] | None]:
     """The starting model of a run: ``init.checkpoint`` loaded strictly (an official VICReg /
-    SwAV / SimSiam file through ``e2mc.checkpoints.load_official``, or a project checkpoint of
-    the same method), else fresh weights (``pretrain`` only).
+    SwAV / SimSiam file through ``e2mc.checkpoints.load_official``, a project checkpoint of
+    the same method, or a shipped one, ``builtin:NAME``), else the pretrained weights that
+    ``model.backbone`` names (:func:`e2mc.models.pretrained_weights`: torchvision
+    ``NAME:WEIGHTS``, timm ``ARCH.TAG``, ``hf:REPO``; new heads), else a ``backbone`` module
+    with its own weights (new heads), else fresh weights (``pretrain`` only). A checkpoint and
+    pretrained weights (or a module) together are an error: one start, not one ignored.
 
     Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch``
     if set, else the checkpoint's epoch (0 without one); ``prepare_optimizer`` restores the
@@ -159,18 +192,34 @@ def load_start(cfg: RunConfig) -> tuple[Any, int, Callable[[Any], None] | None]:
     ``init.load_optimizer`` is true.
     """
     from e2mc.checkpoints import load_for_training, restore_optimizer_state
+    from e2mc.models import parse_backbone_name, pretrained_weights
     from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters
 
+    weights = None if backbone is not None else pretrained_weights(cfg.model.backbone)
     if cfg.init.checkpoint is None:
-        if cfg.mode == "continue":
-            raise ValueError("continue needs a starting checkpoint: --from PATH "
-                             "(or --set init.checkpoint=PATH)")
+        if backbone is not None:
+            return (build_method_from_config(cfg, backbone, feature_dim),
+                    cfg.init.base_epoch or 0, None)
+        if cfg.mode == "continue" and weights is None:
+            raise ValueError("continue needs a starting checkpoint (--from PATH, or --set "
+                             "init.checkpoint=PATH) or a backbone with pretrained weights "
+                             "(--backbone torchvision:NAME:WEIGHTS, timm:ARCH.TAG or hf:REPO)")
         return build_method_from_config(cfg), cfg.init.base_epoch or 0, None
+    if backbone is not None:
+        raise ValueError(f"a module to continue and init.checkpoint {cfg.init.checkpoint} "
+                         "names a checkpoint: give one (load the checkpoint into the module "
+                         "first)")
+    if weights is not None and weights["library"] != "transformers":  # hf:REPO: architecture
+        source, model, _ = parse_backbone_name(cfg.model.backbone)
+        plain = model if source == "torchvision" else f"timm:{model.split('.', 1)[0]}"
+        raise ValueError(f"--backbone {cfg.model.backbone} names pretrained weights and --from "
+                         f"{cfg.init.checkpoint} names a checkpoint: give one (the "
+                         f"architecture without weights is --backbone {plain})")
     from e2mc.checkpoints.remote import is_url
 
     path: str | Path = cfg.init.checkpoint
     if not is_url(path):  # a URL is fetched (and checked) by load_for_training
-        path = Path(path)
+        path = builtin_checkpoint(path) or Path(path)
         if path.is_dir():  # a training run: its model (best.pt when keep-best wrote one)
             model = RunDir(path).model()
             if is_main_process():

@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import RunDir, writer_lock
 from e2mc.config import RunConfig
+from e2mc.files import atomic_write_json
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -23,11 +25,14 @@ from e2mc.training.build import (
 from e2mc.training.checkpointing import check_resume_config
 
 
-def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False) -> Any:
+def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False,
+                 backbone: Any = None, feature_dim: int | None = None) -> Any:
     """Build everything from ``cfg`` and train in ``run_dir`` (resuming if it holds a
     checkpoint, whose configuration must equal ``cfg`` up to the keys of
     :func:`~e2mc.training.checkpointing.check_resume_config`, or ``override_config``).
-    Returns the :class:`~e2mc.training.trainer.TrainResult`."""
+    ``backbone``: an ``nn.Module`` that replaces ``model.backbone`` and starts with its own
+    weights (see :func:`continue_module`). Returns the
+    :class:`~e2mc.training.trainer.TrainResult`."""
     from e2mc.distributed import init_runtime
 
     run = RunDir(run_dir)
@@ -35,22 +40,54 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     runtime = init_runtime(cfg.training.device)
     # one writer per run directory: the main process holds its lock for the whole run
     with writer_lock(run.root) if runtime.is_main else nullcontext():
-        return _train(cfg, run, runtime, override_config)
+        return _train(cfg, run, runtime, override_config, backbone, feature_dim)
 
 
-def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool) -> Any:
+def continue_module(module: Any, config: str | Path, run_dir: str | Path,
+                    overrides: Sequence[str] = (), feature_dim: int | None = None,
+                    override_config: bool = False) -> Any:
+    """Continue training your own backbone ``module`` (images ``[B, C, H, W]`` to pooled
+    features ``[B, feature_dim]``) with the preset or YAML file ``config`` and ``--set``-style
+    ``overrides``, as ``e2mc continue`` does: the method's heads start new, the add-on, the
+    validation monitor, keep-best (``best.pt``), early stopping, pre-emption and resume work
+    as for a named backbone. ``feature_dim`` defaults to the module's output size on two
+    images of ``data.image_size`` and ``data.channels``. The module is copied, not changed:
+    the result is the run directory (``e2mc.checkpoints.save_checkpoint`` layout; its
+    ``model`` state dict loads into the method rebuilt around your module). Running it again
+    with the same arguments resumes. Returns the :class:`~e2mc.training.trainer.TrainResult`.
+    """
+    import copy
+
+    from e2mc.config import load_config
+    from e2mc.training.build import module_feature_dim
+
+    cfg = load_config(config, ["mode=continue", *overrides])
+    module = copy.deepcopy(module)
+    if feature_dim is None:
+        feature_dim = module_feature_dim(cfg, module)
+    return run_training(cfg, run_dir, override_config, backbone=module,
+                        feature_dim=feature_dim)
+
+
+def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
+           backbone: Any = None, feature_dim: int | None = None) -> Any:
     import torch
 
     from e2mc.data import collate_views
+    from e2mc.models import weights_from_checkpoint
     from e2mc.training.trainer import Trainer
 
     if cfg.training.cpu_threads is not None:
         torch.set_num_threads(cfg.training.cpu_threads)
     torch.manual_seed(cfg.training.seed)
+    start = None
     if run.checkpoint.exists():  # resume: the weights come from the run's checkpoint
-        method, base_epoch, prepare = build_method_from_config(cfg), 0, None
+        with weights_from_checkpoint():  # (no pretrained weights fetched again)
+            method = build_method_from_config(cfg, backbone, feature_dim)
+        base_epoch, prepare = 0, None
     else:
-        method, base_epoch, prepare = load_start(cfg)
+        method, base_epoch, prepare = load_start(cfg, backbone, feature_dim)
+        start = start_record(cfg, method, backbone)
     addon = build_addon_from_config(cfg, method)
     split = _split(cfg, run, runtime.is_main)
     dataset = build_train_dataset(cfg, method, split)
@@ -68,10 +105,38 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool) -> 
               f"{cfg.training.epochs} epoch(s), run directory {run.root}"
               + (f"; {len(split['val'])} images held out for validation" if split else ""),
               file=sys.stderr)
+        if start is not None:
+            atomic_write_json(start, run.start)
+            print(f"start: {start['from']}, backbone sha256 {start['backbone_sha256'][:16]}",
+                  file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
                       base_epoch=base_epoch, collate_fn=collate_views,
                       prepare_optimizer=prepare, callbacks=callbacks)
     return trainer.fit()
+
+
+def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str, Any]:
+    """What ``start.json`` records of a run's start: ``from`` (the checkpoint, the pretrained
+    weights, the module or a fresh initialisation, in words), ``checkpoint``, ``pretrained``
+    (:func:`e2mc.models.pretrained_weights`), ``module`` (its class) and ``backbone_sha256``
+    (:func:`e2mc.evaluation.features.state_dict_digest` of the starting backbone)."""
+    from e2mc.evaluation.features import state_dict_digest
+    from e2mc.models import pretrained_weights
+
+    pretrained = None
+    if backbone is None and cfg.init.checkpoint is None:
+        pretrained = pretrained_weights(cfg.model.backbone)
+    if cfg.init.checkpoint is not None:
+        described = f"checkpoint {cfg.init.checkpoint}"
+    elif backbone is not None:
+        described = f"module {type(backbone).__name__} (its own weights)"
+    elif pretrained is not None:
+        described = f"pretrained weights {cfg.model.backbone}"
+    else:
+        described = f"random initialisation of {cfg.model.backbone} (seed {cfg.training.seed})"
+    return {"from": described, "checkpoint": cfg.init.checkpoint, "pretrained": pretrained,
+            "module": None if backbone is None else type(backbone).__name__,
+            "backbone_sha256": state_dict_digest(method.backbone)}
 
 
 def _split(cfg: RunConfig, run: RunDir, is_main: bool) -> dict[str, Any] | None:
