@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.utils.data import Subset
 
-from e2mc.artifacts import RunDir, builtin_checkpoint
+from e2mc.artifacts import RunDir, run_model
 from e2mc.config import RunConfig, parse_signals
 from e2mc.distributed import is_main_process
 
@@ -219,14 +219,13 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
 
     path: str | Path = cfg.init.checkpoint
     if not is_url(path):  # a URL is fetched (and checked) by load_for_training
-        path = builtin_checkpoint(path) or Path(path)
-        if path.is_dir():  # a training run: its model (best.pt when keep-best wrote one)
-            model = RunDir(path).model()
-            if is_main_process():
-                which = "kept model" if model.kept else "last step"
-                print(f"starting model: {model.path} (the {which} of run {path}; name "
-                      f"{RunDir(path).checkpoint} for its last step)", file=sys.stderr)
-            path = model.path
+        # a file, builtin:NAME, or a training run's model (best.pt when keep-best wrote one)
+        model = run_model(path)
+        if model is not None and model.from_directory and is_main_process():
+            which = "kept model" if model.kept else "last step"
+            print(f"starting model: {model.path} (the {which} of run {path}; name "
+                  f"{RunDir(path).checkpoint} for its last step)", file=sys.stderr)
+        path = model.path if model is not None else Path(path)
         if not path.is_file():
             raise ValueError(f"starting checkpoint {path} does not exist")
     method, info = load_for_training(path, cfg.method.name, trust=cfg.init.trust,
