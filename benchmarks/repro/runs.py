@@ -28,8 +28,10 @@ def epoch_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return RunDir(run_dir).epoch_checkpoints()
 
 
-def is_done(run_dir: Path, epochs: int) -> bool:
-    return epoch_checkpoint(run_dir, epochs).is_file() and RunDir(run_dir).checkpoint.is_file()
+def is_done(run_dir: Path) -> bool:
+    """Whether the run reached its configured end (its done marker,
+    :meth:`e2mc.artifacts.RunDir.is_done`)."""
+    return RunDir(run_dir).is_done()
 
 
 def _common(s: ReproSettings, epochs: int, seed: int) -> list[str]:
@@ -67,21 +69,24 @@ def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs
 
 
 def train(cfg: Any, run_dir: Path, log: Any) -> Path:
-    """Run (or resume, or skip when done) one training run; returns its ``checkpoint.pt``."""
-    from e2mc.training.run import run_training
+    """Train one run unless it is done (:func:`e2mc.training.run.train_unless_done`, which
+    resumes an interrupted one); returns its ``checkpoint.pt``."""
+    from e2mc.training.run import train_unless_done
 
     run_dir = Path(run_dir)
-    if is_done(run_dir, cfg.training.epochs):
+    if is_done(run_dir):
         log(f"  skip (done): {run_dir}")
-        return RunDir(run_dir).checkpoint
+    else:
+        log(f"  train {cfg.mode} {cfg.method.name} + {cfg.addon.name} "
+            f"({cfg.training.epochs} epochs, seed {cfg.training.seed}) -> {run_dir}")
     start = time.perf_counter()
-    log(f"  train {cfg.mode} {cfg.method.name} + {cfg.addon.name} "
-        f"({cfg.training.epochs} epochs, seed {cfg.training.seed}) -> {run_dir}")
-    result = run_training(cfg, run_dir)
-    if not result.completed:
-        raise RuntimeError(f"{run_dir}: training stopped at epoch {result.run_epoch}")
-    log(f"    {time.perf_counter() - start:.1f} s")
-    return Path(result.checkpoint)
+    outcome = train_unless_done(cfg, run_dir)
+    if not outcome.finished:
+        raise RuntimeError(f"{run_dir}: training stopped at step {outcome.step} "
+                           f"({outcome.stop_reason})")
+    if outcome.trained:
+        log(f"    {time.perf_counter() - start:.1f} s")
+    return outcome.checkpoint
 
 
 def base_dir(s: ReproSettings, method: str) -> Path:
@@ -145,7 +150,7 @@ def stage_bases(s: ReproSettings, log: Any) -> None:
 
 def _base_checkpoint(s: ReproSettings, method: str) -> Path:
     path = RunDir(base_dir(s, method)).checkpoint
-    if method not in s.base_runs and not is_done(base_dir(s, method), s.base_epochs):
+    if method not in s.base_runs and not is_done(base_dir(s, method)):
         raise RuntimeError(f"the {method} base model is not trained yet ({base_dir(s, method)});"
                            " run the 'bases' stage first")
     return path
@@ -192,7 +197,8 @@ def stage_epochs(s: ReproSettings, log: Any) -> None:
             source = continue_dir(s, method, addon, seed)
             cfg = continue_config(s, method, addon, seed, total, start)
             constant = cfg.optim.schedule == "constant"
-            if not run_dir.exists() and constant and is_done(source, s.continued_epochs):
+            if not run_dir.exists() and constant and is_done(source):
                 log(f"  copy {source} -> {run_dir} (carried on to {total} epochs)")
                 shutil.copytree(source, run_dir)
+                RunDir(run_dir).done.unlink()  # the copy goes on: not done at its new end
             train(cfg, run_dir, log)

@@ -118,9 +118,3 @@ class ReproSettings:
         if self.epochs_methods is None:
             return self.methods
         return tuple(m for m in self.methods if m in self.epochs_methods)
-
-    def data_id(self, data: str, train_limit: int | None, test_limit: int | None) -> str:
-        from e2mc.evaluation.features import data_id
-
-        limits = f"train:{train_limit}|test:{test_limit}"
-        return data_id(data, None, self.image_size, 1, subset=limits)

@@ -69,7 +69,7 @@ def stage_eval(s: ReproSettings, ev: Evaluator, log: Any) -> None:
         for addon in s.addons_of(method):
             for seed in s.seeds:
                 run_dir = runs.continue_dir(s, method, addon, seed)
-                if not runs.is_done(run_dir, s.continued_epochs):
+                if not runs.is_done(run_dir):
                     log(f"  {method}: {run_dir.name} not trained, skipped")
                     continue
                 log(f"  {method}: {run_dir.name}")

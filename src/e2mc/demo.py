@@ -62,37 +62,26 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
     return cfg
 
 
-def evaluate_checkpoint(checkpoint: Path, out_dir: Path, settings: DemoSettings,
-                        cache_dir: Path) -> dict[str, Any]:
-    """Linear probes and kNN on frozen features of the checkpoint's backbone.
+def evaluate(checkpoint: Path, out_dir: Path, settings: DemoSettings, cache_dir: Path
+             ) -> Any:
+    """Linear probes and kNN on frozen features of the checkpoint's backbone, through
+    :func:`e2mc.evaluation.workflow.evaluate_checkpoint`.
 
     The probes use the ``generic`` preset (standardised features, SGD lr 0.1, cosine): the
     paper's VICReg preset (lr 0.02 on raw features) is tuned for 2048-d ResNet-50 features and
     under-trains on these 128-d ones (75 % instead of 82 % top-1 at 100 % labels).
     """
-    from torch.utils.data import Subset
+    from e2mc.evaluation.runner import EvalOptions
+    from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
 
-    from e2mc.checkpoints import load_backbone
-    from e2mc.data import build_dataset, eval_transform
-    from e2mc.evaluation.features import FeatureCache, data_id
-    from e2mc.evaluation.runner import EvalOptions, run_evaluation
-
-    backbone, feature_dim, _ = load_backbone(checkpoint)
-    transform = eval_transform(28, 1)
-    train = build_dataset(DATA, "train", transform)
-    test = build_dataset(DATA, "test", transform)
-    if settings.train_limit is not None:
-        train = Subset(train, range(min(settings.train_limit, len(train))))
-    if settings.test_limit is not None:
-        test = Subset(test, range(min(settings.test_limit, len(test))))
     options = EvalOptions(protocols=("linear", "knn"), fractions=settings.fractions,
                           seeds=settings.seeds, method="generic", knn_k=settings.knn_k,
                           linear_overrides={"epochs": settings.probe_epochs},
                           progress=settings.progress)
-    limits = f"train:{settings.train_limit}|test:{settings.test_limit}"
-    return run_evaluation(backbone, feature_dim, train, test, out_dir, options,
-                          data_id=data_id(DATA, None, 28, 1, subset=limits),
-                          checkpoint=checkpoint, cache=FeatureCache(cache_dir))
+    return evaluate_checkpoint(checkpoint, out_dir,
+                               EvalData(DATA, train_limit=settings.train_limit,
+                                        test_limit=settings.test_limit),
+                               options, image_size=28, cache=cache_dir)
 
 
 def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
@@ -101,7 +90,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_runs, comparison_markdown, write_comparison
     from e2mc.evaluation.results import COMPARISON_STEM
-    from e2mc.training.run import run_training
+    from e2mc.training.run import train_unless_done
 
     settings = settings or DemoSettings()
     out = Path(out_dir)
@@ -119,15 +108,14 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
         stage(f"continued training with add-on {addon!r} -> {out / name}")
         cfg = continue_config(addon, base, settings)
         cfg.training.device = device
-        result = run_training(cfg, out / name)
-        checkpoints[name] = Path(result.checkpoint)
+        checkpoints[name] = train_unless_done(cfg, out / name).checkpoint
 
     eval_dirs = {}
     for name, checkpoint in checkpoints.items():
         stage(f"linear probes {list(settings.fractions)} x seeds {list(settings.seeds)} "
               f"and kNN: {name}")
         eval_dirs[name] = out / "eval" / name
-        evaluate_checkpoint(checkpoint, eval_dirs[name], settings, out / "feature-cache")
+        evaluate(checkpoint, eval_dirs[name], settings, out / "feature-cache")
 
     stage("paired comparison against 'continued'")
     order = ["continued", "e2mc", "base"]

@@ -4,11 +4,12 @@ machine (``local``) or as SLURM jobs (``slurm``); the last two through submitit,
 when asked for (``pip install 'e2mc[cluster]'``).
 
 A job is a picklable callable: :class:`TrainJob` trains one configuration in one run directory
-with :func:`train_run`, the function the inline search calls too (the run is marked done exactly
-when it reached its configured end), and :class:`CallJob` runs one evaluation. Under SLURM a
-training job has one task per GPU on each of its nodes, and each task joins the process group
-from submitit's environment (``TorchDistributedEnvironment().export()`` sets ``MASTER_ADDR``,
-``RANK``, ``WORLD_SIZE``, ...), then takes the same code path as under ``torchrun``.
+with :func:`~e2mc.training.run.train_unless_done`, the function the inline search calls too (the
+run is marked done exactly when it reached its configured end), and :class:`CallJob` runs one
+evaluation. Under SLURM a training job has one task per GPU on each of its nodes, and each task
+joins the process group from submitit's environment (``TorchDistributedEnvironment().export()``
+sets ``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ...), then takes the same code path as under
+``torchrun``.
 
 The search stays the one that decides. :class:`JobRunner` submits what is not done, records
 every job id in ``SEARCH/jobs.json`` (written atomically), waits with a progress display
@@ -192,21 +193,6 @@ def make_executor(options: ExecutorOptions, folder: str | Path, name: str,
 
 
 # --------------------------------------------------------------------------- the jobs
-def train_run(cfg: Any, run_dir: str | Path) -> Any:
-    """Train ``cfg`` in ``run_dir`` (resuming its checkpoint) and mark the run done when it
-    reached its configured end (:meth:`~e2mc.artifacts.RunDir.mark_done`, main process only;
-    a pre-empted run is never marked). Returns the trainer's result. The inline search and
-    :class:`TrainJob` both train through this."""
-    from e2mc.artifacts import RunDir
-    from e2mc.distributed import is_main_process
-    from e2mc.training.run import run_training
-
-    result = run_training(cfg, run_dir)
-    if result.finished and is_main_process():
-        RunDir(run_dir).mark_done(result.step, result.stop_reason or "completed")
-    return result
-
-
 def _outcome(finished: bool, step: int | None = None, stop_reason: str | None = None
              ) -> dict[str, Any]:
     """What a job returns (submitit pickles it for the search): how far it got, and where."""
@@ -270,7 +256,8 @@ class _Checkpointable:
 
 
 class TrainJob(_Checkpointable):
-    """One training run as a job: :func:`train_run` of ``cfg`` in ``run_dir``."""
+    """One training run as a job: :func:`~e2mc.training.run.train_unless_done` of ``cfg`` in
+    ``run_dir``."""
 
     def __init__(self, cfg: Any, run_dir: str | Path) -> None:
         self.cfg, self.run_dir = cfg, str(run_dir)
@@ -282,6 +269,7 @@ class TrainJob(_Checkpointable):
             is_preemption,
             requeue_slurm_job,
         )
+        from e2mc.training.run import train_unless_done
 
         _join_process_group()
         # the trainer (main process) runs `scontrol requeue` on a pre-emption under SLURM
@@ -289,7 +277,7 @@ class TrainJob(_Checkpointable):
                                 and os.environ.get("SLURM_JOB_ID"))
         with _signals_to_trainer(self.cfg.training.preempt_signals):
             try:
-                result = train_run(self.cfg, self.run_dir)
+                result = train_unless_done(self.cfg, self.run_dir)
             except PreemptedAtStart as stop:
                 if not trainer_requeues:
                     return _outcome(False, None, str(stop))

@@ -392,6 +392,12 @@ def _strip_classifier(model: nn.Module) -> int:
     return dim
 
 
+def input_channels(module: nn.Module) -> int:
+    """Input channels of the first convolution of ``module`` (3 if it has none)."""
+    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
+    return conv.in_channels if conv is not None else 3
+
+
 def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
     for parent in model.modules():
         for child_name, child in parent.named_children():

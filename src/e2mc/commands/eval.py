@@ -185,17 +185,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, device: str) -> int:
-    import os
-    from pathlib import Path
-
-    from e2mc.artifacts import run_model
-    from e2mc.checkpoints import is_url, load_backbone, local_checkpoint, recorded_image_size
-    from e2mc.data import build_dataset, eval_transform
-    from e2mc.distributed import is_main_process
-    from e2mc.evaluation.features import FeatureCache, data_id
-    from e2mc.evaluation.presets import linear_preset
-    from e2mc.evaluation.runner import EvalOptions, run_evaluation
+    from e2mc.artifacts import EvalDir, mean_se
+    from e2mc.evaluation.presets import relative_grid
+    from e2mc.evaluation.runner import EvalOptions
     from e2mc.evaluation.svm import VOC07_COSTS
+    from e2mc.evaluation.workflow import EvalData, ModelSpec, default_cache_dir, evaluate_checkpoint
 
     linear_over: dict[str, object] = {}
     finetune_over: dict[str, object] = {}
@@ -205,67 +199,27 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         linear_over["lr"] = args.lr
     if args.weight_decay is not None:
         linear_over["weight_decay"] = args.weight_decay
-
-    def grid(specs: list, field: str) -> dict[float, tuple[float, ...]]:
-        out: dict[float, tuple[float, ...]] = {}
-        for fraction, values in specs:
-            if fraction is not None and fraction not in args.fractions:
-                raise ValueError(f"--{field.replace('_', '-')} names fraction {fraction:g}, "
-                                 f"which is not in --fractions")
-            for f in ([fraction] if fraction is not None else args.fractions):
-                preset = getattr(linear_preset(args.method, f, **linear_over),
-                                 "lr" if field == "lr_grid" else "weight_decay")
-                out[f] = tuple(v * preset if rel else v for rel, v in values)
-        return out
-
     options = EvalOptions(
         protocols=args.protocol, fractions=args.fractions, seeds=args.seeds,
         method=args.method, linear_overrides=linear_over,
         finetune_overrides=finetune_over, knn_k=args.knn_k,
         knn_temperature=args.knn_temperature, knn_weightings=args.knn_weighting,
-        lr_grid=grid(args.lr_grid, "lr_grid"), wd_grid=grid(args.wd_grid, "wd_grid"),
+        lr_grid=relative_grid(args.lr_grid, "lr", args.method, args.fractions, **linear_over),
+        wd_grid=relative_grid(args.wd_grid, "weight_decay", args.method, args.fractions,
+                              **linear_over),
         val_fraction=args.val_fraction, subset_files=dict(args.subset_file),
         svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
         report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
         autocast=args.bf16, device=device, progress=not args.quiet)
-    named = args.checkpoint  # what the user gave: a file, a run directory or a URL
-    model = run_model(named, args.last)
-    if model is not None and model.from_directory:
-        print(f"model: {model.describe()}", file=sys.stderr)
-    # the file read: the run directory's model, the file named, or a URL's local copy
-    args.checkpoint = str(model.path) if model is not None else local_checkpoint(named)
-    backbone, feature_dim, info = load_backbone(
-        named if is_url(named) else args.checkpoint, arch=args.arch,
-        small_images=args.small_images, in_channels=args.in_channels or 3, trust=args.trust)
-    channels = _model_channels(backbone, args, info)
-    size = args.image_size or recorded_image_size(info)
-    if size is None:
-        size = 32 if args.small_images else 224
-        print(f"note: {args.checkpoint} records no training image size; evaluating at {size} px "
-              "(--image-size sets it)", file=sys.stderr)
-    transform = eval_transform(size, channels)
-    train_ds = build_dataset(args.data, "train", transform, skip_corrupt=args.skip_corrupt)
-    test_spec = args.test_data or args.data
-    test_ds = build_dataset(test_spec, "test", transform, skip_corrupt=args.skip_corrupt)
-    _check_same_classes(train_ds, test_ds, args.data, test_spec)
-    cache = None if args.no_cache else FeatureCache(
-        args.cache or os.environ.get("E2MC_CACHE")
-        or Path.home() / ".cache" / "e2mc" / "features")
-    run_evaluation(
-        backbone, feature_dim, train_ds, test_ds, args.out, options,
-        data_id=data_id(args.data, test_spec, size, channels, args.skip_corrupt),
-        checkpoint=args.checkpoint, cache=cache, lock=False,  # held by run()
-        extra_record={"checkpoint": str(named) if is_url(named) else str(args.checkpoint),
-                      "checkpoint_file": str(args.checkpoint), "command": sys.argv,
-                      "model": model.record(info.get("step")) if model else None,
-                      "checkpoint_info": _plain(info), "image_size": size,
-                      "device": device})
-    if not is_main_process():
+    results = evaluate_checkpoint(
+        args.checkpoint, args.out,
+        EvalData(args.data, args.test_data, skip_corrupt=args.skip_corrupt), options,
+        model=ModelSpec(args.arch, args.small_images, args.in_channels, args.trust, args.last),
+        image_size=args.image_size, cache=None if args.no_cache else (
+            args.cache or default_cache_dir()),
+        extra_record={"command": sys.argv}, lock=False)  # the lock is held by run()
+    if results is None:  # not the main process
         return 0
-    from e2mc.artifacts import EvalDir, mean_se
-
-    written = EvalDir(args.out)
-    results = written.load()
     for column in results.columns():
         entries = results.column(column)
         mean, se = mean_se(results.values(column))
@@ -275,50 +229,5 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
             chosen = ", ".join(f"seed {e.seed}: lr {e.extra['config']['lr']:g} wd "
                                f"{e.extra['config']['weight_decay']:g}" for e in entries)
             print(f"{column:>20}: chosen on validation: {chosen}")
-    print(f"wrote {written.results}")
+    print(f"wrote {EvalDir(args.out).results}")
     return 0
-
-
-def _check_same_classes(train: object, test: object, train_spec: str, test_spec: str) -> None:
-    """The probes are trained on ``train`` and scored on ``test``: both must number the same
-    classes alike (a test set from another source is refused when its class list differs)."""
-    from e2mc.errors import InputError
-
-    a, b = getattr(train, "classes", None), getattr(test, "classes", None)
-    if a is not None and b is not None and list(a) != list(b):
-        only = sorted(set(map(str, b)) - set(map(str, a))) or sorted(set(map(str, a)) - set(
-            map(str, b))) or ["the same names in another order"]
-        raise InputError(f"--test-data {test_spec} has other classes than --data {train_spec} "
-                         f"({', '.join(only[:5])}); its labels would not mean the same classes")
-
-
-def _model_channels(backbone: object, args: argparse.Namespace, info: dict) -> int:
-    """The image channels the model takes (its first layer's), checked against
-    ``--in-channels``; warns when ``--arch`` is ignored because the file records its own."""
-    from e2mc.diagnostics.analyze import input_channels
-    from e2mc.errors import InputError
-
-    if args.arch is not None and info.get("format") != "backbone":
-        print(f"warning: --arch {args.arch} is ignored: {args.checkpoint} is a "
-              f"{info.get('format', 'e2mc')} checkpoint, which records its architecture "
-              f"({(info.get('hparams') or {}).get('backbone', 'see the file')})", file=sys.stderr)
-    channels = input_channels(backbone)
-    if args.in_channels is not None and args.in_channels != channels:
-        raise InputError(f"--in-channels {args.in_channels} does not fit {args.checkpoint}, "
-                         f"whose first layer takes {channels} channel(s)")
-    return channels
-
-
-def _plain(info: object) -> object:
-    """A JSON-friendly view of the loader's info (dict, dataclass or other)."""
-    import dataclasses
-
-    if dataclasses.is_dataclass(info) and not isinstance(info, type):
-        info = dataclasses.asdict(info)
-    if isinstance(info, dict):
-        return {str(k): _plain(v) for k, v in info.items()}
-    if isinstance(info, (list, tuple)):
-        return [_plain(v) for v in info]
-    if isinstance(info, (str, int, float, bool)) or info is None:
-        return info
-    return repr(info)

@@ -77,13 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from e2mc.artifacts import builtin_checkpoint
-    from e2mc.config import load_config, resolve_metric
-    from e2mc.files import sha256_file
     from e2mc.jobs import ExecutorOptions, parse_slurm_settings
-    from e2mc.search import Search, SearchPreempted, SearchSpec, file_trials, grid_trials
+    from e2mc.search import Search, SearchPreempted, file_trials, grid_trials, make_spec
     from e2mc.training.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 
     if bool(args.grid) == bool(args.trials):
@@ -96,16 +91,8 @@ def _run(args: argparse.Namespace) -> int:
         jobs_dir=args.jobs_dir)
     executor.check()  # before anything runs: options the executor ignores, submitit missing
     trials = grid_trials(args.grid) if args.grid else file_trials(args.trials)
-    checkpoint = builtin_checkpoint(args.checkpoint) or Path(args.checkpoint)
-    if not checkpoint.is_file():
-        raise ValueError(f"starting checkpoint {checkpoint} does not exist or is not a file")
-    fractions = load_config(args.config, [*args.common, f"data.val_split={args.val_split}"]
-                            ).monitor.fractions
-    spec = SearchSpec(config=args.config, checkpoint=str(checkpoint.resolve()),
-                      checkpoint_sha256=sha256_file(checkpoint), data=args.data,
-                      val_split=args.val_split, seed=args.seed,
-                      metric=resolve_metric(args.metric, fractions), common=list(args.common),
-                      trials=trials)
+    spec = make_spec(args.config, args.checkpoint, args.data, args.val_split, args.seed,
+                     args.metric, args.common, trials)
     seeds = _seeds(args.confirm) if args.confirm else None
     search = Search(spec, args.out, executor=executor, progress=not args.quiet)
     # a pre-emption signal between runs (a run's own trainer handles it within the run) stops

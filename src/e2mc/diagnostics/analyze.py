@@ -48,6 +48,7 @@ from e2mc.diagnostics.statistics import (
     nearest_neighbor_distances,
 )
 from e2mc.evaluation.features import compute_vectors
+from e2mc.models import input_channels
 
 FEATURES = "backbone features"
 EMBEDDINGS = "projector embeddings"
@@ -121,12 +122,6 @@ def default_loader(trust: bool = False) -> Loader:
             return backbone, None, dict(info)
 
     return load
-
-
-def input_channels(module: nn.Module) -> int:
-    """Input channels of the first convolution of ``module`` (3 if it has none)."""
-    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
-    return conv.in_channels if conv is not None else 3
 
 
 def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:

@@ -114,3 +114,20 @@ def finetune_preset(method: str, fraction: float, **overrides: object) -> Finetu
 
 __all__ = ["METHODS", "FinetuneConfig", "LinearProbeConfig", "finetune_preset",
            "linear_preset"]
+
+
+def relative_grid(specs: list[tuple[float | None, tuple[tuple[bool, float], ...]]],
+                  field: str, method: str, fractions: tuple[float, ...],
+                  **overrides: object) -> dict[float, tuple[float, ...]]:
+    """A linear-probe grid per fraction from ``--lr-grid`` / ``--wd-grid`` specs: each spec is
+    ``(fraction or None for all, ((relative, value), ...))``; a relative value is a multiple of
+    the fraction's preset ``field`` (``lr`` or ``weight_decay``, with ``overrides``)."""
+    out: dict[float, tuple[float, ...]] = {}
+    for fraction, values in specs:
+        if fraction is not None and fraction not in fractions:
+            flag = "--lr-grid" if field == "lr" else "--wd-grid"
+            raise ValueError(f"{flag} names fraction {fraction:g}, which is not in --fractions")
+        for f in ([fraction] if fraction is not None else fractions):
+            preset = getattr(linear_preset(method, f, **overrides), field)
+            out[f] = tuple(v * preset if rel else v for rel, v in values)
+    return out

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,45 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     # one writer per run directory: the main process holds its lock for the whole run
     with writer_lock(run.root) if runtime.is_main else nullcontext():
         return _train(cfg, run, runtime, override_config, backbone, feature_dim)
+
+
+@dataclass
+class RunOutcome:
+    """How far :func:`train_unless_done` brought a run directory: ``finished`` (it reached its
+    configured end and is marked done), the ``step`` reached, how it ended (``stop_reason``,
+    None when every epoch ran) and whether it ``trained`` now (False: it was done already)."""
+
+    run_dir: Path
+    finished: bool
+    step: int | None
+    stop_reason: str | None
+    trained: bool
+
+    @property
+    def checkpoint(self) -> Path:
+        return RunDir(self.run_dir).checkpoint
+
+
+def train_unless_done(cfg: RunConfig, run_dir: str | Path) -> RunOutcome:
+    """Train ``cfg`` in ``run_dir`` unless the run is marked done, resuming its checkpoint, and
+    mark it done (main process) when it reached its configured end; a pre-empted run is never
+    marked, so running this again resumes it. A done run's configuration must still equal
+    ``cfg`` (:func:`~e2mc.training.checkpointing.check_resume_config`): a done marker never
+    stands for another configuration. The one "train unless done" of ``e2mc search`` (inline
+    and as jobs), the demo and the reproduction harness."""
+    from e2mc.distributed import is_main_process
+
+    run = RunDir(run_dir)
+    if run.is_done():
+        check_resume_config(run.root, cfg.to_dict(), False, record=False)
+        done = json.loads(run.done.read_text(encoding="utf-8"))
+        end = done.get("end")
+        return RunOutcome(run.root, True, done["step"], None if end == "completed" else end,
+                          trained=False)
+    result = run_training(cfg, run.root)
+    if result.finished and is_main_process():
+        run.mark_done(result.step, result.stop_reason or "completed")
+    return RunOutcome(run.root, result.finished, result.step, result.stop_reason, trained=True)
 
 
 def continue_module(module: Any, config: str | Path, run_dir: str | Path,

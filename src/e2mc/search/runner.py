@@ -20,126 +20,22 @@ and kNN) and reports the paired tests (McNemar, permutation, pooled over seeds) 
 
 from __future__ import annotations
 
-import itertools
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
-from e2mc.config import comma_list
 from e2mc.files import atomic_write_text
-from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, TrainJob, Work, train_run
-
-RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
-        "last step, if positive; otherwise none")
-CONTROL_ADDON = "none"
-#: Differences within this many points of the largest are a tie, won by the earliest trial in
-#: the declared order: accuracies are float32 percentages, whose rounding (about 1e-5 points)
-#: must not pick the winner between trials that scored the same images right.
-TIE_POINTS = 1e-4
-
-
-@dataclass
-class Trial:
-    """One setting: its name and the config overrides it adds to the search's own."""
-
-    name: str
-    overrides: list[str]
-
-    @property
-    def control_overrides(self) -> list[str]:
-        """The overrides of its control: those that do not configure the add-on."""
-        return [o for o in self.overrides if not o.split("=", 1)[0].startswith("addon.")]
-
-
-def grid_trials(grid: Sequence[str]) -> list[Trial]:
-    """``["optim.base_lr=0.001,0.01", "training.epochs=1,2"]`` -> the 4 trials of the product
-    (first key slowest)."""
-    axes: list[list[str]] = []
-    for item in grid:
-        if "=" not in item:
-            raise ValueError(f"--grid {item!r} must look like key=value1,value2,...")
-        key, values = item.split("=", 1)
-        choices = comma_list(values)
-        if not choices:
-            raise ValueError(f"--grid {item!r} lists no values")
-        axes.append([f"{key.strip()}={v}" for v in choices])
-    return [Trial(" ".join(point), list(point)) for point in itertools.product(*axes)]
-
-
-def file_trials(path: str | Path) -> list[Trial]:
-    """Trials from a YAML file: a list of mappings ``{name: ..., set: {key: value, ...}}`` (or
-    a plain mapping of overrides), or ``{grid: {key: [values]}}``."""
-    from e2mc.config import read_yaml
-
-    path = Path(path)
-    try:
-        data = read_yaml(path)  # duplicate keys, recursive aliases and alias bombs refused
-    except OSError as err:
-        raise ValueError(f"cannot read the trials file {path}: {err}") from err
-    if isinstance(data, dict) and isinstance(data.get("grid"), dict):
-        return grid_trials([f"{k}={','.join(str(v) for v in vs)}"
-                            for k, vs in data["grid"].items()])
-    if not isinstance(data, list) or not data:
-        raise ValueError(f"{path}: expected a list of trials or a 'grid:' mapping")
-    trials = []
-    for i, item in enumerate(data):
-        if not isinstance(item, dict):
-            raise ValueError(f"{path}: trial {i} is not a mapping")
-        sets = item.get("set", {k: v for k, v in item.items() if k != "name"})
-        overrides = [f"{k}={_yaml_value(v)}" for k, v in sets.items()]
-        trials.append(Trial(str(item.get("name", " ".join(overrides))), overrides))
-    return trials
-
-
-def _yaml_value(value: Any) -> str:
-    """A value of a trials file as the text of a ``key=value`` override."""
-    if isinstance(value, dict | list):
-        return json.dumps(value)  # JSON is YAML: the override parser reads it back
-    return str(value)
-
-
-def run_dir_name(label: str, overrides: Sequence[str]) -> str:
-    """A directory name injective in ``overrides``: a readable slug of ``label`` and a short
-    hash of the overrides (``"beta 100"`` and ``"beta_100"`` share the slug, not the hash)."""
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps(list(overrides)).encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")[:80] or "default"
-    return f"{slug}-{digest}"
+from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, TrainJob, Work
+from e2mc.search.report import confirm_markdown, confirmation, plot_trajectories, search_markdown
+from e2mc.search.spec import CONTROL_ADDON, SearchSpec, Trial, run_dir_name, select
 
 
 class SearchPreempted(Exception):
     """A run of the search was pre-empted (or the search got a pre-emption signal): its
     checkpoint is written and running the same search again resumes it (exit 75)."""
-
-
-@dataclass
-class SearchSpec:
-    """What a search is: everything that must match for a search directory to be resumed."""
-
-    config: str
-    checkpoint: str
-    checkpoint_sha256: str
-    data: str
-    val_split: float
-    seed: int
-    metric: str
-    common: list[str]
-    trials: list[Trial]
-    rule: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rule = RULE.format(metric=self.metric)
-
-    def identity(self) -> dict[str, Any]:
-        return {"config": self.config, "checkpoint_sha256": self.checkpoint_sha256,
-                "data": self.data, "val_split": self.val_split, "seed": self.seed,
-                "metric": self.metric, "common": self.common, "rule": self.rule}
 
 
 class Search:
@@ -260,21 +156,22 @@ class Search:
         job); a pre-empted run is :class:`SearchPreempted` (never marked done, resumed by the
         next invocation)."""
         from e2mc.training.preemption import PreemptedAtStart
+        from e2mc.training.run import train_unless_done
 
         self._check_stop()
         if run.is_done():
             self.log(f"  {'skip' if self.jobs is None else 'read'} (done): {run.root}")
         else:
             self.log(f"  train {cfg.addon.name}: {run.root}")
-            try:
-                result = train_run(cfg, run.root)  # marks the run done when it finished
-            except PreemptedAtStart as stop:  # a signal while the run was being built
-                raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
-                                      "resume it") from None
-            if not result.finished:
-                raise SearchPreempted(f"{run.root} stopped at step {result.step} "
-                                      f"({result.stop_reason}); run the same command again to "
-                                      "resume it")
+        try:
+            result = train_unless_done(cfg, run.root)  # marks the run done when it finished
+        except PreemptedAtStart as stop:  # a signal while the run was being built
+            raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
+                                  "resume it") from None
+        if not result.finished:
+            raise SearchPreempted(f"{run.root} stopped at step {result.step} "
+                                  f"({result.stop_reason}); run the same command again to "
+                                  "resume it")
         self._check_stop()
         return [r for r in run.read_metrics() if self.spec.metric in r]
 
@@ -397,9 +294,8 @@ class Search:
 
     def _test_eval(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
-        if not out.exists():
-            evaluate_on_test(**self._eval_args(run, out, fractions, label_seeds, probe_epochs,
-                                               device))
+        evaluate_on_test(**self._eval_args(run, out, fractions, label_seeds, probe_epochs,
+                                           device))
         return out.root
 
     def _eval_args(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
@@ -408,142 +304,30 @@ class Search:
         """The arguments of :func:`evaluate_on_test` for ``run`` into ``out``."""
         cfg = self.configs[self.spec.trials[0].name]
         return {"checkpoint": str(run.checkpoint), "out": str(out.root), "data": self.spec.data,
-                "image_size": cfg.data.image_size, "channels": cfg.data.channels,
-                "fractions": tuple(fractions), "label_seeds": tuple(label_seeds),
-                "probe_epochs": probe_epochs, "device": device,
-                "cache": str(self.files.feature_cache)}
+                "image_size": cfg.data.image_size, "fractions": tuple(fractions),
+                "label_seeds": tuple(label_seeds), "probe_epochs": probe_epochs,
+                "device": device, "cache": str(self.files.feature_cache)}
 
 
-def evaluate_on_test(checkpoint: str, out: str, data: str, image_size: int, channels: int,
+def evaluate_on_test(checkpoint: str, out: str, data: str, image_size: int,
                      fractions: Sequence[float], label_seeds: Sequence[int], probe_epochs: int,
                      device: str, cache: str) -> None:
     """A confirmation's test evaluation of ``checkpoint`` into ``out`` (linear probes at
-    ``fractions`` with ``label_seeds``, kNN k = 20; features cached in ``cache``); run by the
-    search itself or as a job (:class:`~e2mc.jobs.CallJob`)."""
-    from e2mc.checkpoints import load_backbone
-    from e2mc.data import build_dataset, eval_transform
-    from e2mc.evaluation.features import FeatureCache, data_id
-    from e2mc.evaluation.runner import EvalOptions, run_evaluation
+    ``fractions`` with ``label_seeds``, kNN k = 20; features cached in ``cache``) through
+    :func:`~e2mc.evaluation.workflow.evaluate_checkpoint`, unless ``out`` holds it already
+    (same checkpoint bytes, data and options); run by the search itself or as a job
+    (:class:`~e2mc.jobs.CallJob`)."""
+    from e2mc.evaluation.runner import EvalOptions
+    from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
 
-    tf = eval_transform(image_size, channels)
-    train = build_dataset(data, "train", tf)
-    test = build_dataset(data, "test", tf)
-    backbone, dim, _ = load_backbone(checkpoint)
     options = EvalOptions(protocols=("linear", "knn"), fractions=tuple(fractions),
                           seeds=tuple(label_seeds), method="generic", knn_k=(20,),
                           knn_weightings=("weighted",),
                           linear_overrides={"epochs": probe_epochs}, device=device,
                           progress=False)
-    run_evaluation(backbone, dim, train, test, out, options,
-                   data_id=data_id(data, None, image_size, channels),
-                   checkpoint=Path(checkpoint), cache=FeatureCache(cache),
-                   extra_record={"checkpoint": checkpoint})
+    evaluate_checkpoint(checkpoint, out, EvalData(data), options, image_size=image_size,
+                        cache=cache, reuse=True, log=lambda _: None)
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
     return [[r["step"], r[metric]] for r in records]
-
-
-def select(trials: list[dict[str, Any]]) -> str | None:
-    """The declared rule (:data:`RULE`): the largest positive paired difference, else None;
-    ties (within :data:`TIE_POINTS`) go to the earliest trial."""
-    scored = [t for t in trials if t.get("difference") is not None]
-    if not scored:
-        return None
-    top = max(t["difference"] for t in scored)
-    if top <= TIE_POINTS:
-        return None
-    return next(t["name"] for t in scored if t["difference"] >= top - TIE_POINTS)
-
-
-def search_markdown(record: dict[str, Any]) -> str:
-    spec = record["spec"]
-    lines = [f"# Search: {spec['config']}", "",
-             f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
-             f"training images (seed {spec['seed']}); the test split is never read.", "",
-             f"Selection rule (declared before the first run): {spec['rule']}.", "",
-             "| trial | steps | start | control | trial | difference |",
-             "|---|---|---|---|---|---|"]
-    for t in record["trials"]:
-        if t.get("difference") is None:
-            lines.append(f"| {t['name']} | – | – | – | – | – |")
-            continue
-        mark = " **selected**" if t["name"] == record["selected"] else ""
-        lines.append(f"| {t['name']}{mark} | {t['steps']} | {t['start_value']:.2f} | "
-                     f"{t['control_value']:.2f} | {t['value']:.2f} | {t['difference']:+.2f} |")
-    lines += ["", ("Selected: **" + record["selected"] + "**." if record["selected"] else
-                   "No trial beat its control: nothing is selected, and the starting model "
-                   "stays the better choice."), "", "![trajectories](search.png)", ""]
-    return "\n".join(lines)
-
-
-def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
-    """The validation metric against steps, one colour per trial: the trial solid, its control
-    dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, t in enumerate(record["trials"]):
-        c = colors[i % len(colors)]
-        for points, style, label in ((t["trajectory"], "-", t["name"]),
-                                     (t["control_trajectory"], "--", None)):
-            if points:
-                steps, values = zip(*points, strict=True)
-                ax.plot(steps, values, style, color=c, marker="o", ms=3, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel(record["spec"]["metric"] + " (validation)")
-    ax.set_title("trials (solid) and their controls (dashed)")
-    ax.grid(alpha=0.3)
-    if record["trials"]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    from e2mc.files import atomic_write
-
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
-    plt.close(fig)
-    return path
-
-
-def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, Any]:
-    """Paired tests of each training seed's trial against its control on the test split
-    (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
-    pooled over every (training seed, label seed) pair)."""
-    from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
-    from e2mc.evaluation.results import compare_runs
-
-    rows_by_seed: dict[int, list[dict[str, Any]]] = {}
-    columns: list[str] = []
-    for seed, control, run in pairs:
-        comp = compare_runs([str(control), str(run)], names=["control", "trial"])
-        rows_by_seed[seed] = comp.tests
-        columns += [c for c in comp.columns if c not in columns]
-    out: dict[str, Any] = {"trial": trial, "seeds": [p[0] for p in pairs], "columns": {}}
-    for column in columns:
-        summary = summarize_paired_tests(rows_by_seed, column)
-        if summary is not None:
-            summary["pooled_p"] = pooled_p([(c, r) for _, c, r in pairs], column)
-            out["columns"][column] = summary
-    return out
-
-
-def confirm_markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Confirmation of {result['trial']} on the test split", "",
-             f"Training seeds {', '.join(map(str, result['seeds']))}; each trained as the trial "
-             "and as its control (no add-on), both evaluated on the test split.", "",
-             "| column | trial − control | significantly better | significantly worse | "
-             "pooled p |", "|---|---|---|---|---|"]
-    for column, c in result["columns"].items():
-        d = c["difference"]
-        se = f" ± {d['se']:.2f}" if d["se"] is not None else ""
-        pooled = f"{c['pooled_p']:.3g}" if c["pooled_p"] is not None else "–"
-        lines.append(f"| {column} | {d['mean']:+.2f}{se} | {c['significant_better']}/"
-                     f"{c['pairs']} | {c['significant_worse']}/{c['pairs']} | {pooled} |")
-    lines += ["", "Difference in top-1 points, mean ± SE over training seeds (each the mean over "
-              "label seeds); a pair is significant when both McNemar's test and the paired "
-              "permutation test give p < 0.05; pooled p: the permutation test on each test "
-              "image's difference averaged over all pairs.", ""]
-    return "\n".join(lines)

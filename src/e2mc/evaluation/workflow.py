@@ -1,0 +1,200 @@
+"""One path from a checkpoint to an evaluation directory: :func:`evaluate_checkpoint`.
+
+``e2mc eval``, the search's confirmation (inline and as jobs), the demo and the reproduction
+harness all evaluate through it: resolve what the checkpoint argument names (a file, a URL,
+``builtin:NAME`` or a training run directory's model), load its backbone, build the data at the
+model's image size and channels, and run the protocols (:func:`~e2mc.evaluation.runner.
+run_evaluation`) into the directory. With ``reuse`` an evaluation directory already made from
+the same checkpoint bytes, data and options (its ``stamp``) is read back instead of evaluated
+again; any other content is evaluated anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2mc.artifacts import EvalDir, EvalResults, run_model
+from e2mc.errors import InputError
+from e2mc.evaluation.features import FeatureCache, data_id
+from e2mc.evaluation.runner import EvalOptions, run_evaluation
+
+
+@dataclass(frozen=True)
+class EvalData:
+    """What an evaluation reads: the training and test data set specs (``test`` None: the
+    ``test`` split of ``train``) and how they are cut: the first ``train_limit`` /
+    ``test_limit`` images, or with ``limit_seed`` that many drawn with the seed (fixed before
+    any result)."""
+
+    train: str
+    test: str | None = None
+    train_limit: int | None = None
+    test_limit: int | None = None
+    limit_seed: int | None = None
+    skip_corrupt: bool = False
+
+    def datasets(self, image_size: int, channels: int) -> tuple[Any, Any]:
+        from e2mc.data import build_dataset, eval_transform
+
+        transform = eval_transform(image_size, channels)
+        train = build_dataset(self.train, "train", transform, skip_corrupt=self.skip_corrupt)
+        test = build_dataset(self.test or self.train, "test", transform,
+                             skip_corrupt=self.skip_corrupt)
+        _check_same_classes(train, test, self.train, self.test or self.train)
+        return (_limit(train, self.train_limit, self.limit_seed),
+                _limit(test, self.test_limit, self.limit_seed))
+
+    def id(self, image_size: int, channels: int) -> str:
+        """The evaluation's ``data`` (and the feature cache's data id)."""
+        cut = self.train_limit is not None or self.test_limit is not None
+        subset = f"train:{self.train_limit}|test:{self.test_limit}" if cut else ""
+        if self.limit_seed is not None:
+            subset += f"|seeded-{self.limit_seed}"
+        return data_id(self.train, self.test, image_size, channels, self.skip_corrupt,
+                       subset=subset)
+
+
+def _limit(dataset: Any, limit: int | None, seed: int | None) -> Any:
+    import numpy as np
+    from torch.utils.data import Subset
+
+    if limit is None or limit >= len(dataset):
+        return dataset
+    if seed is None:
+        return Subset(dataset, range(limit))
+    idx = np.sort(np.random.default_rng(seed).permutation(len(dataset))[:limit])
+    return Subset(dataset, idx.tolist())
+
+
+def _check_same_classes(train: object, test: object, train_spec: str, test_spec: str) -> None:
+    """The probes are trained on ``train`` and scored on ``test``: both must number the same
+    classes alike (a test set from another source is refused when its class list differs)."""
+    a, b = getattr(train, "classes", None), getattr(test, "classes", None)
+    if a is not None and b is not None and list(a) != list(b):
+        only = sorted(set(map(str, b)) - set(map(str, a))) or sorted(set(map(str, a)) - set(
+            map(str, b))) or ["the same names in another order"]
+        raise InputError(f"--test-data {test_spec} has other classes than --data {train_spec} "
+                         f"({', '.join(only[:5])}); its labels would not mean the same classes")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to read a checkpoint whose file does not record its architecture: ``arch``,
+    ``small_images``, ``in_channels`` (checked against the model's first layer when given),
+    ``trust`` (``torch.load(weights_only=False)``) and, of a run directory, ``last`` (the last
+    step instead of the kept model)."""
+
+    arch: str | None = None
+    small_images: bool = False
+    in_channels: int | None = None
+    trust: bool = False
+    last: bool = False
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+                        data: EvalData, options: EvalOptions, *,
+                        model: ModelSpec = ModelSpec(), image_size: int | None = None,
+                        cache: FeatureCache | str | os.PathLike[str] | None = None,
+                        reuse: bool = False, extra_record: dict[str, Any] | None = None,
+                        lock: bool = True, log: Callable[[str], None] = _stderr
+                        ) -> EvalResults | None:
+    """Evaluate the backbone of ``checkpoint`` (file, URL, ``builtin:NAME`` or run directory)
+    on ``data`` with ``options`` into the evaluation directory ``out``; returns what it holds
+    (``None`` on a process other than the main one under torchrun).
+
+    ``image_size`` None: the size the checkpoint records it was trained at, else 32 with
+    ``model.small_images``, else 224 (with a note). ``cache``: the feature cache (a directory
+    or a :class:`FeatureCache`). ``reuse``: read back ``out`` when its stamp (checkpoint
+    SHA-256, data id, options) matches; without it ``out`` is evaluated anew. ``lock``: hold
+    ``out``'s writer lock (False when the caller holds it)."""
+    from e2mc.checkpoints import is_url, load_backbone, local_checkpoint, recorded_image_size
+    from e2mc.distributed import is_main_process
+    from e2mc.files import sha256_file
+
+    named = os.fspath(checkpoint)
+    chosen = run_model(named, model.last)
+    if chosen is not None and chosen.from_directory:
+        log(f"model: {chosen.describe()}")
+    # the file read: the run directory's model, the file named, or a URL's local copy
+    path = str(chosen.path) if chosen is not None else local_checkpoint(named)
+    backbone, feature_dim, info = load_backbone(
+        named if is_url(named) else path, arch=model.arch, small_images=model.small_images,
+        in_channels=model.in_channels or 3, trust=model.trust)
+    channels = _model_channels(backbone, model, path, info, log)
+    size = image_size or recorded_image_size(info)
+    if size is None:
+        size = 32 if model.small_images else 224
+        log(f"note: {path} records no training image size; evaluating at {size} px "
+            "(--image-size sets it)")
+    identity = data.id(size, channels)
+    stamp = {"checkpoint_sha256": sha256_file(path), "data_id": identity,
+             "options": _options_key(options)}
+    written = EvalDir(out)
+    if reuse and written.exists():
+        record = written.load()
+        if record.info.get("stamp") == stamp:
+            log(f"  read (same checkpoint, data and options): {written.root}")
+            return record
+    train, test = data.datasets(size, channels)
+    if cache is not None and not isinstance(cache, FeatureCache):
+        cache = FeatureCache(cache)
+    run_evaluation(
+        backbone, feature_dim, train, test, out, options, data_id=identity, checkpoint=path,
+        cache=cache, lock=lock,
+        extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
+                      "model": chosen.record(info.get("step")) if chosen else None,
+                      "checkpoint_info": _plain(info), "image_size": size,
+                      "device": options.device, "stamp": stamp, **(extra_record or {})})
+    return written.load() if is_main_process() else None
+
+
+def _options_key(options: EvalOptions) -> str:
+    """The options that decide the numbers (not the progress display), as text."""
+    return repr(dataclasses.replace(options, progress=True))
+
+
+def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, Any],
+                    log: Callable[[str], None]) -> int:
+    """The image channels the model takes (its first layer's), checked against
+    ``model.in_channels``; warns when ``model.arch`` is ignored because the file records its
+    own."""
+    from e2mc.models import input_channels
+
+    if model.arch is not None and info.get("format") != "backbone":
+        log(f"warning: --arch {model.arch} is ignored: {path} is a "
+            f"{info.get('format', 'e2mc')} checkpoint, which records its architecture "
+            f"({(info.get('hparams') or {}).get('backbone', 'see the file')})")
+    channels = input_channels(backbone)
+    if model.in_channels is not None and model.in_channels != channels:
+        raise InputError(f"--in-channels {model.in_channels} does not fit {path}, "
+                         f"whose first layer takes {channels} channel(s)")
+    return channels
+
+
+def _plain(info: object) -> object:
+    """A JSON-friendly view of the loader's info (dict, dataclass or other)."""
+    if dataclasses.is_dataclass(info) and not isinstance(info, type):
+        info = dataclasses.asdict(info)
+    if isinstance(info, dict):
+        return {str(k): _plain(v) for k, v in info.items()}
+    if isinstance(info, (list, tuple)):
+        return [_plain(v) for v in info]
+    if isinstance(info, (str, int, float, bool)) or info is None:
+        return info
+    return repr(info)
+
+
+def default_cache_dir() -> Path:
+    """The feature cache of ``e2mc eval``: ``$E2MC_CACHE`` or ``~/.cache/e2mc/features``."""
+    return Path(os.environ.get("E2MC_CACHE") or Path.home() / ".cache" / "e2mc" / "features")
+

@@ -1,0 +1,101 @@
+"""What a search writes for people: ``search.md`` and ``search.png`` (every trial against its
+control), and the confirmation's paired tests on the test split (``confirm.json``,
+``confirm.md``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def search_markdown(record: dict[str, Any]) -> str:
+    spec = record["spec"]
+    lines = [f"# Search: {spec['config']}", "",
+             f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
+             f"training images (seed {spec['seed']}); the test split is never read.", "",
+             f"Selection rule (declared before the first run): {spec['rule']}.", "",
+             "| trial | steps | start | control | trial | difference |",
+             "|---|---|---|---|---|---|"]
+    for t in record["trials"]:
+        if t.get("difference") is None:
+            lines.append(f"| {t['name']} | – | – | – | – | – |")
+            continue
+        mark = " **selected**" if t["name"] == record["selected"] else ""
+        lines.append(f"| {t['name']}{mark} | {t['steps']} | {t['start_value']:.2f} | "
+                     f"{t['control_value']:.2f} | {t['value']:.2f} | {t['difference']:+.2f} |")
+    lines += ["", ("Selected: **" + record["selected"] + "**." if record["selected"] else
+                   "No trial beat its control: nothing is selected, and the starting model "
+                   "stays the better choice."), "", "![trajectories](search.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
+    """The validation metric against steps, one colour per trial: the trial solid, its control
+    dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, t in enumerate(record["trials"]):
+        c = colors[i % len(colors)]
+        for points, style, label in ((t["trajectory"], "-", t["name"]),
+                                     (t["control_trajectory"], "--", None)):
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, style, color=c, marker="o", ms=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(record["spec"]["metric"] + " (validation)")
+    ax.set_title("trials (solid) and their controls (dashed)")
+    ax.grid(alpha=0.3)
+    if record["trials"]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    from e2mc.files import atomic_write
+
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return path
+
+
+def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, Any]:
+    """Paired tests of each training seed's trial against its control on the test split
+    (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
+    pooled over every (training seed, label seed) pair)."""
+    from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
+    from e2mc.evaluation.results import compare_runs
+
+    rows_by_seed: dict[int, list[dict[str, Any]]] = {}
+    columns: list[str] = []
+    for seed, control, run in pairs:
+        comp = compare_runs([str(control), str(run)], names=["control", "trial"])
+        rows_by_seed[seed] = comp.tests
+        columns += [c for c in comp.columns if c not in columns]
+    out: dict[str, Any] = {"trial": trial, "seeds": [p[0] for p in pairs], "columns": {}}
+    for column in columns:
+        summary = summarize_paired_tests(rows_by_seed, column)
+        if summary is not None:
+            summary["pooled_p"] = pooled_p([(c, r) for _, c, r in pairs], column)
+            out["columns"][column] = summary
+    return out
+
+
+def confirm_markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Confirmation of {result['trial']} on the test split", "",
+             f"Training seeds {', '.join(map(str, result['seeds']))}; each trained as the trial "
+             "and as its control (no add-on), both evaluated on the test split.", "",
+             "| column | trial − control | significantly better | significantly worse | "
+             "pooled p |", "|---|---|---|---|---|"]
+    for column, c in result["columns"].items():
+        d = c["difference"]
+        se = f" ± {d['se']:.2f}" if d["se"] is not None else ""
+        pooled = f"{c['pooled_p']:.3g}" if c["pooled_p"] is not None else "–"
+        lines.append(f"| {column} | {d['mean']:+.2f}{se} | {c['significant_better']}/"
+                     f"{c['pairs']} | {c['significant_worse']}/{c['pairs']} | {pooled} |")
+    lines += ["", "Difference in top-1 points, mean ± SE over training seeds (each the mean over "
+              "label seeds); a pair is significant when both McNemar's test and the paired "
+              "permutation test give p < 0.05; pooled p: the permutation test on each test "
+              "image's difference averaged over all pairs.", ""]
+    return "\n".join(lines)
