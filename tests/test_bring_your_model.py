@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from e2mc.checkpoints import fetch, load_checkpoint, load_for_training
+from e2mc.checkpoints import fetch, load_checkpoint, load_start_model
 from e2mc.checkpoints.remote import cache_path, is_url
 from e2mc.cli import main
 from e2mc.methods import VICReg, build_method
@@ -154,10 +154,10 @@ def test_checkpoint_from_a_local_http_server(http_server, hub):
     digest = _sha256(root / "vicreg-fullckpt.pth")
     url = f"{base}/vicreg-fullckpt.pth#sha256={digest}"
     hp = {"backbone": "cnn5_small", "in_channels": 1, "projector": "16-8"}
-    loaded, info = load_for_training(url, "vicreg", **hp)
+    loaded, info = load_start_model(url, "vicreg", **hp)
     assert info["format"] == "vicreg" and info["epoch"] == 7 and info["source"] == url
     assert torch.equal(loaded.projector[0].weight, model.projector[0].weight)
-    load_for_training(url, "vicreg", **hp)  # from the cache: one download only
+    load_start_model(url, "vicreg", **hp)  # from the cache: one download only
     assert _Quiet.requests == ["/vicreg-fullckpt.pth"]
     with pytest.raises(ValueError, match="cannot download .*missing.pth: HTTP 404"):
         fetch(f"{base}/missing.pth", progress=False)
@@ -170,8 +170,8 @@ def test_backbone_only_file_needs_new_heads(tmp_path):
     hp = {"backbone": "cnn5_small", "in_channels": 1, "projector": "16-8"}
     with pytest.raises(ValueError, match=r"bb.pt holds only a cnn5_small backbone, no vicreg "
                                          r"projector.*--new-heads"):
-        load_for_training(tmp_path / "bb.pt", "vicreg", **hp)
-    method, info = load_for_training(tmp_path / "bb.pt", "vicreg", new_heads=True, **hp)
+        load_start_model(tmp_path / "bb.pt", "vicreg", **hp)
+    method, info = load_start_model(tmp_path / "bb.pt", "vicreg", new_heads=True, **hp)
     assert info["new_heads"] == ["projector"]
     assert all(torch.equal(a, b) for a, b in zip(method.backbone.state_dict().values(),
                                                   backbone.state_dict().values(), strict=True))

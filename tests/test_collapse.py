@@ -153,11 +153,11 @@ def _base_embeddings() -> tuple[torch.nn.Module, torch.Tensor]:
 
     from e2mc.checkpoints import load_checkpoint
     from e2mc.data import build_dataset, eval_transform
-    from e2mc.evaluation.features import compute_vectors
+    from e2mc.evaluation.features import features_and_embeddings
 
     method, _ = load_checkpoint(ASSET)
     test = Subset(build_dataset("builtin", "test", eval_transform(28, 1)), range(256))
-    _, embeddings = compute_vectors(method.backbone, method, test, progress=False)
+    _, embeddings = features_and_embeddings(method.backbone, method, test, progress=False)
     return method, embeddings
 
 

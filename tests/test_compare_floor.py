@@ -8,7 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from e2mc.evaluation.results import compare_runs, comparison_markdown, load_run, mean_se
+from e2mc.evaluation.results import (
+    compare_evaluations,
+    comparison_markdown,
+    load_evaluation,
+    mean_se,
+)
 from test_evaluation_cli import tiny_run
 
 
@@ -21,11 +26,11 @@ def evals(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 def test_floor_is_the_first_row_and_not_the_reference(evals: tuple[Path, Path, Path]) -> None:
     floor, a, b = evals
-    plain = compare_runs([str(a), str(b)], n_resamples=100)
-    comp = compare_runs([str(a), str(b)], n_resamples=100, floor=str(floor))
+    plain = compare_evaluations([str(a), str(b)], n_resamples=100)
+    comp = compare_evaluations([str(a), str(b)], n_resamples=100, floor=str(floor))
     assert comp.runs == ["random init", "a", "b"] and comp.reference == "a"
     assert comp.tests == plain.tests  # the floor changes no test
-    record = load_run(floor)
+    record = load_evaluation(floor)
     for column in comp.columns:
         values = [e.metrics[e.primary] for e in record.column(column)]
         mean, se = mean_se(values)
@@ -38,9 +43,9 @@ def test_floor_is_the_first_row_and_not_the_reference(evals: tuple[Path, Path, P
     assert "worse than a: p < 0.05" in text and "at every seed" in text and "not tested" in text
     assert "random init, " not in text  # the floor gets no verdict
     with pytest.raises(ValueError, match="also a run's name"):
-        compare_runs([str(a), str(b)], names=["random init", "b"], floor=str(floor))
+        compare_evaluations([str(a), str(b)], names=["random init", "b"], floor=str(floor))
     with pytest.raises(ValueError):  # the command turns this into one error line, exit 2
-        compare_runs([str(a)], floor=str(a.parent / "nowhere"))
+        compare_evaluations([str(a)], floor=str(a.parent / "nowhere"))
 
 
 def test_compare_command_floor_option(evals: tuple[Path, Path, Path], tmp_path: Path,
@@ -82,7 +87,7 @@ def test_a_significantly_worse_row_is_marked_and_called_worse(tmp_path, capsys):
     ref = _eval(tmp_path / "ref", np.arange(200) < 150)
     worse = _eval(tmp_path / "worse", np.arange(200) < 90)  # the first 90 of ref's 150
     better = _eval(tmp_path / "better", np.arange(200) < 190)  # ref's 150 and 40 more
-    comp = compare_runs([ref, worse, better], names=["continued", "e2mc", "other"],
+    comp = compare_evaluations([ref, worse, better], names=["continued", "e2mc", "other"],
                         n_resamples=500)
     assert comp.cells["e2mc"]["linear 1%"][2] == "▼▼"
     assert comp.cells["other"]["linear 1%"][2] == "▲▲"
@@ -117,7 +122,7 @@ def test_compare_chart_names_the_reference_and_explains_the_marks(
     from e2mc.evaluation.results import plot_comparison, verdicts
 
     floor, a, b = evals
-    comp = compare_runs([str(a), str(b)], n_resamples=100, floor=str(floor))
+    comp = compare_evaluations([str(a), str(b)], n_resamples=100, floor=str(floor))
     shown = []
     monkeypatch.setattr(plt, "close", shown.append)
     plot_comparison(comp, tmp_path / "chart.png")
@@ -143,7 +148,7 @@ def test_compare_chart_names_the_reference_and_explains_the_marks(
             assert (line.get_markerfacecolor() != "white") == said[column]
     plt.close(fig)
     shown.clear()
-    plot_comparison(compare_runs([str(a)]), tmp_path / "alone.png")  # nothing tested
+    plot_comparison(compare_evaluations([str(a)]), tmp_path / "alone.png")  # nothing tested
     fig = shown[0]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a"]
     assert fig.get_suptitle() == "accuracy by column" and len(fig.axes) == len(groups)

@@ -16,7 +16,7 @@ from e2mc.diagnostics.analyze import (
     input_channels,
     resolve_run,
 )
-from e2mc.evaluation.features import compute_vectors
+from e2mc.evaluation.features import features_and_embeddings
 from e2mc.methods import build_method
 
 
@@ -63,8 +63,8 @@ def test_compute_vectors_takes_the_methods_embedding_and_restores_modes(batch_si
     data = torch.utils.data.TensorDataset(images, torch.zeros(10))
     rows: list[int] = []
     hook = method.backbone.register_forward_hook(lambda _m, i, _o: rows.append(len(i[0])))
-    feats, embs = compute_vectors(method.backbone, method, data, batch_size=batch_size,
-                                  progress=False)
+    feats, embs = features_and_embeddings(method.backbone, method, data,
+                                          batch_size=batch_size, progress=False)
     hook.remove()
     sizes = [min(batch_size, 10 - start) for start in range(0, 10, batch_size)]
     assert sum(rows) == sum(max(4, b + b % 2) for b in sizes)  # once each, plus padding

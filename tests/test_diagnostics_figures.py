@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from e2mc.diagnostics.embedding_stats import embedding_statistics, nearest_neighbor_distances
 from e2mc.diagnostics.figures import (
     choose_pair,
     loss_terms,
@@ -23,7 +24,6 @@ from e2mc.diagnostics.figures import (
     read_metrics,
 )
 from e2mc.diagnostics.report import STAT_ROWS, RunDiagnostics, write_report
-from e2mc.diagnostics.statistics import embedding_statistics, nearest_neighbor_distances
 
 
 def png_size(path: Path) -> tuple[int, int]:

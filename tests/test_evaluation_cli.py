@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 
 import e2mc
 from e2mc.artifacts import EvalDir
-from e2mc.evaluation.results import compare_runs, comparison_markdown, mean_se
+from e2mc.evaluation.results import compare_evaluations, comparison_markdown, mean_se
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
@@ -70,7 +70,7 @@ def test_run_directory_contents(tmp_path):
 def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
     a = tiny_run(tmp_path, "a", 0, 0.0)
     b = tiny_run(tmp_path, "b", 1, 3.0)
-    comp = compare_runs([str(a), str(b)], n_resamples=200)
+    comp = compare_evaluations([str(a), str(b)], n_resamples=200)
     assert comp.runs == ["a", "b"] and "linear 50%" in comp.columns
     assert comp.cells["a"]["linear 50%"][2] == ""  # the reference is never marked
     tests = [t for t in comp.tests if t["column"] == "linear 50%"]
@@ -99,7 +99,7 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
                  labels=(f["labels"] + 1) % 3)
     EvalDir(b).write(record)  # results.json describes the edited file (its digest)
     with pytest.raises(ValueError, match="different test sets"):
-        compare_runs([str(a), str(b)], n_resamples=50)
+        compare_evaluations([str(a), str(b)], n_resamples=50)
 
 
 @pytest.mark.slow  # integration: a few seconds on 2 cores

@@ -75,11 +75,11 @@ def test_analyze_page_tables_config_and_an_empty_metrics_file(tmp_path, capsys):
 def test_compare_writes_an_accuracy_chart(tmp_path):
     from matplotlib.image import imread
 
-    from e2mc.evaluation.results import compare_runs, write_comparison
+    from e2mc.evaluation.results import compare_evaluations, write_comparison
     from test_evaluation_cli import tiny_run
 
     a, b = tiny_run(tmp_path, "a", 0, 0.0), tiny_run(tmp_path, "b", 1, 1.0)
-    comp = compare_runs([str(a), str(b)], n_resamples=50)
+    comp = compare_evaluations([str(a), str(b)], n_resamples=50)
     paths = write_comparison(comp, tmp_path / "cmp")
     chart = tmp_path / "cmp.png"
     assert chart in paths and imread(chart).shape[0] > 100

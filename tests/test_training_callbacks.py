@@ -172,13 +172,13 @@ def test_one_extraction_per_evaluation_and_an_old_checkpoint_resumes(
         capsys: pytest.CaptureFixture) -> None:
     import e2mc.evaluation.features as features
 
-    real, calls = features.compute_vectors, []
+    real, calls = features.features_and_embeddings, []
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs.get("desc"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(features, "compute_vectors", counted)
+    monkeypatch.setattr(features, "features_and_embeddings", counted)
     _, whole = _run(tmp_path, "whole")
     evaluations = [r["step"] for r in whole.read_metrics() if "val/knn" in r]
     assert evaluations == [0, 1, 2, 3, 4] and calls == ["monitor"] * 5

@@ -20,7 +20,7 @@ import e2mc
 import e2mc.files as ckio
 from e2mc.artifacts import EvalDir, writer_lock
 from e2mc.cli import main
-from e2mc.evaluation.results import compare_runs, save_predictions
+from e2mc.evaluation.results import compare_evaluations, save_predictions
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 from test_evaluation_cli import data
 from test_faults import FORK
@@ -94,7 +94,7 @@ def test_rerun_killed_before_results_keeps_the_previous_evaluation(
         evaluate(out, 1)
     monkeypatch.undo()
     assert_same(described(out), described(references[0]))
-    comp = compare_runs([str(copy), str(out)], n_resamples=100)
+    comp = compare_evaluations([str(copy), str(out)], n_resamples=100)
     assert comp.tests and all(t["n10"] == t["n01"] == 0 and t["difference"] == 0
                               for t in comp.tests)
     assert all(mark == "" for _, _, mark in comp.cells["eval"].values())
@@ -247,9 +247,9 @@ def test_compare_refuses_other_seeds_fractions_or_primaries(tmp_path: Path) -> N
     other_seeds = synthetic(tmp_path / "seeds", seeds=(0, 2))
     other_fractions = synthetic(tmp_path / "fractions", fractions=(0.1, 0.01))
     with pytest.raises(ValueError, match=r"label seeds of 'linear 10%' \(a: 0, 1; seeds: 0, 2\)"):
-        compare_runs([str(a), str(other_seeds)], n_resamples=50)
+        compare_evaluations([str(a), str(other_seeds)], n_resamples=50)
     with pytest.raises(ValueError, match=r"fractions of linear \(a: 10%; fractions: 1%, 10%\)"):
-        compare_runs([str(a), str(other_fractions)], n_resamples=50)
+        compare_evaluations([str(a), str(other_fractions)], n_resamples=50)
     record = json.loads((a / "results.json").read_text())
     for e in record["entries"]:
         e["primary"] = "top1_best"
@@ -257,8 +257,8 @@ def test_compare_refuses_other_seeds_fractions_or_primaries(tmp_path: Path) -> N
     shutil.copytree(a / "predictions", other_primary / "predictions")
     EvalDir(other_primary).write(record)  # same report kind recorded, another primary
     with pytest.raises(ValueError, match="primary metric of 'linear 10%'"):
-        compare_runs([str(a), str(other_primary)], n_resamples=50)
-    comp = compare_runs([str(a), str(other_seeds)], n_resamples=50, allow_mismatch=True)
+        compare_evaluations([str(a), str(other_primary)], n_resamples=50)
+    comp = compare_evaluations([str(a), str(other_seeds)], n_resamples=50, allow_mismatch=True)
     assert [t["seed"] for t in comp.tests] == [0]  # paired only where the seeds are common
 
 
@@ -272,7 +272,7 @@ def test_compare_says_which_rows_have_no_paired_test(tmp_path: Path,
     row = next(line for line in out.splitlines() if line.startswith("| b |"))
     assert row == "| b | 92.50 ± 0.50 † |"
     assert "† no paired test (no common seed): b at linear 10%" in out
-    comp = compare_runs([str(a), str(b)], n_resamples=50, allow_mismatch=True)
+    comp = compare_evaluations([str(a), str(b)], n_resamples=50, allow_mismatch=True)
     assert comp.tests == [] and comp.untested == {"b": {"linear 10%": "no common seed"}}
     rows = (tmp_path / "c" / "comparison.csv").read_text().splitlines()
     assert rows[0] == "run,column,mean,se,marker,no_paired_test"

@@ -112,7 +112,7 @@ def test_export_backbone_refuses_to_overwrite_its_input(tmp_path, capsys):
 
 # ------------------------------------------------------------------ checkpoint_info
 def test_checkpoint_info_of_a_training_checkpoint_holds_no_tensors(tmp_path):
-    from e2mc.commands.eval import _plain  # what results.json records as checkpoint_info
+    from e2mc.evaluation.workflow import _plain  # what results.json records as checkpoint_info
 
     method = _vicreg(0)
     opt = method.build_optimizer(lr=0.1, weight_decay=0.0)

@@ -9,13 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tests.helpers import TINY_RUN, tiny_base
 
 from e2mc.artifacts import EvalDir, RunDir
 from e2mc.config import load_config
 from e2mc.evaluation.runner import EvalOptions
 from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
 from e2mc.training.run import train_unless_done
-from tests.helpers import TINY_RUN, tiny_base
 
 OPTIONS = EvalOptions(protocols=("knn",), fractions=(1.0,), seeds=(0,), knn_k=(5,),
                       knn_weightings=("weighted",), progress=False)

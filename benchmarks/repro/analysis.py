@@ -1,6 +1,6 @@
 """From evaluation run directories to the numbers of ``results.md``: Table-1 cells (mean ± SE)
 and paired tests (McNemar and the paired permutation test, via
-:func:`e2mc.evaluation.compare_runs`) of each add-on against "continued" at matched seeds.
+:func:`e2mc.evaluation.compare_evaluations`) of each add-on against "continued" at matched seeds.
 
 Conventions. A continued run's value in a column is the mean over the label-subset seeds of its
 probes; the table shows mean ± SE of that over the training seeds. The base model is one run, so
@@ -50,11 +50,11 @@ def cell(records: list[EvalResults], column: str) -> dict[str, Any] | None:
 
 def paired_tests(reference: Path, other: Path) -> list[dict[str, Any]]:
     """Per-(column, label seed) paired tests of ``other`` against ``reference``."""
-    from e2mc.evaluation.results import compare_runs
+    from e2mc.evaluation.results import compare_evaluations
 
     if load(reference) is None or load(other) is None:
         return []
-    return compare_runs([str(reference), str(other)], names=["reference", "other"]).tests
+    return compare_evaluations([str(reference), str(other)], names=["reference", "other"]).tests
 
 
 # The paired summary and the pooled test live in the library (``e2mc search --confirm`` uses

@@ -88,7 +88,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
              base_checkpoint: str | Path = BASE_CHECKPOINT, device: str = "cpu") -> Path:
     """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
     from e2mc.diagnostics.analyze import analyze
-    from e2mc.evaluation import compare_runs, comparison_markdown, write_comparison
+    from e2mc.evaluation import compare_evaluations, comparison_markdown, write_comparison
     from e2mc.evaluation.results import COMPARISON_STEM
     from e2mc.training.run import train_unless_done
 
@@ -119,7 +119,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
 
     stage("paired comparison against 'continued'")
     order = ["continued", "e2mc", "base"]
-    comparison = compare_runs([str(eval_dirs[n]) for n in order], names=order)
+    comparison = compare_evaluations([str(eval_dirs[n]) for n in order], names=order)
     table_paths = write_comparison(comparison, out / COMPARISON_STEM)
 
     stage("diagnostics (marginals, nearest-neighbour distances, loss terms)")

@@ -9,8 +9,8 @@ from e2mc.checkpoints.api import (
     export_backbone,
     load_backbone,
     load_checkpoint,
-    load_for_training,
     load_official,
+    load_start_model,
     local_checkpoint,
     recorded_image_size,
     restore_optimizer_state,
@@ -25,6 +25,6 @@ from e2mc.checkpoints.strict import CheckpointMismatchError
 __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
            "UntrustedCheckpointError", "atomic_save", "checkpoint_of", "checkpoint_summary",
            "detect", "export_backbone", "fetch", "is_url",
-           "load_backbone", "load_checkpoint", "load_for_training", "load_official",
+           "load_backbone", "load_checkpoint", "load_start_model", "load_official",
            "local_checkpoint", "recorded_image_size",
            "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]

@@ -206,7 +206,7 @@ def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, 
     return _official(obj, source, None, False, {})
 
 
-def load_for_training(path: PathOrState, method: str, trust: bool = False,
+def load_start_model(path: PathOrState, method: str, trust: bool = False,
                       new_heads: bool = False,
                       **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
     """The starting model of a run of ``method`` built with ``method_hparams`` (the run's

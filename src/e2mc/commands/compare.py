@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from e2mc.config import comma_list
     from e2mc.evaluation.results import (
         COMPARISON_STEM,
-        compare_runs,
+        compare_evaluations,
         comparison_markdown,
         write_comparison,
     )
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         _check_out_dir(Path(args.out))
     try:
-        comp = compare_runs(args.runs, names, n_resamples=args.resamples,
+        comp = compare_evaluations(args.runs, names, n_resamples=args.resamples,
                             seed=args.resample_seed, floor=args.floor,
                             allow_mismatch=args.allow_mismatch)
     except ValueError as exc:

@@ -2,15 +2,7 @@
 (marginals spread to uniform, decorrelated, full rank, separated neighbourhoods) and that reveal
 collapse early. See ``docs/diagnostics.md``."""
 
-from e2mc.diagnostics.figures import (
-    plot_accuracy_curves,
-    plot_loss_terms,
-    plot_marginal_pair,
-    plot_nn_histograms,
-    read_metrics,
-)
-from e2mc.diagnostics.report import RunDiagnostics, write_report
-from e2mc.diagnostics.statistics import (
+from e2mc.diagnostics.embedding_stats import (
     SATURATION_TOL,
     EmbeddingStatistics,
     auh_uniformity,
@@ -20,6 +12,14 @@ from e2mc.diagnostics.statistics import (
     nearest_neighbor_distances,
     nn_overlap,
 )
+from e2mc.diagnostics.figures import (
+    plot_accuracy_curves,
+    plot_loss_terms,
+    plot_marginal_pair,
+    plot_nn_histograms,
+    read_metrics,
+)
+from e2mc.diagnostics.report import RunDiagnostics, write_report
 
 __all__ = [
     "SATURATION_TOL",

@@ -5,7 +5,7 @@ The first run is *before* (e.g. the official base model), the others are *after*
 show the same points moving.
 
 Backbone features and projector embeddings of the images come from
-:func:`e2mc.evaluation.features.compute_vectors` (the method itself, in eval mode, gives the
+:func:`e2mc.evaluation.features.features_and_embeddings` (the method itself, in eval mode, gives the
 embeddings: :class:`~e2mc.evaluation.features.BackboneAndProjector`).
 """
 
@@ -33,6 +33,11 @@ from e2mc.artifacts import (
 )
 from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
+from e2mc.diagnostics.embedding_stats import (
+    embedding_statistics,
+    marginal_values,
+    nearest_neighbor_distances,
+)
 from e2mc.diagnostics.figures import (
     is_monitor_term,
     loss_terms,
@@ -42,12 +47,7 @@ from e2mc.diagnostics.figures import (
     plot_nn_histograms,
 )
 from e2mc.diagnostics.report import RunDiagnostics, write_report
-from e2mc.diagnostics.statistics import (
-    embedding_statistics,
-    marginal_values,
-    nearest_neighbor_distances,
-)
-from e2mc.evaluation.features import compute_vectors
+from e2mc.evaluation.features import features_and_embeddings
 from e2mc.models import input_channels
 
 FEATURES = "backbone features"
@@ -260,8 +260,8 @@ def analyze(
     reports: list[RunDiagnostics] = []
     compact, standardized, nn_feat, nn_emb = {}, {}, {}, {}
     for src, (backbone, method, info) in zip(sources, loaded, strict=True):
-        feats, embs = compute_vectors(backbone, method, dataset, batch_size, device, progress,
-                                      desc=src.name)
+        feats, embs = features_and_embeddings(backbone, method, dataset, batch_size, device,
+                                              progress, desc=src.name)
         stats = {}
         nn_f = nearest_neighbor_distances(feats, knn_k)
         stats[FEATURES] = embedding_statistics(feats, "standardized", k=knn_k, seed=seed,

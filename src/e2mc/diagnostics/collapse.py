@@ -15,7 +15,7 @@ Two signals, both pure functions of numbers the run already has:
     coincide, which a constant output gets for free.
 
 * **effective rank below a threshold** (:func:`rank_signal`): the effective rank
-  (:func:`e2mc.diagnostics.statistics.effective_rank`) of the embeddings of a batch is below
+  (:func:`e2mc.diagnostics.embedding_stats.effective_rank`) of the embeddings of a batch is below
   ``max(min_rank, rank_fraction * dim)`` (defaults 2 and 1%): a constant output has rank 0, a
   rank-one output 1.
 
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from e2mc.artifacts import read_jsonl
-from e2mc.diagnostics.statistics import effective_rank
+from e2mc.diagnostics.embedding_stats import effective_rank
 from e2mc.methods import METHODS
 from e2mc.methods.base import CollapseValue
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2mc.diagnostics.statistics import EmbeddingStatistics
+from e2mc.diagnostics.embedding_stats import EmbeddingStatistics
 
 #: Rows of the statistics tables: field name -> (label, which direction E2MC should move it).
 STAT_ROWS: dict[str, tuple[str, str]] = {

@@ -5,7 +5,7 @@ Protocols: linear probes on cached features, all of an evaluation trained at onc
 validation; :func:`train_linear_probe` is the sequential reference) or with per-epoch
 augmentation (:func:`train_augmented_linear_probe`), kNN (:func:`knn_classify`),
 semi-supervised fine-tuning (:func:`finetune`), transfer with linear SVMs
-(:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.statistics`. Run directories and the
+(:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.significance`. Run directories and the
 comparison table: :mod:`e2mc.evaluation.results`.
 """
 
@@ -22,8 +22,8 @@ from e2mc.evaluation.presets import (
     finetune_preset,
     linear_preset,
 )
-from e2mc.evaluation.results import compare_runs, comparison_markdown, write_comparison
-from e2mc.evaluation.statistics import (
+from e2mc.evaluation.results import compare_evaluations, comparison_markdown, write_comparison
+from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,
     compare_predictions,
@@ -38,7 +38,7 @@ __all__ = [
     "VOC07_COSTS", "FeatureCache", "FinetuneConfig", "HeadSpec", "KNNResult",
     "LinearProbeConfig", "ProbeResult", "SVMResult", "SweepEntry", "bootstrap_difference_ci",
     "cohens_d_paired",
-    "compare_predictions", "compare_runs", "comparison_markdown", "extract_features",
+    "compare_predictions", "compare_evaluations", "comparison_markdown", "extract_features",
     "finetune", "finetune_preset", "knn_classify", "linear_preset", "linear_protocol",
     "linear_sweep",
     "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",

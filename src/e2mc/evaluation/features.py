@@ -6,7 +6,7 @@ probe many times (fractions x seeds) then costs seconds instead of forward passe
 
 :func:`extract_features` is the one extraction loop of the package; a method's backbone
 features together with its projector embeddings (``e2mc analyze``, the validation monitor) go
-through it wrapped as :class:`BackboneAndProjector` (:func:`compute_vectors`).
+through it wrapped as :class:`BackboneAndProjector` (:func:`features_and_embeddings`).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class BackboneAndProjector(nn.Module):
         return torch.cat(captured)[:n], torch.cat(out.embeddings[:2])[:n]
 
 
-def compute_vectors(
+def features_and_embeddings(
     backbone: nn.Module,
     method: nn.Module | None,
     dataset: Dataset,

@@ -1,6 +1,6 @@
 """Paired comparisons over several training seeds: one summary per column of the per-(training
-seed, label seed) tests of :func:`e2mc.evaluation.compare_runs`, and one permutation test pooled
-over all those pairs. Used by ``e2mc search --confirm`` and the reproduction study."""
+seed, label seed) tests of :func:`e2mc.evaluation.compare_evaluations`, and one permutation test
+pooled over all those pairs. Used by ``e2mc search --confirm`` and the reproduction study."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def summarize_paired_tests(rows_by_seed: Mapping[int, list[dict[str, Any]]], col
     """The difference in ``column`` (percentage points, other minus reference) as mean ± SE over
     training seeds (each the mean over its label seeds), and how many (training seed, label
     seed) pairs are significantly better / worse (p < ``alpha`` under both McNemar's test and the
-    paired permutation test). ``rows_by_seed[seed]`` are ``compare_runs(...).tests`` rows."""
+    paired permutation test). ``rows_by_seed[seed]`` are ``compare_evaluations(...).tests`` rows."""
     diffs, better, worse, total, mcnemar_ps = [], 0, 0, 0, []
     for rows in rows_by_seed.values():
         mine = [r for r in rows if r["column"] == column]
@@ -45,11 +45,11 @@ def summarize_paired_tests(rows_by_seed: Mapping[int, list[dict[str, Any]]], col
 
 
 def pooled_p(dir_pairs: Sequence[tuple[PathLike, PathLike]], column: str) -> float | None:
-    """p of :func:`~e2mc.evaluation.statistics.pooled_permutation_test` over every (training
+    """p of :func:`~e2mc.evaluation.significance.pooled_permutation_test` over every (training
     seed, label seed) pair of ``column``; ``dir_pairs`` holds (reference, other) evaluation
     directories (pairs not evaluated yet are skipped). None with fewer than two pairs."""
     from e2mc.evaluation.results import matched_correctness
-    from e2mc.evaluation.statistics import pooled_permutation_test
+    from e2mc.evaluation.significance import pooled_permutation_test
 
     matched = [m for ref, other in dir_pairs
                if EvalDir(ref).exists() and EvalDir(other).exists()

@@ -28,10 +28,10 @@ from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se, summarize
 from e2mc.data.subsets import fraction_label
 from e2mc.errors import InputError
 
-__all__ = ["Comparison", "compare_runs", "comparison_markdown", "load_run", "verdicts",
-           "matched_correctness", "mean_se", "plot_comparison", "save_predictions", "summarize",
-           "write_comparison", "write_results", "COMPARISON_STEM", "comparison_paths"]
-from e2mc.evaluation.statistics import (
+__all__ = ["Comparison", "compare_evaluations", "comparison_markdown", "load_evaluation",
+           "verdicts", "matched_correctness", "mean_se", "plot_comparison", "save_predictions",
+           "summarize", "write_comparison", "write_results", "COMPARISON_STEM", "comparison_paths"]
+from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,
     mcnemar_test,
@@ -40,30 +40,30 @@ from e2mc.evaluation.statistics import (
 )
 
 
-def save_predictions(run_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,
+def save_predictions(eval_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,
                      labels: np.ndarray, generation: str | None = None,
                      **extra: np.ndarray) -> str:
     """Write ``predictions/<name>.<generation>.npz`` atomically and return its path relative
-    to ``run_dir`` (for the entry's ``predictions``). ``generation``: the evaluation's, from
+    to ``eval_dir`` (for the entry's ``predictions``). ``generation``: the evaluation's, from
     :meth:`EvalDir.begin`; a fresh one when not given, so that a file a complete evaluation
     references is never overwritten. ``results.json``, written last (:func:`write_results`),
     records the file's SHA-256 and makes it part of the directory."""
     from e2mc.files import atomic_write
 
-    rel = EvalDir(run_dir).prediction_file(name, generation or EvalDir.new_generation())
+    rel = EvalDir(eval_dir).prediction_file(name, generation or EvalDir.new_generation())
     arrays = {"predictions": np.asarray(predictions), "labels": np.asarray(labels), **extra}
-    atomic_write(Path(run_dir) / rel, lambda f: np.savez_compressed(f, **arrays), "wb")
+    atomic_write(Path(eval_dir) / rel, lambda f: np.savez_compressed(f, **arrays), "wb")
     return rel
 
 
-def write_results(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> Path:
+def write_results(eval_dir: str | os.PathLike[str], record: dict[str, Any]) -> Path:
     """Write ``results.json`` atomically, with its summary (:meth:`EvalDir.write`)."""
-    return EvalDir(run_dir).write(record)
+    return EvalDir(eval_dir).write(record)
 
 
-def load_run(run_dir: str | os.PathLike[str]) -> EvalResults:
+def load_evaluation(eval_dir: str | os.PathLike[str]) -> EvalResults:
     """The checked ``results.json`` of an evaluation directory (:meth:`EvalDir.load`)."""
-    return EvalDir(run_dir).load()
+    return EvalDir(eval_dir).load()
 
 
 @dataclass
@@ -107,7 +107,7 @@ def _marker(p: float, difference: float) -> str:
     return (BETTER if difference > 0 else WORSE) * times
 
 
-def compare_runs(run_dirs: list[str], names: list[str] | None = None,
+def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                  n_resamples: int = 10_000, seed: int = 0, floor: str | None = None,
                  floor_name: str = "random init", allow_mismatch: bool = False) -> Comparison:
     """Table of mean ± SE (each column's primary metric) and paired tests of every run
@@ -117,7 +117,7 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     the largest p-value over its matched seeds, taking the larger of McNemar's and the
     permutation test's, is below 0.05: i.e. the difference is significant at every seed under
     both tests; the direction is the sign of the mean difference. With two or more matched
-    seeds, :func:`~e2mc.evaluation.statistics.pooled_permutation_test` also gives one p-value
+    seeds, :func:`~e2mc.evaluation.significance.pooled_permutation_test` also gives one p-value
     over all of them (``Comparison.pooled``).
 
     ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
@@ -132,10 +132,10 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
     test (no seed in common with the reference, no saved predictions) is listed in
     ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant.
     """
-    if len(run_dirs) < 1:
+    if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
-    runs = [load_run(d) for d in run_dirs]
-    names = list(names) if names else run_names(run_dirs)
+    runs = [load_evaluation(d) for d in eval_dirs]
+    names = list(names) if names else evaluation_names(eval_dirs)
     if len(names) != len(runs):
         raise ValueError(f"{len(names)} names for {len(runs)} runs")
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -143,7 +143,7 @@ def compare_runs(run_dirs: list[str], names: list[str] | None = None,
         raise ValueError(f"run names must be unique; repeated: {', '.join(repeated)}")
     if floor is not None and floor_name in names:
         raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
-    floor_run = load_run(floor) if floor is not None else None
+    floor_run = load_evaluation(floor) if floor is not None else None
     columns = list(dict.fromkeys(c for run in runs for c in run.columns()))
     others = list(zip(names[1:], runs[1:], strict=True))
     if floor_run is not None:
@@ -274,18 +274,18 @@ def _metric_note(columns: list[str], runs: list[tuple[str, EvalResults]]) -> str
     return "; ".join(parts)
 
 
-def matched_correctness(reference_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str],
+def matched_correctness(reference_dir: str | os.PathLike[str], eval_dir: str | os.PathLike[str],
                         column: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """``(run, reference)`` per-image 0/1 correctness for every seed of ``column`` that both
     evaluation runs have (the input of :func:`pooled_permutation_test`)."""
-    ref_run, run = load_run(reference_dir), load_run(run_dir)
+    ref_run, run = load_evaluation(reference_dir), load_evaluation(eval_dir)
     return [_correctness(ref_run, ref, run, e) for ref, e in _matched_entries(ref_run, run, column)]
 
 
-def run_names(run_dirs: list[str]) -> list[str]:
+def evaluation_names(eval_dirs: list[str]) -> list[str]:
     """Short unique names for evaluation directories: the folder name, with as many parent
     folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
-    parts = [Path(d).resolve().parts for d in run_dirs]
+    parts = [Path(d).resolve().parts for d in eval_dirs]
     depth = 1
     while True:
         names = ["/".join(p[-depth:]) for p in parts]

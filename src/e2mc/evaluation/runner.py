@@ -128,9 +128,9 @@ def _file_subsets(train_dataset: Dataset, files: dict[float, str]
     return subsets, info
 
 
-def _linear_entry(run_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
+def _linear_entry(eval_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
                   subset: str, generation: str) -> dict[str, Any]:
-    out = _probe_entry(run_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
+    out = _probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
                        report, generation)
     out["subset"] = {"kind": subset, "size": entry.subset_size}
     out["config"] = {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay}
@@ -139,13 +139,13 @@ def _linear_entry(run_dir: Path, entry: SweepEntry, labels: np.ndarray, report: 
     return out
 
 
-def _probe_entry(run_dir: Path, protocol: str, fraction: float, seed: int,
+def _probe_entry(eval_dir: Path, protocol: str, fraction: float, seed: int,
                  result: ProbeResult, labels: np.ndarray, report: str,
                  generation: str) -> dict[str, Any]:
     name = f"{protocol}_f{fraction:g}_s{seed}"
     chosen, other = ((result.predictions, result.best_predictions) if report == "last"
                      else (result.best_predictions, result.predictions))
-    rel = save_predictions(run_dir, name, chosen, labels, generation,
+    rel = save_predictions(eval_dir, name, chosen, labels, generation,
                            other_epoch_predictions=other, top5=result.top5)
     return {"protocol": protocol, "column": column_name(protocol, fraction),
             "fraction": fraction, "seed": seed, "primary": f"top1_{report}",
@@ -182,7 +182,7 @@ def run_evaluation(
 
 
 def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
-              test_dataset: Dataset, run_dir: Path, options: EvalOptions, data_id: str,
+              test_dataset: Dataset, eval_dir: Path, options: EvalOptions, data_id: str,
               checkpoint: str | os.PathLike[str] | None, cache: FeatureCache | None,
               extra_record: dict[str, Any] | None) -> dict[str, Any]:
     from e2mc.distributed import is_main_process
@@ -207,8 +207,8 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
     timings["features"] = time.perf_counter() - start
     if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
         return {}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    generation = EvalDir(run_dir).begin()  # removes what an interrupted evaluation left
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
     loader_workers = options.num_workers or 0
     multilabel = train_y.ndim == 2
     if multilabel and any(p != "svm" for p in options.protocols):
@@ -238,7 +238,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                                 device=device)
         for entry in sweep:
             kind = "file" if entry.fraction in subsets else "stratified"
-            entries.append(_linear_entry(run_dir, entry, test_y, options.report, kind,
+            entries.append(_linear_entry(eval_dir, entry, test_y, options.report, kind,
                                          generation))
         timings["linear"] = time.perf_counter() - s
     if "linear-aug" in options.protocols:
@@ -251,7 +251,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                     backbone, Subset(train_dataset, idx.tolist()), test_x, test_y,
                     num_classes, linear_config(fraction), seed=seed, device=device,
                     num_workers=loader_workers, progress=options.progress)
-                entries.append(_probe_entry(run_dir, "linear-aug", fraction, seed, result,
+                entries.append(_probe_entry(eval_dir, "linear-aug", fraction, seed, result,
                                             test_y, options.report, generation))
     if "knn" in options.protocols:
         s = time.perf_counter()
@@ -262,7 +262,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                                 options.knn_temperature, num_classes, device=device,
                                 weightings=options.knn_weightings):
             name = f"knn_k{res.k}" + ("" if res.weighting == "weighted" else f"_{res.weighting}")
-            rel = save_predictions(run_dir, name, res.predictions, test_y, generation,
+            rel = save_predictions(eval_dir, name, res.predictions, test_y, generation,
                                    top5=res.top5_predictions)
             entries.append({"protocol": "knn", "column": column_name("knn", k=res.k,
                                                                      weighting=res.weighting),
@@ -280,14 +280,14 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                                   Subset(train_dataset, idx.tolist()), test_dataset, config,
                                   seed=seed, device=device, num_workers=loader_workers,
                                   progress=options.progress)
-                entries.append(_probe_entry(run_dir, "finetune", fraction, seed, result,
+                entries.append(_probe_entry(eval_dir, "finetune", fraction, seed, result,
                                             test_y, options.report, generation))
     if "svm" in options.protocols:
         settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
                            "normalize": True}
         res = svm_transfer(train_x, train_y, test_x, test_y, options.svm_costs,
                            options.svm_folds)
-        rel = (save_predictions(run_dir, "svm", res.predictions, test_y, generation,
+        rel = (save_predictions(eval_dir, "svm", res.predictions, test_y, generation,
                                 scores=res.scores)
                if res.predictions is not None else None)
         entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
@@ -308,5 +308,5 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
         "settings": settings,
         "entries": entries,
     }
-    write_results(run_dir, record)  # last: the directory now describes this evaluation
+    write_results(eval_dir, record)  # last: the directory now describes this evaluation
     return record

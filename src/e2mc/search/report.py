@@ -65,12 +65,12 @@ def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, A
     (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
     pooled over every (training seed, label seed) pair)."""
     from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
-    from e2mc.evaluation.results import compare_runs
+    from e2mc.evaluation.results import compare_evaluations
 
     rows_by_seed: dict[int, list[dict[str, Any]]] = {}
     columns: list[str] = []
     for seed, control, run in pairs:
-        comp = compare_runs([str(control), str(run)], names=["control", "trial"])
+        comp = compare_evaluations([str(control), str(run)], names=["control", "trial"])
         rows_by_seed[seed] = comp.tests
         columns += [c for c in comp.columns if c not in columns]
     out: dict[str, Any] = {"trial": trial, "seeds": [p[0] for p in pairs], "columns": {}}

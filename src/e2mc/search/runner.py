@@ -15,7 +15,7 @@ preset or rule is refused.
 ``--confirm SEEDS`` then trains the selected setting and its control once per training seed,
 evaluates both on the *test* split (linear probes at 1%/10%/100% labels with three label seeds,
 and kNN) and reports the paired tests (McNemar, permutation, pooled over seeds) with
-:func:`e2mc.evaluation.compare_runs`.
+:func:`e2mc.evaluation.compare_evaluations`.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
     checkpoint's optimizer state (momentum) into a new optimizer when it has one and
     ``init.load_optimizer`` is true.
     """
-    from e2mc.checkpoints import load_for_training, restore_optimizer_state
+    from e2mc.checkpoints import load_start_model, restore_optimizer_state
     from e2mc.models import parse_backbone_name, pretrained_weights
     from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters
 
@@ -218,7 +218,7 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
     from e2mc.checkpoints.remote import is_url
 
     path: str | Path = cfg.init.checkpoint
-    if not is_url(path):  # a URL is fetched (and checked) by load_for_training
+    if not is_url(path):  # a URL is fetched (and checked) by load_start_model
         # a file, builtin:NAME, or a training run's model (best.pt when keep-best wrote one)
         model = run_model(path)
         if model is not None and model.from_directory and is_main_process():
@@ -228,7 +228,7 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
         path = model.path if model is not None else Path(path)
         if not path.is_file():
             raise ValueError(f"starting checkpoint {path} does not exist")
-    method, info = load_for_training(path, cfg.method.name, trust=cfg.init.trust,
+    method, info = load_start_model(path, cfg.method.name, trust=cfg.init.trust,
                                      new_heads=cfg.init.new_heads, **method_kwargs(cfg))
     opt_state = info.get("optimizer")
     prepare: Callable[[Any], None] | None = None

@@ -63,7 +63,7 @@ def save_training_checkpoint(path: str | Path, method: torch.nn.Module, **extra:
     return path
 
 
-def load_training_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]:
+def load_resume_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]:
     """Read a training checkpoint written by this trainer for resuming.
 
     Raises ``ValueError`` when the file is not a resumable e2mc checkpoint or was written by a

@@ -53,8 +53,8 @@ class CollapseMonitor(Callback):
                     terms: dict[str, torch.Tensor]) -> str | None:
         if self.warned:
             return None
-        spe = int(getattr(trainer, "steps_per_epoch", 0) or 0)
-        warmup = self.warmup_steps if self.warmup_steps is not None else spe
+        steps_per_epoch = int(getattr(trainer, "steps_per_epoch", 0) or 0)
+        warmup = self.warmup_steps if self.warmup_steps is not None else steps_per_epoch
         if self.target is not None and self.target.term in terms:
             self.recent.append(float(terms[self.target.term].detach().float().item()))
             if step > warmup:
@@ -62,7 +62,7 @@ class CollapseMonitor(Callback):
                 if found is not None:
                     self._warn(trainer, step, found)
                     return None
-        if spe and step % spe == 0 and step > warmup:
+        if steps_per_epoch and step % steps_per_epoch == 0 and step > warmup:
             found = self._rank(trainer)
             if found is not None:
                 self._warn(trainer, step, found)

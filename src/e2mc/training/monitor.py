@@ -18,8 +18,8 @@ mode with the random number generators forked, so monitoring does not change tra
 the main process draws the history (kept step marked) to ``RunDir.monitor_plot``.
 
 The three kinds of metric (:data:`METRICS`: kNN, linear probes, label-free) are functions of the
-one extraction of the images (:class:`ValidationVectors`), so an evaluation runs the backbone over
-the validation images once and writes one record; :class:`ValidationMonitor` is the callback
+one extraction of the images (:class:`ValidationExtraction`), so an evaluation runs the backbone
+over the validation images once and writes one record; :class:`ValidationMonitor` is the callback
 that evaluates and logs, :class:`MonitorPlot` the one that draws.
 """
 
@@ -84,20 +84,21 @@ def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: Monit
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Backbone features and projector embeddings of the validation images, in eval mode,
     with the random number generators forked (monitoring does not change training)."""
-    from e2mc.evaluation.features import compute_vectors
+    from e2mc.evaluation.features import features_and_embeddings
 
     devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         numpy_state = np.random.get_state()
         try:
-            return compute_vectors(method.backbone, method, data.dataset, cfg.batch_size,
-                                   device, progress=False, desc="monitor")
+            return features_and_embeddings(method.backbone, method, data.dataset,
+                                           cfg.batch_size, device, progress=False,
+                                           desc="monitor")
         finally:
             np.random.set_state(numpy_state)
 
 
 @dataclass
-class ValidationVectors:
+class ValidationExtraction:
     """One extraction of the validation images (:func:`validation_vectors`), which every metric
     of the monitor reads: backbone ``features``, projector ``embeddings`` (None without a
     projector) and the method's compact space."""
@@ -107,7 +108,7 @@ class ValidationVectors:
     space: str
 
 
-def knn_metric(vectors: ValidationVectors, data: ValidationData, cfg: MonitorConfig,
+def knn_metric(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
                device: torch.device | str = "cpu") -> dict[str, float]:
     """``val/knn``: cosine kNN top-1 of the probe-test half against the probe-train half."""
     from e2mc.evaluation.knn import knn_classify
@@ -118,7 +119,7 @@ def knn_metric(vectors: ValidationVectors, data: ValidationData, cfg: MonitorCon
     return {"val/knn": float(knn[0].top1)}
 
 
-def probe_metrics(vectors: ValidationVectors, data: ValidationData, cfg: MonitorConfig,
+def probe_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
                   device: torch.device | str = "cpu") -> dict[str, float]:
     """``val/linear_<f>``: the linear probes of every label fraction, mean over the seeds."""
     from e2mc.data.subsets import fraction_label
@@ -140,11 +141,11 @@ def probe_metrics(vectors: ValidationVectors, data: ValidationData, cfg: Monitor
     return out
 
 
-def label_free_metrics(vectors: ValidationVectors, data: ValidationData, cfg: MonitorConfig,
+def label_free_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
                        device: torch.device | str = "cpu") -> dict[str, float]:
     """``val/rankme`` and ``val/entropy`` of the projector embeddings (none without them)."""
     from e2mc.criterion import m_spacings_entropy
-    from e2mc.diagnostics.statistics import effective_rank, marginal_values
+    from e2mc.diagnostics.embedding_stats import effective_rank, marginal_values
 
     embs = vectors.embeddings
     if embs is None:
@@ -162,7 +163,7 @@ def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: Validat
                    cfg: MonitorConfig, space: str, device: torch.device | str = "cpu"
                    ) -> dict[str, float]:
     """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
-    vectors = ValidationVectors(feats, embs, space)
+    vectors = ValidationExtraction(feats, embs, space)
     out: dict[str, float] = {}
     for metric in METRICS:
         out.update(metric(vectors, data, cfg, device))

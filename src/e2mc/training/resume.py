@@ -20,7 +20,7 @@ from e2mc.distributed import Runtime, gather_objects
 from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import (
     load_optimizer_state_keep_hyperparameters,
-    load_training_checkpoint,
+    load_resume_checkpoint,
     rng_state,
     set_rng_state,
 )
@@ -93,7 +93,7 @@ def resume(run: RunDir, *, method: nn.Module, addon: nn.Module,
         if runtime.is_main:  # a run killed before its first checkpoint starts again
             run.truncate_metrics(-1)
         return None
-    ckpt = load_training_checkpoint(path, getattr(method, "name", ""))
+    ckpt = load_resume_checkpoint(path, getattr(method, "name", ""))
     saved_batch = ckpt["run_config"]["training"]["batch_size"]
     if saved_batch != cfg.training.batch_size:
         raise ValueError(f"{path} was trained with batch size {saved_batch}, this run has "

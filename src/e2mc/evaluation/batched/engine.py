@@ -68,7 +68,7 @@ class Group:
     any_lars: bool
     idx: torch.Tensor          # [S, max_steps_per_epoch, B] bank rows of the current epoch
     row_w: torch.Tensor        # [S, max_steps_per_epoch, B] 1 / batch length (0 = padding)
-    spe: torch.Tensor          # [S] steps per epoch
+    steps_per_epoch: torch.Tensor          # [S] steps per epoch
     total: list[int]           # steps of each stream
     generators: list[torch.Generator]  # each stream's sample order (seeded with its seed)
 
@@ -106,7 +106,7 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
         lars=lars.to(device), any_lars=bool(lars.any()),
         idx=torch.zeros(n_streams, max_spe, batch, dtype=torch.long, device=device),
         row_w=row_w.to(device),
-        spe=torch.tensor([s.steps_per_epoch for s in members], device=device),
+        steps_per_epoch=torch.tensor([s.steps_per_epoch for s in members], device=device),
         total=[s.total_steps for s in members],
         generators=[torch.Generator(device="cpu").manual_seed(s.seed) for s in members])
 
@@ -151,16 +151,16 @@ def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
     """Train the group to the end of its longest stream; ``end_of_epoch(j, epochs_done)``
     after each epoch of stream ``j`` (the scoring). Streams whose heads have all finished
     leave the batch (they are the suffix of the sorted streams)."""
-    spe = [s.steps_per_epoch for s in group.streams]
+    steps_per_epoch = [s.steps_per_epoch for s in group.streams]
     for step in range(group.total[0]):
         active = sum(1 for t in group.total if t > step)
         for j in range(active):
-            if step % spe[j] == 0:
+            if step % steps_per_epoch[j] == 0:
                 new_epoch(group, j)
         train_step(group, step, active, bank, bank_y, trace)
         for j in range(active):
-            if (step + 1) % spe[j] == 0:
-                end_of_epoch(j, (step + 1) // spe[j])
+            if (step + 1) % steps_per_epoch[j] == 0:
+                end_of_epoch(j, (step + 1) // steps_per_epoch[j])
 
 
 def train_step(group: Group, step: int, active: int, bank: torch.Tensor, bank_y: torch.Tensor,
@@ -170,8 +170,8 @@ def train_step(group: Group, step: int, active: int, bank: torch.Tensor, bank_y:
     dim = bank.shape[1]
     slots, batch, classes = group.slots, group.batch_size, group.classes
     ar = torch.arange(active, device=bank.device)
-    in_epoch = step % group.spe[:active]
-    epoch = step // group.spe[:active]
+    in_epoch = step % group.steps_per_epoch[:active]
+    epoch = step // group.steps_per_epoch[:active]
     idx = group.idx[ar, in_epoch]                              # [A, B]
     xb = bank.index_select(0, idx.reshape(-1)).view(active, batch, dim)
     yb = bank_y.index_select(0, idx.reshape(-1)).view(active, batch)

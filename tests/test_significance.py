@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from e2mc.evaluation.statistics import (
+from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,
     compare_predictions,

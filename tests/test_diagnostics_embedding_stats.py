@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from e2mc.diagnostics.statistics import (
+from e2mc.diagnostics.embedding_stats import (
     SATURATION_TOL,
     EmbeddingStatistics,
     abs_correlations,
