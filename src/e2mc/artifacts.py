@@ -438,6 +438,42 @@ class RunDir:
         return read_jsonl(self.config_changes, True) if self.config_changes.is_file() else []
 
 
+# --------------------------------------------------------------------------- evaluation sets
+class EvalSetDir:
+    """The files of ``e2mc eval A B ... --out DIR``: one evaluation directory per checkpoint
+    (``DIR/<name>/``, :class:`EvalDir`; names from :func:`evaluation_set_names`),
+    ``evaluations.json`` (each name's checkpoint, written before the first evaluation) and the
+    jobs' ``jobs.json`` and ``jobs/`` (as in a search directory)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.index = self.root / "evaluations.json"
+        self.jobs_json = self.root / "jobs.json"
+        self.jobs_dir = self.root / "jobs"
+
+    def evaluation(self, name: str) -> EvalDir:
+        return EvalDir(self.root / name)
+
+
+def evaluation_set_names(checkpoints: list[str]) -> list[str]:
+    """A directory name per checkpoint argument, injective in the argument: a readable slug of
+    its last part (a run directory's or file's name) and a short hash of the whole argument
+    (``a/run`` and ``b/run`` share the slug, not the hash). The same argument twice is an
+    :class:`~e2mc.errors.InputError`."""
+    import hashlib
+    import re
+
+    twice = sorted({c for c in checkpoints if checkpoints.count(c) > 1})
+    if twice:
+        raise InputError(f"checkpoint {twice[0]} is given twice; list each once")
+    names = []
+    for ref in checkpoints:
+        last = Path(str(ref).rstrip("/")).name or str(ref)
+        slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", last).strip("_")[:60] or "checkpoint"
+        names.append(f"{slug}-{hashlib.sha256(str(ref).encode()).hexdigest()[:10]}")
+    return names
+
+
 # --------------------------------------------------------------------------- searches
 class SearchDir:
     """The files of one ``e2mc search`` directory (see the module docstring)."""

@@ -329,16 +329,16 @@ class _Tracked:
 class JobRunner:
     """Submits, records, waits for and checks the jobs of a search (see the module text)."""
 
-    def __init__(self, options: ExecutorOptions, search_root: str | Path,
+    def __init__(self, options: ExecutorOptions, files: Any,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
                  progress: bool = True) -> None:
-        from e2mc.artifacts import SearchDir
-
+        """``files``: the directory the jobs work for, with its ``root``, ``jobs_json`` and
+        ``jobs_dir`` (:class:`~e2mc.artifacts.SearchDir`, :class:`~e2mc.artifacts.EvalSetDir`)."""
         options.check()
         if options.kind == "inline":
             raise ValueError("JobRunner is for --executor local or slurm")
         self.options, self.log, self.progress = options, log, progress
-        self.files = SearchDir(search_root)
+        self.files = files
         self.folder = Path(options.jobs_dir or self.files.jobs_dir).absolute()
         self.name = f"e2mc-{self.files.root.resolve().name}"
         if options.kind == "local" and not options.gpus_per_node:
@@ -386,6 +386,8 @@ class JobRunner:
             return _Tracked(work, job_id, job, _task0(job).paths.stderr)
         job = submitit.LocalJob(folder, job_id)
         pid = int(job_id)
+        if _task0(job).paths.result_pickle.exists():  # it ended (its process may linger)
+            return None
         if not (_local_controller_alive(pid) or live_writer(work.directory) is not None):
             return None
         return _Tracked(work, job_id, job, job.paths.stderr, foreign_pid=pid)
@@ -453,9 +455,9 @@ class JobRunner:
                 pending = []
             while pending or tracked:
                 if should_stop():
-                    raise JobStopped("the search got a pre-emption signal; its jobs in flight "
+                    raise JobStopped("a pre-emption signal came; the jobs in flight "
                                      f"go on (recorded in {self.files.jobs_json}) and the next "
-                                     "run of the search waits for them")
+                                     "run of the same command waits for them")
                 while pending and free_slots and len(tracked) < limit:
                     slot = free_slots.pop(0)
                     if self.options.gpus_per_node:
@@ -486,8 +488,8 @@ class JobRunner:
             if tracked:
                 self.log(f"{len(tracked)} job(s) in flight: "
                          + ", ".join(f"{t.job_id} ({t.work.key})" for t in tracked)
-                         + f"; recorded in {self.files.jobs_json}: the next run of the search "
-                         "waits for those still running")
+                         + f"; recorded in {self.files.jobs_json}: the next run of the same "
+                         "command waits for those still running")
 
     def _submit(self, executor: Any, works: list[Work], record: dict[str, dict[str, Any]],
                 kind: str) -> list[_Tracked]:

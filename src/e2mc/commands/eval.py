@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from e2mc.commands._executor import add_executor_arguments, executor_options
 from e2mc.commands._types import at_least
 from e2mc.config import comma_list
 
@@ -84,9 +85,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval", help="evaluate a backbone: linear probe, kNN, fine-tuning, SVM transfer",
         description="Evaluate the backbone of CHECKPOINT. Frozen-feature protocols share "
                     "cached features. Writes RUN_DIR/results.json and RUN_DIR/predictions/.")
-    p.add_argument("checkpoint", help="checkpoint file (official, project or exported), URL, "
-                                      "or training run directory (its kept model best.pt "
-                                      "when it has one, else its last step)")
+    p.add_argument("checkpoint", nargs="+",
+                   help="checkpoint file (official, project or exported), URL, builtin:NAME "
+                        "or training run directory (its kept model best.pt when it has one, "
+                        "else its last step); several: each evaluated alike into "
+                        "OUT/<name>/ (OUT/evaluations.json names them), also as jobs "
+                        "(--executor)")
     p.add_argument("--last", action="store_true",
                    help="of a run directory, the last step's checkpoint instead of the kept "
                         "model (best.pt, when the run was trained with --keep-best)")
@@ -104,7 +108,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="label fractions in (0, 1] (default: 0.01,0.1,1)")
     p.add_argument("--seeds", type=_checked(_ints, "seed", 0), default=(0, 1, 2),
                    help="label-subset seeds, each once (default: 0,1,2)")
-    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--out", required=True,
+                   help="evaluation directory to write; with several checkpoints or "
+                        "--executor local|slurm, the directory of their evaluations")
     p.add_argument("--method", default="generic",
                    choices=("vicreg", "swav", "simsiam", "generic"),
                    help="which paper preset to use for learning rates (default: generic)")
@@ -168,6 +174,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="skip unreadable images of an image folder (counted) instead of "
                         "stopping with an error that names the file")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    add_executor_arguments(p, "every checkpoint's evaluation")
     p.set_defaults(func=run)
 
 
@@ -177,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
     from e2mc.artifacts import writer_lock
     from e2mc.distributed import init_runtime, is_main_process
 
+    executor = executor_options(args)
+    if len(args.checkpoint) > 1 or executor.kind != "inline":
+        return _evaluate_set(args, executor)
     device = str(init_runtime(args.device).device)  # joins the group under torchrun
     # One writer per evaluation directory, from the start: a second 'e2mc eval --out' into it
     # stops here (exit 2, naming the holder) before loading or extracting anything.
@@ -184,12 +194,10 @@ def run(args: argparse.Namespace) -> int:
         return _evaluate(args, device)
 
 
-def _evaluate(args: argparse.Namespace, device: str) -> int:
-    from e2mc.artifacts import EvalDir, mean_se
+def _options(args: argparse.Namespace, device: str) -> object:
     from e2mc.evaluation.presets import relative_grid
     from e2mc.evaluation.runner import EvalOptions
     from e2mc.evaluation.svm import VOC07_COSTS
-    from e2mc.evaluation.workflow import EvalData, ModelSpec, default_cache_dir, evaluate_checkpoint
 
     linear_over: dict[str, object] = {}
     finetune_over: dict[str, object] = {}
@@ -199,7 +207,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         linear_over["lr"] = args.lr
     if args.weight_decay is not None:
         linear_over["weight_decay"] = args.weight_decay
-    options = EvalOptions(
+    return EvalOptions(
         protocols=args.protocol, fractions=args.fractions, seeds=args.seeds,
         method=args.method, linear_overrides=linear_over,
         finetune_overrides=finetune_over, knn_k=args.knn_k,
@@ -211,15 +219,50 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
         svm_costs=args.svm_costs or VOC07_COSTS, svm_folds=args.svm_folds,
         report=args.report, batch_size=args.batch_size, num_workers=args.num_workers,
         autocast=args.bf16, device=device, progress=not args.quiet)
-    results = evaluate_checkpoint(
-        args.checkpoint, args.out,
-        EvalData(args.data, args.test_data, skip_corrupt=args.skip_corrupt), options,
-        model=ModelSpec(args.arch, args.small_images, args.in_channels, args.trust, args.last),
-        image_size=args.image_size, cache=None if args.no_cache else (
-            args.cache or default_cache_dir()),
-        extra_record={"command": sys.argv}, lock=False)  # the lock is held by run()
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, object]:
+    """What every evaluation of the command shares besides its options."""
+    from e2mc.evaluation.workflow import EvalData, ModelSpec, default_cache_dir
+
+    return {"data": EvalData(args.data, args.test_data, skip_corrupt=args.skip_corrupt),
+            "model": ModelSpec(args.arch, args.small_images, args.in_channels, args.trust,
+                               args.last),
+            "image_size": args.image_size,
+            "cache": None if args.no_cache else (args.cache or default_cache_dir()),
+            "extra_record": {"command": sys.argv}}
+
+
+def _evaluate(args: argparse.Namespace, device: str) -> int:
+    from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.workflow import evaluate_checkpoint
+
+    results = evaluate_checkpoint(args.checkpoint[0], args.out, options=_options(args, device),
+                                  lock=False, **_inputs(args))  # the lock is held by run()
     if results is None:  # not the main process
         return 0
+    _print(results)
+    print(f"wrote {EvalDir(args.out).results}")
+    return 0
+
+
+def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
+    from e2mc.eval_set import evaluate_set
+
+    # device "auto" is resolved by each evaluation where it runs (a job: on its node)
+    evaluated = evaluate_set(args.checkpoint, args.out, options=_options(args, args.device),
+                             executor=executor, **_inputs(args))
+    for name, results in evaluated.items():
+        print(f"{name}: {results.checkpoint}")
+        _print(results)
+    print(f"wrote {len(evaluated)} evaluation(s) under {args.out} (compare them with e2mc "
+          f"compare {args.out}/<name> ...)")
+    return 0
+
+
+def _print(results: object) -> None:
+    from e2mc.artifacts import mean_se
+
     for column in results.columns():
         entries = results.column(column)
         mean, se = mean_se(results.values(column))
@@ -229,5 +272,3 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
             chosen = ", ".join(f"seed {e.seed}: lr {e.extra['config']['lr']:g} wd "
                                f"{e.extra['config']['weight_decay']:g}" for e in entries)
             print(f"{column:>20}: chosen on validation: {chosen}")
-    print(f"wrote {EvalDir(args.out).results}")
-    return 0

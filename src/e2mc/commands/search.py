@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from e2mc.commands._executor import add_executor_arguments, executor_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -46,50 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu", help="device of the confirmation's probes")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bars of the runs, no job counts")
-    jobs = parser.add_argument_group(
-        "jobs (e2mc.jobs; local and slurm need submitit: pip install 'e2mc[cluster]')")
-    jobs.add_argument("--executor", choices=("inline", "local", "slurm"), default="inline",
-                      help="inline (default): every run in this process, one after another; "
-                           "local: each run and evaluation as a process of its own; slurm: "
-                           "each as a SLURM job. The search waits for the jobs, records their "
-                           "ids in OUT/jobs.json and resumes without resubmitting them")
-    jobs.add_argument("--partition", help="SLURM partition")
-    jobs.add_argument("--nodes", type=int, default=1,
-                      help="SLURM nodes of each training job (1)")
-    jobs.add_argument("--gpus-per-node", type=int, default=0,
-                      help="GPUs per node of each training job, one process (task) per GPU "
-                           "(DDP); evaluations take one (0: CPU)")
-    jobs.add_argument("--cpus-per-task", type=int, help="SLURM CPUs per task (per GPU)")
-    jobs.add_argument("--time", dest="time_min", type=int, metavar="MINUTES",
-                      help="time limit of each job (slurm: 240); a job that reaches it "
-                           "checkpoints and is requeued")
-    jobs.add_argument("--account", help="SLURM account")
-    jobs.add_argument("--constraint", help="SLURM node constraint")
-    jobs.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
-                      help="any other sbatch setting, e.g. --slurm qos=high --slurm "
-                           "mail-type=END (repeatable; KEY alone for a flag)")
-    jobs.add_argument("--max-parallel", type=int, metavar="N",
-                      help="jobs in flight at once (local: 1; slurm: all, as a job array "
-                           "with at most N running)")
-    jobs.add_argument("--jobs-dir", metavar="DIR",
-                      help="submitit's job files and logs (OUT/jobs)")
+    add_executor_arguments(parser, "every run and evaluation")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from e2mc.jobs import ExecutorOptions, parse_slurm_settings
     from e2mc.search import Search, SearchPreempted, file_trials, grid_trials, make_spec
     from e2mc.training.preemption import PREEMPTED_EXIT_CODE, PreemptionHandler
 
     if bool(args.grid) == bool(args.trials):
         raise ValueError("give the trials with --grid (repeatable) or --trials FILE, not both")
-    executor = ExecutorOptions(
-        kind=args.executor, partition=args.partition, nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-        time_min=args.time_min, account=args.account, constraint=args.constraint,
-        slurm=parse_slurm_settings(args.slurm), max_parallel=args.max_parallel,
-        jobs_dir=args.jobs_dir)
-    executor.check()  # before anything runs: options the executor ignores, submitit missing
+    executor = executor_options(args)
     trials = grid_trials(args.grid) if args.grid else file_trials(args.trials)
     spec = make_spec(args.config, args.checkpoint, args.data, args.val_split, args.seed,
                      args.metric, args.common, trials)

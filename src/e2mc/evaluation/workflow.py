@@ -101,25 +101,23 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
-                        data: EvalData, options: EvalOptions, *,
-                        model: ModelSpec = ModelSpec(), image_size: int | None = None,
-                        cache: FeatureCache | str | os.PathLike[str] | None = None,
-                        reuse: bool = False, extra_record: dict[str, Any] | None = None,
-                        lock: bool = True, log: Callable[[str], None] = _stderr
-                        ) -> EvalResults | None:
-    """Evaluate the backbone of ``checkpoint`` (file, URL, ``builtin:NAME`` or run directory)
-    on ``data`` with ``options`` into the evaluation directory ``out``; returns what it holds
-    (``None`` on a process other than the main one under torchrun).
+@dataclass
+class _Loaded:
+    """A checkpoint argument resolved and its backbone loaded."""
 
-    ``image_size`` None: the size the checkpoint records it was trained at, else 32 with
-    ``model.small_images``, else 224 (with a note). ``cache``: the feature cache (a directory
-    or a :class:`FeatureCache`). ``reuse``: read back ``out`` when its stamp (checkpoint
-    SHA-256, data id, options) matches; without it ``out`` is evaluated anew. ``lock``: hold
-    ``out``'s writer lock (False when the caller holds it)."""
+    named: str  # what the caller gave: a file, URL, builtin:NAME or run directory
+    chosen: Any  # artifacts.RunModel (None for a URL)
+    path: str  # the file read
+    backbone: Any
+    feature_dim: int
+    info: dict[str, Any]
+    channels: int
+    size: int
+
+
+def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int | None,
+          log: Callable[[str], None]) -> _Loaded:
     from e2mc.checkpoints import is_url, load_backbone, local_checkpoint, recorded_image_size
-    from e2mc.distributed import is_main_process
-    from e2mc.files import sha256_file
 
     named = os.fspath(checkpoint)
     chosen = run_model(named, model.last)
@@ -136,31 +134,89 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
         size = 32 if model.small_images else 224
         log(f"note: {path} records no training image size; evaluating at {size} px "
             "(--image-size sets it)")
-    identity = data.id(size, channels)
-    stamp = {"checkpoint_sha256": sha256_file(path), "data_id": identity,
-             "options": _options_key(options)}
+    return _Loaded(named, chosen, path, backbone, feature_dim, info, channels, size)
+
+
+def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions) -> dict[str, Any]:
+    """What an evaluation directory was made from: checkpoint bytes, data and options."""
+    from e2mc.files import sha256_file
+
+    return {"checkpoint_sha256": sha256_file(loaded.path),
+            "data_id": data.id(loaded.size, loaded.channels), "options": _options_key(options)}
+
+
+def _matching(out: str | os.PathLike[str], stamp: dict[str, Any]) -> EvalResults | None:
     written = EvalDir(out)
-    if reuse and written.exists():
+    if written.exists():
         record = written.load()
         if record.info.get("stamp") == stamp:
-            log(f"  read (same checkpoint, data and options): {written.root}")
             return record
-    train, test = data.datasets(size, channels)
+    return None
+
+
+def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+                 data: EvalData, options: EvalOptions, *, model: ModelSpec = ModelSpec(),
+                 image_size: int | None = None, **_: Any) -> bool:
+    """Whether ``out`` holds the evaluation :func:`evaluate_checkpoint` would write (the same
+    checkpoint bytes, data and options): what ``reuse`` reads back. Takes the same arguments."""
+    if not EvalDir(out).exists():
+        return False
+    loaded = _load(checkpoint, model, image_size, log=lambda _: None)
+    return _matching(out, _stamp(loaded, data, options)) is not None
+
+
+def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+                        data: EvalData, options: EvalOptions, *,
+                        model: ModelSpec = ModelSpec(), image_size: int | None = None,
+                        cache: FeatureCache | str | os.PathLike[str] | None = None,
+                        reuse: bool = False, extra_record: dict[str, Any] | None = None,
+                        lock: bool = True, log: Callable[[str], None] = _stderr
+                        ) -> EvalResults | None:
+    """Evaluate the backbone of ``checkpoint`` (file, URL, ``builtin:NAME`` or run directory)
+    on ``data`` with ``options`` into the evaluation directory ``out``; returns what it holds
+    (``None`` on a process other than the main one under torchrun).
+
+    ``image_size`` None: the size the checkpoint records it was trained at, else 32 with
+    ``model.small_images``, else 224 (with a note). ``cache``: the feature cache (a directory
+    or a :class:`FeatureCache`). ``reuse``: read back ``out`` when its stamp (checkpoint
+    SHA-256, data id, options) matches (:func:`is_evaluated`); without it ``out`` is evaluated
+    anew. ``lock``: hold ``out``'s writer lock (False when the caller holds it)."""
+    from e2mc.checkpoints import is_url
+    from e2mc.distributed import is_main_process
+
+    options = _resolved(options)
+    loaded = _load(checkpoint, model, image_size, log)
+    stamp = _stamp(loaded, data, options)
+    if reuse and (record := _matching(out, stamp)) is not None:
+        log(f"  read (same checkpoint, data and options): {out}")
+        return record
+    train, test = data.datasets(loaded.size, loaded.channels)
     if cache is not None and not isinstance(cache, FeatureCache):
         cache = FeatureCache(cache)
+    named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
     run_evaluation(
-        backbone, feature_dim, train, test, out, options, data_id=identity, checkpoint=path,
-        cache=cache, lock=lock,
+        loaded.backbone, loaded.feature_dim, train, test, out, options,
+        data_id=stamp["data_id"], checkpoint=path, cache=cache, lock=lock,
         extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                       "model": chosen.record(info.get("step")) if chosen else None,
-                      "checkpoint_info": _plain(info), "image_size": size,
+                      "checkpoint_info": _plain(info), "image_size": loaded.size,
                       "device": options.device, "stamp": stamp, **(extra_record or {})})
-    return written.load() if is_main_process() else None
+    return EvalDir(out).load() if is_main_process() else None
 
 
 def _options_key(options: EvalOptions) -> str:
-    """The options that decide the numbers (not the progress display), as text."""
-    return repr(dataclasses.replace(options, progress=True))
+    """The options that decide the numbers, as text: not the progress display, the loader's
+    workers or the device (``results.json`` records where it ran)."""
+    return repr(dataclasses.replace(options, progress=True, num_workers=None, device="any"))
+
+
+def _resolved(options: EvalOptions) -> EvalOptions:
+    """``device="auto"`` resolved where the evaluation runs (a job on a GPU node, say)."""
+    if options.device != "auto":
+        return options
+    from e2mc.distributed import init_runtime
+
+    return dataclasses.replace(options, device=str(init_runtime("auto").device))
 
 
 def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, Any],

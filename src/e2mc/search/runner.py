@@ -55,7 +55,7 @@ class Search:
         #: spec, so a search resumes with or without it
         self.progress = progress
         self.files = SearchDir(out)
-        self.jobs = (JobRunner(executor, out, log, progress=progress)
+        self.jobs = (JobRunner(executor, self.files, log, progress=progress)
                      if executor is not None and executor.kind != "inline" else None)
         self._check_resumable()
         self._check_params_keys()

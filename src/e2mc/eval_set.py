@@ -1,0 +1,97 @@
+"""``e2mc eval A B C --out DIR``: several checkpoints evaluated alike, each into its own
+evaluation directory ``DIR/<name>/`` (:class:`~e2mc.artifacts.EvalSetDir`), in this process one
+after another (``inline``) or each as a job (``local``, ``slurm``: :mod:`e2mc.jobs`).
+
+Every evaluation goes through :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` with
+``reuse``: an evaluation directory that already holds the same checkpoint bytes, data and
+options is read back, and a job is submitted only for the ones that do not
+(:func:`~e2mc.evaluation.workflow.is_evaluated`), so running the same command again after an
+interruption resubmits nothing that finished. A failed job stops the command with its log
+tail (exit 1); nothing is printed as a result of a partial set.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from e2mc.artifacts import EvalResults, EvalSetDir, evaluation_set_names, writer_lock
+from e2mc.errors import InputError
+from e2mc.evaluation.runner import EvalOptions
+from e2mc.evaluation.workflow import EvalData, ModelSpec, evaluate_checkpoint, is_evaluated
+from e2mc.files import atomic_write_text
+from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, Work
+
+
+def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
+                 options: EvalOptions, executor: ExecutorOptions, *,
+                 model: ModelSpec | None = None, image_size: int | None = None,
+                 cache: str | Path | None = None, extra_record: dict[str, Any] | None = None,
+                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+                 ) -> dict[str, EvalResults]:
+    """Evaluate every one of ``checkpoints`` into ``out/<name>/``; returns name -> results, in
+    the order given. ``evaluations.json`` records each name's checkpoint before the first
+    evaluation; a directory that recorded other checkpoints under a name is refused."""
+    files, model = EvalSetDir(out), model or ModelSpec()
+    names = evaluation_set_names([str(c) for c in checkpoints])
+    with writer_lock(files.root):
+        index = _write_index(files, dict(zip(names, map(str, checkpoints), strict=True)))
+        calls = {name: {"checkpoint": ref, "out": str(files.evaluation(name).root),
+                        "data": data, "options": options, "model": model,
+                        "image_size": image_size, "cache": None if cache is None else str(cache),
+                        "reuse": True, "extra_record": extra_record}
+                 for name, ref in index.items() if name in names}
+        if executor.kind == "inline":
+            for i, call in enumerate(calls.values()):
+                log(f"[{i + 1}/{len(calls)}] {call['checkpoint']} -> {call['out']}")
+                evaluate_checkpoint(**call, log=log)
+        else:
+            # each job resolves device "auto" on its own node (evaluate_checkpoint)
+            jobs = JobRunner(executor, files, log, progress=options.progress)
+            works = [Work(name, CallJob(evaluate_checkpoint, call), Path(call["out"]),
+                          _done_check(call)) for name, call in calls.items()]
+            try:
+                jobs.run(works, "eval")
+            except JobStopped as stop:
+                raise InputError(f"{stop}; run the same command again to resume") from None
+        return {name: files.evaluation(name).load() for name in names}
+
+
+def _done_check(call: dict[str, Any]) -> Callable[[], bool]:
+    """Whether the evaluation of ``call`` is in its directory (the same checkpoint, data and
+    options), remembered once true."""
+    known = [False]
+
+    def done() -> bool:
+        if not known[0]:
+            known[0] = is_evaluated(**call)
+        return known[0]
+
+    return done
+
+
+def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> dict[str, str]:
+    """``evaluations.json`` with the names of ``wanted`` added (atomically; earlier names of the
+    directory kept). The names hash their checkpoint arguments, so a name never changes its
+    checkpoint; a file that says otherwise was not written by this code and is refused."""
+    index: dict[str, str] = {}
+    if files.index.is_file():
+        try:
+            index = json.loads(files.index.read_text(encoding="utf-8"))["checkpoints"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise InputError(f"{files.index} is not an e2mc evaluation index ({err}); use "
+                             "another --out") from None
+        clash = [n for n in wanted if n in index and index[n] != wanted[n]]
+        if clash:
+            raise InputError(f"{files.index} records {clash[0]} as {index[clash[0]]}, not "
+                             f"{wanted[clash[0]]}; use another --out")
+    index = {**index, **wanted}
+    files.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(files.index, json.dumps({"checkpoints": index}, indent=2))
+    return wanted
+
+
+__all__ = ["evaluate_set"]
