@@ -234,20 +234,15 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
 
 
 def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
-    """A checkpoint file, a URL, a shipped checkpoint (``builtin:NAME``:
-    :func:`e2mc.artifacts.builtin_checkpoint`) or a training run directory's model
-    (:meth:`e2mc.artifacts.RunDir.model`: its kept ``best.pt`` when keep-best wrote one, else
-    or with ``last`` its latest checkpoint): what the subcommands accept."""
-    from e2mc.artifacts import RunDir, builtin_checkpoint
+    """A checkpoint file, a URL, a shipped checkpoint (``builtin:NAME``) or a training run
+    directory's model (:func:`e2mc.artifacts.run_model`: its kept ``best.pt`` when keep-best
+    wrote one, else or with ``last`` its latest checkpoint): what the subcommands accept."""
+    from e2mc.artifacts import run_model
 
-    if is_url(path_or_run_dir):
+    model = None if is_url(path_or_run_dir) else run_model(path_or_run_dir, last)
+    if model is None or model.path == Path(path_or_run_dir):  # a URL, or the file itself
         return os.fspath(path_or_run_dir)
-    builtin = builtin_checkpoint(path_or_run_dir)
-    if builtin is not None:
-        return str(builtin)
-    if not Path(path_or_run_dir).is_dir():
-        return os.fspath(path_or_run_dir)
-    return str(RunDir(path_or_run_dir).model(last).path)
+    return str(model.path)
 
 
 def local_checkpoint(ref: str | os.PathLike[str], last: bool = False) -> str:

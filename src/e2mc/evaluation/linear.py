@@ -49,14 +49,6 @@ class ProbeResult:
                 "best_epoch": self.best_epoch}
 
 
-def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int) -> float:
-    """Percentage of rows whose label is among the ``k`` largest logits (``k`` capped at the
-    number of classes)."""
-    k = min(k, logits.shape[1])
-    hit = (logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1)
-    return 100.0 * hit.float().mean().item()
-
-
 def _build_optimizer(params: list[nn.Parameter], config: LinearProbeConfig
                      ) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
