@@ -77,6 +77,11 @@ def hub(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     for k, v in NO_NETWORK.items():
         monkeypatch.setenv(k, v)
+    # urlopen builds its opener once, with the proxies of the environment at that moment:
+    # this test's dead proxy must not stay in it for the tests after it (restored at the end)
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "_opener", None)
     torch.hub.set_dir(str(tmp_path / "torch_home" / "hub"))
     yield tmp_path / "torch_home" / "hub" / "checkpoints"
     torch.hub.set_dir(str(Path(torch.hub._get_torch_home()) / "hub"))
