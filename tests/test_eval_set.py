@@ -55,6 +55,11 @@ def test_names_are_injective_and_a_repeated_checkpoint_is_refused(tmp_path: Path
     assert names[3].startswith("builtin_demo-vicreg-")
     assert main(["eval", "x.pt", "x.pt", "--data", "builtin", "--out", str(tmp_path / "o")]) == 2
     assert "is given twice" in capsys.readouterr().err
+    # a missing one is refused before anything is written or evaluated
+    assert main(["eval", "builtin:demo-vicreg", str(tmp_path / "gone.pt"), "--data", "builtin",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "gone.pt: no such file or directory" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow  # evaluations as jobs through submitit's local executor

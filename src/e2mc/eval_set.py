@@ -37,6 +37,7 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
     evaluation; a directory that recorded other checkpoints under a name is refused."""
     files, model = EvalSetDir(out), model or ModelSpec()
     names = evaluation_set_names([str(c) for c in checkpoints])
+    _check_exist(checkpoints, model.last)  # before anything is written or submitted
     with writer_lock(files.root):
         index = _write_index(files, dict(zip(names, map(str, checkpoints), strict=True)))
         calls = {name: {"checkpoint": ref, "out": str(files.evaluation(name).root),
@@ -58,6 +59,14 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
             except JobStopped as stop:
                 raise InputError(f"{stop}; run the same command again to resume") from None
         return {name: files.evaluation(name).load() for name in names}
+
+
+def _check_exist(checkpoints: Sequence[str], last: bool) -> None:
+    from e2mc.checkpoints import checkpoint_of, is_url
+
+    for ref in checkpoints:
+        if not is_url(ref) and not Path(checkpoint_of(ref, last)).is_file():
+            raise InputError(f"{ref}: no such file or directory")
 
 
 def _done_check(call: dict[str, Any]) -> Callable[[], bool]:
