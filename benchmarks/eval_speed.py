@@ -43,7 +43,7 @@ from torch import nn
 from e2mc.config import comma_list
 from e2mc.data import build_dataset, eval_transform
 from e2mc.data.subsets import fraction_label, label_fraction_indices
-from e2mc.evaluation import FeatureCache, knn_classify, linear_preset, linear_sweep
+from e2mc.evaluation import FeatureCache, knn_classify, linear_settings, linear_sweep
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 
 FRACTIONS = (0.01, 0.1, 1.0)
@@ -211,7 +211,7 @@ def main() -> None:
           f"{timings['extraction']:.1f}s, cached read {timings['cached_read']:.2f}s", flush=True)
 
     def config_for(fraction: float):
-        return linear_preset(args.method, fraction, epochs=args.epochs)
+        return linear_settings(args.method, fraction, epochs=args.epochs)
 
     with PeakMemory(device) as mem:
         start = time.perf_counter()

@@ -12,7 +12,7 @@ import torch
 from e2mc.data.subsets import label_fraction_indices
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 from e2mc.evaluation.linear import train_linear_probe
-from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
+from e2mc.evaluation.probe_settings import LinearProbeConfig, linear_settings
 from e2mc.evaluation.sweep import linear_protocol, linear_sweep, validation_split
 
 
@@ -83,7 +83,7 @@ def test_batched_float32_matches_sequential_sweep():
     tx, ty = blobs(300, 5, 16, sep=1.0, seed=4)
 
     def cfg(f: float) -> LinearProbeConfig:
-        return linear_preset("generic", f, epochs=4)
+        return linear_settings("generic", f, epochs=4)
 
     seq = linear_sweep(x, y, tx, ty, (0.2, 1.0), (0, 1), config_for=cfg, batched=False)
     bat = linear_sweep(x, y, tx, ty, (0.2, 1.0), (0, 1), config_for=cfg, batched=True)
@@ -180,7 +180,7 @@ def test_paper_presets_run_through_the_batched_path(method):
     tx, ty = blobs(200, 5, 8, sep=1.0, seed=9)
 
     def cfg(f: float) -> LinearProbeConfig:
-        return linear_preset(method, f, epochs=2)
+        return linear_settings(method, f, epochs=2)
 
     out = linear_protocol(x, y, tx, ty, (0.1, 1.0), (0, 1), config_for=cfg,
                           dtype=torch.float64)

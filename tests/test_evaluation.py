@@ -17,9 +17,9 @@ from e2mc.evaluation import (
     LinearProbeConfig,
     extract_features,
     finetune,
-    finetune_preset,
+    finetune_settings,
     knn_classify,
-    linear_preset,
+    linear_settings,
     linear_sweep,
     svm_transfer,
     train_augmented_linear_probe,
@@ -27,7 +27,7 @@ from e2mc.evaluation import (
 )
 from e2mc.evaluation.knn import knn_scores
 from e2mc.evaluation.linear import random_resized_crop_flip
-from e2mc.evaluation.presets import FinetuneConfig
+from e2mc.evaluation.probe_settings import FinetuneConfig
 
 
 def blobs(n_per_class: int, classes: int, dim: int, sep: float, seed: int):
@@ -41,20 +41,20 @@ def blobs(n_per_class: int, classes: int, dim: int, sep: float, seed: int):
 
 # ---------------------------------------------------------------- subsets and presets
 def test_presets_follow_method_md():
-    assert linear_preset("vicreg", 0.01).weight_decay == 1e-4
-    assert linear_preset("vicreg", 1.0).weight_decay == 1e-6
-    assert linear_preset("vicreg", 0.1).lr == 0.02
-    assert linear_preset("swav", 0.1).lr == 0.3
-    s = linear_preset("simsiam", 0.1)
+    assert linear_settings("vicreg", 0.01).weight_decay == 1e-4
+    assert linear_settings("vicreg", 1.0).weight_decay == 1e-6
+    assert linear_settings("vicreg", 0.1).lr == 0.02
+    assert linear_settings("swav", 0.1).lr == 0.3
+    s = linear_settings("simsiam", 0.1)
     assert (s.optimizer, s.lr, s.batch_size, s.weight_decay) == ("lars", 0.2, 2048, 0.0)
-    assert linear_preset("simsiam", 0.05).lr == 2.0  # nearest listed fraction at or below
-    assert linear_preset("swav", 1.0, epochs=7).epochs == 7
-    f = finetune_preset("swav", 0.01)
+    assert linear_settings("simsiam", 0.05).lr == 2.0  # nearest listed fraction at or below
+    assert linear_settings("swav", 1.0, epochs=7).epochs == 7
+    f = finetune_settings("swav", 0.01)
     assert (f.backbone_lr, f.head_lr, f.schedule, f.milestones, f.gamma) == \
         (0.02, 5.0, "steps", (12, 16), 0.2)
-    assert finetune_preset("vicreg", 0.1).head_lr == 0.1
+    assert finetune_settings("vicreg", 0.1).head_lr == 0.1
     with pytest.raises(ValueError, match="preset"):
-        linear_preset("byol", 0.1)
+        linear_settings("byol", 0.1)
     with pytest.raises(ValueError):
         LinearProbeConfig(lr=-1)
 
@@ -304,7 +304,7 @@ def test_lars_probe_uses_simsiam_larc_step(monkeypatch):
         return orig(self, inp)
 
     monkeypatch.setattr(nn.Linear, "forward", spy)
-    cfg = linear_preset("simsiam", 0.01, epochs=1, batch_size=16)
+    cfg = linear_settings("simsiam", 0.01, epochs=1, batch_size=16)
     train_linear_probe(x, y, x, y, cfg, seed=0)
     w0, w1 = weights[0], weights[1]  # before the step, then at the test-set evaluation
     assert torch.linalg.vector_norm(w1 - w0).item() == pytest.approx(

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace, device: str) -> object:
-    from e2mc.evaluation.presets import relative_grid
+    from e2mc.evaluation.probe_settings import relative_grid
     from e2mc.evaluation.runner import EvalOptions
     from e2mc.evaluation.svm import VOC07_COSTS
 

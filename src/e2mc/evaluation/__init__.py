@@ -16,11 +16,11 @@ from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import KNNResult, knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe, train_linear_probe
-from e2mc.evaluation.presets import (
+from e2mc.evaluation.probe_settings import (
     FinetuneConfig,
     LinearProbeConfig,
-    finetune_preset,
-    linear_preset,
+    finetune_settings,
+    linear_settings,
 )
 from e2mc.evaluation.results import compare_evaluations, comparison_markdown, write_comparison
 from e2mc.evaluation.significance import (
@@ -39,7 +39,7 @@ __all__ = [
     "LinearProbeConfig", "ProbeResult", "SVMResult", "SweepEntry", "bootstrap_difference_ci",
     "cohens_d_paired",
     "compare_predictions", "compare_evaluations", "comparison_markdown", "extract_features",
-    "finetune", "finetune_preset", "knn_classify", "linear_preset", "linear_protocol",
+    "finetune", "finetune_settings", "knn_classify", "linear_settings", "linear_protocol",
     "linear_sweep",
     "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",
     "train_augmented_linear_probe", "train_linear_heads", "train_linear_probe",

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.evaluation.linear import EpochTracker, ProbeResult, init_head, random_resized_crop_flip
-from e2mc.evaluation.presets import FinetuneConfig
+from e2mc.evaluation.probe_settings import FinetuneConfig
 from e2mc.optim import cosine_factor
 
 

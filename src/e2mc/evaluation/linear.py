@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from e2mc.evaluation.presets import LinearProbeConfig
+from e2mc.evaluation.probe_settings import LinearProbeConfig
 from e2mc.optim import cosine_factor
 
 

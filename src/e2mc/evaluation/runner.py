@@ -31,7 +31,7 @@ from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
-from e2mc.evaluation.presets import finetune_preset, linear_preset
+from e2mc.evaluation.probe_settings import finetune_settings, linear_settings
 from e2mc.evaluation.results import save_predictions, write_results
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
 from e2mc.evaluation.sweep import SweepEntry, linear_protocol
@@ -218,7 +218,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
     settings: dict[str, Any] = {}
 
     def linear_config(fraction: float):
-        return linear_preset(options.method, fraction, **options.linear_overrides)
+        return linear_settings(options.method, fraction, **options.linear_overrides)
 
     if "linear" in options.protocols:
         s = time.perf_counter()
@@ -272,7 +272,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
     if "finetune" in options.protocols:
         settings["finetune"] = {}
         for fraction in options.fractions:
-            config = finetune_preset(options.method, fraction, **options.finetune_overrides)
+            config = finetune_settings(options.method, fraction, **options.finetune_overrides)
             settings["finetune"][fraction_label(fraction)] = dataclasses.asdict(config)
             for seed in options.seeds:
                 idx = label_fraction_indices(train_y, fraction, seed)

@@ -29,7 +29,7 @@ import torch
 from e2mc.data.subsets import label_fraction_indices, stratified_indices
 from e2mc.evaluation.batched import BEST_HEAD_RULE, HeadSpec, best_head, train_linear_heads
 from e2mc.evaluation.linear import ProbeResult, train_linear_probe
-from e2mc.evaluation.presets import LinearProbeConfig, linear_preset
+from e2mc.evaluation.probe_settings import LinearProbeConfig, linear_settings
 
 
 @dataclass
@@ -164,12 +164,12 @@ def linear_sweep(
     """Train one probe per (fraction, seed) at the fraction's fixed preset. The seed picks the
     stratified label subset (:func:`label_fraction_indices`) and the probe's initialization
     and batch order; the config comes from ``config_for(fraction)`` or the method's preset
-    (:func:`linear_preset`). ``batched=False``: one :func:`train_linear_probe` after another."""
+    (:func:`linear_settings`). ``batched=False``: one :func:`train_linear_probe` after another."""
     if not fractions or not seeds:
         raise ValueError("need at least one fraction and one seed")
 
     def config_of(fraction: float) -> LinearProbeConfig:
-        return config_for(fraction) if config_for else linear_preset(method, fraction)
+        return config_for(fraction) if config_for else linear_settings(method, fraction)
 
     out: dict[float, list[tuple[int, ProbeResult]]] = {}
     if batched:

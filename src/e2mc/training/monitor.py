@@ -123,7 +123,7 @@ def probe_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: Moni
                   device: torch.device | str = "cpu") -> dict[str, float]:
     """``val/linear_<f>``: the linear probes of every label fraction, mean over the seeds."""
     from e2mc.data.subsets import fraction_label
-    from e2mc.evaluation.presets import linear_preset
+    from e2mc.evaluation.probe_settings import linear_settings
     from e2mc.evaluation.sweep import linear_protocol
 
     x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
@@ -132,7 +132,7 @@ def probe_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: Moni
     entries = linear_protocol(
         x[tr], y[tr], x[te], y[te], sorted(set(effective.values())),
         monitor_label_seeds(cfg.label_seeds),
-        config_for=lambda f: linear_preset("generic", f, epochs=cfg.probe_epochs),
+        config_for=lambda f: linear_settings("generic", f, epochs=cfg.probe_epochs),
         device=device)
     out: dict[str, float] = {}
     for f in nominal:

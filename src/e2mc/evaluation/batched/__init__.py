@@ -1,9 +1,9 @@
 """Many linear probes trained at once on one cached feature tensor.
 
 Every probe of an evaluation (label fractions x label seeds x a learning-rate / weight-decay
-grid, with the per-method presets of :mod:`e2mc.evaluation.presets`) is one *head* of a batched
-model. A head is exactly what :func:`e2mc.evaluation.linear.train_linear_probe` trains for the
-same settings and seed: the same initialization (N(0, 0.01^2) weights drawn after
+grid, with the per-method settings of :mod:`e2mc.evaluation.probe_settings`) is one *head* of a
+batched model. A head is exactly what :func:`e2mc.evaluation.linear.train_linear_probe` trains
+for the same settings and seed: the same initialization (N(0, 0.01^2) weights drawn after
 ``torch.manual_seed(seed)``, zero bias), the same sample order (``randperm`` of a generator
 seeded with ``seed``, one per epoch), mini-batches of ``batch_size`` rows of its label subset
 (the last one smaller), cross-entropy, SGD with momentum (or SimSiam's LARC, per head), weight

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from e2mc.evaluation.presets import LinearProbeConfig
+from e2mc.evaluation.probe_settings import LinearProbeConfig
 
 
 @dataclass(eq=False)

@@ -99,21 +99,21 @@ def _pick(table: dict[str, dict[float, object]], method: str, fraction: float, w
     return table[method][below[-1] if below else listed[0]]
 
 
-def linear_preset(method: str, fraction: float, **overrides: object) -> LinearProbeConfig:
+def linear_settings(method: str, fraction: float, **overrides: object) -> LinearProbeConfig:
     """The paper's linear-probe settings for ``method`` at label ``fraction``, with overrides
     (e.g. ``epochs=10``)."""
     base = _pick(_LINEAR, method, fraction, "linear-probe")
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 
-def finetune_preset(method: str, fraction: float, **overrides: object) -> FinetuneConfig:
+def finetune_settings(method: str, fraction: float, **overrides: object) -> FinetuneConfig:
     """The paper's semi-supervised fine-tuning settings for ``method`` at ``fraction``."""
     base = _pick(_FINETUNE, method, fraction, "fine-tuning")
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 
-__all__ = ["METHODS", "FinetuneConfig", "LinearProbeConfig", "finetune_preset",
-           "linear_preset"]
+__all__ = ["METHODS", "FinetuneConfig", "LinearProbeConfig", "finetune_settings",
+           "linear_settings"]
 
 
 def relative_grid(specs: list[tuple[float | None, tuple[tuple[bool, float], ...]]],
@@ -128,6 +128,6 @@ def relative_grid(specs: list[tuple[float | None, tuple[tuple[bool, float], ...]
             flag = "--lr-grid" if field == "lr" else "--wd-grid"
             raise ValueError(f"{flag} names fraction {fraction:g}, which is not in --fractions")
         for f in ([fraction] if fraction is not None else fractions):
-            preset = getattr(linear_preset(method, f, **overrides), field)
+            preset = getattr(linear_settings(method, f, **overrides), field)
             out[f] = tuple(v * preset if rel else v for rel, v in values)
     return out
