@@ -19,6 +19,7 @@ from .image_folder import SafeImageFolder, image_folder
 from .multiview import MultiViewDataset, collate_views
 from .subsets import (
     LabeledSubset,
+    Transformed,
     dataset_labels,
     label_fraction_indices,
     label_fraction_subset,
@@ -49,6 +50,7 @@ __all__ = [
     "MultiCropTransform",
     "MultiViewDataset",
     "SafeImageFolder",
+    "Transformed",
     "blur_kernel_size",
     "build_dataset",
     "build_views",

@@ -21,6 +21,7 @@ __all__ = [
     "per_class_indices",
     "read_file_list",
     "stratified_indices",
+    "Transformed",
     "subset_from_file_list",
 ]
 
@@ -49,6 +50,24 @@ class LabeledSubset(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[int(self.indices[index])]
+
+
+class Transformed(Dataset):
+    """``dataset`` (items ``(image, label)``) with ``transform`` applied to each image, keeping
+    ``labels`` and ``classes`` of the parent: one data set read once, seen through two
+    transforms (a run's training views and its validation monitor)."""
+
+    def __init__(self, dataset: Any, transform: Any) -> None:
+        self.dataset, self.transform = dataset, transform
+        self.labels = dataset_labels(dataset, False)
+        self.classes = getattr(dataset, "classes", None)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        image, label = self.dataset[index]
+        return self.transform(image), label
 
 
 def dataset_labels(dataset: Any, required: bool = True) -> np.ndarray | None:

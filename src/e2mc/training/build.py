@@ -104,13 +104,14 @@ def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
             "train": train.tolist(), "val": val.tolist()}
 
 
-def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None
-                        ) -> Any:
+def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None,
+                        images: tuple[Any, int] | None = None) -> Any:
     """The training images with the method's view recipe (or ``data.recipe``); with a
-    validation ``split`` (:func:`holdout`) only its training part."""
+    validation ``split`` (:func:`holdout`) only its training part. ``images``: what
+    :func:`training_images` returned (built here when not given)."""
     from e2mc.data import MultiViewDataset, build_views
 
-    base, skipped = training_images(cfg)
+    base, skipped = images or training_images(cfg)
     if split is not None:
         base = Subset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
@@ -133,13 +134,15 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
     return dataset
 
 
-def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
-    """The monitor's :class:`~e2mc.training.monitor.ValidationData`: the held-out images with
-    the evaluation transform."""
-    from e2mc.data import LabeledSubset, dataset_labels, eval_transform
+def build_validation_data(cfg: RunConfig, split: dict[str, Any], images: Any = None) -> Any:
+    """The monitor's :class:`~e2mc.training.monitor.ValidationData`: the held-out images of
+    ``images`` (:func:`training_images`' data set, built here when not given) with the
+    evaluation transform."""
+    from e2mc.data import LabeledSubset, Transformed, dataset_labels, eval_transform
     from e2mc.training.monitor import ValidationData
 
-    images, _ = training_images(cfg, eval_transform(cfg.data.image_size, cfg.data.channels))
+    images = Transformed(images if images is not None else training_images(cfg)[0],
+                         eval_transform(cfg.data.image_size, cfg.data.channels))
     if dataset_labels(images, False) is None:
         raise ValueError("the validation monitor needs class labels; this data set has none")
     val = LabeledSubset(images, split["val"])
@@ -147,7 +150,8 @@ def build_validation_data(cfg: RunConfig, split: dict[str, Any]) -> Any:
                                        seed=cfg.data.val_seed)
 
 
-def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None) -> list[Any]:
+def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None,
+                    images: Any = None) -> list[Any]:
     """Every callback of a run (besides the trainer's own: epoch copies, progress bar), in the
     order they run: the pre-emption handler when ``training.preempt_signals`` names signals;
     when there is a validation split the validation monitor, keep-best (reading the values the
@@ -163,7 +167,7 @@ def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None) -
         callbacks.append(PreemptionCallback(cfg.training.preempt_signals, cfg.training.requeue))
     mon = cfg.monitor
     if mon.enabled and split is not None:
-        monitor = ValidationMonitor(build_validation_data(cfg, split), mon)
+        monitor = ValidationMonitor(build_validation_data(cfg, split, images), mon)
         keep = KeepBest(mon.keep_best, mon.patience, mon.min_delta) if mon.keep_best else None
         callbacks += [monitor, *([keep] if keep else []), MonitorPlot(monitor, keep)]
     callbacks.append(CollapseMonitor(cfg.method.name, getattr(method, "hparams", {})))

@@ -130,9 +130,10 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
         method, base_epoch, prepare = load_start(cfg, backbone, feature_dim)
         start = start_record(cfg, method, backbone)
     addon = build_addon_from_config(cfg, method)
-    split = _split(cfg, run, runtime.is_main)
-    dataset = build_train_dataset(cfg, method, split)
-    callbacks = build_callbacks(cfg, method, split)
+    images = training_images(cfg)  # read once: the split, the training views, the monitor
+    split = _split(cfg, run, runtime.is_main, images[0])
+    dataset = build_train_dataset(cfg, method, split, images)
+    callbacks = build_callbacks(cfg, method, split, images[0])
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
         for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
@@ -180,13 +181,12 @@ def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str,
             "backbone_sha256": state_dict_digest(method.backbone)}
 
 
-def _split(cfg: RunConfig, run: RunDir, is_main: bool) -> dict[str, Any] | None:
+def _split(cfg: RunConfig, run: RunDir, is_main: bool, images: Any) -> dict[str, Any] | None:
     """The run's validation split: computed from the configuration (the same on every
     process), written to the run directory by the main process, and on a resume checked
     against the one the run started with."""
     if cfg.data.val_split is None:
         return None
-    images, _ = training_images(cfg)
     split = holdout(cfg, images)
     assert split is not None
     saved = run.read_val_split()
