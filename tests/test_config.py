@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
-from e2mc.config import RunConfig, config_from_dict, load_config, preset_names
+from e2mc.config import (
+    RunConfig,
+    config_from_dict,
+    load_config,
+    preset_names,
+    resolve_signals,
+)
 
 RESOLVED = Path(__file__).parent / "data" / "presets_resolved.json"
 
@@ -110,6 +116,50 @@ def test_unknown_key_in_a_yaml_file(tmp_path) -> None:
         load_config(str(path))
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         load_config("nope")
+
+
+# the list fields: (key, the old comma string, the same as a YAML list, the typed value)
+LIST_FIELDS = [
+    ("monitor.fractions", "0.1,0.5", "[0.1, 0.5]", [0.1, 0.5]),
+    ("monitor.label_seeds", "3, 4", "[3, 4]", [3, 4]),
+    ("training.preempt_signals", "SIGUSR2,term", "[SIGUSR2, term]", ["SIGUSR2", "term"]),
+]
+
+
+@pytest.mark.parametrize("key, comma, listed, value", LIST_FIELDS)
+def test_a_list_field_takes_a_yaml_list_or_the_old_comma_string(
+        tmp_path, key: str, comma: str, listed: str, value: list[Any]) -> None:
+    section, name = key.split(".")
+    configs = [load_config("swav-e2mc", [f"{key}={text}"]) for text in (comma, listed)]
+    for text in (comma, listed):  # in a YAML file, through its base
+        path = tmp_path / "run.yaml"
+        path.write_text(f"base: swav-e2mc\n{section}:\n  {name}: {text}\n")
+        configs.append(load_config(str(path)))
+    path.write_text(f"base: swav-e2mc\n{section}:\n  {name}:\n"
+                    + "".join(f"    - {v}\n" for v in value))  # a block list
+    configs.append(load_config(str(path)))
+    assert [getattr(getattr(c, section), name) for c in configs] == [value] * len(configs)
+    assert all(c == configs[0] for c in configs)
+    old = load_config("swav-e2mc").to_dict()  # a config recorded with the comma string
+    old[section][name] = comma
+    assert config_from_dict(old) == configs[0]
+
+
+def test_no_preemption_signals_is_an_empty_list() -> None:
+    for text in ("", "[]", "none"):
+        cfg = load_config("swav-e2mc", [f"training.preempt_signals={text}"])
+        assert resolve_signals(cfg.training.preempt_signals) == ()
+
+
+def test_bad_list_values_name_the_key() -> None:
+    for override, message in (("monitor.fractions=0.1,x", "monitor.fractions"),
+                              ("monitor.fractions=0.5,0.5", "distinct fractions"),
+                              ("monitor.fractions=[0, 1]", "distinct fractions"),
+                              ("monitor.label_seeds=1,-1", "monitor.label_seeds"),
+                              ("monitor.fractions={a: 1}", "monitor.fractions"),
+                              ("training.preempt_signals=[SIGFOO]", "unknown signal 'SIGFOO'")):
+        with pytest.raises(ValueError, match=message):
+            load_config("swav-e2mc", [override])
 
 
 def test_resolved_config_round_trips_through_yaml() -> None:

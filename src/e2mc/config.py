@@ -4,9 +4,10 @@ Every field has a type; values from YAML files and from ``--set`` are coerced to
 unknown key is a :class:`ValueError` that names it. The ``params`` sections are free-form keyword
 arguments handed to the method, add-on or optimizer builder; :meth:`RunConfig.validate` checks
 them against those builders' signatures (``e2mc.methods``, ``e2mc.addons``, a layer below).
-The values of the monitor's and the pre-emption's fields are parsed here too
-(:func:`monitor_fractions`, :func:`resolve_metric`, :func:`parse_signals`), so that the
-configuration imports none of the modules that use it.
+List fields (``monitor.fractions``, ``monitor.label_seeds``, ``training.preempt_signals``) are
+typed lists; a YAML list, ``[a, b]`` or the comma string ``a,b`` all give the same list. Their
+ranges are checked here too (and :func:`resolve_metric`, :func:`resolve_signals` give their
+meaning), so that the configuration imports none of the modules that use it.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class TrainingConfig:
     epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
     checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
     (1 is much faster on a busy shared CPU). ``compile`` compiles the backbone
-    (``torch.compile``, in place). ``preempt_signals`` (comma separated, ``""`` for none) stop the
+    (``torch.compile``, in place). ``preempt_signals`` (a list; ``[]`` or ``""`` for none) stop the
     run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
     ``scontrol requeue $SLURM_JOB_ID`` under SLURM (``e2mc.training.preemption``)."""
 
@@ -168,7 +169,7 @@ class TrainingConfig:
     find_unused_parameters: bool = False
     cpu_threads: int | None = None
     compile: bool = False
-    preempt_signals: str = "SIGTERM,SIGUSR1"
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     requeue: bool = True
 
 
@@ -181,8 +182,8 @@ class MonitorConfig:
     the last step: kNN top-1 (``knn_k``) and linear probes on the validation split's backbone
     features, and the label-free effective rank and mean marginal entropy of its projector
     embeddings.
-    ``fractions``: label budgets of the probes as fractions of the *training* set (comma
-    separated); ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
+    ``fractions``: label budgets of the probes as fractions of the *training* set;
+    ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
     (``val/knn``, ``val/linear_1%``, ...) whose best value so far is kept as ``best.pt``;
     ``patience``: stop after that many evaluations without a gain of more than ``min_delta``.
     """
@@ -190,8 +191,8 @@ class MonitorConfig:
     enabled: bool = True
     every: int | None = None
     knn_k: int = 20
-    fractions: str = "0.01,1"
-    label_seeds: str = "0,1,2"
+    fractions: list[float] = field(default_factory=lambda: [0.01, 1.0])
+    label_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     probe_epochs: int = 30
     batch_size: int = 256
     keep_best: str | None = None
@@ -223,7 +224,7 @@ class RunConfig:
         _choice("optim.schedule", self.optim.schedule, SCHEDULES)
         _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
         _choice("data.pipeline", self.data.pipeline, PIPELINES)
-        parse_signals(self.training.preempt_signals)
+        resolve_signals(self.training.preempt_signals)
         for key, value in (("training.epochs", self.training.epochs),
                            ("training.batch_size", self.training.batch_size),
                            ("training.log_every", self.training.log_every),
@@ -269,8 +270,9 @@ class RunConfig:
                                 ("monitor.batch_size", mon.batch_size, 1)):
             if value < low:
                 raise ValueError(f"{key} must be >= {low}, got {value}")
-        monitor_fractions(mon.fractions)
-        monitor_label_seeds(mon.label_seeds)
+        _distinct("monitor.fractions", mon.fractions, lambda v: 0 < v <= 1,
+                  "fractions in (0, 1]")
+        _distinct("monitor.label_seeds", mon.label_seeds, lambda v: v >= 0, "integers >= 0")
         if mon.patience is not None and mon.patience < 1:
             raise ValueError(f"monitor.patience must be >= 1, got {mon.patience}")
         if mon.min_delta < 0:
@@ -353,37 +355,21 @@ def comma_list(text: Any, cast: Any = str) -> list[Any]:
     return [cast(item) for item in (t.strip() for t in str(text).split(",")) if item]
 
 
-def _distinct(text: str, cast: type, key: str, valid: Any, what: str) -> tuple[Any, ...]:
-    """Comma-separated ``text`` as distinct values of ``cast`` that pass ``valid``."""
-    try:
-        values = tuple(comma_list(text, cast))
-    except ValueError:
-        values = ()
+def _distinct(key: str, values: Sequence[Any], valid: Any, what: str) -> None:
+    """Refuse an empty list, a repeated value or one that does not pass ``valid``."""
     if not values or not all(valid(v) for v in values) or len(set(values)) != len(values):
-        raise ValueError(f"{key} must be distinct comma-separated {what}, got {text!r}")
-    return values
+        raise ValueError(f"{key} must be a list of distinct {what}, got {list(values)}")
 
 
-def monitor_fractions(text: str) -> tuple[float, ...]:
-    """``"0.01,1"`` -> ``(0.01, 1.0)``: the probes' label budgets, each in (0, 1]."""
-    return _distinct(text, float, "monitor.fractions", lambda v: 0 < v <= 1,
-                     "fractions in (0, 1]")
-
-
-def monitor_label_seeds(text: str) -> tuple[int, ...]:
-    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct non-negative label-subset seeds."""
-    return _distinct(text, int, "monitor.label_seeds", lambda v: v >= 0, "integers >= 0")
-
-
-def metric_names(fractions: str) -> list[str]:
+def metric_names(fractions: Sequence[float]) -> list[str]:
     """Every metric the monitor logs, for ``monitor.fractions``."""
     from e2mc.data.subsets import fraction_label
 
-    probes = [f"val/linear_{fraction_label(f)}" for f in monitor_fractions(fractions)]
+    probes = [f"val/linear_{fraction_label(f)}" for f in fractions]
     return ["val/knn", *probes, *LABEL_FREE]
 
 
-def resolve_metric(name: str, fractions: str) -> str:
+def resolve_metric(name: str, fractions: Sequence[float]) -> str:
     """The full name of a monitor metric (``knn`` and ``val/knn`` both name ``val/knn``); an
     unknown name is a ``ValueError`` that lists the metrics and the close matches."""
     names = metric_names(fractions)
@@ -396,16 +382,15 @@ def resolve_metric(name: str, fractions: str) -> str:
                      f"{hint}")
 
 
-def parse_signals(spec: str | Sequence[str | signal.Signals] | None
-                  ) -> tuple[signal.Signals, ...]:
-    """``"SIGTERM,SIGUSR1"`` (``training.preempt_signals``: names with or without ``SIG``, any
-    case, or numbers) -> signals; ``""``, ``"none"`` or ``None`` -> none. Raises ``ValueError``
-    naming an unknown signal or one that cannot be handled (``SIGKILL``, ``SIGSTOP``)."""
+def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal.Signals, ...]:
+    """``["SIGTERM", "SIGUSR1"]`` (``training.preempt_signals``: names with or without ``SIG``,
+    any case, or numbers) -> signals; ``[]``, ``["none"]`` or ``None`` -> none. Raises
+    ``ValueError`` naming an unknown signal or one that cannot be handled (``SIGKILL``,
+    ``SIGSTOP``)."""
 
-    if spec is None:
-        return ()
-    items = comma_list(spec) if isinstance(spec, str) else list(spec)
-    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in items]
+    if isinstance(spec, str):
+        raise TypeError(f"a list of signal names, not the string {spec!r}")
+    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in spec or ()]
     names = [n for n in names if isinstance(n, signal.Signals) or (n and n.lower() != "none")]
     out = []
     for name in names:
@@ -540,6 +525,16 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ValueError(f"config key {key!r} may not be null")
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, value, inner[0])
+    if origin is list:  # a YAML list, "[a, b]" (from --set) or the comma string "a,b"
+        if isinstance(value, str) and value.strip().startswith("["):
+            value = load_yaml_text(value, f"config key {key!r}")
+        if value is None:
+            return []
+        if isinstance(value, Mapping):
+            raise ValueError(f"config key {key!r} expects a list, got {value!r}")
+        items = comma_list(value) if not isinstance(value, (list, tuple)) else value
+        (inner,) = typing.get_args(tp)
+        return [_coerce(key, item, inner) for item in items]
     if origin is dict or tp is dict:
         if isinstance(value, str):
             value = load_yaml_text(value, f"config key {key!r}")
@@ -865,13 +860,22 @@ def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None
         only_config_keys = True
     else:
         base_name, only_config_keys = "the given configuration", False
-        full = RunConfig()
-        try:
-            _apply(full, base)
-            base = full.to_dict()
-        except ValueError:  # a key this version no longer knows: compare what there is
-            pass
+        base = _typed(base)
     flat, flat_base = flatten_config(config, whole_params), flatten_config(base, whole_params)
+    typed = flatten_config(_typed(config), whole_params)  # an older comma string as its list
+    flat = {k: typed.get(k, v) for k, v in flat.items()}
     keys = [k for k in dict.fromkeys([*flat_base, *flat]) if k in flat or not only_config_keys]
     return base_name, [(k, flat_base.get(k), flat.get(k)) for k in keys
                        if flat_base.get(k) != flat.get(k)]
+
+
+def _typed(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``data`` with every key given (others at their defaults) coerced to its field's type,
+    as :meth:`RunConfig.to_dict` has it; unchanged when it has a key this version does not
+    know (compare what there is)."""
+    full = RunConfig()
+    try:
+        _apply(full, data)
+    except ValueError:
+        return data
+    return full.to_dict()
