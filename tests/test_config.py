@@ -162,6 +162,23 @@ def test_bad_list_values_name_the_key() -> None:
             load_config("swav-e2mc", [override])
 
 
+def test_values_keep_their_meaning_through_omegaconf(tmp_path) -> None:
+    # what the conversion did before OmegaConf did it: ${...} and YAML dates are text,
+    # integral numbers are integers, only the boolean words are booleans, a mapping replaces
+    path = tmp_path / "run.yaml"
+    path.write_text("base: swav-e2mc\nlogging: {wandb_name: 2024-05-01}\n"
+                    "data:\n  dataset: ${HOME}/data\ntraining: {epochs: 3.0}\n")
+    cfg = load_config(str(path), ["init.checkpoint=${x}.pt", "training.batch_size=1e2",
+                                  "addon.params={}", "logging.wandb_project=1e5"])
+    assert (cfg.logging.wandb_name, cfg.data.dataset, cfg.init.checkpoint) == (
+        "2024-05-01", "${HOME}/data", "${x}.pt")
+    assert (cfg.training.epochs, cfg.training.batch_size) == (3, 100)
+    assert cfg.addon.params == {} and cfg.logging.wandb_project == "1e5"
+    for word in ("y", "2"):
+        with pytest.raises(ValueError, match="training.progress' expects a boolean"):
+            load_config("swav-e2mc", [f"training.progress={word}"])
+
+
 def test_resolved_config_round_trips_through_yaml() -> None:
     cfg = load_config("swav-mmcr", ["training.seed=7"])
     again = config_from_dict(yaml.safe_load(cfg.to_yaml()))
