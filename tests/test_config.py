@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
-from e2mc.config import RunConfig, config_from_dict, load_config, preset_names
+from e2mc.config import (
+    RunConfig,
+    config_from_dict,
+    load_config,
+    preset_names,
+    resolve_signals,
+)
 
 RESOLVED = Path(__file__).parent / "data" / "presets_resolved.json"
 
@@ -110,6 +116,67 @@ def test_unknown_key_in_a_yaml_file(tmp_path) -> None:
         load_config(str(path))
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         load_config("nope")
+
+
+# the list fields: (key, the old comma string, the same as a YAML list, the typed value)
+LIST_FIELDS = [
+    ("monitor.fractions", "0.1,0.5", "[0.1, 0.5]", [0.1, 0.5]),
+    ("monitor.label_seeds", "3, 4", "[3, 4]", [3, 4]),
+    ("training.preempt_signals", "SIGUSR2,term", "[SIGUSR2, term]", ["SIGUSR2", "term"]),
+]
+
+
+@pytest.mark.parametrize("key, comma, listed, value", LIST_FIELDS)
+def test_a_list_field_takes_a_yaml_list_or_the_old_comma_string(
+        tmp_path, key: str, comma: str, listed: str, value: list[Any]) -> None:
+    section, name = key.split(".")
+    configs = [load_config("swav-e2mc", [f"{key}={text}"]) for text in (comma, listed)]
+    for text in (comma, listed):  # in a YAML file, through its base
+        path = tmp_path / "run.yaml"
+        path.write_text(f"base: swav-e2mc\n{section}:\n  {name}: {text}\n")
+        configs.append(load_config(str(path)))
+    path.write_text(f"base: swav-e2mc\n{section}:\n  {name}:\n"
+                    + "".join(f"    - {v}\n" for v in value))  # a block list
+    configs.append(load_config(str(path)))
+    assert [getattr(getattr(c, section), name) for c in configs] == [value] * len(configs)
+    assert all(c == configs[0] for c in configs)
+    old = load_config("swav-e2mc").to_dict()  # a config recorded with the comma string
+    old[section][name] = comma
+    assert config_from_dict(old) == configs[0]
+
+
+def test_no_preemption_signals_is_an_empty_list() -> None:
+    for text in ("", "[]", "none"):
+        cfg = load_config("swav-e2mc", [f"training.preempt_signals={text}"])
+        assert resolve_signals(cfg.training.preempt_signals) == ()
+
+
+def test_bad_list_values_name_the_key() -> None:
+    for override, message in (("monitor.fractions=0.1,x", "monitor.fractions"),
+                              ("monitor.fractions=0.5,0.5", "distinct fractions"),
+                              ("monitor.fractions=[0, 1]", "distinct fractions"),
+                              ("monitor.label_seeds=1,-1", "monitor.label_seeds"),
+                              ("monitor.fractions={a: 1}", "monitor.fractions"),
+                              ("training.preempt_signals=[SIGFOO]", "unknown signal 'SIGFOO'")):
+        with pytest.raises(ValueError, match=message):
+            load_config("swav-e2mc", [override])
+
+
+def test_values_keep_their_meaning_through_omegaconf(tmp_path) -> None:
+    # what the conversion did before OmegaConf did it: ${...} and YAML dates are text,
+    # integral numbers are integers, only the boolean words are booleans, a mapping replaces
+    path = tmp_path / "run.yaml"
+    path.write_text("base: swav-e2mc\nlogging: {wandb_name: 2024-05-01}\n"
+                    "data:\n  dataset: ${HOME}/data\ntraining: {epochs: 3.0}\n")
+    cfg = load_config(str(path), ["init.checkpoint=${x}.pt", "training.batch_size=1e2",
+                                  "addon.params={}", "logging.wandb_project=1e5"])
+    assert (cfg.logging.wandb_name, cfg.data.dataset, cfg.init.checkpoint) == (
+        "2024-05-01", "${HOME}/data", "${x}.pt")
+    assert (cfg.training.epochs, cfg.training.batch_size) == (3, 100)
+    assert cfg.addon.params == {} and cfg.logging.wandb_project == "1e5"
+    for word in ("y", "2"):
+        with pytest.raises(ValueError, match="training.progress' expects a boolean"):
+            load_config("swav-e2mc", [f"training.progress={word}"])
 
 
 def test_resolved_config_round_trips_through_yaml() -> None:

@@ -16,7 +16,7 @@ import torch
 
 import e2mc
 from e2mc.checkpoints.io import atomic_save
-from e2mc.config import parse_signals
+from e2mc.config import resolve_signals
 from e2mc.training.logging import read_metrics
 from e2mc.training.preemption import (
     PREEMPTED_EXIT_CODE,
@@ -30,20 +30,21 @@ ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH
        "OMP_NUM_THREADS": "1"}
 
 
-def test_parse_signals() -> None:
-    assert parse_signals("SIGTERM,SIGUSR1") == (signal.SIGTERM, signal.SIGUSR1)
-    assert parse_signals("usr2, term,SIGTERM") == (signal.SIGUSR2, signal.SIGTERM)
-    assert parse_signals(str(int(signal.SIGUSR1))) == (signal.SIGUSR1,)
-    assert parse_signals("") == () and parse_signals("none") == () and parse_signals(None) == ()
+def test_resolve_signals() -> None:
+    assert resolve_signals(["SIGTERM", "SIGUSR1"]) == (signal.SIGTERM, signal.SIGUSR1)
+    assert resolve_signals(["usr2", " term", "SIGTERM"]) == (signal.SIGUSR2, signal.SIGTERM)
+    assert resolve_signals([str(int(signal.SIGUSR1))]) == (signal.SIGUSR1,)
+    assert resolve_signals([]) == () and resolve_signals(["none"]) == ()
+    assert resolve_signals(None) == ()
     with pytest.raises(ValueError, match="unknown signal 'SIGFOO'"):
-        parse_signals("SIGFOO")
+        resolve_signals(["SIGFOO"])
     with pytest.raises(ValueError, match="SIGKILL cannot be caught"):
-        parse_signals("SIGKILL")
+        resolve_signals(["SIGKILL"])
 
 
 def test_handler_records_the_signal_and_restores_the_previous_handlers() -> None:
     before = signal.getsignal(signal.SIGUSR1)
-    with PreemptionHandler("SIGUSR1") as handler:
+    with PreemptionHandler(["SIGUSR1"]) as handler:
         assert not handler.requested and not handler.should_stop()
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.01)
@@ -82,7 +83,7 @@ class _SignalMidWrite:
 def test_signal_during_a_checkpoint_write_is_deferred(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.pt"
     atomic_save({"step": 1, "w": torch.ones(1000)}, path)
-    with PreemptionHandler("SIGTERM") as handler:
+    with PreemptionHandler(["SIGTERM"]) as handler:
         atomic_save({"step": 2, "w": torch.zeros(1000), "x": _SignalMidWrite(signal.SIGTERM)},
                     path)
         assert handler.received == signal.SIGTERM

@@ -238,8 +238,8 @@ def test_submitits_signal_takes_the_trainers_preemption_path(
 
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
     before = signal.getsignal(signal.SIGUSR2)
-    with _signals_to_trainer("SIGTERM,SIGUSR1"):
-        trainer = PreemptionHandler("SIGTERM,SIGUSR1").install()  # as the trainer does
+    with _signals_to_trainer(["SIGTERM", "SIGUSR1"]):
+        trainer = PreemptionHandler(["SIGTERM", "SIGUSR1"]).install()  # as the trainer does
         signal.raise_signal(signal.SIGUSR2)
         assert trainer.received == signal.SIGTERM
         trainer.uninstall()

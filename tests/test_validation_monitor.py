@@ -104,11 +104,11 @@ def test_two_gloo_ranks_agree_on_the_split_and_the_monitor(tmp_path: Path) -> No
 
 # --------------------------------------------------------------------------- metrics and config
 def test_metric_names_and_unknown_metric() -> None:
-    assert metric_names("0.01,1") == ["val/knn", "val/linear_1%", "val/linear_100%",
+    assert metric_names([0.01, 1.0]) == ["val/knn", "val/linear_1%", "val/linear_100%",
                                       "val/rankme", "val/entropy"]
-    assert resolve_metric("knn", "0.01,1") == "val/knn"
+    assert resolve_metric("knn", [0.01, 1.0]) == "val/knn"
     with pytest.raises(ValueError, match="did you mean val/linear_1%"):
-        resolve_metric("val/linear_1", "0.01,1")
+        resolve_metric("val/linear_1", [0.01, 1.0])
     with pytest.raises(ValueError, match="unknown monitor metric 'accuracy'"):
         load_config("fmnist-vicreg-continue", ["data.val_split=0.1",
                                                "monitor.keep_best=accuracy"])
@@ -260,7 +260,7 @@ def test_plot_history_draws_each_validation_metric_once(tmp_path: Path) -> None:
     history = [{"step": s, "val/knn": 50.0 + s, "val/linear_1%": 40.0 - s, "val/rankme": 9.0,
                 "val/seconds": 1.0} for s in (0, 5, 10)]  # no val/linear_100%, no val/entropy
     path = tmp_path / "monitor.png"
-    drawn = plot_history(history, metric_names("0.01,1"), path, kept_step=5)
+    drawn = plot_history(history, metric_names([0.01, 1.0]), path, kept_step=5)
     assert drawn == ["val/knn", "val/linear_1%", "val/rankme"]
     height, width, _ = matplotlib.image.imread(path).shape
     assert (height, width) == (300, 960)  # three 3.2 x 3.0-inch panels at 100 dpi

@@ -1,12 +1,16 @@
 """Typed run configuration: dataclasses loaded from YAML presets with ``key.sub=value`` overrides.
 
-Every field has a type; values from YAML files and from ``--set`` are coerced to it, and an
-unknown key is a :class:`ValueError` that names it. The ``params`` sections are free-form keyword
-arguments handed to the method, add-on or optimizer builder; :meth:`RunConfig.validate` checks
-them against those builders' signatures (``e2mc.methods``, ``e2mc.addons``, a layer below).
-The values of the monitor's and the pre-emption's fields are parsed here too
-(:func:`monitor_fractions`, :func:`resolve_metric`, :func:`parse_signals`), so that the
-configuration imports none of the modules that use it.
+Every field has a type; values from YAML files and from ``--set`` are converted to it by
+OmegaConf's structured config of :class:`RunConfig` (``OmegaConf.merge``,
+``OmegaConf.update``), after :func:`_prepared` has done what OmegaConf does not (comma strings,
+``none``, integral ``1e3``, one-line errors), and an unknown key is a :class:`ValueError` that
+names it. The ``params`` sections are free-form keyword arguments handed to the method, add-on
+or optimizer builder; :meth:`RunConfig.validate` checks them against those builders'
+signatures (``e2mc.methods``, ``e2mc.addons``, a layer below). List fields
+(``monitor.fractions``, ``monitor.label_seeds``, ``training.preempt_signals``) are typed lists;
+a YAML list, ``[a, b]`` or the comma string ``a,b`` all give the same list. Their ranges are
+checked here too (and :func:`resolve_metric`, :func:`resolve_signals` give their meaning), so
+that the configuration imports none of the modules that use it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
@@ -149,7 +155,7 @@ class TrainingConfig:
     epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
     checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
     (1 is much faster on a busy shared CPU). ``compile`` compiles the backbone
-    (``torch.compile``, in place). ``preempt_signals`` (comma separated, ``""`` for none) stop the
+    (``torch.compile``, in place). ``preempt_signals`` (a list; ``[]`` or ``""`` for none) stop the
     run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
     ``scontrol requeue $SLURM_JOB_ID`` under SLURM (``e2mc.training.preemption``)."""
 
@@ -168,7 +174,7 @@ class TrainingConfig:
     find_unused_parameters: bool = False
     cpu_threads: int | None = None
     compile: bool = False
-    preempt_signals: str = "SIGTERM,SIGUSR1"
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     requeue: bool = True
 
 
@@ -181,8 +187,8 @@ class MonitorConfig:
     the last step: kNN top-1 (``knn_k``) and linear probes on the validation split's backbone
     features, and the label-free effective rank and mean marginal entropy of its projector
     embeddings.
-    ``fractions``: label budgets of the probes as fractions of the *training* set (comma
-    separated); ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
+    ``fractions``: label budgets of the probes as fractions of the *training* set;
+    ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
     (``val/knn``, ``val/linear_1%``, ...) whose best value so far is kept as ``best.pt``;
     ``patience``: stop after that many evaluations without a gain of more than ``min_delta``.
     """
@@ -190,8 +196,8 @@ class MonitorConfig:
     enabled: bool = True
     every: int | None = None
     knn_k: int = 20
-    fractions: str = "0.01,1"
-    label_seeds: str = "0,1,2"
+    fractions: list[float] = field(default_factory=lambda: [0.01, 1.0])
+    label_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     probe_epochs: int = 30
     batch_size: int = 256
     keep_best: str | None = None
@@ -223,7 +229,7 @@ class RunConfig:
         _choice("optim.schedule", self.optim.schedule, SCHEDULES)
         _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
         _choice("data.pipeline", self.data.pipeline, PIPELINES)
-        parse_signals(self.training.preempt_signals)
+        resolve_signals(self.training.preempt_signals)
         for key, value in (("training.epochs", self.training.epochs),
                            ("training.batch_size", self.training.batch_size),
                            ("training.log_every", self.training.log_every),
@@ -269,8 +275,9 @@ class RunConfig:
                                 ("monitor.batch_size", mon.batch_size, 1)):
             if value < low:
                 raise ValueError(f"{key} must be >= {low}, got {value}")
-        monitor_fractions(mon.fractions)
-        monitor_label_seeds(mon.label_seeds)
+        _distinct("monitor.fractions", mon.fractions, lambda v: 0 < v <= 1,
+                  "fractions in (0, 1]")
+        _distinct("monitor.label_seeds", mon.label_seeds, lambda v: v >= 0, "integers >= 0")
         if mon.patience is not None and mon.patience < 1:
             raise ValueError(f"monitor.patience must be >= 1, got {mon.patience}")
         if mon.min_delta < 0:
@@ -353,37 +360,21 @@ def comma_list(text: Any, cast: Any = str) -> list[Any]:
     return [cast(item) for item in (t.strip() for t in str(text).split(",")) if item]
 
 
-def _distinct(text: str, cast: type, key: str, valid: Any, what: str) -> tuple[Any, ...]:
-    """Comma-separated ``text`` as distinct values of ``cast`` that pass ``valid``."""
-    try:
-        values = tuple(comma_list(text, cast))
-    except ValueError:
-        values = ()
+def _distinct(key: str, values: Sequence[Any], valid: Any, what: str) -> None:
+    """Refuse an empty list, a repeated value or one that does not pass ``valid``."""
     if not values or not all(valid(v) for v in values) or len(set(values)) != len(values):
-        raise ValueError(f"{key} must be distinct comma-separated {what}, got {text!r}")
-    return values
+        raise ValueError(f"{key} must be a list of distinct {what}, got {list(values)}")
 
 
-def monitor_fractions(text: str) -> tuple[float, ...]:
-    """``"0.01,1"`` -> ``(0.01, 1.0)``: the probes' label budgets, each in (0, 1]."""
-    return _distinct(text, float, "monitor.fractions", lambda v: 0 < v <= 1,
-                     "fractions in (0, 1]")
-
-
-def monitor_label_seeds(text: str) -> tuple[int, ...]:
-    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct non-negative label-subset seeds."""
-    return _distinct(text, int, "monitor.label_seeds", lambda v: v >= 0, "integers >= 0")
-
-
-def metric_names(fractions: str) -> list[str]:
+def metric_names(fractions: Sequence[float]) -> list[str]:
     """Every metric the monitor logs, for ``monitor.fractions``."""
     from e2mc.data.subsets import fraction_label
 
-    probes = [f"val/linear_{fraction_label(f)}" for f in monitor_fractions(fractions)]
+    probes = [f"val/linear_{fraction_label(f)}" for f in fractions]
     return ["val/knn", *probes, *LABEL_FREE]
 
 
-def resolve_metric(name: str, fractions: str) -> str:
+def resolve_metric(name: str, fractions: Sequence[float]) -> str:
     """The full name of a monitor metric (``knn`` and ``val/knn`` both name ``val/knn``); an
     unknown name is a ``ValueError`` that lists the metrics and the close matches."""
     names = metric_names(fractions)
@@ -396,16 +387,15 @@ def resolve_metric(name: str, fractions: str) -> str:
                      f"{hint}")
 
 
-def parse_signals(spec: str | Sequence[str | signal.Signals] | None
-                  ) -> tuple[signal.Signals, ...]:
-    """``"SIGTERM,SIGUSR1"`` (``training.preempt_signals``: names with or without ``SIG``, any
-    case, or numbers) -> signals; ``""``, ``"none"`` or ``None`` -> none. Raises ``ValueError``
-    naming an unknown signal or one that cannot be handled (``SIGKILL``, ``SIGSTOP``)."""
+def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal.Signals, ...]:
+    """``["SIGTERM", "SIGUSR1"]`` (``training.preempt_signals``: names with or without ``SIG``,
+    any case, or numbers) -> signals; ``[]``, ``["none"]`` or ``None`` -> none. Raises
+    ``ValueError`` naming an unknown signal or one that cannot be handled (``SIGKILL``,
+    ``SIGSTOP``)."""
 
-    if spec is None:
-        return ()
-    items = comma_list(spec) if isinstance(spec, str) else list(spec)
-    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in items]
+    if isinstance(spec, str):
+        raise TypeError(f"a list of signal names, not the string {spec!r}")
+    names = [s if isinstance(s, signal.Signals) else str(s).strip() for s in spec or ()]
     names = [n for n in names if isinstance(n, signal.Signals) or (n and n.lower() != "none")]
     out = []
     for name in names:
@@ -525,56 +515,17 @@ def read_yaml(path: str | Path) -> Any:
 
 
 # --------------------------------------------------------------------------- coercion
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Convert ``value`` (from YAML or a ``--set`` string) to the annotated type ``tp``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
-            if type(None) in args:
-                return None
-            raise ValueError(f"config key {key!r} may not be null")
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(key, value, inner[0])
-    if origin is dict or tp is dict:
-        if isinstance(value, str):
-            value = load_yaml_text(value, f"config key {key!r}")
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise ValueError(f"config key {key!r} expects a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
+def _number(key: str, value: Any, tp: type) -> Any:
+    """``value`` (a number or its text) as ``tp`` (int or float); ``ValueError`` naming ``key``."""
+    try:
         if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ValueError(f"config key {key!r} expects a boolean, got {value!r}")
-    if tp in (int, float):
-        if isinstance(value, bool):
-            raise ValueError(f"config key {key!r} expects {tp.__name__}, got {value!r}")
-        try:
-            if tp is int:
-                as_float = float(value)
-                if not as_float.is_integer():
-                    raise ValueError
-                return int(as_float)
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"config key {key!r} expects {tp.__name__}, got {value!r}") from None
-    if tp is str:
-        if isinstance(value, (Mapping, list)):
-            raise ValueError(f"config key {key!r} expects a string, got {value!r}")
-        return str(value)
-    raise TypeError(f"unsupported config type {tp!r} for {key!r}")  # pragma: no cover
+            raise ValueError
+        as_float = float(value)
+        if tp is int and not as_float.is_integer():
+            raise ValueError
+        return int(as_float) if tp is int else as_float
+    except (TypeError, ValueError):
+        raise ValueError(f"config key {key!r} expects {tp.__name__}, got {value!r}") from None
 
 
 _NO_CHECK = object()
@@ -606,7 +557,7 @@ def _param_value(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, tp if tp is int else (int, float)) and not isinstance(value, bool):
             return value
         if isinstance(value, str):
-            return _coerce(key, value, tp)
+            return _number(key, value, tp)
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -667,20 +618,61 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _apply(obj: Any, data: Mapping[str, Any], prefix: str = "") -> None:
-    """Set the fields of dataclass ``obj`` from a nested mapping, coercing types."""
+def _prepared(data: Any, cls: type, prefix: str = "") -> dict[str, Any]:
+    """``data`` as OmegaConf can merge it into ``cls``: what OmegaConf does not convert itself
+    (a comma string for a list, ``none`` for null, a YAML mapping as text, null ``params``)."""
     if not isinstance(data, Mapping):
         raise ValueError(f"config section {prefix.rstrip('.') or '<root>'!r} must be a mapping")
-    hints = _hints(type(obj))
+    hints, out = _hints(cls), {}
     for key, value in data.items():
-        full = f"{prefix}{key}"
-        if key not in hints:
+        full, tp = f"{prefix}{key}", hints.get(key)
+        if tp is None:
             raise ValueError(_unknown(full, hints))
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            _apply(current, value, prefix=f"{full}.")
-        else:
-            setattr(obj, key, _coerce(full, value, hints[key]))
+        args, origin = typing.get_args(tp), typing.get_origin(tp)
+        if dataclasses.is_dataclass(tp):
+            value = _prepared(value, tp, f"{full}.")
+        elif isinstance(value, str) and value.lower() in ("null", "none", "~") \
+                and type(None) in args:
+            value = None
+        elif origin is list and (value is None or isinstance(value, str)):
+            value = [] if value is None else load_yaml_text(value, f"config key {full!r}") \
+                if value.strip().startswith("[") else comma_list(value)
+        elif (tp is int or int in args) and isinstance(value, (str, float)):
+            value = _number(full, value, int)  # OmegaConf refuses "1e3" and 3.0
+        elif tp is bool and str(value).strip().lower() not in ("true", "yes", "on", "1",
+                                                               "false", "no", "off", "0"):
+            raise ValueError(f"config key {full!r} expects a boolean, got {value!r}")
+        elif origin is list and isinstance(value, Mapping):
+            raise ValueError(f"config key {full!r} expects a list, got {value!r}")
+        elif origin is dict:
+            value = load_yaml_text(value, f"config key {full!r}") \
+                if isinstance(value, str) else value or {}
+        out[key] = value
+    return out
+
+
+def _build(data: Mapping[str, Any]) -> RunConfig:
+    """The defaults with ``data`` laid over them: OmegaConf's structured config of
+    :class:`RunConfig` converts the values to the field types and refuses unknown keys."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig),
+                                 _literal(_prepared(data, RunConfig)))
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"config key {err.full_key!r}: {str(err.msg).splitlines()[0]}") from None
+
+
+def _literal(value: Any) -> Any:
+    """``value`` as OmegaConf holds it as given: ``${`` escaped in every string (text, not an
+    interpolation; escaping twice changes nothing), a scalar it cannot hold (a YAML date) as
+    text."""
+    if isinstance(value, Mapping):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return re.sub(r"(?<!\\)\$\{", r"\\${", str(value))
 
 
 def _unknown(full: str, hints: Mapping[str, Any]) -> str:
@@ -689,34 +681,21 @@ def _unknown(full: str, hints: Mapping[str, Any]) -> str:
             f"{', '.join(sorted(hints))}")
 
 
-def set_override(cfg: RunConfig, assignment: str) -> None:
-    """Apply one ``key.sub=value`` override. ``params`` sections accept any sub-key, whose value
-    is parsed as YAML (``addon.params.beta=1000``)."""
-    if "=" not in assignment:
-        raise ValueError(f"override {assignment!r} must look like key.sub=value")
-    key, raw = assignment.split("=", 1)
-    key = key.strip()
-    parts = key.split(".")
-    obj: Any = cfg
-    for i, part in enumerate(parts):
-        hints = _hints(type(obj))
-        if part not in hints:
-            raise ValueError(_unknown(".".join(parts[: i + 1]), hints))
-        current = getattr(obj, part)
-        last = i == len(parts) - 1
-        if dataclasses.is_dataclass(current):
-            if last:
-                raise ValueError(f"config key {key!r} is a section; set one of its keys")
-            obj = current
-            continue
-        if isinstance(current, dict) and not last:
-            rest = ".".join(parts[i + 1:])
-            current[rest] = load_yaml_text(raw, f"--set {key}")
-            return
-        if not last:
-            raise ValueError(f"config key {'.'.join(parts[: i + 1])!r} has no sub-keys")
-        setattr(obj, part, _coerce(key, raw, hints[part]))
-        return
+def _overridden(data: Mapping[str, Any], assignments: Iterable[str]) -> dict[str, Any]:
+    """``data`` with ``key.sub=value`` overrides set (``OmegaConf.update``, a mapping value
+    replacing the old one); a value inside ``params`` is YAML read by :func:`load_yaml_text`
+    (duplicate keys, alias bombs), a field's value stays text for :func:`_prepared`."""
+    conf = OmegaConf.create(dict(data))
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ValueError(f"override {assignment!r} must look like key.sub=value")
+        key, raw = (part.strip() for part in assignment.split("=", 1))
+        try:
+            value = _literal(load_yaml_text(raw, f"--set {key}") if ".params." in key else raw)
+            OmegaConf.update(conf, key, value, merge=False)  # a field's text: _prepared
+        except OmegaConfBaseException as err:
+            raise ValueError(f"--set {key}: {str(err).splitlines()[0]}") from None
+    return OmegaConf.to_container(conf)
 
 
 # --------------------------------------------------------------------------- presets
@@ -754,19 +733,14 @@ def _locate(ref: str, folder: Path | None,
 
 
 def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """``override`` laid over ``base``: mappings merge key by key, anything else (lists too)
-    is replaced. A section whose ``name`` changes (another method or add-on) drops the base's
-    ``params``, which belong to the other builder; ``params: null`` clears them explicitly."""
-    merged = dict(base)
-    for key, value in override.items():
-        old = merged.get(key)
-        if isinstance(value, Mapping) and isinstance(old, Mapping):
-            if "name" in value and value["name"] != old.get("name"):
-                old = {k: v for k, v in old.items() if k != "params"}
-            merged[key] = merge_config(old, value)
-        else:
-            merged[key] = value
-    return merged
+    """``override`` laid over ``base`` (``OmegaConf.merge``: mappings merge key by key, anything
+    else is replaced). A section whose ``name`` changes (another method or add-on) drops the
+    base's ``params``, which belong to the other builder; ``params: null`` clears them."""
+    base = {key: {k: v for k, v in section.items() if k != "params"}
+            if isinstance(section, Mapping) and isinstance(override.get(key), Mapping)
+            and override[key].get("name", section.get("name")) != section.get("name")
+            else section for key, section in base.items()}
+    return OmegaConf.to_container(OmegaConf.merge(base, override))
 
 
 def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str, Any]:
@@ -776,10 +750,10 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     data = load_yaml_text(source.read_text(encoding="utf-8"), ident) or {}
     if not isinstance(data, Mapping):
         raise ValueError(f"{ident}: a config file must be a mapping of sections")
-    data = dict(data)
+    data = _literal(data)
     base = data.pop(BASE_KEY, None)
     try:  # strict per file, so that an unknown key is reported with the file that has it
-        _apply(RunConfig(), data)
+        _build(data)
     except ValueError as err:
         raise ValueError(f"{ident}: {err}") from None
     if base is None:
@@ -812,19 +786,15 @@ def preset_summary(name: str) -> tuple[str | None, str]:
 def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from a preset name or YAML file (with its ``base`` chain),
     then apply ``overrides``."""
-    cfg = RunConfig()
-    if name_or_path is not None:
-        _apply(cfg, resolve_config_file(name_or_path))
-    for assignment in overrides:
-        set_override(cfg, assignment)
+    data = resolve_config_file(name_or_path) if name_or_path is not None else {}
+    cfg = _build(_overridden(data, overrides))
     cfg.validate()
     return cfg
 
 
 def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
     """Rebuild a config from :meth:`RunConfig.to_dict` output (e.g. a checkpoint's copy)."""
-    cfg = RunConfig()
-    _apply(cfg, data)
+    cfg = _build(data)
     cfg.validate()
     return cfg
 
@@ -865,13 +835,20 @@ def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None
         only_config_keys = True
     else:
         base_name, only_config_keys = "the given configuration", False
-        full = RunConfig()
-        try:
-            _apply(full, base)
-            base = full.to_dict()
-        except ValueError:  # a key this version no longer knows: compare what there is
-            pass
+        base = _typed(base)
     flat, flat_base = flatten_config(config, whole_params), flatten_config(base, whole_params)
+    typed = flatten_config(_typed(config), whole_params)  # an older comma string as its list
+    flat = {k: typed.get(k, v) for k, v in flat.items()}
     keys = [k for k in dict.fromkeys([*flat_base, *flat]) if k in flat or not only_config_keys]
     return base_name, [(k, flat_base.get(k), flat.get(k)) for k in keys
                        if flat_base.get(k) != flat.get(k)]
+
+
+def _typed(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``data`` with every key given (others at their defaults) coerced to its field's type,
+    as :meth:`RunConfig.to_dict` has it; unchanged when it has a key this version does not
+    know (compare what there is)."""
+    try:
+        return _build(data).to_dict()
+    except ValueError:
+        return data

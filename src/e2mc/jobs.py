@@ -218,15 +218,15 @@ def _join_process_group() -> None:
 
 
 @contextmanager
-def _signals_to_trainer(preempt_signals: str) -> Iterator[None]:
+def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
     """Within a submitit job: submitit's signal (sent before the time limit) is raised again as
     the trainer's first pre-emption signal, and a signal during start-up is recorded for the
     trainer to act on (as ``e2mc continue`` does). Without pre-emption signals, submitit's own
     handling stays."""
-    from e2mc.config import parse_signals
+    from e2mc.config import resolve_signals
     from e2mc.training.preemption import PreemptionHandler
 
-    signals = parse_signals(preempt_signals)
+    signals = resolve_signals(preempt_signals)
     if not signals or not _in_submitit():
         yield
         return

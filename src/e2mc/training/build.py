@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import Subset
 
 from e2mc.artifacts import RunDir, run_model
-from e2mc.config import RunConfig, parse_signals
+from e2mc.config import RunConfig, resolve_signals
 from e2mc.distributed import is_main_process
 
 
@@ -163,7 +163,7 @@ def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None,
     from e2mc.training.preemption import PreemptionCallback
 
     callbacks: list[Any] = []
-    if parse_signals(cfg.training.preempt_signals):
+    if resolve_signals(cfg.training.preempt_signals):
         callbacks.append(PreemptionCallback(cfg.training.preempt_signals, cfg.training.requeue))
     mon = cfg.monitor
     if mon.enabled and split is not None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from e2mc.config import metric_names, monitor_fractions, monitor_label_seeds
+from e2mc.config import metric_names
 from e2mc.training.callbacks import Callback
 from e2mc.training.preemption import is_preemption
 
@@ -127,11 +127,11 @@ def probe_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: Moni
     from e2mc.evaluation.sweep import linear_protocol
 
     x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
-    nominal = monitor_fractions(cfg.fractions)
+    nominal = cfg.fractions
     effective = {f: min(1.0, f * data.train_size / len(tr)) for f in nominal}
     entries = linear_protocol(
         x[tr], y[tr], x[te], y[te], sorted(set(effective.values())),
-        monitor_label_seeds(cfg.label_seeds),
+        cfg.label_seeds,
         config_for=lambda f: linear_settings("generic", f, epochs=cfg.probe_epochs),
         device=device)
     out: dict[str, float] = {}

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from e2mc.config import parse_signals
+from e2mc.config import resolve_signals
 from e2mc.errors import E2MCError
 from e2mc.training.callbacks import Callback
 
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, run again to resume
-DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 
 class PreemptionHandler:
@@ -63,8 +63,8 @@ class PreemptionHandler:
     previous ones are restored on exit.
     """
 
-    def __init__(self, signals: str | Sequence[str] | None = DEFAULT_SIGNALS) -> None:
-        self.signals = parse_signals(signals)
+    def __init__(self, signals: Sequence[str] | None = DEFAULT_SIGNALS) -> None:
+        self.signals = resolve_signals(signals)
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
@@ -90,11 +90,11 @@ class PreemptionHandler:
                 and earlier.received in self.signals:
             self.received = earlier.received
 
-    def retarget(self, signals: str | Sequence[str] | None) -> None:
+    def retarget(self, signals: Sequence[str] | None) -> None:
         """Handle ``signals`` from now on (once the configuration names them): a signal no
         longer handled gets its previous handler back, and if it was the one recorded, it is
         raised again for that handler (the process ends as it would have without this one)."""
-        new = parse_signals(signals)
+        new = resolve_signals(signals)
         installed = bool(self._previous)
         for sig in [s for s in self._previous if s not in new]:
             signal.signal(sig, self._previous.pop(sig))
@@ -140,16 +140,16 @@ class PreemptionHandler:
         return bool(flag.item())
 
 
-def ignore_in_worker(signals: str | Sequence[str] | None = DEFAULT_SIGNALS) -> None:
+def ignore_in_worker(signals: Sequence[str] | None = DEFAULT_SIGNALS) -> None:
     """In a DataLoader worker: ignore the pre-emption signals (the main process decides)."""
-    for sig in parse_signals(signals):
+    for sig in resolve_signals(signals):
         signal.signal(sig, signal.SIG_IGN)
 
 
 class WorkerInit:
     """A picklable ``worker_init_fn`` calling :func:`ignore_in_worker` (then ``inner``)."""
 
-    def __init__(self, signals: str | Sequence[str] | None, inner: Any = None) -> None:
+    def __init__(self, signals: Sequence[str] | None, inner: Any = None) -> None:
         self.signals, self.inner = signals, inner
 
     def __call__(self, worker_id: int) -> None:
@@ -204,7 +204,7 @@ class PreemptionCallback(Callback):
 
     name = "preemption"
 
-    def __init__(self, signals: str | Sequence[str] | None = DEFAULT_SIGNALS,
+    def __init__(self, signals: Sequence[str] | None = DEFAULT_SIGNALS,
                  requeue: bool = True) -> None:
         self.handler = PreemptionHandler(signals)
         self.requeue = requeue
