@@ -21,9 +21,9 @@ from typing import Any
 from e2mc.artifacts import EvalResults, EvalSetDir, evaluation_set_names, writer_lock
 from e2mc.errors import InputError
 from e2mc.evaluation.runner import EvalOptions
-from e2mc.evaluation.workflow import EvalData, ModelSpec, evaluate_checkpoint, is_evaluated
+from e2mc.evaluation.workflow import EvalData, ModelSpec, evaluate_checkpoint
 from e2mc.files import atomic_write_text
-from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, Work
+from e2mc.jobs import ExecutorOptions, JobRunner, JobStopped, evaluation_work
 
 
 def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
@@ -52,8 +52,7 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
         else:
             # each job resolves device "auto" on its own node (evaluate_checkpoint)
             jobs = JobRunner(executor, files, log, progress=options.progress)
-            works = [Work(name, CallJob(evaluate_checkpoint, call), Path(call["out"]),
-                          _done_check(call)) for name, call in calls.items()]
+            works = [evaluation_work(name, call) for name, call in calls.items()]
             try:
                 jobs.run(works, "eval")
             except JobStopped as stop:
@@ -67,19 +66,6 @@ def _check_exist(checkpoints: Sequence[str], last: bool) -> None:
     for ref in checkpoints:
         if not is_url(ref) and not Path(checkpoint_of(ref, last)).is_file():
             raise InputError(f"{ref}: no such file or directory")
-
-
-def _done_check(call: dict[str, Any]) -> Callable[[], bool]:
-    """Whether the evaluation of ``call`` is in its directory (the same checkpoint, data and
-    options), remembered once true."""
-    known = [False]
-
-    def done() -> bool:
-        if not known[0]:
-            known[0] = is_evaluated(**call)
-        return known[0]
-
-    return done
 
 
 def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> dict[str, str]:

@@ -304,6 +304,22 @@ class CallJob(_Checkpointable):
         return _outcome(True)
 
 
+def evaluation_work(key: str, call: dict[str, Any]) -> Work:
+    """``evaluate_checkpoint(**call)`` (:mod:`e2mc.evaluation.workflow`) as a unit of work in
+    ``call["out"]``: done when that directory holds the same evaluation (the same checkpoint
+    bytes, data and options: ``is_evaluated``), which is remembered once true."""
+    from e2mc.evaluation.workflow import evaluate_checkpoint, is_evaluated
+
+    known = [False]
+
+    def done() -> bool:
+        if not known[0]:
+            known[0] = is_evaluated(**call)
+        return known[0]
+
+    return Work(key, CallJob(evaluate_checkpoint, call), Path(call["out"]), done)
+
+
 # --------------------------------------------------------------------------- running them
 @dataclass
 class Work:

@@ -28,7 +28,7 @@ from typing import Any
 
 from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
 from e2mc.files import atomic_write_text
-from e2mc.jobs import CallJob, ExecutorOptions, JobRunner, JobStopped, TrainJob, Work
+from e2mc.jobs import ExecutorOptions, JobRunner, JobStopped, TrainJob, Work, evaluation_work
 from e2mc.search.report import confirm_markdown, confirmation, plot_trajectories, search_markdown
 from e2mc.search.spec import CONTROL_ADDON, SearchSpec, Trial, run_dir_name, select
 
@@ -268,13 +268,12 @@ class Search:
                                                           else trial.overrides, control, seed),
                                               self.files.confirm_run(seed, kind))
                             for seed in seeds for kind, control in kinds], "train")
-            evals = [(self.files.confirm_run(seed, kind), self.files.confirm_eval(seed, kind))
-                     for seed in seeds for kind, _ in kinds]
-            self._run_jobs([Work(self._work_key(out.root),
-                                 CallJob(evaluate_on_test,
-                                         self._eval_args(run, out, eval_fractions, label_seeds,
-                                                         probe_epochs, device)),
-                                 out.root, out.exists) for run, out in evals], "eval")
+            self._run_jobs([evaluation_work(self._work_key(out.root),
+                                            self._eval_call(run, out, eval_fractions,
+                                                            label_seeds, probe_epochs, device))
+                            for run, out in ((self.files.confirm_run(seed, kind),
+                                              self.files.confirm_eval(seed, kind))
+                                             for seed in seeds for kind, _ in kinds)], "eval")
         pairs = []
         for seed in seeds:
             self.log(f"confirm {chosen}, training seed {seed}")
@@ -294,39 +293,33 @@ class Search:
 
     def _test_eval(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
-        evaluate_on_test(**self._eval_args(run, out, fractions, label_seeds, probe_epochs,
-                                           device))
+        """The test evaluation of ``run`` in ``out``, unless ``out`` holds it (read back)."""
+        from e2mc.evaluation.workflow import evaluate_checkpoint
+
+        evaluate_checkpoint(**self._eval_call(run, out, fractions, label_seeds, probe_epochs,
+                                              device))
         return out.root
 
-    def _eval_args(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
+    def _eval_call(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str
                    ) -> dict[str, Any]:
-        """The arguments of :func:`evaluate_on_test` for ``run`` into ``out``."""
+        """The arguments of :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` for the
+        confirmation's test evaluation of ``run`` in ``out`` (linear probes at ``fractions``
+        with ``label_seeds``, kNN k = 20, features cached in the search directory), by the
+        search itself or as a job (:func:`~e2mc.jobs.evaluation_work`)."""
+        from e2mc.evaluation.runner import EvalOptions
+        from e2mc.evaluation.workflow import EvalData
+
         cfg = self.configs[self.spec.trials[0].name]
-        return {"checkpoint": str(run.checkpoint), "out": str(out.root), "data": self.spec.data,
-                "image_size": cfg.data.image_size, "fractions": tuple(fractions),
-                "label_seeds": tuple(label_seeds), "probe_epochs": probe_epochs,
-                "device": device, "cache": str(self.files.feature_cache)}
-
-
-def evaluate_on_test(checkpoint: str, out: str, data: str, image_size: int,
-                     fractions: Sequence[float], label_seeds: Sequence[int], probe_epochs: int,
-                     device: str, cache: str) -> None:
-    """A confirmation's test evaluation of ``checkpoint`` into ``out`` (linear probes at
-    ``fractions`` with ``label_seeds``, kNN k = 20; features cached in ``cache``) through
-    :func:`~e2mc.evaluation.workflow.evaluate_checkpoint`, unless ``out`` holds it already
-    (same checkpoint bytes, data and options); run by the search itself or as a job
-    (:class:`~e2mc.jobs.CallJob`)."""
-    from e2mc.evaluation.runner import EvalOptions
-    from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
-
-    options = EvalOptions(protocols=("linear", "knn"), fractions=tuple(fractions),
-                          seeds=tuple(label_seeds), method="generic", knn_k=(20,),
-                          knn_weightings=("weighted",),
-                          linear_overrides={"epochs": probe_epochs}, device=device,
-                          progress=False)
-    evaluate_checkpoint(checkpoint, out, EvalData(data), options, image_size=image_size,
-                        cache=cache, reuse=True, log=lambda _: None)
+        options = EvalOptions(protocols=("linear", "knn"), fractions=tuple(fractions),
+                              seeds=tuple(label_seeds), method="generic", knn_k=(20,),
+                              knn_weightings=("weighted",),
+                              linear_overrides={"epochs": probe_epochs}, device=device,
+                              progress=False)
+        return {"checkpoint": str(run.checkpoint), "out": str(out.root),
+                "data": EvalData(self.spec.data), "options": options,
+                "image_size": cfg.data.image_size, "cache": str(self.files.feature_cache),
+                "reuse": True}
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
