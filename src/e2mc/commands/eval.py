@@ -252,11 +252,14 @@ def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
     # device "auto" is resolved by each evaluation where it runs (a job: on its node)
     evaluated = evaluate_set(args.checkpoint, args.out, options=_options(args, args.device),
                              executor=executor, **_inputs(args))
-    for name, results in evaluated.items():
-        print(f"{name}: {results.checkpoint}")
+    from pathlib import Path
+
+    for (name, results), given in zip(evaluated.items(), args.checkpoint, strict=True):
+        print(f"{name}: {given}")
         _print(results)
-    print(f"wrote {len(evaluated)} evaluation(s) under {args.out} (compare them with e2mc "
-          f"compare {args.out}/<name> ...)")
+    dirs = " ".join(str(Path(args.out) / name) for name in evaluated)
+    print(f"wrote {len(evaluated)} evaluation(s) under {args.out}; compare them with:\n"
+          f"  e2mc compare {dirs} --out {Path(args.out) / 'comparison'}")
     return 0
 
 
