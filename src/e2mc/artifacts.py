@@ -414,14 +414,20 @@ class RunDir:
 
         atomic_write_text(self.done, json.dumps({"step": int(step), "end": end}))
 
+    def read_done(self) -> dict[str, Any] | None:
+        """What :meth:`mark_done` recorded (``step``, ``end``) when the run is done and the
+        checkpoint it describes is there; else ``None``."""
+        if not (self.done.is_file() and self.checkpoint.is_file()):
+            return None
+        try:
+            done = json.loads(self.done.read_text(encoding="utf-8"))
+            return done if isinstance(done["step"], int) else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def is_done(self) -> bool:
         """Whether :meth:`mark_done` was called and the checkpoint it describes is there."""
-        if not (self.done.is_file() and self.checkpoint.is_file()):
-            return False
-        try:
-            return isinstance(json.loads(self.done.read_text(encoding="utf-8"))["step"], int)
-        except (ValueError, KeyError, TypeError):
-            return False
+        return self.read_done() is not None
 
     @property
     def config_changes(self) -> Path:
@@ -455,23 +461,27 @@ class EvalSetDir:
         return EvalDir(self.root / name)
 
 
-def evaluation_set_names(checkpoints: list[str]) -> list[str]:
-    """A directory name per checkpoint argument, injective in the argument: a readable slug of
-    its last part (a run directory's or file's name) and a short hash of the whole argument
-    (``a/run`` and ``b/run`` share the slug, not the hash). The same argument twice is an
-    :class:`~e2mc.errors.InputError`."""
+def slug_dir_name(label: str, identity: str, fallback: str) -> str:
+    """A directory name injective in ``identity``: a readable slug of ``label`` (at most 80
+    characters, ``fallback`` when nothing is left of it) and the first 10 hex digits of the
+    SHA-256 of ``identity`` (``"beta 100"`` and ``"beta_100"`` share the slug, not the hash)."""
     import hashlib
     import re
 
+    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")[:80] or fallback
+    return f"{slug}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
+
+
+def evaluation_set_names(checkpoints: list[str]) -> list[str]:
+    """A directory name per checkpoint argument (:func:`slug_dir_name`): a slug of its last part
+    (a run directory's or file's name) and a hash of the whole argument (``a/run`` and
+    ``b/run`` share the slug, not the hash). The same argument twice is an
+    :class:`~e2mc.errors.InputError`."""
     twice = sorted({c for c in checkpoints if checkpoints.count(c) > 1})
     if twice:
         raise InputError(f"checkpoint {twice[0]} is given twice; list each once")
-    names = []
-    for ref in checkpoints:
-        last = Path(str(ref).rstrip("/")).name or str(ref)
-        slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", last).strip("_")[:60] or "checkpoint"
-        names.append(f"{slug}-{hashlib.sha256(str(ref).encode()).hexdigest()[:10]}")
-    return names
+    return [slug_dir_name(Path(ref.rstrip("/")).name or ref, ref, "checkpoint")
+            for ref in checkpoints]
 
 
 # --------------------------------------------------------------------------- searches

@@ -39,12 +39,13 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
     names = evaluation_set_names([str(c) for c in checkpoints])
     _check_exist(checkpoints, model.last)  # before anything is written or submitted
     with writer_lock(files.root):
-        index = _write_index(files, dict(zip(names, map(str, checkpoints), strict=True)))
+        wanted = dict(zip(names, map(str, checkpoints), strict=True))
+        _write_index(files, wanted)
         calls = {name: {"checkpoint": ref, "out": str(files.evaluation(name).root),
                         "data": data, "options": options, "model": model,
                         "image_size": image_size, "cache": None if cache is None else str(cache),
                         "reuse": True, "extra_record": extra_record}
-                 for name, ref in index.items() if name in names}
+                 for name, ref in wanted.items()}
         if executor.kind == "inline":
             for i, call in enumerate(calls.values()):
                 log(f"[{i + 1}/{len(calls)}] {call['checkpoint']} -> {call['out']}")
@@ -68,7 +69,7 @@ def _check_exist(checkpoints: Sequence[str], last: bool) -> None:
             raise InputError(f"{ref}: no such file or directory")
 
 
-def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> dict[str, str]:
+def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> None:
     """``evaluations.json`` with the names of ``wanted`` added (atomically; earlier names of the
     directory kept). The names hash their checkpoint arguments, so a name never changes its
     checkpoint; a file that says otherwise was not written by this code and is refused."""
@@ -86,7 +87,6 @@ def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> dict[str, str]:
     index = {**index, **wanted}
     files.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(files.index, json.dumps({"checkpoints": index}, indent=2))
-    return wanted
 
 
 __all__ = ["evaluate_set"]

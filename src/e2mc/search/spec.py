@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,12 +83,10 @@ def _yaml_value(value: Any) -> str:
 
 def run_dir_name(label: str, overrides: Sequence[str]) -> str:
     """A directory name injective in ``overrides``: a readable slug of ``label`` and a short
-    hash of the overrides (``"beta 100"`` and ``"beta_100"`` share the slug, not the hash)."""
-    import hashlib
+    hash of the overrides (:func:`~e2mc.artifacts.slug_dir_name`)."""
+    from e2mc.artifacts import slug_dir_name
 
-    digest = hashlib.sha256(json.dumps(list(overrides)).encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")[:80] or "default"
-    return f"{slug}-{digest}"
+    return slug_dir_name(label, json.dumps(list(overrides)), "default")
 
 
 @dataclass

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -72,9 +71,9 @@ def train_unless_done(cfg: RunConfig, run_dir: str | Path) -> RunOutcome:
     from e2mc.distributed import is_main_process
 
     run = RunDir(run_dir)
-    if run.is_done():
+    done = run.read_done()
+    if done is not None:
         check_resume_config(run.root, cfg.to_dict(), False, record=False)
-        done = json.loads(run.done.read_text(encoding="utf-8"))
         end = done.get("end")
         return RunOutcome(run.root, True, done["step"], None if end == "completed" else end,
                           trained=False)
