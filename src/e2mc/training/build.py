@@ -63,16 +63,17 @@ def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
     return build_addon(cfg.addon.name, **params)
 
 
-def training_images(cfg: RunConfig, transform: Any = None) -> Any:
-    """The training split of ``data.dataset`` (first ``data.limit`` images), before the
-    validation hold-out."""
+def training_images(cfg: RunConfig) -> Any:
+    """``(images, skipped)``: the training split of ``data.dataset`` (first ``data.limit``
+    images), before the validation hold-out and without a transform (each consumer adds its
+    own: the view recipe, or the evaluation transform of the monitor), and the number of
+    unreadable images skipped."""
     from e2mc.data import LabeledSubset, build_dataset, dataset_labels
 
     if cfg.data.dataset is None:
         raise ValueError("data.dataset is not set: give a data set ('builtin', an IDX folder, an "
                          "image folder or an .npz file) with --data or --set data.dataset=...")
-    base = build_dataset(cfg.data.dataset, cfg.data.split, transform=transform,
-                         skip_corrupt=cfg.data.skip_corrupt)
+    base = build_dataset(cfg.data.dataset, cfg.data.split, skip_corrupt=cfg.data.skip_corrupt)
     skipped = int(getattr(base, "num_skipped", 0))
     if cfg.data.limit is not None:
         if cfg.data.limit < 1:
