@@ -14,6 +14,7 @@ from e2mc.evaluation.results import (
     load_evaluation,
     mean_se,
 )
+from helpers import recorded_test_data
 from test_evaluation_cli import tiny_run
 
 
@@ -75,7 +76,8 @@ def _eval(root, correct: np.ndarray, seeds=(0, 1), image_size: int = 28):
                 "predictions": save_predictions(root, f"linear_1_s{s}",
                                                 np.where(correct, 0, 1), labels)}
                for s in seeds]
-    EvalDir(root).write({"entries": entries, "image_size": image_size})
+    EvalDir(root).write({"entries": entries, "image_size": image_size,
+                         "test_data": recorded_test_data(labels)})
     return str(root)
 
 

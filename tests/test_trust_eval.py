@@ -18,10 +18,11 @@ from torch import nn
 
 import e2mc
 import e2mc.files as ckio
-from e2mc.artifacts import EvalDir, writer_lock
+from e2mc.artifacts import GENERATIONS, EvalDir, writer_lock
 from e2mc.cli import main
 from e2mc.evaluation.results import compare_evaluations, save_predictions
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
+from helpers import recorded_test_data
 from test_evaluation_cli import data
 from test_faults import FORK
 
@@ -67,7 +68,7 @@ def assert_no_leftovers(out: Path) -> None:
     """Only the files results.json references are in predictions/, no temporary file, no lock."""
     referenced = {e.predictions for e in EvalDir(out).load().entries}
     assert {f"predictions/{p.name}" for p in (out / "predictions").iterdir()} == referenced
-    assert not list(out.glob(".*"))
+    assert [p.name for p in out.glob(".*")] == [GENERATIONS]  # the record of its own files
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,9 @@ def test_killed_at_every_write_then_resumed(references: dict[int, Path], tmp_pat
     evaluate(tmp_path / "counted", 1)
     monkeypatch.undo()
     n = len(calls)
-    assert n == 4 and calls[-1].name == "results.json"  # 3 predictions files, then results
+    # the record of its own generation, 3 predictions files, results.json, the record again
+    assert [c.name for c in calls[:1] + calls[-2:]] == [GENERATIONS, "results.json",
+                                                        GENERATIONS] and n == 6
     model0, model1 = described(references[0]), described(references[1])
     for k, when in [*((k, "during") for k in range(1, n + 1)), (n, "after")]:
         count = 0
@@ -137,7 +140,7 @@ def test_killed_at_every_write_then_resumed(references: dict[int, Path], tmp_pat
             buf = io.BytesIO() if "b" in mode else io.StringIO()
             write(buf)
             half = buf.getvalue()[: len(buf.getvalue()) // 2]
-            tmp = Path(path).parent / f".{Path(path).name}.x1y2z3.tmp"
+            tmp = Path(path).parent / f".{Path(path).name}.x1y2z3w4.tmp"
             tmp.write_bytes(half) if "b" in mode else tmp.write_text(half)
             raise Killed
 
@@ -146,7 +149,8 @@ def test_killed_at_every_write_then_resumed(references: dict[int, Path], tmp_pat
         with pytest.raises(Killed):
             evaluate(out, 1)
         monkeypatch.undo()
-        assert_same(described(out), model1 if when == "after" else model0)
+        # results.json is the 5th write: once it is replaced, the directory is model 1's
+        assert_same(described(out), model1 if when == "after" or k > n - 1 else model0)
         evaluate(out, 1)  # resumed: the same command again
         assert_same(described(out), model1)
         assert_no_leftovers(out)
@@ -219,7 +223,8 @@ def synthetic(root: Path, report: str = "last", seeds: tuple[int, ...] = (0, 1),
                             "metrics": {"top1_last": float(last), "top1_best": float(best)},
                             "predictions": rel})
     EvalDir(root).write({"reported_epoch": report, "fractions": list(fractions),
-                         "seeds": list(seeds), "entries": entries})
+                         "seeds": list(seeds), "entries": entries,
+                         "test_data": recorded_test_data(labels)})
     return root
 
 

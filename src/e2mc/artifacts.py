@@ -24,6 +24,9 @@ An **evaluation directory** (``e2mc eval``)::
     results.json             :class:`EvalResults`: one :class:`EvalEntry` per probe and seed
     predictions/<name>.<generation>.npz   per-image top-1 predictions and labels of each entry
                              (written first; results.json, written last, records their sha256)
+    .generations.json        the generations of predictions/ files this directory's
+                             evaluations wrote: its clean-up deletes only those (and the files
+                             the replaced results.json named), never a file it did not write
 
 A **search directory** (``e2mc search``, :class:`SearchDir`)::
 
@@ -39,6 +42,7 @@ A **search directory** (``e2mc search``, :class:`SearchDir`)::
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -72,6 +76,7 @@ SEARCH_MD = "search.md"
 RUN_DONE = "done.json"
 CONFIG_CHANGES = "config_changes.jsonl"
 LOCK = ".e2mc.lock"
+GENERATIONS = ".generations.json"
 
 _EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
 
@@ -147,8 +152,16 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
     path = root / LOCK
     if path.resolve() in _HELD:  # a second lockf in this process would succeed, and its
         raise DirectoryBusy(f"{root} is already being written by this process")  # close free it
+    from e2mc.files import is_temp_file, refuse_link
+
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        refuse_link(path)  # a planted link: its target is never opened for writing
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # planted between the check and the open
+                refuse_link(path)
+            raise
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -174,8 +187,9 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
                   "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
-        for temp in root.glob(".*.tmp"):  # an interrupted atomic write of an earlier writer
-            temp.unlink(missing_ok=True)
+        for temp in root.iterdir():  # an interrupted atomic write of an earlier writer
+            if is_temp_file(temp.name) and not temp.is_dir():
+                temp.unlink(missing_ok=True)
         yield path
     finally:
         _HELD.discard(key)
@@ -333,7 +347,11 @@ class RunDir:
         return self.root / EPOCH_DIR
 
     def epoch_checkpoint(self, run_epoch: int) -> Path:
-        """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model)."""
+        """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model);
+        a symbolic link at ``checkpoints`` is refused (:func:`e2mc.files.refuse_link`)."""
+        from e2mc.files import refuse_link
+
+        refuse_link(self.epoch_dir)
         return self.epoch_dir / f"epoch_{run_epoch:04d}.pt"
 
     def epoch_checkpoints(self) -> list[tuple[int, Path]]:
@@ -396,11 +414,13 @@ class RunDir:
     def stale_temp_files(self) -> list[Path]:
         """Temporary files of interrupted atomic writes (``.NAME.*.tmp``) in the run directory
         and its epoch folder."""
+        from e2mc.files import is_temp_file, refuse_link
+
         found: list[Path] = []
+        refuse_link(self.epoch_dir)
         for folder in (self.root, self.epoch_dir):
             if folder.is_dir():
-                found += [p for p in folder.iterdir()
-                          if p.name.startswith(".") and p.name.endswith(".tmp")]
+                found += [p for p in folder.iterdir() if is_temp_file(p.name)]
         return sorted(found)
 
     @property
@@ -480,6 +500,13 @@ def evaluation_set_names(checkpoints: list[str]) -> list[str]:
     twice = sorted({c for c in checkpoints if checkpoints.count(c) > 1})
     if twice:
         raise InputError(f"checkpoint {twice[0]} is given twice; list each once")
+    seen: dict[str, str] = {}
+    for ref in checkpoints:  # ./x.pt, x.pt and a link to it are one file
+        real = os.path.realpath(ref) if os.path.exists(ref) else ref
+        if real in seen:
+            raise InputError(f"checkpoints {seen[real]} and {ref} are the same file "
+                             f"({real}); list each once")
+        seen[real] = ref
     return [slug_dir_name(Path(ref.rstrip("/")).name or ref, ref, "checkpoint")
             for ref in checkpoints]
 
@@ -511,6 +538,21 @@ class SearchDir:
 
     def confirm_eval(self, seed: int, kind: str) -> EvalDir:
         return EvalDir(self.root / "confirm" / f"seed{seed}" / f"{kind}-eval")
+
+    def refuse_links(self, *inside: Path) -> None:
+        """Refuse (:func:`e2mc.files.refuse_link`) a symbolic link at any folder or file the
+        search makes: its folders, and every path from the root down to each of ``inside``."""
+        from e2mc.files import refuse_link
+
+        for path in (self.root / "trials", self.root / "confirm", self.feature_cache,
+                     self.jobs_dir, self.jobs_json, self.json, self.markdown, self.plot,
+                     self.confirm_json, self.confirm_markdown):
+            refuse_link(path)
+        for path in inside:
+            for part in [path, *path.parents]:
+                if part == self.root or self.root not in part.parents:
+                    break
+                refuse_link(part)
 
 
 
@@ -642,13 +684,37 @@ class EvalDir:
 
         return uuid.uuid4().hex[:12]
 
+    @property
+    def generations(self) -> Path:
+        """``.generations.json``: the generations this directory's evaluations started, the
+        record of which ``predictions/`` files are its own (:meth:`remove_unreferenced`)."""
+        return self.root / GENERATIONS
+
+    def _own_generations(self) -> set[str]:
+        try:
+            listed = json.loads(self.generations.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return set()
+        return {g for g in listed if isinstance(g, str)} if isinstance(listed, list) else set()
+
+    def _record_generations(self, generations: Iterable[str]) -> None:
+        from e2mc.files import atomic_write_text
+
+        atomic_write_text(self.generations, json.dumps(sorted(set(generations))))
+
     def begin(self) -> str:
-        """Start an evaluation into the directory: remove what an interrupted one left (files
-        of ``predictions/`` that ``results.json`` does not reference, temporary files) and
-        return a new generation id for :func:`~e2mc.evaluation.results.save_predictions`.
-        The previous complete result stays as it is until :meth:`write` replaces it."""
+        """Start an evaluation into the directory: remove what an interrupted one left (its own
+        files of ``predictions/`` that ``results.json`` does not reference) and return a new
+        generation id for :func:`~e2mc.evaluation.results.save_predictions`, recorded first as
+        the directory's own. The previous complete result stays as it is until :meth:`write`
+        replaces it. A symbolic link at ``predictions`` is refused."""
+        from e2mc.files import refuse_link
+
+        refuse_link(self.predictions_dir)
         self.remove_unreferenced()
-        return self.new_generation()
+        generation = self.new_generation()
+        self._record_generations([*self._referenced_generations(), generation])
+        return generation
 
     def _referenced(self, entries: Iterable[dict[str, Any]] | None = None) -> set[str]:
         if entries is None:
@@ -659,15 +725,28 @@ class EvalDir:
         return {os.path.normpath(self.root / e["predictions"]) for e in entries
                 if e.get("predictions")}
 
-    def remove_unreferenced(self, entries: Iterable[dict[str, Any]] | None = None
-                            ) -> list[Path]:
-        """Remove the files of ``predictions/`` that ``entries`` (default: those of
-        ``results.json``) do not reference; returns them."""
+    def _referenced_generations(self, entries: Iterable[dict[str, Any]] | None = None
+                                ) -> set[str]:
+        return {g for p in self._referenced(entries) if (g := _generation(Path(p).name))}
+
+    def remove_unreferenced(self, entries: Iterable[dict[str, Any]] | None = None,
+                            also: Iterable[str] = ()) -> list[Path]:
+        """Remove the directory's own files of ``predictions/`` that ``entries`` (default: those
+        of ``results.json``) do not reference: files of a generation :meth:`begin` recorded
+        (``.generations.json``) and their killed writes' temporary files, and the files
+        ``also`` names (those the previous ``results.json`` referenced); returns them. Any
+        other file is left alone: a user's file in the folder is never deleted."""
+        from e2mc.files import refuse_link, temp_target
+
+        refuse_link(self.predictions_dir)
         if not self.predictions_dir.is_dir():
             return []
         keep = self._referenced(entries)
+        own, named = self._own_generations(), {os.path.normpath(p) for p in also}
         removed = [p for p in self.predictions_dir.iterdir()
-                   if not p.is_dir() and os.path.normpath(p) not in keep]
+                   if os.path.normpath(p) not in keep and not p.is_dir()
+                   and (_generation(temp_target(p.name) or p.name) in own
+                        or os.path.normpath(p) in named)]
         for path in removed:
             path.unlink(missing_ok=True)
         return removed
@@ -694,7 +773,7 @@ class EvalDir:
     def write(self, record: dict[str, Any]) -> Path:
         """Write ``record`` (entries and top-level fields) as ``results.json``, atomically, with
         a ``summary`` (mean, SE and count over seeds of every numeric metric per column)."""
-        from e2mc.files import atomic_write_text
+        from e2mc.files import atomic_write_text, temp_target
 
         record = dict(record)
         entries = [e.to_dict() if isinstance(e, EvalEntry) else dict(e)
@@ -706,10 +785,13 @@ class EvalDir:
         record["summary"] = summarize(entries)
         text = json.dumps(record, indent=2, default=_jsonable)
         self.root.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob(f".{RESULTS}.*.tmp"):  # left by a killed write
-            stale.unlink(missing_ok=True)
+        for stale in self.root.iterdir():  # its own files' temporaries, left by a killed write
+            if temp_target(stale.name) in (RESULTS, GENERATIONS):
+                stale.unlink(missing_ok=True)
+        previous = self._referenced()  # the files the record about to be replaced names
         atomic_write_text(self.results, text)
-        self.remove_unreferenced(entries)  # the previous evaluation's predictions
+        self.remove_unreferenced(entries, also=previous)  # the previous evaluation's files
+        self._record_generations(self._referenced_generations(entries))
         return self.results
 
     def _file_digest(self, entry: dict[str, Any]) -> str:
@@ -720,6 +802,15 @@ class EvalDir:
             raise ValueError(f"{self.results}: entry {entry.get('column')!r} names predictions "
                              f"{entry['predictions']}, which {self.root} does not hold")
         return sha256_file(path)
+
+
+_GENERATION = re.compile(r"^.+\.([0-9a-f]{12})\.npz$")
+
+
+def _generation(filename: str) -> str | None:
+    """The generation of a ``predictions/<name>.<generation>.npz`` file name, else None."""
+    m = _GENERATION.match(filename)
+    return m.group(1) if m else None
 
 
 def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:

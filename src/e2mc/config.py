@@ -618,7 +618,8 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _prepared(data: Any, cls: type, prefix: str = "") -> dict[str, Any]:
+def _prepared(data: Any, cls: type, prefix: str = "", missing_ok: bool = False
+              ) -> dict[str, Any]:
     """``data`` as OmegaConf can merge it into ``cls``: what OmegaConf does not convert itself
     (a comma string for a list, ``none`` for null, a YAML mapping as text, null ``params``)."""
     if not isinstance(data, Mapping):
@@ -629,8 +630,10 @@ def _prepared(data: Any, cls: type, prefix: str = "") -> dict[str, Any]:
         if tp is None:
             raise ValueError(_unknown(full, hints))
         args, origin = typing.get_args(tp), typing.get_origin(tp)
+        if not missing_ok:
+            _refuse_missing(full, value)
         if dataclasses.is_dataclass(tp):
-            value = _prepared(value, tp, f"{full}.")
+            value = _prepared(value, tp, f"{full}.", missing_ok)
         elif isinstance(value, str) and value.lower() in ("null", "none", "~") \
                 and type(None) in args:
             value = None
@@ -651,12 +654,36 @@ def _prepared(data: Any, cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _build(data: Mapping[str, Any]) -> RunConfig:
+def _without_missing(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _without_missing(v) for k, v in data.items()
+                if not (isinstance(v, str) and v.strip() == "???")}
+    return data
+
+
+def _refuse_missing(key: str, value: Any) -> None:
+    """OmegaConf's missing-value marker ``???`` is an error naming the key (OmegaConf would
+    keep the default in its place, silently): a config that leaves a value to be filled in must
+    have it filled in."""
+    if isinstance(value, str) and value.strip() == "???":
+        raise ValueError(f"config key {key!r} is ??? (a value still to be given): set it in "
+                         f"the file or with --set {key}=VALUE")
+    if isinstance(value, Mapping) and not dataclasses.is_dataclass(value):
+        for k, v in value.items():
+            if not isinstance(v, Mapping):
+                _refuse_missing(f"{key}.{k}", v)
+
+
+def _build(data: Mapping[str, Any], missing_ok: bool = False) -> RunConfig:
     """The defaults with ``data`` laid over them: OmegaConf's structured config of
-    :class:`RunConfig` converts the values to the field types and refuses unknown keys."""
+    :class:`RunConfig` converts the values to the field types and refuses unknown keys; a
+    ``???`` is refused unless ``missing_ok`` (one file of a ``base:`` chain, whose later
+    files or overrides may give the value)."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig),
-                                 _literal(_prepared(data, RunConfig)))
+        prepared = _prepared(data, RunConfig, missing_ok=missing_ok)
+        if missing_ok:  # checked for the rest; ??? stays in the data for the final build
+            prepared = _without_missing(prepared)
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), _literal(prepared))
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ValueError(f"config key {err.full_key!r}: {str(err.msg).splitlines()[0]}") from None
@@ -740,7 +767,20 @@ def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[s
             if isinstance(section, Mapping) and isinstance(override.get(key), Mapping)
             and override[key].get("name", section.get("name")) != section.get("name")
             else section for key, section in base.items()}
-    return OmegaConf.to_container(OmegaConf.merge(base, override))
+    merged = OmegaConf.to_container(OmegaConf.merge(base, _swap(override, "???", _MISSING)))
+    return _swap(merged, _MISSING, "???")  # (merging ??? would keep the base's value)
+
+
+_MISSING = "\0e2mc-missing\0"
+
+
+def _swap(data: Any, old: str, new: str) -> Any:
+    """``data`` with every string ``old`` replaced by ``new``, at any depth."""
+    if isinstance(data, Mapping):
+        return {k: _swap(v, old, new) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_swap(v, old, new) for v in data]
+    return new if isinstance(data, str) and data.strip() == old else data
 
 
 def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str, Any]:
@@ -753,7 +793,7 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     data = _literal(data)
     base = data.pop(BASE_KEY, None)
     try:  # strict per file, so that an unknown key is reported with the file that has it
-        _build(data)
+        _build(data, missing_ok=True)
     except ValueError as err:
         raise ValueError(f"{ident}: {err}") from None
     if base is None:

@@ -3,8 +3,9 @@ evaluation directory ``DIR/<name>/`` (:class:`~e2mc.artifacts.EvalSetDir`), in t
 after another (``inline``) or each as a job (``local``, ``slurm``: :mod:`e2mc.jobs`).
 
 Every evaluation goes through :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` with
-``reuse``: an evaluation directory that already holds the same checkpoint bytes, data and
-options is read back, and a job is submitted only for the ones that do not
+``reuse``: an evaluation directory that already holds the same checkpoint bytes, data content
+(:mod:`e2mc.data.identity`: new images at the same paths are other data) and options is read
+back, and a job is submitted only for the ones that do not
 (:func:`~e2mc.evaluation.workflow.is_evaluated`), so running the same command again after an
 interruption resubmits nothing that finished. A failed job stops the command with its log
 tail (exit 1); nothing is printed as a result of a partial set.
@@ -22,7 +23,7 @@ from e2mc.artifacts import EvalResults, EvalSetDir, evaluation_set_names, writer
 from e2mc.errors import InputError
 from e2mc.evaluation.runner import EvalOptions
 from e2mc.evaluation.workflow import EvalData, ModelSpec, evaluate_checkpoint
-from e2mc.files import atomic_write_text
+from e2mc.files import atomic_write_text, refuse_link
 from e2mc.jobs import ExecutorOptions, JobRunner, JobStopped, evaluation_work
 
 
@@ -40,6 +41,8 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
     _check_exist(checkpoints, model.last)  # before anything is written or submitted
     with writer_lock(files.root):
         wanted = dict(zip(names, map(str, checkpoints), strict=True))
+        for name in wanted:  # each evaluation directory is the set's own
+            refuse_link(files.evaluation(name).root)
         _write_index(files, wanted)
         calls = {name: {"checkpoint": ref, "out": str(files.evaluation(name).root),
                         "data": data, "options": options, "model": model,

@@ -1,6 +1,9 @@
 """Writing files safely: atomically (a temporary file beside the target, then a rename), into
-directories checked for write permission first; and the SHA-256 that identifies a file's
-content. No torch: checkpoints are written through :func:`e2mc.checkpoints.io.atomic_save`."""
+directories checked for write permission first, never through a symbolic link at a path e2mc
+makes (:func:`refuse_link`: a link planted there is refused, its target never changed); a
+user's name made safe for a file name (:func:`safe_name`); and the SHA-256 that identifies a
+file's content. No torch: checkpoints are written through
+:func:`e2mc.checkpoints.io.atomic_save`."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,32 +31,113 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
+def refuse_link(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`~e2mc.errors.InputError` (one line) when ``path`` is a symbolic link: a
+    path e2mc writes, creates or cleans inside its directories is its own, and a link planted
+    there would send the write (or the deletion) to a file it does not own."""
+    if os.path.islink(path):
+        raise InputError(f"{path} is a symbolic link; e2mc writes only files it owns and does "
+                         "not follow links at the paths it makes: remove the link or use "
+                         "another directory")
+
+
+def own_dir(path: str | os.PathLike[str]) -> Path:
+    """Make the folder ``path`` (and its parents) that e2mc writes into, refusing a symbolic
+    link at ``path`` itself (:func:`refuse_link`); returns it."""
+    refuse_link(path)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    refuse_link(path)  # (planted between the check and the mkdir)
+    return Path(path)
+
+
+#: Temporary files of :func:`atomic_write`: ``.NAME.XXXXXXXX.tmp`` (``mkstemp``'s 8 characters).
+_TEMP_FILE = re.compile(r"^\.(.+)\.[a-z0-9_]{8}\.tmp$")
+
+
+def is_temp_file(name: str) -> bool:
+    """Whether the file name ``name`` is one of :func:`atomic_write`'s temporary files (a
+    killed writer's leftovers are removed by name; no other file is ever removed so)."""
+    return bool(_TEMP_FILE.match(name))
+
+
+def temp_target(name: str) -> str | None:
+    """The name of the file an :func:`atomic_write` temporary file ``name`` was to become."""
+    m = _TEMP_FILE.match(name)
+    return m.group(1) if m else None
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """``name`` as it may become a file name: refused (:class:`~e2mc.errors.InputError`, one
+    line) when it is empty, ``.`` or ``..``, or holds a path separator or a control character,
+    so that no user-given name (a run, trial or class name) writes outside its folder."""
+    if not name or name in (".", "..") or _UNSAFE.search(name):
+        raise InputError(f"{what} {name!r} cannot be a file name (empty, '.', '..', a '/' or "
+                         "'\\', or a control character); choose another")
+    return name
+
+
+def open_append(path: str | os.PathLike[str]) -> Any:
+    """Open the text file ``path`` for appending (created with the umask's mode), never
+    through a symbolic link (:func:`refuse_link`); returns the file object."""
+    refuse_link(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o666)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> None:
     """Call ``write(file)`` on a temporary file beside ``path`` (``mode`` ``"wb"`` or ``"w"``),
     flush and fsync it, then ``os.replace`` it onto ``path``; on failure nothing is left and
     ``path`` is untouched. The file gets the mode a plain write would give (umask). A full disk
     is an ``OSError(ENOSPC)`` naming ``path``. A temporary file left by a killed process is
-    named ``.NAME.*.tmp`` (``RunDir.stale_temp_files``)."""
+    named ``.NAME.XXXXXXXX.tmp`` (:func:`is_temp_file`). A symbolic link at ``path`` is refused
+    (:func:`refuse_link`), never written through nor replaced."""
     target = Path(path)
+    refuse_link(target)
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     file_mode = _new_file_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    failed: list[OSError] = []  # what the file system said, under a writer that rewraps it
     try:
         os.fchmod(fd, file_mode)
         with os.fdopen(fd, mode) as f:
-            write(f)
+            write(_Recording(f, failed))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) \
-                and err.filename is None:
-            raise OSError(err.errno, os.strerror(err.errno), str(target)) from err
+        cause = err if isinstance(err, OSError) else failed[0] if failed else None
+        if cause is not None and cause.errno in (errno.ENOSPC, errno.EDQUOT) \
+                and (cause is not err or err.filename is None):
+            # (torch.save reports a failed write as "[enforce fail at inline_container.cc]")
+            raise OSError(cause.errno, os.strerror(cause.errno), str(target)) from err
         raise
+
+
+class _Recording:
+    """A file object whose failed writes are recorded in ``failed`` (then raised as usual):
+    a writer such as ``torch.save`` turns an ``OSError`` into its own ``RuntimeError``, and
+    :func:`atomic_write` still reports what the file system said."""
+
+    def __init__(self, f: Any, failed: list[OSError]) -> None:
+        self._f, self._failed = f, failed
+
+    def write(self, data: Any) -> Any:
+        try:
+            return self._f.write(data)
+        except OSError as err:
+            self._failed.append(err)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str = "directory") -> None:

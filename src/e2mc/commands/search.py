@@ -88,4 +88,6 @@ def _seeds(text: str) -> list[int]:
         raise ValueError(f"--confirm takes comma-separated integer seeds, got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--confirm seeds must be distinct, got {text!r}")
+    if min(seeds) < 0:  # checked before the first trial, not after the last
+        raise ValueError(f"--confirm seeds are training seeds, integers >= 0; got {text!r}")
     return seeds

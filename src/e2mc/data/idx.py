@@ -88,4 +88,7 @@ def save_idx(array: np.ndarray, path: str | Path, compress: bool | None = None) 
     payload = header + array.astype(_IDX_DTYPES[codes[native]], copy=False).tobytes()
     if compress is None:
         compress = path.suffix == ".gz"
-    path.write_bytes(gzip.compress(payload, mtime=0) if compress else payload)
+    from e2mc.files import atomic_write
+
+    data = gzip.compress(payload, mtime=0) if compress else payload
+    atomic_write(path, lambda f: f.write(data))

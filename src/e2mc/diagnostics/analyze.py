@@ -11,7 +11,6 @@ embeddings: :class:`~e2mc.evaluation.features.BackboneAndProjector`).
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from e2mc.diagnostics.figures import (
 )
 from e2mc.diagnostics.report import RunDiagnostics, write_report
 from e2mc.evaluation.features import features_and_embeddings
+from e2mc.files import atomic_write, safe_name
 from e2mc.models import input_channels
 
 FEATURES = "backbone features"
@@ -174,7 +174,7 @@ def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str
                "RankMe and marginal entropy against step")
     if src.monitor_plot is not None:
         copy = out / f"monitor_{src.name}.png"
-        shutil.copyfile(src.monitor_plot, copy)
+        atomic_write(copy, lambda f, src=src: f.write(Path(src.monitor_plot).read_bytes()))
         run.figures.append((caption + ", the kept step marked", copy))
     elif monitor:
         run.figures.append((caption, plot_loss_terms(records, out / f"monitor_{src.name}.png",
@@ -238,7 +238,7 @@ def analyze(
             raise ValueError(f"--names needs {len(sources)} distinct names, one per run; got "
                              f"{', '.join(names) or 'none'}")
         for src, name in zip(sources, names, strict=True):
-            src.name = name
+            src.name = safe_name(name, "--names: run name")  # it names the run's figures
     _unique_names(sources)
     load = loader or default_loader()
     out = Path(out_dir)

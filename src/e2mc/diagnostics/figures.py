@@ -79,9 +79,10 @@ def _as_numpy(a: object, name: str, ndim: int) -> np.ndarray:
 
 
 def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
+    from e2mc.files import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png")
+    atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     plt.close(fig)
     return path
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.diagnostics.embedding_stats import EmbeddingStatistics
+from e2mc.files import atomic_write_text
 
 #: Rows of the statistics tables: field name -> (label, which direction E2MC should move it).
 STAT_ROWS: dict[str, tuple[str, str]] = {
@@ -277,7 +278,7 @@ def write_report(
     }
     json_path = root / "diagnostics.json"
     text = json.dumps(_json_safe(payload), indent=2, allow_nan=False)
-    json_path.write_text(text + "\n", encoding="utf-8")
+    atomic_write_text(json_path, text + "\n")
 
     kinds = list(dict.fromkeys(k for r in runs for k in r.statistics))
     settings = extra.get("settings") if extra else None
@@ -317,7 +318,8 @@ def write_report(
         body.append("<h2>Settings</h2>" + _key_table(sorted(settings.items()),
                                                      ("setting", "value")))
     html_path = root / "report.html"
-    html_path.write_text(
+    atomic_write_text(
+        html_path,
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n", encoding="utf-8")
+        f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")
     return json_path, html_path

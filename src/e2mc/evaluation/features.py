@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 import e2mc.files as files
+from e2mc.data.identity import content_digest
 
 
 def default_num_workers() -> int:
@@ -212,47 +213,6 @@ def state_dict_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _update_array(h: Any, array: np.ndarray | torch.Tensor) -> None:
-    """Hash ``array``'s dtype, shape and bytes (no copy when contiguous)."""
-    if isinstance(array, torch.Tensor):
-        t = array.detach().cpu().contiguous()
-        h.update(f"{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
-        return
-    a = np.ascontiguousarray(array)
-    h.update(f"{a.dtype.str}|{a.shape}".encode())
-    h.update(a.reshape(-1).view(np.uint8) if a.size else b"")
-
-
-def _update_content(h: Any, dataset: Any) -> None:
-    """Hash what every item of ``dataset`` is made of: for files (``samples`` of (path, label))
-    each path, label, size, mtime and ctime (a rewrite or replacement changes the ctime, which
-    ``touch``/``cp -p`` cannot set back); for in-memory data (``images``/``labels`` arrays,
-    ``TensorDataset``) the arrays; for a subset the parent and the indices; for anything else
-    every item as it is returned (one pass over the data)."""
-    h.update(type(dataset).__name__.encode())
-    if isinstance(getattr(dataset, "samples", None), list):
-        for path, label in dataset.samples:
-            st = os.stat(path)
-            h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n"
-                     .encode())
-    elif isinstance(getattr(dataset, "images", None), np.ndarray) \
-            and isinstance(getattr(dataset, "labels", None), np.ndarray):
-        _update_array(h, dataset.images)
-        _update_array(h, dataset.labels)
-    elif isinstance(dataset, TensorDataset):
-        for t in dataset.tensors:
-            _update_array(h, t)
-    elif hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
-        _update_array(h, np.asarray(dataset.indices, dtype=np.int64))
-        _update_content(h, dataset.dataset)
-    else:
-        for idx in range(len(dataset)):
-            image, target = dataset[idx]
-            _update_array(h, torch.as_tensor(image))
-            _update_array(h, np.asarray(target))
-
-
 def _transform_of(dataset: Any) -> Any:
     """The transform of ``dataset`` or of the data set it wraps (``Subset`` and the like)."""
     while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
@@ -272,7 +232,8 @@ def data_id(train_spec: str, test_spec: str | None = None, image_size: int | Non
 def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:
     """What identifies a data set for caching: the caller's ``data_id`` (spec and split), its
     size, the ``repr`` of its transform, a hash of its first and last items as they come out of
-    the transform, and the ``content`` hash of every image and label (:func:`_update_content`;
+    the transform, and the ``content`` hash of every image and label
+    (:func:`e2mc.data.identity.content_digest`;
     docs/evaluation.md has what it costs)."""
     n = len(dataset)  # type: ignore[arg-type]
     h = hashlib.sha256()
@@ -280,19 +241,17 @@ def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:
         image, target = dataset[idx]
         h.update(torch.as_tensor(image).float().contiguous().numpy().tobytes())
         h.update(np.asarray(target).tobytes())
-    content = hashlib.sha256()
-    _update_content(content, dataset)
     return {
         "data_id": data_id,
         "size": n,
         "transform": repr(_transform_of(dataset)),
         "items": h.hexdigest(),
-        "content": content.hexdigest(),
+        "content": content_digest(dataset),
     }
 
 
 #: Bumped when the stored layout or the identity changes; older entries are then stale.
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 
 
 def model_signature(module: nn.Module) -> str:

@@ -144,6 +144,8 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     if floor is not None and floor_name in names:
         raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
     floor_run = load_evaluation(floor) if floor is not None else None
+    _check_same_test_images([*zip(names, eval_dirs, runs, strict=True),
+                             *([(floor_name, floor, floor_run)] if floor_run else [])])
     columns = list(dict.fromkeys(c for run in runs for c in run.columns()))
     others = list(zip(names[1:], runs[1:], strict=True))
     if floor_run is not None:
@@ -209,6 +211,26 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                       primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
                                                        for e in r.column(c)))
                                  for c in columns})
+
+
+def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:
+    """Every row must be scored on the same test images: the same content identity
+    (:func:`e2mc.data.identity.data_identity`: files and their bytes' stamps, or the arrays)
+    and the same per-image labels. Otherwise an ``InputError`` naming the first that differs;
+    ``--allow-mismatch`` never relaxes this (a paired test of other images means nothing)."""
+    from e2mc.data.identity import describe_change, same_data
+
+    ref_name, ref_dir, ref = runs[0]
+    for _, where, run in runs:
+        if run.info.get("test_data") is None:
+            raise InputError(f"{where} records no content identity of its test images (made by "
+                             "an older e2mc); evaluate it again to compare it")
+    for name, where, run in runs[1:]:
+        a, b = ref.info["test_data"], run.info["test_data"]
+        if not same_data(a, b):
+            raise InputError(f"cannot pair {name} with {ref_name}: they were scored on other "
+                             f"test images ({describe_change(a, b, ref_name, name)}; {ref_dir} "
+                             f"against {where}); a paired test needs the same images")
 
 
 #: Protocols whose number depends on the report kind (``eval --report last|best``).
@@ -575,9 +597,10 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
                ncols=1, fontsize=8, frameon=False)
     fig.suptitle(f"accuracy by run and column, tested against {comp.reference}" if compared
                  else "accuracy by column", fontsize=10)
+    from e2mc.files import atomic_write
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi, bbox_inches="tight")
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"))
     plt.close(fig)
     return out
 
@@ -598,11 +621,14 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
     """Write ``<prefix>.md`` (the table, with the chart), ``<prefix>.png`` (the accuracy
     chart, :func:`plot_comparison`), ``<prefix>.csv`` (one row per run
     and column) and ``<prefix>_tests.csv`` (one row per paired test)."""
+    from e2mc.files import atomic_write, atomic_write_text
+
     md, png, table, tests = comparison_paths(out_prefix)
-    md.parent.mkdir(parents=True, exist_ok=True)
     chart = plot_comparison(comp, png)
-    md.write_text(comparison_markdown(comp) + f"\n![accuracy by run and column]({chart.name})\n")
-    with table.open("w", newline="") as f:
+    atomic_write_text(md, comparison_markdown(comp)
+                      + f"\n![accuracy by run and column]({chart.name})\n")
+
+    def write_table(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["run", "column", "mean", "se", "marker", "no_paired_test"])
         for run in comp.runs:
@@ -613,11 +639,16 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
                            if run == comp.reference else comp.untested.get(run, {}).get(c, ""))
                     w.writerow([run, c, f"{mean:.4f}", "" if se is None else f"{se:.4f}", mark,
                                 why])
+
     keys = ["run", "reference", "column", "seed", "difference", "n10", "n01", "mcnemar_stat",
             "mcnemar_p", "mcnemar_method", "permutation_p", "cohens_d", "ci95_low", "ci95_high"]
-    with tests.open("w", newline="") as f:
+
+    def write_tests(f: Any) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         for t in comp.tests:
             w.writerow({k: t[k] for k in keys})
+
+    atomic_write(table, write_table, "w")
+    atomic_write(tests, write_tests, "w")
     return [md, chart, table, tests]

@@ -293,8 +293,14 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
         entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
                         "primary": "mAP" if multilabel else "accuracy",
                         "metrics": res.metrics(), "predictions": rel})
+    extra_record = extra_record or {}
+    if "test_data" not in extra_record:  # the content identities compare pairs by
+        from e2mc.data.identity import data_identity
+
+        extra_record = {"train_data": data_identity(train_dataset),
+                        "test_data": data_identity(test_dataset), **extra_record}
     record = {
-        **(extra_record or {}),
+        **extra_record,
         "data": data_id,
         "protocols": list(options.protocols),
         "fractions": list(options.fractions),

@@ -5,8 +5,9 @@ harness all evaluate through it: resolve what the checkpoint argument names (a f
 ``builtin:NAME`` or a training run directory's model), load its backbone, build the data at the
 model's image size and channels, and run the protocols (:func:`~e2mc.evaluation.runner.
 run_evaluation`) into the directory. With ``reuse`` an evaluation directory already made from
-the same checkpoint bytes, data and options (its ``stamp``) is read back instead of evaluated
-again; any other content is evaluated anew.
+the same checkpoint bytes, data content (:func:`e2mc.data.identity.data_identity` of the train
+and test images, not the text of their paths) and options (its ``stamp``) is read back instead
+of evaluated again; anything else is evaluated anew.
 """
 
 from __future__ import annotations
@@ -137,12 +138,23 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
     return _Loaded(named, chosen, path, backbone, feature_dim, info, channels, size)
 
 
-def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions) -> dict[str, Any]:
-    """What an evaluation directory was made from: checkpoint bytes, data and options."""
+def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
+           identities: dict[str, Any]) -> dict[str, Any]:
+    """What an evaluation directory was made from: checkpoint bytes, data (its specs and the
+    content identity of its train and test images, :func:`e2mc.data.identity.data_identity`)
+    and options."""
     from e2mc.files import sha256_file
 
     return {"checkpoint_sha256": sha256_file(loaded.path),
-            "data_id": data.id(loaded.size, loaded.channels), "options": _options_key(options)}
+            "data_id": data.id(loaded.size, loaded.channels), **identities,
+            "options": _options_key(options)}
+
+
+def _identities(train: Any, test: Any) -> dict[str, Any]:
+    """``{"train_data", "test_data"}``: the content identities results.json records."""
+    from e2mc.data.identity import data_identity
+
+    return {"train_data": data_identity(train), "test_data": data_identity(test)}
 
 
 def _matching(out: str | os.PathLike[str], stamp: dict[str, Any]) -> EvalResults | None:
@@ -162,7 +174,9 @@ def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     if not EvalDir(out).exists():
         return False
     loaded = _load(checkpoint, model, image_size, log=lambda _: None)
-    return _matching(out, _stamp(loaded, data, options)) is not None
+    train, test = data.datasets(loaded.size, loaded.channels)
+    stamp = _stamp(loaded, data, options, _identities(train, test))
+    return _matching(out, stamp) is not None
 
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -186,11 +200,12 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
 
     options = _resolved(options)
     loaded = _load(checkpoint, model, image_size, log)
-    stamp = _stamp(loaded, data, options)
-    if reuse and (record := _matching(out, stamp)) is not None:
-        log(f"  read (same checkpoint, data and options): {out}")
-        return record
     train, test = data.datasets(loaded.size, loaded.channels)
+    identities = _identities(train, test)
+    stamp = _stamp(loaded, data, options, identities)
+    if reuse and (record := _matching(out, stamp)) is not None:
+        log(f"  read (same checkpoint bytes, data content and options): {out}")
+        return record
     if cache is not None and not isinstance(cache, FeatureCache):
         cache = FeatureCache(cache)
     named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
@@ -200,7 +215,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
         extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                       "model": chosen.record(info.get("step")) if chosen else None,
                       "checkpoint_info": _plain(info), "image_size": loaded.size,
-                      "device": options.device, "stamp": stamp, **(extra_record or {})})
+                      "device": options.device, "stamp": stamp, **identities,
+                      **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
 
 

@@ -132,6 +132,14 @@ class Search:
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"{path} is not a search record ({err}); use another --out") from err
         new = self.spec.identity()
+        if new.get("data_identity") is not None and old.get("data") == new["data"]:
+            from e2mc.data.identity import describe_change, same_data
+
+            if not same_data(old.get("data_identity"), new["data_identity"]):
+                raise ValueError(
+                    f"{self.out} holds a search of other images than {self.spec.data} holds "
+                    f"now ({describe_change(old.get('data_identity'), new['data_identity'])}); "
+                    "its trials would not be this data's: use another --out")
         differ = [k for k in new if old.get(k) != new[k]]
         if differ:
             raise ValueError(f"{self.out} holds a search made with another "
@@ -198,6 +206,8 @@ class Search:
         ``search.json``, ``search.md`` and ``search.png``; returns the record. The search
         directory is locked meanwhile (one writer)."""
         with writer_lock(self.out):
+            self.files.refuse_links(*(rd.root for t in self.spec.trials
+                                      for rd in self.run_dirs(t)))
             return self._run()
 
     def _run(self) -> dict[str, Any]:

@@ -102,6 +102,8 @@ class SearchSpec:
     metric: str
     common: list[str]
     trials: list[Trial]
+    #: the content identity of the training images (:func:`e2mc.data.identity.data_identity`)
+    data_identity: dict[str, Any] | None = None
     rule: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -110,7 +112,8 @@ class SearchSpec:
     def identity(self) -> dict[str, Any]:
         return {"config": self.config, "checkpoint_sha256": self.checkpoint_sha256,
                 "data": self.data, "val_split": self.val_split, "seed": self.seed,
-                "metric": self.metric, "common": self.common, "rule": self.rule}
+                "metric": self.metric, "common": self.common, "rule": self.rule,
+                "data_identity": self.data_identity}
 
 
 def make_spec(config: str, checkpoint: str, data: str, val_split: float, seed: int,
@@ -124,11 +127,15 @@ def make_spec(config: str, checkpoint: str, data: str, val_split: float, seed: i
     path = builtin_checkpoint(checkpoint) or Path(checkpoint)
     if not path.is_file():
         raise ValueError(f"starting checkpoint {path} does not exist or is not a file")
-    fractions = load_config(config, [*common, f"data.val_split={val_split}"]).monitor.fractions
+    from e2mc.data.identity import data_identity
+    from e2mc.training.build import training_images
+
+    cfg = load_config(config, [*common, f"data.val_split={val_split}", f"data.dataset={data}"])
     return SearchSpec(config=config, checkpoint=str(path.resolve()),
                       checkpoint_sha256=sha256_file(path), data=data, val_split=val_split,
-                      seed=seed, metric=resolve_metric(metric, fractions), common=list(common),
-                      trials=trials)
+                      seed=seed, metric=resolve_metric(metric, cfg.monitor.fractions),
+                      common=list(common), trials=trials,
+                      data_identity=data_identity(training_images(cfg)[0]))
 
 
 def select(trials: list[dict[str, Any]]) -> str | None:

@@ -113,6 +113,7 @@ RESUME_FREE_KEYS = frozenset({
     "training.keep_epoch_checkpoints", "training.skip_nonfinite", "training.channels_last",
     "training.find_unused_parameters", "data.num_workers", "init.trust",
     "training.compile", "training.preempt_signals", "training.requeue", "logging.tensorboard",
+    "data.skip_corrupt",
 })
 #: Keys that cannot change within a run directory, not even with ``--override-config``: they
 #: change the model's shape, the method, the images or the position in the data
@@ -120,24 +121,68 @@ RESUME_FREE_KEYS = frozenset({
 #: ``monitor.keep_best`` names what ``best.pt`` and its saved best value were chosen by: another
 #: metric would compare its values with the old metric's best.
 RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "data.dataset",
-                     "data.split", "data.limit", "data.skip_corrupt", "data.val_split",
+                     "data.split", "data.limit", "data.val_split",
                      "data.val_seed", "monitor.keep_best")
 
 
 def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], int]:
     """``(run_config, step)`` of a training checkpoint, read without loading its tensors."""
+    config, step, _ = read_checkpoint_record(path)
+    return config, step
+
+
+def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
+    """``(run_config, step, data)`` of a training checkpoint, read without loading its tensors;
+    ``data``: the content identity of its training images (None in an older checkpoint)."""
     from e2mc.errors import CorruptFileError
 
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return ckpt["run_config"], int(ckpt["step"])
+        return ckpt["run_config"], int(ckpt["step"]), ckpt.get("data")
     except Exception as err:  # noqa: BLE001 - any failure means the file is not usable
         raise CorruptFileError(f"cannot read the run's checkpoint {path} ({err}); delete it to "
                                "start the run again") from err
 
 
+def check_resume_data(run_dir: str | Path, identity: dict[str, Any], new: dict[str, Any],
+                      override: bool = False, record: bool = True, overridable: bool = True
+                      ) -> bool:
+    """Compare the content identity of the training images a run is about to resume on
+    (:func:`e2mc.data.identity.data_identity`) with the one its checkpoint recorded.
+
+    Other images are a :class:`~e2mc.errors.ConfigMismatchError` (one line saying what
+    changed) unless ``override`` (``--override-config``) or ``data.skip_corrupt`` was turned
+    on for this resume (dropping the unreadable images is then the change); an accepted change
+    is appended to ``config_changes.jsonl`` (with ``record``) as ``data`` with its first step.
+    Returns whether the data changed. A checkpoint of an older e2mc records no identity:
+    nothing to compare."""
+    from e2mc.artifacts import RunDir
+    from e2mc.data.identity import describe_change, same_data
+    from e2mc.errors import ConfigMismatchError
+
+    run = RunDir(run_dir)
+    if not run.checkpoint.is_file():
+        return False
+    saved_config, step, saved = read_checkpoint_record(run.checkpoint)
+    if saved is None or same_data(saved, identity):
+        return False
+    turned_on = new["data"].get("skip_corrupt") and not saved_config["data"].get("skip_corrupt")
+    what = describe_change(saved, identity)
+    if not (override or turned_on):
+        raise ConfigMismatchError(
+            f"{run.root}: the training images changed since its checkpoint at step {step} "
+            f"({what}); resume on the same images, " + (
+                "use a new run directory, or pass --override-config to go on with these "
+                f"images from step {step + 1} (recorded in the run directory)" if overridable
+                else "or use a new directory (e2mc search: another --out)"))
+    if record:
+        run.record_config_change(step + 1, {"data": {"old": saved, "new": identity}})
+    return True
+
+
 def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool = False,
-                        record: bool = True) -> dict[str, tuple[Any, Any]]:
+                        record: bool = True, overridable: bool = True
+                        ) -> dict[str, tuple[Any, Any]]:
     """Compare the configuration ``new`` (``RunConfig.to_dict()``) of a run about to resume in
     ``run_dir`` with the one its checkpoint was trained with.
 
@@ -145,7 +190,8 @@ def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool
     naming the keys unless ``override`` (``--override-config``); a key of
     :data:`RESUME_FIXED_KEYS` is one even then. Accepted differences are appended to the run's
     ``config_changes.jsonl`` (with ``record``) with the first step that uses them. Returns the
-    differences (empty without a checkpoint)."""
+    differences (empty without a checkpoint). ``overridable`` False: the caller has no
+    ``--override-config`` (a search, the demo), so the refusal does not offer it."""
     from e2mc.artifacts import RunDir
     from e2mc.config import config_differences
     from e2mc.errors import ConfigMismatchError
@@ -172,9 +218,12 @@ def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool
     if guarded and not override:
         raise ConfigMismatchError(
             f"{run.root} was trained with another configuration ({run.checkpoint}, step "
-            f"{step}): {listing(guarded)}. Resume with the same settings, use a new run "
-            "directory, or pass --override-config to apply the change from step "
-            f"{step + 1} (recorded in the run directory)")
+            f"{step}): {listing(guarded)}. " + (
+                "Resume with the same settings, use a new run directory, or pass "
+                f"--override-config to apply the change from step {step + 1} (recorded in "
+                "the run directory)" if overridable else
+                "Use the same settings, or a new directory for these (e2mc search: another "
+                "--out)"))
     if record:
         run.record_config_change(step + 1, {k: {"old": old, "new": value}
                                             for k, (old, value) in changes.items()})

@@ -43,8 +43,10 @@ class MetricsLogger:
         self._wandb: Any = None
         if not enabled:
             return
+        from e2mc.files import open_append, own_dir
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = open_append(self.path)
         log_cfg = getattr(config, "logging", None)
         asked = False  # the user set logging.tensorboard: true
         if log_cfg is not None:
@@ -61,7 +63,7 @@ class MetricsLogger:
                     print("note: tensorboard is not installed (pip install tensorboard); "
                           "logging to metrics.jsonl only", file=sys.stderr)
             else:
-                self._writer = SummaryWriter(log_dir=str(self.run.tensorboard))
+                self._writer = SummaryWriter(log_dir=str(own_dir(self.run.tensorboard)))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled or self._file is None:

@@ -29,7 +29,8 @@ from e2mc.training.checkpointing import (
 def checkpoint_state(*, method: nn.Module, addon: nn.Module, optimizer: torch.optim.Optimizer,
                      scaler: torch.amp.GradScaler, cfg: RunConfig, runtime: Runtime,
                      callbacks: Sequence[Callback], base_epoch: int, run_epoch: int, step: int,
-                     batch_in_epoch: int, skipped: int) -> dict[str, Any]:
+                     batch_in_epoch: int, skipped: int, data: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """The entries of ``checkpoint.pt`` besides the model (collective under DDP: the RNG
     states and the method's training states of every process)."""
     rngs: list[Any] = [rng_state()]
@@ -45,6 +46,7 @@ def checkpoint_state(*, method: nn.Module, addon: nn.Module, optimizer: torch.op
         "addon": {"name": cfg.addon.name, "state": addon.state_dict()},
         "run_config": cfg.to_dict(), "world_size": runtime.world_size,
         "callbacks": {cb.name: cb.state_dict() for cb in callbacks},
+        "data": data,  # the content identity of the training images (e2mc.data.identity)
     }
 
 
@@ -66,6 +68,7 @@ class Resumed:
 
     run_epoch: int
     step: int
+    batch_in_epoch: int
     skipped: int
     base_epoch: int
     training_state: dict[str, Any]
@@ -119,6 +122,7 @@ def resume(run: RunDir, *, method: nn.Module, addon: nn.Module,
         print(f"resuming from {path}: epoch {ckpt['run_epoch']}, "
               f"batch {ckpt['batch_in_epoch']}, step {ckpt['step']}", file=sys.stderr)
     return Resumed(run_epoch=int(ckpt["run_epoch"]), step=int(ckpt["step"]),
+                   batch_in_epoch=int(ckpt["batch_in_epoch"]),
                    skipped=int(ckpt.get("skipped_steps", 0)),
                    base_epoch=int(ckpt.get("base_epoch", base_epoch)),
                    training_state=own_state, path=path)

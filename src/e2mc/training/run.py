@@ -13,7 +13,7 @@ from typing import Any
 
 from e2mc.artifacts import RunDir, writer_lock
 from e2mc.config import RunConfig
-from e2mc.files import atomic_write_json
+from e2mc.files import atomic_write_json, atomic_write_text
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -23,25 +23,32 @@ from e2mc.training.build import (
     load_start,
     training_images,
 )
-from e2mc.training.checkpointing import check_resume_config
+from e2mc.training.checkpointing import (
+    check_resume_config,
+    check_resume_data,
+    read_checkpoint_record,
+)
 
 
 def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False,
-                 backbone: Any = None, feature_dim: int | None = None) -> Any:
+                 backbone: Any = None, feature_dim: int | None = None,
+                 overridable: bool = True) -> Any:
     """Build everything from ``cfg`` and train in ``run_dir`` (resuming if it holds a
     checkpoint, whose configuration must equal ``cfg`` up to the keys of
     :func:`~e2mc.training.checkpointing.check_resume_config`, or ``override_config``).
     ``backbone``: an ``nn.Module`` that replaces ``model.backbone`` and starts with its own
-    weights (see :func:`continue_module`). Returns the
+    weights (see :func:`continue_module`). ``overridable`` False: the caller offers no
+    ``--override-config`` (refusals do not suggest it). Returns the
     :class:`~e2mc.training.trainer.TrainResult`."""
     from e2mc.distributed import init_runtime
 
     run = RunDir(run_dir)
-    check_resume_config(run.root, cfg.to_dict(), override_config, record=False)
+    check_resume_config(run.root, cfg.to_dict(), override_config, record=False,
+                        overridable=overridable)
     runtime = init_runtime(cfg.training.device)
     # one writer per run directory: the main process holds its lock for the whole run
     with writer_lock(run.root) if runtime.is_main else nullcontext():
-        return _train(cfg, run, runtime, override_config, backbone, feature_dim)
+        return _train(cfg, run, runtime, override_config, backbone, feature_dim, overridable)
 
 
 @dataclass
@@ -73,11 +80,12 @@ def train_unless_done(cfg: RunConfig, run_dir: str | Path) -> RunOutcome:
     run = RunDir(run_dir)
     done = run.read_done()
     if done is not None:
-        check_resume_config(run.root, cfg.to_dict(), False, record=False)
+        check_resume_config(run.root, cfg.to_dict(), False, record=False, overridable=False)
+        _check_done_data(cfg, run)
         end = done.get("end")
         return RunOutcome(run.root, True, done["step"], None if end == "completed" else end,
                           trained=False)
-    result = run_training(cfg, run.root)
+    result = run_training(cfg, run.root, overridable=False)
     if result.finished and is_main_process():
         run.mark_done(result.step, result.stop_reason or "completed")
     return RunOutcome(run.root, result.finished, result.step, result.stop_reason, trained=True)
@@ -110,7 +118,8 @@ def continue_module(module: Any, config: str | Path, run_dir: str | Path,
 
 
 def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
-           backbone: Any = None, feature_dim: int | None = None) -> Any:
+           backbone: Any = None, feature_dim: int | None = None,
+           overridable: bool = True) -> Any:
     import torch
 
     from e2mc.data import collate_views
@@ -129,7 +138,12 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
         method, base_epoch, prepare = load_start(cfg, backbone, feature_dim)
         start = start_record(cfg, method, backbone)
     addon = build_addon_from_config(cfg, method)
+    from e2mc.data.identity import data_identity
+
     images = training_images(cfg)  # read once: the split, the training views, the monitor
+    identity = data_identity(images[0])  # what the run is bound to (start.json, checkpoints)
+    data_changed = check_resume_data(run.root, identity, cfg.to_dict(), override_config,
+                                     record=False, overridable=overridable)
     split = _split(cfg, run, runtime.is_main, images[0])
     dataset = build_train_dataset(cfg, method, split, images)
     callbacks = build_callbacks(cfg, method, split, images[0])
@@ -138,7 +152,12 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
         for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
                                                    record=True).items():
             print(f"config change on resume: {key}: {old!r} -> {new!r}", file=sys.stderr)
-        run.config.write_text(cfg.to_yaml(), encoding="utf-8")
+        if data_changed:
+            check_resume_data(run.root, identity, cfg.to_dict(), True, record=True)
+            print(f"data change on resume: the run goes on with these {identity['size']} "
+                  f"images (content {identity['content'][:12]}), recorded in "
+                  f"{run.config_changes}", file=sys.stderr)
+        atomic_write_text(run.config, cfg.to_yaml())
         print(f"{cfg.mode} {cfg.name}: {cfg.method.name} + add-on {cfg.addon.name}, "
               f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "
               f"batch {cfg.training.batch_size} over "
@@ -147,13 +166,33 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
               + (f"; {len(split['val'])} images held out for validation" if split else ""),
               file=sys.stderr)
         if start is not None:
+            start["data"] = identity
             atomic_write_json(start, run.start)
             print(f"start: {start['from']}, backbone sha256 {start['backbone_sha256'][:16]}",
                   file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
                       base_epoch=base_epoch, collate_fn=collate_views,
-                      prepare_optimizer=prepare, callbacks=callbacks)
+                      prepare_optimizer=prepare, callbacks=callbacks, data_identity=identity)
     return trainer.fit()
+
+
+def _check_done_data(cfg: RunConfig, run: RunDir) -> None:
+    """A run marked done stands for its training images only: other images at the same paths
+    (the content identity, :mod:`e2mc.data.identity`) are a one-line refusal, never read back
+    as its result."""
+    from e2mc.data.identity import data_identity, describe_change, same_data
+    from e2mc.errors import ConfigMismatchError
+
+    if not run.checkpoint.is_file():
+        return
+    _, step, saved = read_checkpoint_record(run.checkpoint)
+    if saved is None:
+        return
+    identity = data_identity(training_images(cfg)[0])
+    if not same_data(saved, identity):
+        raise ConfigMismatchError(
+            f"{run.root} is done, but was trained on other images than {cfg.data.dataset} "
+            f"holds now ({describe_change(saved, identity)}); use a new directory")
 
 
 def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str, Any]:

@@ -78,8 +78,11 @@ class Trainer:
                  run_dir: str | Path, runtime: Runtime | None = None, base_epoch: int = 0,
                  collate_fn: Any = None,
                  prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,
-                 callbacks: list[Callback] | None = None) -> None:
+                 callbacks: list[Callback] | None = None,
+                 data_identity: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
+        #: the content identity of the training images, saved in every checkpoint
+        self.data_identity = data_identity
         self.training_cfg = cfg.training
         self.run_dir = Path(run_dir)
         self.run = RunDir(run_dir)
@@ -186,25 +189,26 @@ class Trainer:
             method=self.method, addon=self.addon, optimizer=self.optimizer, scaler=self.scaler,
             cfg=self.cfg, runtime=self.runtime, callbacks=self.callbacks,
             base_epoch=self.base_epoch, run_epoch=run_epoch, step=step,
-            batch_in_epoch=batch_in_epoch, skipped=skipped)
+            batch_in_epoch=batch_in_epoch, skipped=skipped, data=self.data_identity)
         path = self.run.checkpoint
         if self.runtime.is_main:
             save_training_checkpoint(path, self.method, **state)
         self.guard.last_good = (path, step)
         return path
 
-    def _resume(self) -> tuple[int, int, int]:
-        """Load the run's checkpoint if present; returns ``(run_epoch, step, skipped)``."""
+    def _resume(self) -> tuple[int, int, int, int]:
+        """Load the run's checkpoint if present; returns ``(run_epoch, step, batch_in_epoch,
+        skipped)``."""
         resumed = resume(self.run, method=self.method, addon=self.addon,
                          optimizer=self.optimizer, scaler=self.scaler, cfg=self.cfg,
                          runtime=self.runtime, callbacks=self.callbacks,
                          base_epoch=self.base_epoch, prepare_optimizer=self.prepare_optimizer)
         if resumed is None:
-            return 0, 0, 0
+            return 0, 0, 0, 0
         self.base_epoch, self.start_epoch = resumed.base_epoch, resumed.run_epoch
         self._pending_training_state = resumed.training_state
         self.guard.last_good = (resumed.path, resumed.step)
-        return resumed.run_epoch, resumed.step, resumed.skipped
+        return resumed.run_epoch, resumed.step, resumed.batch_in_epoch, resumed.skipped
 
     def _enter_epoch(self, run_epoch: int, mid_epoch: bool) -> None:
         """``method.set_epoch`` and, after a resume, the method's saved training state in the
@@ -272,11 +276,14 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until ``training.epochs`` run epochs are done (or ``training.max_steps``)."""
         training_cfg, runtime, hooks = self.training_cfg, self.runtime, self._hooks
-        run_epoch, step, skipped = self._resume()
+        run_epoch, step, start_batch, skipped = self._resume()
+        #: (run_epoch, step, batch_in_epoch, skipped) after the last completed step
+        self._position: tuple[int, int, int, int] | None = None
         if runtime.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         steps_per_epoch = self.steps_per_epoch
-        start_batch = step - run_epoch * steps_per_epoch
+        if start_batch >= steps_per_epoch:  # fewer images now (an accepted data change):
+            run_epoch, start_batch = run_epoch + 1, 0  # the interrupted epoch has no batch left
         logger = self.logger = MetricsLogger(self.run_dir, enabled=runtime.is_main, config=self.cfg)
         ckpt_path: Path | None = self.run.checkpoint if step else None
         last: dict[str, float] = {}
@@ -298,7 +305,8 @@ class Trainer:
                     cb.on_epoch_start(self, run_epoch, start_batch)
                 window_images, window_start = 0, time.perf_counter()
                 self.model.train()
-                for batch_idx, batch in enumerate(self.loader, start=start_batch):
+                batches = enumerate(self.loader, start=start_batch)
+                for batch_idx, batch in self._unless_unreadable(batches):
                     views = batch[0] if isinstance(batch, tuple) else batch
                     iteration = self.base_epoch * steps_per_epoch + step
                     lr = self._set_lr(step)
@@ -338,9 +346,10 @@ class Trainer:
                         if reason and not stopped:
                             stopped, stop_reason = True, reason
                     every = training_cfg.checkpoint_every_steps
+                    self._position = (run_epoch, step, 0 if done_epoch else batch_idx + 1,
+                                      skipped)
                     if done_epoch or stopped or (every and step % every == 0):
-                        ckpt_path = self._save(run_epoch, step,
-                                               step - run_epoch * steps_per_epoch, skipped)
+                        ckpt_path = self._save(*self._position)
                         if done_epoch:
                             for cb in hooks:
                                 cb.on_epoch_end(self, run_epoch, step)
@@ -357,6 +366,28 @@ class Trainer:
             self.logger = None
             self._stop_workers()
         return result
+
+    def _unless_unreadable(self, batches: Any) -> Any:
+        """``batches``, as they come; when the loader stops on an unreadable image
+        (:class:`~e2mc.errors.CorruptImageError`), the run's checkpoint is written at the last
+        completed step first (one process: under DDP the other ranks could not join), so
+        nothing is lost, and the error says how to go on."""
+        from e2mc.errors import CorruptImageError, describe
+
+        try:
+            yield from batches
+        except CorruptImageError as err:
+            note = ""
+            if self._position is not None and not self.runtime.distributed \
+                    and self._position[1] > (self.guard.last_good or (None, -1))[1]:
+                path = self._save(*self._position)
+                note = f"; checkpoint written at step {self._position[1]} ({path})"
+            elif self.guard.last_good is not None:
+                note = f"; the checkpoint at step {self.guard.last_good[1]} is kept"
+            raise CorruptImageError(
+                f"{describe(err)[1]}{note}. Replace or remove the file and resume with "
+                "--override-config, or resume with --skip-corrupt to drop unreadable images"
+            ) from err
 
     def _stop_workers(self) -> None:
         """Stop the DataLoader's persistent workers now. A run stopped mid-epoch (max_steps, a

@@ -1,0 +1,115 @@
+"""The one identity of a data set's content: what a result made from data is bound to.
+
+:func:`data_identity` is recorded wherever a result is made from data (a training run's start
+record and checkpoint, ``results.json``'s train and test data, ``search.json``), and every
+reuse, resume and pairing compares identities, never the text of a path: new images written at
+the same paths are other data. The feature cache keys its entries on the same content hash.
+
+What the content hash covers (:func:`content_digest`):
+
+* files (``samples`` of ``(path, label)``, image folders): each path, label, size, mtime and
+  ctime; a rewrite or replacement of a file changes its ctime, which ``touch`` or ``cp -p``
+  cannot set back;
+* in-memory data (``images``/``labels`` arrays, ``TensorDataset``): the arrays' bytes;
+* a subset: its indices and its parent; a wrapper that only transforms (``data.Transformed``):
+  its parent;
+* anything else: every item as it is returned (one pass over the data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+
+def update_array(h: Any, array: np.ndarray | torch.Tensor) -> None:
+    """Hash ``array``'s dtype, shape and bytes into ``h`` (no copy when contiguous)."""
+    if isinstance(array, torch.Tensor):
+        t = array.detach().cpu().contiguous()
+        h.update(f"{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
+        return
+    a = np.ascontiguousarray(array)
+    h.update(f"{a.dtype.str}|{a.shape}".encode())
+    h.update(a.reshape(-1).view(np.uint8) if a.size else b"")
+
+
+def update_content(h: Any, dataset: Any) -> None:
+    """Hash what every item of ``dataset`` is made of into ``h`` (the module docstring)."""
+    if isinstance(getattr(dataset, "samples", None), list):
+        h.update(b"files")
+        for path, label in dataset.samples:
+            st = os.stat(path)
+            h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n"
+                     .encode())
+    elif isinstance(getattr(dataset, "images", None), np.ndarray) \
+            and isinstance(getattr(dataset, "labels", None), np.ndarray):
+        h.update(b"arrays")
+        update_array(h, dataset.images)
+        update_array(h, dataset.labels)
+    elif isinstance(dataset, TensorDataset):
+        h.update(b"tensors")
+        for t in dataset.tensors:
+            update_array(h, t)
+    elif hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
+        h.update(b"subset")
+        update_array(h, np.asarray(dataset.indices, dtype=np.int64))
+        update_content(h, dataset.dataset)
+    elif hasattr(dataset, "dataset") and hasattr(dataset, "transform"):
+        update_content(h, dataset.dataset)  # a transform over a parent: the parent's content
+    else:
+        h.update(type(dataset).__name__.encode())
+        for idx in range(len(dataset)):
+            image, target = dataset[idx]
+            update_array(h, torch.as_tensor(image))
+            update_array(h, np.asarray(target))
+
+
+def content_digest(dataset: Any) -> str:
+    """SHA-256 (hex) of ``dataset``'s content (:func:`update_content`)."""
+    h = hashlib.sha256()
+    update_content(h, dataset)
+    return h.hexdigest()
+
+
+def _labels(dataset: Any) -> np.ndarray | None:
+    from e2mc.data.subsets import dataset_labels
+
+    return dataset_labels(dataset, False)
+
+
+def data_identity(dataset: Any) -> dict[str, Any]:
+    """``{"content", "size", "labels"}``: the content hash, the number of items and the SHA-256
+    of the per-item label vector (None when the data set exposes no labels). Two identities
+    are the same data exactly when they are equal (:func:`same_data`)."""
+    labels = _labels(dataset)
+    label_hash = None
+    if labels is not None:
+        h = hashlib.sha256()
+        update_array(h, np.asarray(labels, dtype=np.int64))
+        label_hash = h.hexdigest()
+    return {"content": content_digest(dataset), "size": len(dataset), "labels": label_hash}
+
+
+def same_data(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two recorded identities name the same data (an unrecorded one names nothing)."""
+    return a is not None and b is not None and all(
+        a.get(k) == b.get(k) for k in ("content", "size", "labels"))
+
+
+def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
+                   then: str = "then", now: str = "now") -> str:
+    """What differs between two identities, in words for a one-line message (``then`` and
+    ``now`` name the two sides)."""
+    if old is None:
+        return "no content identity was recorded (made by an older e2mc)"
+    if old.get("size") != new.get("size"):
+        return f"{old.get('size')} images {then}, {new.get('size')} {now}"
+    what = "the labels" if old.get("content") == new.get("content") else "the images"
+    return (f"{what} differ: content {str(old.get('content'))[:12]} {then}, "
+            f"{str(new.get('content'))[:12]} {now}, {new.get('size')} images each")
