@@ -357,3 +357,108 @@ def test_one_checkpoint_named_three_ways_is_refused(base, tmp_path: Path,
                  str(data), "--out", str(tmp_path / "o"), *EVAL]) == 2
     _one_error(capsys, "are the same file")
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- planted links
+def _plant(root: Path, rel: Path, is_dir: bool, victim: Path) -> Path:
+    """A symbolic link at ``root/rel`` to a file or folder of ``victim`` holding "precious"."""
+    target = victim / f"{len(list(victim.iterdir()))}"
+    if is_dir:
+        target.mkdir()
+        (target / "precious").write_text("precious")
+    else:
+        target.write_text("precious")
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).symlink_to(target, target_is_directory=is_dir)
+    return target
+
+
+def _victims_unchanged(victim: Path) -> None:
+    for p in victim.rglob("*"):
+        assert p.is_dir() or p.read_text() == "precious", p
+        assert not p.is_dir() or [q.name for q in p.iterdir()] == ["precious"], p
+
+
+def _paths(root: Path) -> list[tuple[Path, bool]]:
+    return sorted((p.relative_to(root), p.is_dir()) for p in root.rglob("*")
+                  if ".e2mc.lock" not in p.name and "tensorboard" not in p.parts
+                  and "predictions" not in p.parent.parts)
+
+
+def _planted_everywhere(make: Path, command, tmp_path: Path,
+                        capsys: pytest.CaptureFixture) -> int:
+    """Run ``command(out)`` once for the paths it writes, then once per path with a link
+    planted there: it succeeds or refuses in one line, and never changes the link's target."""
+    assert command(make) == 0
+    paths = _paths(make)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for i, (rel, is_dir) in enumerate(paths):
+        out = tmp_path / f"planted{i}"
+        _plant(out, rel, is_dir, victim)
+        capsys.readouterr()
+        code = command(out)
+        err = capsys.readouterr().err
+        assert code in (0, 2), (rel, err)
+        assert code == 0 or len([ln for ln in err.splitlines() if "error:" in ln]) == 1, err
+        _victims_unchanged(victim)
+    return len(paths)
+
+
+@pytest.mark.slow  # a tiny run per path it writes
+def test_links_planted_at_every_path_of_a_run_change_no_target(base, tmp_path: Path,
+                                                               capsys) -> None:
+    checkpoint, data = base
+    sets = ["training.keep_epoch_checkpoints=true", "data.val_split=8",
+            "monitor.probe_epochs=2", "monitor.knn_k=3", "monitor.keep_best=val/knn",
+            "training.max_steps=2"]
+
+    def command(out: Path) -> int:
+        return _continue(checkpoint, data, out, *sets)
+
+    planted = _planted_everywhere(tmp_path / "made", command, tmp_path, capsys)
+    assert planted >= 9  # config, start, metrics, checkpoints, best, split, monitor, ...
+
+
+@pytest.mark.slow
+def test_links_planted_at_every_path_of_an_evaluation_change_no_target(base, tmp_path: Path,
+                                                                       capsys) -> None:
+    checkpoint, data = base
+
+    def command(out: Path) -> int:
+        return main(["eval", str(checkpoint), "--data", str(data), "--out", str(out), *EVAL])
+
+    assert _planted_everywhere(tmp_path / "made", command, tmp_path, capsys) >= 3
+
+
+@pytest.mark.slow
+def test_links_planted_at_every_path_of_a_search_change_no_target(base, tmp_path: Path,
+                                                                  capsys) -> None:
+    checkpoint, data = base
+    sets = [a for item in [*TINY_RUN, "training.max_steps=1", "monitor.probe_epochs=2",
+                           "monitor.knn_k=3"] for a in ("--set", item)]
+
+    def command(out: Path) -> int:
+        return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from",
+                     str(checkpoint), "--data", str(data), "--out", str(out), "--val-split",
+                     "8", "--grid", "addon.params.beta=10", "--metric", "val/knn", "--quiet",
+                     *sets])
+
+    made = tmp_path / "made"
+    assert command(made) == 0
+    # the search's own files and folders, down to each run directory (whose files the run
+    # test covers)
+    paths = [(rel, d) for rel, d in _paths(made) if len(rel.parts) == 1
+             or rel.name == "run" or rel.name.startswith("control-")]
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for i, (rel, is_dir) in enumerate(paths):
+        out = tmp_path / f"planted{i}"
+        _plant(out, rel, is_dir, victim)
+        capsys.readouterr()
+        code = command(out)
+        err = capsys.readouterr().err
+        assert code in (0, 2), (rel, err)
+        assert code == 0 or len([ln for ln in err.splitlines() if "error:" in ln]) == 1, err
+        _victims_unchanged(victim)
+    assert len(paths) >= 6

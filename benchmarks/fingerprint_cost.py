@@ -1,0 +1,101 @@
+"""What binding results to their bytes costs: the content identity of a data set
+(:func:`e2mc.data.identity.data_identity`, recorded by every run, evaluation and search)
+against the feature extraction of the same images, measured in one invocation.
+
+Two layouts of the same images: the IDX arrays (hashed whole) and an image folder of PNG files
+(each file's path, label, size, mtime and ctime). The reference is the extraction of every
+image's backbone features by the demo's base model (``builtin:demo-vicreg``), the work an
+evaluation does anyway.
+
+    python benchmarks/fingerprint_cost.py --data PATH/TO/fashion-mnist \\
+        --out benchmarks/out/fingerprint_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from e2mc.checkpoints import load_backbone
+from e2mc.data import build_dataset, eval_transform
+from e2mc.data.identity import data_identity
+from e2mc.demo import BASE_CHECKPOINT
+from e2mc.evaluation.features import extract_features
+
+
+def timed(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def as_folder(dataset, root: Path, n: int) -> Path:
+    """The first ``n`` images of ``dataset`` as ``root/train/<class>/<i>.png``."""
+    from PIL import Image
+
+    for i in range(n):
+        image, label = dataset[i]
+        folder = root / "train" / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.asarray(image, dtype=np.uint8)).save(folder / f"{i:05d}.png")
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="builtin", help="an IDX folder (Fashion-MNIST)")
+    parser.add_argument("--folder-images", type=int, default=10000,
+                        help="images written as PNG files for the image-folder row")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/fingerprint_cost.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    backbone, _, _ = load_backbone(str(BASE_CHECKPOINT))
+    raw = build_dataset(args.data, "train")
+    images = build_dataset(args.data, "train", eval_transform(28, 1))
+    rows = []
+    identity_s = timed(lambda: data_identity(raw))
+    extract_s = timed(lambda: extract_features(backbone, images, batch_size=512,
+                                               num_workers=0, progress=False), repeats=1)
+    rows.append({"layout": "IDX arrays", "images": len(raw), "identity_s": identity_s,
+                 "extraction_s": extract_s})
+    with tempfile.TemporaryDirectory() as tmp:
+        n = min(args.folder_images, len(raw))
+        folder = as_folder(raw, Path(tmp), n)
+        files = build_dataset(str(folder), "train")
+        on_files = build_dataset(str(folder), "train", eval_transform(28, 1))
+        identity_s = timed(lambda: data_identity(files))
+        extract_s = timed(lambda: extract_features(backbone, on_files, batch_size=512,
+                                                   num_workers=0, progress=False), repeats=1)
+        rows.append({"layout": "image folder (PNG)", "images": n, "identity_s": identity_s,
+                     "extraction_s": extract_s})
+    for row in rows:
+        row["identity_over_extraction"] = row["identity_s"] / row["extraction_s"]
+    print(f"{'layout':<20} {'images':>7} {'identity s':>11} {'extraction s':>13} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['layout']:<20} {r['images']:>7} {r['identity_s']:>11.3f} "
+              f"{r['extraction_s']:>13.2f} {r['identity_over_extraction']:>7.3f}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    record = {"rows": rows, "torch": torch.__version__, "threads": args.threads,
+              "load_1min": os.getloadavg()[0], "cpus": os.cpu_count(), "commit": commit,
+              "machine": platform.platform(), "data": args.data}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
