@@ -64,6 +64,10 @@ def test_requeue_only_under_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert requeue_slurm_job({}) is False and not calls.exists()
     assert requeue_slurm_job({"SLURM_JOB_ID": "4242"}) is True
     assert calls.read_text().split() == ["requeue", "4242"]
+    calls.unlink()  # a task of an array: its own id, not the array's (which would requeue all)
+    assert requeue_slurm_job({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "12",
+                              "SLURM_ARRAY_TASK_ID": "0"}) is True
+    assert calls.read_text().split() == ["requeue", "12_0"]
     fake.write_text("#!/bin/sh\necho 'Invalid job id' >&2\nexit 1\n")
     assert requeue_slurm_job({"SLURM_JOB_ID": "1"}) is False
 

@@ -247,7 +247,7 @@ def test_submitits_signal_takes_the_trainers_preemption_path(
         with _signals_to_trainer(["SIGTERM", "SIGUSR1"]):
             trainer = PreemptionHandler(["SIGTERM", "SIGUSR1"]).install()  # as the trainer does
             signal.raise_signal(signal.SIGUSR2)
-            assert trainer.received == signal.SIGTERM and wants_requeue(trainer.received)
+            assert trainer.received == signal.SIGUSR1 and wants_requeue(signal.SIGTERM)
             trainer.uninstall()
         assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
         signal.raise_signal(signal.SIGUSR2)  # a late one: ignored

@@ -50,7 +50,7 @@ def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
     trainer has stopped, and requeued when it had to). Without pre-emption signals, submitit's
     own handling stays."""
     from e2mc.config import resolve_signals
-    from e2mc.training.preemption import PreemptionHandler, note_time_limit
+    from e2mc.training.preemption import REQUEUE_SIGNALS, PreemptionHandler, note_time_limit
 
     signals = resolve_signals(preempt_signals)
     if not signals or not _in_submitit():
@@ -60,9 +60,15 @@ def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
 
     ours = submitit.JobEnvironment._usr_sig()
 
-    def time_limit(*_: Any) -> None:
+    # raised on as a time-limit signal of the run's where it has one (the stop reason then
+    # names it: "pre-empted by SIGUSR1"), else as its first
+    raised = next((s for s in signals if s in REQUEUE_SIGNALS), signals[0])
+
+    def time_limit(signum: int, frame: Any) -> None:
         note_time_limit()
-        signal.raise_signal(signals[0])
+        os.write(2, f"submitit's {signal.Signals(signum).name}: the time limit is ahead; "
+                    f"stopping after the step in flight ({raised.name})\n".encode())
+        signal.raise_signal(raised)
 
     if ours not in signals:
         signal.signal(ours, time_limit)

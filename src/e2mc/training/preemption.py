@@ -197,12 +197,16 @@ class WorkerInit:
 
 
 def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
-    """``scontrol requeue $SLURM_JOB_ID`` when ``SLURM_JOB_ID`` is set; returns whether it ran
+    """``scontrol requeue $SLURM_JOB_ID`` (``ARRAY_TASK`` for a task of a job array) when
+    ``SLURM_JOB_ID`` is set; returns whether it ran
     and succeeded (a failure is reported on stderr, not raised: the checkpoint is written)."""
     env = os.environ if environ is None else environ
     job = env.get("SLURM_JOB_ID")
     if not job:
         return False
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        # a task of an array: its own id is ARRAY_TASK (the array's id would requeue them all)
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
                               timeout=60)
