@@ -64,6 +64,10 @@ def test_requeue_only_under_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert requeue_slurm_job({}) is False and not calls.exists()
     assert requeue_slurm_job({"SLURM_JOB_ID": "4242"}) is True
     assert calls.read_text().split() == ["requeue", "4242"]
+    calls.unlink()  # a task of an array: its own id, not the array's (which would requeue all)
+    assert requeue_slurm_job({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "12",
+                              "SLURM_ARRAY_TASK_ID": "0"}) is True
+    assert calls.read_text().split() == ["requeue", "12_0"]
     fake.write_text("#!/bin/sh\necho 'Invalid job id' >&2\nexit 1\n")
     assert requeue_slurm_job({"SLURM_JOB_ID": "1"}) is False
 
@@ -129,36 +133,67 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.slow  # three short runs (one a subprocess): about 30 s on an idle 2-core machine
+@pytest.fixture(scope="module")
+def whole(images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run."""
+    from e2mc.cli import main
+
+    run = tmp_path_factory.mktemp("whole") / "run"
+    assert main(["pretrain", *ARGS, "--data", str(images), "--run-dir", str(run)]) == 0
+    return run
+
+
+@pytest.mark.slow  # two short runs (one a subprocess): about 20 s on an idle 2-core machine
+@pytest.mark.parametrize("sig, preempt_signals, seed", [
+    (signal.SIGUSR1, ["--set", "training.preempt_signals=SIGUSR1"], 0),
+    (signal.SIGHUP, [], 31),  # a closed terminal, with the default signals, at a random step
+])
 def test_signal_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
-        tmp_path: Path, images: Path) -> None:
+        tmp_path: Path, images: Path, whole: Path, sig: signal.Signals,
+        preempt_signals: list[str], seed: int) -> None:
+    import random
+
     from e2mc.cli import main
 
     args = ["pretrain", *ARGS, "--data", str(images)]
-    assert main([*args, "--run-dir", str(tmp_path / "whole")]) == 0
+    after = random.Random(seed).randint(1, 8) if seed else 2  # steps before the signal
     run = tmp_path / "preempted"
     env = {k: v for k, v in ENV.items() if k != "SLURM_JOB_ID"}
     proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(run),
-                             "--set", "training.preempt_signals=SIGUSR1"],
+                             *preempt_signals],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
-        if (run / "metrics.jsonl").exists() and len(read_metrics(run)) >= 2:
+        if (run / "metrics.jsonl").exists() and len(read_metrics(run)) >= after:
             break
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGUSR1)  # as SLURM does: every process, loader workers too
+    os.killpg(proc.pid, sig)  # as SLURM (or a closing terminal) does: loader workers too
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err
-    assert "pre-empted by SIGUSR1" in err and "Traceback" not in err
+    assert f"pre-empted by {sig.name}" in err and "Traceback" not in err
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
-    assert 2 <= ckpt["step"] < 12, "stopped at a step boundary before the end"
+    assert after <= ckpt["step"] < 12, "stopped at a step boundary before the end"
     assert len(read_metrics(run)) == ckpt["step"]
     assert main([*args, "--run-dir", str(run)]) == 0  # the same command resumes
-    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    a = torch.load(whole / "checkpoint.pt", weights_only=True)
     b = torch.load(run / "checkpoint.pt", weights_only=True)
     assert (a["step"], b["step"]) == (12, 12)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
-    assert [m["loss"] for m in read_metrics(tmp_path / "whole")] == \
-        [m["loss"] for m in read_metrics(run)]
+    assert [m["loss"] for m in read_metrics(whole)] == [m["loss"] for m in read_metrics(run)]
+
+
+def test_only_a_time_limit_signal_requeues() -> None:
+    """The signal table (SIGNAL_TABLE): SIGUSR1 / submitit's SIGUSR2 (time limit ahead)
+    requeue after the checkpoint; SIGTERM (scancel, or SLURM's own requeue) and SIGHUP (a
+    closed terminal) checkpoint and stop without one; SIGHUP is a pre-emption signal by
+    default."""
+    from e2mc.config import RunConfig
+    from e2mc.training.preemption import DEFAULT_SIGNALS, SIGNAL_TABLE, wants_requeue
+
+    assert [wants_requeue(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM,
+                                       signal.SIGHUP)] == [True, True, False, False]
+    assert "SIGHUP" in DEFAULT_SIGNALS and signal.SIGHUP in resolve_signals(
+        RunConfig().training.preempt_signals)
+    assert [row[0] for row in SIGNAL_TABLE] == ["SIGUSR2", "SIGUSR1", "SIGTERM", "SIGHUP"]

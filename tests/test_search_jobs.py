@@ -212,7 +212,7 @@ def test_a_slurm_task_joins_the_process_group_as_under_torchrun(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Task 3 of a 2-node job with 4 tasks per node: submitit's environment gives the
     variables torchrun would set, which the trainer's init_runtime reads."""
-    from e2mc.jobs import _join_process_group
+    from e2mc.jobs.work import _join_process_group
 
     for name, value in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "8",
                         "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "3",
@@ -232,15 +232,24 @@ def test_a_slurm_task_joins_the_process_group_as_under_torchrun(
 def test_submitits_signal_takes_the_trainers_preemption_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """In a job, submitit's time-limit signal (USR2) is raised again as the trainer's first
-    pre-emption signal, so the trainer checkpoints after its step and stops."""
-    from e2mc.jobs import _signals_to_trainer
-    from e2mc.training.preemption import PreemptionHandler
+    pre-emption signal, so the trainer checkpoints after its step and stops, and the stop
+    requeues (a time limit), where a plain SIGTERM (scancel) does not. submitit's own handler
+    (which would requeue at once, racing the checkpoint) is not put back afterwards."""
+    from e2mc.jobs.work import _signals_to_trainer
+    from e2mc.training import preemption
+    from e2mc.training.preemption import PreemptionHandler, wants_requeue
 
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
-    before = signal.getsignal(signal.SIGUSR2)
-    with _signals_to_trainer(["SIGTERM", "SIGUSR1"]):
-        trainer = PreemptionHandler(["SIGTERM", "SIGUSR1"]).install()  # as the trainer does
-        signal.raise_signal(signal.SIGUSR2)
-        assert trainer.received == signal.SIGTERM
-        trainer.uninstall()
-    assert signal.getsignal(signal.SIGUSR2) == before
+    monkeypatch.setattr(preemption, "_TIME_LIMIT_AHEAD", [False])
+    before = signal.signal(signal.SIGUSR2, lambda *_: pytest.fail("submitit's handler ran"))
+    try:
+        assert not wants_requeue(signal.SIGTERM) and not wants_requeue(signal.SIGHUP)
+        with _signals_to_trainer(["SIGTERM", "SIGUSR1"]):
+            trainer = PreemptionHandler(["SIGTERM", "SIGUSR1"]).install()  # as the trainer does
+            signal.raise_signal(signal.SIGUSR2)
+            assert trainer.received == signal.SIGUSR1 and wants_requeue(signal.SIGTERM)
+            trainer.uninstall()
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGUSR2)  # a late one: ignored
+    finally:
+        signal.signal(signal.SIGUSR2, before)

@@ -47,7 +47,6 @@ import json
 import math
 import os
 import re
-import socket
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from e2mc.errors import InputError
+from e2mc.processes import lock_held, process_identity, same_process
 
 CONFIG = "config.yaml"
 CHECKPOINT = "checkpoint.pt"
@@ -183,8 +183,8 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
         if stale:
             print(f"note: {path} was left by a process that is gone ({_holder(stale)}); "
                   "taking it over", file=sys.stderr)
-        record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": sys.argv}
+        record = {**process_identity(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": sys.argv}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         for temp in root.iterdir():  # an interrupted atomic write of an earlier writer
@@ -200,28 +200,30 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The record of the process writing ``root`` (:func:`writer_lock`) when it is alive on this
-    machine, else ``None``. Only reads the lock file (never takes the lock, which would refuse
-    the writer itself for that instant); a holder on another host counts as alive."""
+    """The record of the process writing ``root`` (:func:`writer_lock`) while it is alive, else
+    ``None``. Only asks (never takes the lock, which would refuse the writer itself for that
+    instant): the kernel says whether a process holds the lock (``F_GETLK``, which NFS answers
+    for other hosts too), so a lock file left by a crash, one whose pid now belongs to another
+    process, or one naming another host's process that ended, is not a live writer. Where the
+    file system cannot say, the record's identity decides (:func:`same_process`: this host's
+    process with the same start time and boot id), and a process of another host is not
+    waited for."""
+    path = Path(root) / LOCK
     try:
-        record = json.loads((Path(root) / LOCK).read_text(encoding="utf-8"))
-        pid, host = int(record["pid"]), str(record["host"])
-    except (OSError, ValueError, KeyError, TypeError):
+        text = path.read_text(encoding="utf-8")
+    except OSError:
         return None
-    if host != socket.gethostname():
-        return record
-    return record if process_alive(pid) else None
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (one we may not signal counts)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        record = json.loads(text)
+        record = record if isinstance(record, dict) else {}
+    except ValueError:
+        record = {}  # (being written)
+    if path.resolve() in _HELD:  # this process (closing a descriptor would drop its lock)
+        return record
+    held = lock_held(path)
+    if held is not None:
+        return record if held else None
+    return record if same_process(record) else None
 
 
 def _holder(text: str) -> str:

@@ -157,7 +157,8 @@ class TrainingConfig:
     (1 is much faster on a busy shared CPU). ``compile`` compiles the backbone
     (``torch.compile``, in place). ``preempt_signals`` (a list; ``[]`` or ``""`` for none) stop the
     run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
-    ``scontrol requeue $SLURM_JOB_ID`` under SLURM (``e2mc.training.preemption``)."""
+    ``scontrol requeue $SLURM_JOB_ID`` under SLURM after a time-limit signal (``SIGUSR1``,
+    submitit's ``SIGUSR2``; ``e2mc.training.preemption.SIGNAL_TABLE``)."""
 
     epochs: int = 10
     batch_size: int = 512
@@ -174,7 +175,7 @@ class TrainingConfig:
     find_unused_parameters: bool = False
     cpu_threads: int | None = None
     compile: bool = False
-    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGHUP"])
     requeue: bool = True
 
 

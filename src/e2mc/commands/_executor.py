@@ -23,8 +23,12 @@ def add_executor_arguments(parser: argparse.ArgumentParser, what: str) -> None:
                            "(DDP); evaluations take one (0: CPU)")
     jobs.add_argument("--cpus-per-task", type=int, help="SLURM CPUs per task (per GPU)")
     jobs.add_argument("--time", dest="time_min", type=int, metavar="MINUTES",
-                      help="time limit of each job (slurm: 240); a training job that reaches "
-                           "it checkpoints and is requeued")
+                      help="time limit of each job (slurm: 240); a training job that nears "
+                           "it (submitit's USR2, --signal-delay seconds before) finishes its "
+                           "step, checkpoints and is requeued once")
+    jobs.add_argument("--signal-delay", type=int, default=300, metavar="SECONDS",
+                      help="seconds between submitit's time-limit signal and the limit (300): "
+                           "the step in flight and the checkpoint must fit")
     jobs.add_argument("--account", help="SLURM account")
     jobs.add_argument("--constraint", help="SLURM node constraint")
     jobs.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
@@ -46,6 +50,6 @@ def executor_options(args: argparse.Namespace) -> Any:
         gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
         time_min=args.time_min, account=args.account, constraint=args.constraint,
         slurm=parse_slurm_settings(args.slurm), max_parallel=args.max_parallel,
-        jobs_dir=args.jobs_dir)
+        jobs_dir=args.jobs_dir, signal_delay_s=args.signal_delay)
     options.check()  # before anything runs: options the executor ignores, submitit missing
     return options

@@ -134,6 +134,7 @@ def run_command(args: argparse.Namespace, mode: str) -> int:
         PreemptionHandler,
         is_preemption,
         requeue_slurm_job,
+        wants_requeue,
     )
     from e2mc.training.run import run_training
 
@@ -149,7 +150,8 @@ def run_command(args: argparse.Namespace, mode: str) -> int:
     except PreemptedAtStart as stop:
         print(f"stopped ({stop}): nothing was trained in this invocation; run the same "
               "command again to start or resume", file=sys.stderr)
-        if cfg is not None and cfg.training.requeue and is_main_process():
+        if cfg is not None and cfg.training.requeue and is_main_process() \
+                and wants_requeue(guard.received):
             requeue_slurm_job()
         return PREEMPTED_EXIT_CODE
     finally:

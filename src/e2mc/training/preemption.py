@@ -1,14 +1,19 @@
 """Pre-emption: stop at a step boundary on a signal, checkpoint, exit with a distinct code.
 
-Clusters pre-empt jobs with a signal (SLURM: ``SIGTERM`` at the deadline or on pre-emption,
-``SIGUSR1`` or another one ahead of time with ``#SBATCH --signal=B:USR1@120``) and kill them some
-time later. :class:`PreemptionHandler` only records the signal (nothing is done inside the
-handler, so a checkpoint being written when it arrives is finished normally; checkpoints are
-written to a temporary file and renamed, so even a kill during a write leaves the previous one
-intact). The trainer polls :meth:`PreemptionHandler.should_stop` after every optimizer step, all
-processes agree on the answer, and it then writes ``checkpoint.pt`` and stops.
-``e2mc continue`` / ``e2mc pretrain`` then exit with :data:`PREEMPTED_EXIT_CODE` (75,
-``EX_TEMPFAIL``: "try again"), after asking SLURM to requeue the job when ``SLURM_JOB_ID`` is set
+Clusters pre-empt jobs with a signal (SLURM: ``SIGTERM`` on ``scancel`` or on pre-emption,
+``SIGUSR1`` or another one ahead of the time limit with ``#SBATCH --signal=B:USR1@120``, submitit's
+``USR2``) and kill them some time later; a closed terminal sends ``SIGHUP``. What each signal means
+is :data:`SIGNAL_TABLE` (the same table is in docs/cli.md): every one of them stops the run at a
+step boundary with a checkpoint, and only a time-limit signal requeues the SLURM job
+(:data:`REQUEUE_SIGNALS`); a ``SIGTERM`` comes from ``scancel`` (which must end the job) or from a
+pre-emption that SLURM requeues itself, so the trainer does not requeue on it.
+:class:`PreemptionHandler` only records the signal (nothing is done inside the handler, so a
+checkpoint being written when it arrives is finished normally; checkpoints are written to a
+temporary file and renamed, so even a kill during a write leaves the previous one intact). The
+trainer polls :meth:`PreemptionHandler.should_stop` after every optimizer step, all processes agree
+on the answer, and it then writes ``checkpoint.pt`` and stops. ``e2mc continue`` / ``e2mc
+pretrain`` then exit with :data:`PREEMPTED_EXIT_CODE` (75, ``EX_TEMPFAIL``: "try again"), after
+asking SLURM to requeue the job when the signal was a time-limit signal, ``SLURM_JOB_ID`` is set
 and requeueing is on. Running the same command again resumes exactly.
 
 DataLoader workers ignore the pre-emption signals (:func:`ignore_in_worker`): SLURM signals every
@@ -41,6 +46,8 @@ from e2mc.training.callbacks import Callback
 __all__ = [
     "DEFAULT_SIGNALS",
     "PREEMPTED_EXIT_CODE",
+    "REQUEUE_SIGNALS",
+    "SIGNAL_TABLE",
     "PREEMPTED_REASON",
     "PreemptedAtStart",
     "PreemptionCallback",
@@ -48,11 +55,42 @@ __all__ = [
     "WorkerInit",
     "is_preemption",
     "ignore_in_worker",
+    "note_time_limit",
     "requeue_slurm_job",
+    "wants_requeue",
 ]
 
 PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, run again to resume
-DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP")
+
+#: The pre-emption signals: (signal, who sends it, what the trainer does). Every one stops the run
+#: after the step in flight with ``checkpoint.pt`` and exit code 75; docs/cli.md has this table.
+SIGNAL_TABLE = (
+    ("SIGUSR2", "submitit's --signal (USR2@delay before the time limit of a search's job)",
+     "finish the step, checkpoint, requeue the job once (the trainer alone: submitit's own "
+     "handler is replaced for the job's life), exit 75"),
+    ("SIGUSR1", "#SBATCH --signal=B:USR1@T (time limit ahead) of a script of your own",
+     "finish the step, checkpoint, requeue the job once, exit 75"),
+    ("SIGTERM", "scancel, or a pre-emption that SLURM requeues itself (PreemptMode=REQUEUE)",
+     "finish the step, checkpoint, exit 75; no requeue of our own (scancel ends the job)"),
+    ("SIGHUP", "the terminal closed (a dropped ssh session)", "as SIGTERM"),
+)
+#: The signals that mean "the time limit is ahead": only these requeue the SLURM job.
+REQUEUE_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
+_TIME_LIMIT_AHEAD = [False]  # set by note_time_limit (submitit's signal, raised on as another)
+
+
+def note_time_limit() -> None:
+    """Record that the time limit is ahead (submitit's signal arrived, and was raised again as
+    one of the run's pre-emption signals): the run's stop then requeues the job."""
+    _TIME_LIMIT_AHEAD[0] = True
+
+
+def wants_requeue(received: signal.Signals | None) -> bool:
+    """Whether a stop for ``received`` should requeue the SLURM job: a time-limit signal
+    (:data:`REQUEUE_SIGNALS`), or any signal after :func:`note_time_limit`; never a plain
+    ``SIGTERM`` / ``SIGHUP`` (:data:`SIGNAL_TABLE`)."""
+    return _TIME_LIMIT_AHEAD[0] or received in REQUEUE_SIGNALS
 
 
 class PreemptionHandler:
@@ -159,12 +197,16 @@ class WorkerInit:
 
 
 def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
-    """``scontrol requeue $SLURM_JOB_ID`` when ``SLURM_JOB_ID`` is set; returns whether it ran
+    """``scontrol requeue $SLURM_JOB_ID`` (``ARRAY_TASK`` for a task of a job array) when
+    ``SLURM_JOB_ID`` is set; returns whether it ran
     and succeeded (a failure is reported on stderr, not raised: the checkpoint is written)."""
     env = os.environ if environ is None else environ
     job = env.get("SLURM_JOB_ID")
     if not job:
         return False
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        # a task of an array: its own id is ARRAY_TASK (the array's id would requeue them all)
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
                               timeout=60)
@@ -174,6 +216,7 @@ def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
     if done.returncode != 0:
         print(f"warning: scontrol requeue {job} failed: {done.stderr.strip()}", file=sys.stderr)
         return False
+    print(f"requeued SLURM job {job}", file=sys.stderr)
     return True
 
 
@@ -187,6 +230,8 @@ class PreemptedAtStart(E2MCError):
     exit_code = PREEMPTED_EXIT_CODE
 
     def __init__(self, received: signal.Signals | str) -> None:
+        #: the signal, when this process received it (else the text "another process")
+        self.signal = received if isinstance(received, signal.Signals) else None
         name = received.name if isinstance(received, signal.Signals) else received
         super().__init__(f"{PREEMPTED_REASON}{name} before the first step")
 
@@ -237,5 +282,5 @@ class PreemptionCallback(Callback):
     def on_fit_end(self, trainer: Any, result: Any) -> None:
         self.handler.uninstall()
         if is_preemption(getattr(result, "stop_reason", None)) and self.requeue \
-                and trainer.runtime.is_main:
+                and trainer.runtime.is_main and wants_requeue(self.handler.received):
             self.requeued = requeue_slurm_job()

@@ -1,0 +1,143 @@
+"""Where the jobs of a search or an evaluation set run: :class:`ExecutorOptions` (``--executor``
+and the SLURM settings) and the submitit executor they make (:func:`make_executor`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2mc.errors import InputError
+
+EXECUTORS = ("inline", "local", "slurm")
+#: Seconds between submitit's signal and the time limit: the step in flight and the checkpoint
+#: must fit (docs/training.md, pre-emption); ``--signal-delay`` changes it.
+SIGNAL_DELAY_S = 300
+#: ``--time`` of a SLURM job when none is given (minutes).
+DEFAULT_SLURM_TIME_MIN = 240
+#: A local job without ``--time`` runs as long as it takes (submitit needs a number).
+_NO_LIMIT_MIN = 60 * 24 * 365
+
+
+def import_submitit() -> Any:
+    """submitit, or a one-line error saying how to install it."""
+    try:
+        import submitit
+    except ImportError:
+        raise InputError("--executor local and --executor slurm need submitit: "
+                         "pip install 'e2mc[cluster]'") from None
+    return submitit
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Where the jobs of a search run (``e2mc search --executor ...``)."""
+
+    kind: str = "inline"
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    time_min: int | None = None
+    account: str | None = None
+    constraint: str | None = None
+    #: ``--slurm KEY=VALUE``: submitit's ``slurm_additional_parameters`` (``#SBATCH --KEY=VALUE``)
+    slurm: dict[str, Any] = field(default_factory=dict)
+    max_parallel: int | None = None
+    jobs_dir: str | None = None
+    #: seconds between two looks at the jobs (default: 0.5 locally, 30 on SLURM)
+    poll_s: float | None = None
+    #: seconds between submitit's signal (USR2) and the time limit (``--signal-delay``)
+    signal_delay_s: int = SIGNAL_DELAY_S
+
+    def check(self) -> None:
+        """Refuse values out of range and options that the executor would ignore; import
+        submitit for ``local`` and ``slurm``."""
+        if self.kind not in EXECUTORS:
+            raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got "
+                             f"{self.kind!r}")
+        for name, value, low in (("--nodes", self.nodes, 1),
+                                 ("--gpus-per-node", self.gpus_per_node, 0),
+                                 ("--cpus-per-task", self.cpus_per_task, 1),
+                                 ("--time", self.time_min, 1),
+                                 ("--max-parallel", self.max_parallel, 1),
+                                 ("--signal-delay", self.signal_delay_s, 1)):
+            if value is not None and value < low:
+                raise InputError(f"{name} must be at least {low}, got {value}")
+        slurm_only = {"--partition": self.partition, "--account": self.account,
+                      "--constraint": self.constraint, "--cpus-per-task": self.cpus_per_task,
+                      "--slurm": self.slurm or None,
+                      "--nodes": self.nodes if self.nodes != 1 else None}
+        jobs_only = {"--gpus-per-node": self.gpus_per_node or None, "--time": self.time_min,
+                     "--max-parallel": self.max_parallel, "--jobs-dir": self.jobs_dir,
+                     "--signal-delay": self.signal_delay_s
+                     if self.signal_delay_s != SIGNAL_DELAY_S else None}
+        given = [k for k, v in slurm_only.items() if v is not None and self.kind != "slurm"]
+        if given:
+            raise InputError(f"{', '.join(given)} only apply to --executor slurm")
+        given = [k for k, v in jobs_only.items() if v is not None and self.kind == "inline"]
+        if given:
+            raise InputError(f"{', '.join(given)} only apply to --executor local or slurm")
+        if self.kind != "inline":
+            import_submitit()
+
+    @property
+    def poll(self) -> float:
+        if self.poll_s is not None:
+            return self.poll_s
+        return 30.0 if self.kind == "slurm" else 0.5
+
+
+def parse_slurm_settings(items: Sequence[str]) -> dict[str, Any]:
+    """``["mail-type=END", "exclusive"]`` -> ``{"mail-type": "END", "exclusive": True}`` (a key
+    alone is a flag)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not key or (sep and not value.strip()):
+            raise InputError(f"--slurm {item!r} must look like KEY=VALUE (or KEY for a flag)")
+        out[key] = value.strip() if sep else True
+    return out
+
+
+def slurm_parameters(options: ExecutorOptions, name: str, kind: str = "train"
+                     ) -> dict[str, Any]:
+    """The parameters of ``submitit.SlurmExecutor.update_parameters`` for the jobs of ``kind``
+    (``train``: ``--nodes`` nodes with one task per GPU, for DDP; ``eval``: one task, at most
+    one GPU)."""
+    gpus = options.gpus_per_node
+    train = kind == "train"
+    params: dict[str, Any] = {
+        "job_name": name,
+        "time": options.time_min or DEFAULT_SLURM_TIME_MIN,
+        "nodes": options.nodes if train else 1,
+        "ntasks_per_node": max(1, gpus) if train else 1,
+        "signal_delay_s": options.signal_delay_s,
+        "additional_parameters": {"requeue": True, **options.slurm},
+    }
+    if gpus:
+        params["gpus_per_node"] = gpus if train else 1
+    for key in ("partition", "cpus_per_task", "account", "constraint"):
+        if getattr(options, key) is not None:
+            params[key] = getattr(options, key)
+    if options.max_parallel is not None:
+        params["array_parallelism"] = options.max_parallel
+    return params
+
+
+def make_executor(options: ExecutorOptions, folder: str | Path, name: str,
+                  kind: str = "train") -> Any:
+    """The submitit executor of ``options`` (``local`` or ``slurm``) with its parameters."""
+    submitit = import_submitit()
+    if options.kind == "slurm":
+        executor = submitit.SlurmExecutor(folder=folder)
+        executor.update_parameters(**slurm_parameters(options, name, kind))
+        return executor
+    gpus = options.gpus_per_node if kind == "train" else min(options.gpus_per_node, 1)
+    executor = submitit.LocalExecutor(folder=folder)
+    executor.update_parameters(timeout_min=options.time_min or _NO_LIMIT_MIN,
+                               tasks_per_node=max(1, gpus), gpus_per_node=gpus,
+                               signal_delay_s=options.signal_delay_s)
+    return executor

@@ -1,0 +1,169 @@
+"""The jobs: :class:`TrainJob` (one training run) and :class:`CallJob` (one evaluation), picklable
+callables that submitit runs in a process of their own or as a SLURM job, and :class:`Work`, one
+unit of a search or an evaluation set (see :mod:`e2mc.jobs`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _outcome(finished: bool, step: int | None = None, stop_reason: str | None = None
+             ) -> dict[str, Any]:
+    """What a job returns (submitit pickles it for the search): how far it got, and where."""
+    return {"finished": finished, "step": step, "stop_reason": stop_reason,
+            "pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _in_submitit(executor: str | None = None) -> bool:
+    name = os.environ.get("SUBMITIT_EXECUTOR", "")
+    return bool(name) and (executor is None or name == executor)
+
+
+def _join_process_group() -> None:
+    """Under submitit with several tasks: export the process group's environment of this task
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; one GPU per task),
+    so that the trainer joins it as it does under ``torchrun``."""
+    if not _in_submitit():
+        return
+    import submitit
+
+    if submitit.JobEnvironment().num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(overwrite=True)
+
+
+@contextmanager
+def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
+    """Within a submitit job: submitit's signal (``USR2``, sent ``--signal-delay`` seconds
+    before the time limit) is noted as "time limit ahead" (so that the trainer's stop requeues
+    the job, :func:`~e2mc.training.preemption.wants_requeue`) and raised again as the trainer's
+    first pre-emption signal; a signal during start-up is recorded for the trainer to act on (as
+    ``e2mc continue`` does). submitit's own handler, which would requeue the job at once and
+    race the trainer's checkpoint, is not put back afterwards: a later ``USR2`` is ignored (the
+    trainer has stopped, and requeued when it had to). Without pre-emption signals, submitit's
+    own handling stays."""
+    from e2mc.config import resolve_signals
+    from e2mc.training.preemption import REQUEUE_SIGNALS, PreemptionHandler, note_time_limit
+
+    signals = resolve_signals(preempt_signals)
+    if not signals or not _in_submitit():
+        yield
+        return
+    import submitit
+
+    ours = submitit.JobEnvironment._usr_sig()
+
+    # raised on as a time-limit signal of the run's where it has one (the stop reason then
+    # names it: "pre-empted by SIGUSR1"), else as its first
+    raised = next((s for s in signals if s in REQUEUE_SIGNALS), signals[0])
+
+    def time_limit(signum: int, frame: Any) -> None:
+        note_time_limit()
+        os.write(2, f"submitit's {signal.Signals(signum).name}: the time limit is ahead; "
+                    f"stopping after the step in flight ({raised.name})\n".encode())
+        signal.raise_signal(raised)
+
+    if ours not in signals:
+        signal.signal(ours, time_limit)
+    try:
+        with PreemptionHandler(signals):
+            yield
+    finally:
+        signal.signal(ours, signal.SIG_IGN)
+
+
+class _Checkpointable:
+    """submitit's checkpoint protocol (``submitit.helpers.Checkpointable``, without importing
+    submitit here): on its signal submitit calls :meth:`checkpoint` and requeues the job with
+    what it returns, the same job, which starts again from what is on disk."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+class TrainJob(_Checkpointable):
+    """One training run as a job: :func:`~e2mc.training.run.train_unless_done` of ``cfg`` in
+    ``run_dir``."""
+
+    def __init__(self, cfg: Any, run_dir: str | Path) -> None:
+        self.cfg, self.run_dir = cfg, str(run_dir)
+
+    def __call__(self) -> dict[str, Any]:
+        from e2mc.training.preemption import (
+            PREEMPTED_EXIT_CODE,
+            PreemptedAtStart,
+            is_preemption,
+            requeue_slurm_job,
+            wants_requeue,
+        )
+        from e2mc.training.run import train_unless_done
+
+        _join_process_group()
+        under_slurm = _in_submitit("slurm") and bool(os.environ.get("SLURM_JOB_ID"))
+        with _signals_to_trainer(self.cfg.training.preempt_signals):
+            try:
+                result = train_unless_done(self.cfg, self.run_dir)
+            except PreemptedAtStart as stop:
+                if not under_slurm:
+                    return _outcome(False, None, str(stop))
+                print(f"{self.run_dir}: {stop}", file=sys.stderr)
+                if self.cfg.training.requeue and int(os.environ.get("RANK", "0")) == 0 \
+                        and wants_requeue(stop.signal):
+                    requeue_slurm_job()
+                raise SystemExit(PREEMPTED_EXIT_CODE) from None
+        if under_slurm and not result.finished and is_preemption(result.stop_reason):
+            # no result: the job is requeued (a time-limit signal: by the trainer, which wrote
+            # its checkpoint first; a pre-emption: by SLURM) and the search waits for it, or it
+            # was cancelled and the search reports it; a new job resumes from the checkpoint
+            print(f"{self.run_dir}: {result.stop_reason}; checkpoint at step {result.step}",
+                  file=sys.stderr)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        return _outcome(result.finished, result.step, result.stop_reason)
+
+
+class CallJob(_Checkpointable):
+    """A job calling ``fn(**kwargs)`` (an importable function: an evaluation); it finishes when
+    the call returns."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        self.fn, self.kwargs = fn, kwargs
+
+    def __call__(self) -> dict[str, Any]:
+        self.fn(**self.kwargs)
+        return _outcome(True)
+
+
+def evaluation_work(key: str, call: dict[str, Any]) -> Work:
+    """``evaluate_checkpoint(**call)`` (:mod:`e2mc.evaluation.workflow`) as a unit of work in
+    ``call["out"]``: done when that directory holds the same evaluation (the same checkpoint
+    bytes, data and options: ``is_evaluated``), which is remembered once true."""
+    from e2mc.evaluation.workflow import evaluate_checkpoint, is_evaluated
+
+    known = [False]
+
+    def done() -> bool:
+        if not known[0]:
+            known[0] = is_evaluated(**call)
+        return known[0]
+
+    return Work(key, CallJob(evaluate_checkpoint, call), Path(call["out"]), done)
+
+
+@dataclass
+class Work:
+    """One unit of a search: ``key`` (its directory relative to the search directory), the
+    ``job`` that does it, its ``directory`` (whose lock the job holds) and ``is_done``."""
+
+    key: str
+    job: Callable[[], dict[str, Any]]
+    directory: Path
+    is_done: Callable[[], bool]

@@ -1,0 +1,91 @@
+"""Processes: what identifies one beyond its pid (its start time and the boot, the host), and
+whether a process holds a file's lock. Locks (:func:`e2mc.artifacts.writer_lock`) and the jobs'
+record (``jobs.json``) keep this identity, so that a pid given to another process after a crash
+(a reboot, a wrap-around) or a process of another host is never taken for the one that wrote
+them, and nothing waits for a process that is gone.
+
+Imports nothing from e2mc (and neither torch nor numpy).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def lock_held(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a process holds the POSIX lock of ``path`` (``F_GETLK``, without taking it);
+    ``None`` where that cannot be asked."""
+    import fcntl
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:  # struct flock {short l_type, l_whence; off_t l_start, l_len; pid_t l_pid}
+        query = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        return struct.unpack("hhqqi4x", answer)[0] != fcntl.F_UNLCK
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), ``None`` without ``/proc``."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``, field 22):
+    with :func:`boot_id`, what tells a process from a later one given the same pid; ``None``
+    when it is gone or there is no ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """What identifies process ``pid`` (this one by default) beyond its pid: ``{"pid", "host",
+    "boot_id", "start_ticks"}``, as locks and jobs.json record it."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "host": socket.gethostname(), "boot_id": boot_id(),
+            "start_ticks": process_start(pid)}
+
+
+def same_process(record: dict[str, Any]) -> bool:
+    """Whether the process of ``record`` (:func:`process_identity`) is alive: on this host, with
+    the same boot id and start time as recorded (a pid given to another process after a reboot
+    or a wrap-around is not it). A process of another host cannot be seen from here: ``False``
+    (the caller does not wait for it; its lock still refuses a second writer)."""
+    try:
+        pid, host = int(record["pid"]), str(record["host"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if host != socket.gethostname() or not process_alive(pid):
+        return False
+    if record.get("boot_id") and boot_id() and record["boot_id"] != boot_id():
+        return False
+    now = process_start(pid)
+    return not (record.get("start_ticks") is not None and now is not None
+                and int(record["start_ticks"]) != now)
