@@ -1,0 +1,337 @@
+"""The run configuration's schema: the typed dataclasses of :class:`RunConfig` and their
+checks (:meth:`RunConfig.validate`: ranges, choices, the ``params`` against the builders'
+signatures, the monitor's metric names). Values are converted to these types by
+:mod:`e2mc.config.presets`; the field parsers are :mod:`e2mc.config.fields`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from e2mc.config.fields import check_distinct, check_params, resolve_metric, resolve_signals
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("constant", "cosine")
+LR_SCALINGS = ("none", "linear")
+PIPELINES = ("pil", "fast", "device")
+MODES = ("continue", "pretrain")
+
+
+@dataclass
+class ModelConfig:
+    """The backbone (``e2mc.models.build_backbone``) by name: ``resnet50``,
+    ``torchvision:resnet50[:WEIGHTS]``, ``timm:NAME``, ``hf:REPO_ID``, ``cnn5_small``."""
+
+    backbone: str = "resnet50"
+    small_images: bool = False
+    in_channels: int = 3
+
+
+@dataclass
+class MethodConfig:
+    """The SSL method (``e2mc.methods.build_method(name, **params)``)."""
+
+    name: str = "vicreg"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AddonConfig:
+    """The add-on criterion (``e2mc.addons.build_addon(name, **params)``); ``none`` = continued.
+
+    For ``e2mc`` the trainer fills ``space`` from the method's compact space and
+    ``batch_size_for_cov`` from the global batch size unless they are given here.
+    """
+
+    name: str = "none"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """Learning rate and schedule; the optimizer itself is the method's preset.
+
+    ``lr = base_lr * batch_size / 256`` with ``lr_scaling: linear`` (the authors' rule for VICReg
+    and SimSiam), ``lr = base_lr`` with ``none``. ``constant`` is how the continued runs were
+    trained; ``cosine`` (with linear warm-up) is for ``pretrain``. Parameter groups flagged
+    ``fix_lr`` by the method (SimSiam's predictor) keep their learning rate.
+    """
+
+    base_lr: float = 0.003
+    lr_scaling: str = "linear"
+    weight_decay: float = 1e-6
+    schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    final_lr_fraction: float = 0.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Training images and their views (``e2mc.data.build_dataset`` / ``build_views``).
+
+    ``recipe`` defaults to the method's own view recipe. ``limit`` keeps the first N images.
+    ``val_split`` holds out a validation part of the training images that training never sees
+    (``e2mc.data.holdout_split``): a fraction in (0, 1) or a count >= 1; stratified by class
+    where the data set has labels, drawn with ``val_seed``, recorded in the run directory.
+    ``pipeline``: ``pil`` (``build_views`` on PIL images), ``fast`` (image folders through
+    ``e2mc.data.fast_views.FastViews``: the same draws, tensor decoding and augmentations) or
+    ``device`` (the same, with the photometric steps batched on the training device).
+    """
+
+    dataset: str | None = None
+    split: str = "train"
+    image_size: int = 224
+    channels: int = 3
+    recipe: str | None = None
+    num_workers: int = 0
+    skip_corrupt: bool = False
+    limit: int | None = None
+    val_split: float | None = None
+    val_seed: int = 0
+    pipeline: str = "pil"
+
+
+@dataclass
+class InitConfig:
+    """Where a ``continue`` run starts: an official or a project checkpoint.
+
+    ``base_epoch``: how many epochs the base model was trained (the method's epoch-dependent
+    behaviour, e.g. SwAV's queue, counts from there); ``None`` reads it from the checkpoint.
+    ``load_optimizer``: resume the checkpoint's optimizer state when it has one (VICReg's
+    momentum buffers, as the authors continued), keeping this run's learning rate.
+    ``checkpoint`` may be a URL (http, https, file; ``#sha256=<hex>`` checked), downloaded once
+    into torch.hub's cache. ``new_heads``: a backbone-only checkpoint may start the method's
+    heads from random weights (otherwise it is an error).
+    """
+
+    checkpoint: str | None = None
+    trust: bool = False
+    base_epoch: int | None = None
+    load_optimizer: bool = True
+    new_heads: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    """Where a run's metrics go besides ``metrics.jsonl``: TensorBoard (``tensorboard``: null =
+    when installed, silently; true = asked for, a note when it is not installed; false = off)
+    and Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
+    ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
+
+    tensorboard: bool | None = None
+    wandb: bool = False
+    wandb_project: str = "e2mc"
+    wandb_entity: str | None = None
+    wandb_name: str | None = None
+    wandb_mode: str | None = None
+
+
+@dataclass
+class TrainingConfig:
+    """The loop. ``batch_size`` is global (split over the processes); ``epochs`` counts the
+    epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
+    checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
+    (1 is much faster on a busy shared CPU). ``compile`` compiles the backbone
+    (``torch.compile``, in place). ``preempt_signals`` (a list; ``[]`` or ``""`` for none) stop the
+    run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
+    ``scontrol requeue $SLURM_JOB_ID`` under SLURM after a time-limit signal (``SIGUSR1``,
+    submitit's ``SIGUSR2``; ``e2mc.training.preemption.SIGNAL_TABLE``)."""
+
+    epochs: int = 10
+    batch_size: int = 512
+    seed: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    log_every: int = 10
+    checkpoint_every_steps: int = 0
+    keep_epoch_checkpoints: bool = True
+    skip_nonfinite: bool = False
+    max_steps: int | None = None
+    progress: bool = True
+    channels_last: bool = False
+    find_unused_parameters: bool = False
+    cpu_threads: int | None = None
+    compile: bool = False
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGHUP"])
+    requeue: bool = True
+
+
+@dataclass
+class MonitorConfig:
+    """The validation monitor (``e2mc.training.monitor``; needs ``data.val_split``).
+
+    On whenever ``data.val_split`` is set (``enabled: false`` turns it off). At step 0 (the
+    starting model), every ``every`` optimizer steps (None: at the end of every epoch) and at
+    the last step: kNN top-1 (``knn_k``) and linear probes on the validation split's backbone
+    features, and the label-free effective rank and mean marginal entropy of its projector
+    embeddings.
+    ``fractions``: label budgets of the probes as fractions of the *training* set;
+    ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
+    (``val/knn``, ``val/linear_1%``, ...) whose best value so far is kept as ``best.pt``;
+    ``patience``: stop after that many evaluations without a gain of more than ``min_delta``.
+    """
+
+    enabled: bool = True
+    every: int | None = None
+    knn_k: int = 20
+    fractions: list[float] = field(default_factory=lambda: [0.01, 1.0])
+    label_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    probe_epochs: int = 30
+    batch_size: int = 256
+    keep_best: str | None = None
+    patience: int | None = None
+    min_delta: float = 0.0
+
+
+@dataclass
+class RunConfig:
+    """A whole run; ``mode`` is ``continue`` (the paper's step 2) or ``pretrain``."""
+
+    name: str = "run"
+    mode: str = "continue"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    addon: AddonConfig = field(default_factory=AddonConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    def validate(self) -> None:
+        """Check the values whose range the types cannot express."""
+        _check_ranges(self)
+        _choice("mode", self.mode, MODES)
+        _choice("training.precision", self.training.precision, PRECISIONS)
+        _choice("optim.schedule", self.optim.schedule, SCHEDULES)
+        _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
+        _choice("data.pipeline", self.data.pipeline, PIPELINES)
+        resolve_signals(self.training.preempt_signals)
+        for key, value in (("training.epochs", self.training.epochs),
+                           ("training.batch_size", self.training.batch_size),
+                           ("training.log_every", self.training.log_every),
+                           ("data.image_size", self.data.image_size),
+                           ("data.channels", self.data.channels)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+        if self.training.checkpoint_every_steps < 0:
+            raise ValueError("training.checkpoint_every_steps must be >= 0 (0 = off)")
+        if self.optim.base_lr <= 0:
+            raise ValueError(f"optim.base_lr must be > 0, got {self.optim.base_lr}")
+        if self.data.num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
+        self._validate_monitor()
+        self._validate_params()
+
+    def _validate_params(self) -> None:
+        """The free-form ``params`` against the signatures of the builders they are handed to
+        (the method's constructor and ``build_optimizer``, the add-on's constructor), so that a
+        value of the wrong type is refused here, before anything is built or trained."""
+        from e2mc.addons import ADDONS
+        from e2mc.methods.registry import METHODS
+
+        method = METHODS.get(self.method.name)  # an unknown name is build_method's error
+        if method is not None:
+            check_params(method.__init__, self.method.params, "method.params",
+                         skip=("backbone", "small_images", "in_channels"))
+            check_params(method.build_optimizer, self.optim.params, "optim.params",
+                         skip=("lr", "weight_decay"))
+        addon = ADDONS.get(self.addon.name)
+        if addon is not None:
+            check_params(addon.__init__, self.addon.params, "addon.params")
+
+    def _validate_monitor(self) -> None:
+        """The validation split and monitor keys (the metric names: :func:`metric_names`)."""
+        vs, mon = self.data.val_split, self.monitor
+        if vs is not None and not (0 < vs < 1 or (vs >= 1 and float(vs).is_integer())):
+            raise ValueError(f"data.val_split must be a fraction in (0, 1) or a whole count "
+                             f">= 1, got {vs}")
+        for key, value, low in (("monitor.every", 1 if mon.every is None else mon.every, 1),
+                                ("monitor.knn_k", mon.knn_k, 1),
+                                ("monitor.probe_epochs", mon.probe_epochs, 1),
+                                ("monitor.batch_size", mon.batch_size, 1)):
+            if value < low:
+                raise ValueError(f"{key} must be >= {low}, got {value}")
+        check_distinct("monitor.fractions", mon.fractions, lambda v: 0 < v <= 1,
+                       "fractions in (0, 1]")
+        check_distinct("monitor.label_seeds", mon.label_seeds, lambda v: v >= 0,
+                       "integers >= 0")
+        if mon.patience is not None and mon.patience < 1:
+            raise ValueError(f"monitor.patience must be >= 1, got {mon.patience}")
+        if mon.min_delta < 0:
+            raise ValueError(f"monitor.min_delta must be >= 0, got {mon.min_delta}")
+        if mon.keep_best is not None:
+            mon.keep_best = resolve_metric(mon.keep_best, mon.fractions)
+        if (mon.every is not None or mon.keep_best) and vs is None:
+            raise ValueError("the monitor and --keep-best evaluate on a validation split: give "
+                             "--val-split FRACTION (data.val_split)")
+        if mon.keep_best and not mon.enabled:
+            raise ValueError("monitor.keep_best needs the monitor: monitor.enabled is false")
+        for key, option, given in (("monitor.patience", "--patience", mon.patience is not None),
+                                   ("monitor.min_delta", "--set monitor.min_delta",
+                                    mon.min_delta != 0)):
+            if given and not mon.keep_best:
+                raise ValueError(f"{key} ({option}) applies to the keep-best metric, and none "
+                                 "is kept: give monitor.keep_best (--keep-best METRIC) too")
+
+    @property
+    def lr(self) -> float:
+        """The peak learning rate after batch-size scaling."""
+        scale = self.training.batch_size / 256 if self.optim.lr_scaling == "linear" else 1.0
+        return self.optim.base_lr * scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """Every float is finite; the ranges of the numbers and the device string (each error
+    names its key)."""
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(obj):
+            continue
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{section.name}.{f.name} must be a finite number, got {value}")
+    t, o = cfg.training, cfg.optim
+    for key, value, low in (("training.seed", t.seed, 0), ("training.max_steps", t.max_steps, 1),
+                            ("training.cpu_threads", t.cpu_threads, 1),
+                            ("init.base_epoch", cfg.init.base_epoch, 0),
+                            ("optim.weight_decay", o.weight_decay, 0),
+                            ("optim.warmup_epochs", o.warmup_epochs, 0),
+                            ("optim.final_lr_fraction", o.final_lr_fraction, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{key} must be >= {low}, got {value}")
+    if o.final_lr_fraction > 1:
+        raise ValueError(f"optim.final_lr_fraction must be <= 1, got {o.final_lr_fraction}")
+    if cfg.lr > _FLOAT32_MAX:
+        raise ValueError(f"optim.base_lr={o.base_lr:g} gives the learning rate {cfg.lr:g}, "
+                         "more than float32 can hold (3.4e38)")
+    if not _DEVICE.match(t.device):
+        raise ValueError(f"training.device must be auto, cpu, cuda, cuda:N or mps; got "
+                         f"{t.device!r}")
+
+
