@@ -102,7 +102,7 @@ def test_without_a_lock_query_the_identity_decides(
     """Where the file system cannot say who holds a lock: a live process with the recorded
     start time is a writer; the same pid with another start time, a dead pid or another host's
     process is not waited for."""
-    monkeypatch.setattr(artifacts, "lock_held", lambda path: None)
+    monkeypatch.setattr(artifacts.locks, "lock_held", lambda path: None)
     alive = process_identity(other.pid)
     cases = {"alive": (alive, True), "reused": ({**alive, "start_ticks": 1}, False),
              "elsewhere": ({**alive, "host": "gpu-node-7"}, False)}

@@ -1,0 +1,131 @@
+"""One writer per directory: :func:`writer_lock` and :func:`live_writer`."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from e2mc.artifacts.layout import LOCK
+from e2mc.errors import InputError
+from e2mc.processes import lock_held, process_identity, same_process
+
+
+# --------------------------------------------------------------------------- one writer
+class DirectoryBusy(InputError):
+    """Another live process is writing to the directory (exit 2 on the command line)."""
+
+
+_HELD: set[Path] = set()  # lock files this process holds
+
+
+@contextmanager
+def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold ``ROOT/.e2mc.lock`` while writing to ``root``: one writer per run, evaluation or
+    search directory.
+
+    The lock is an advisory POSIX record lock (``lockf``, also honoured over NFS) on a file
+    holding the writer's pid, host, start time and command line. It belongs to the process
+    (DataLoader workers forked from it do not inherit it) and the kernel releases it when the
+    process ends, however it ends, so a lock file left by a dead process is taken over (with a
+    note on stderr); a live holder makes :class:`DirectoryBusy` naming it. Temporary files of
+    atomic writes that an earlier writer left in ``root`` are removed once the lock is held.
+    The file is removed on release, and ``root`` too when this call made it and it is empty.
+    """
+    import fcntl
+
+    root = Path(root)
+    created = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    if path.resolve() in _HELD:  # a second lockf in this process would succeed, and its
+        raise DirectoryBusy(f"{root} is already being written by this process")  # close free it
+    from e2mc.files import is_temp_file, refuse_link
+
+    while True:
+        refuse_link(path)  # a planted link: its target is never opened for writing
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # planted between the check and the open
+                refuse_link(path)
+            raise
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 1 << 16).decode("utf-8", "replace")
+            os.close(fd)
+            raise DirectoryBusy(f"{root} is being written by another process ({_holder(holder)})"
+                                "; wait for it to end or use another directory") from None
+        try:  # the file may have been removed by its last holder between open and lock
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    key = path.resolve()
+    _HELD.add(key)
+    try:
+        stale = os.read(fd, 1 << 16).decode("utf-8", "replace").strip()
+        if stale:
+            print(f"note: {path} was left by a process that is gone ({_holder(stale)}); "
+                  "taking it over", file=sys.stderr)
+        record = {**process_identity(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": sys.argv}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        for temp in root.iterdir():  # an interrupted atomic write of an earlier writer
+            if is_temp_file(temp.name) and not temp.is_dir():
+                temp.unlink(missing_ok=True)
+        yield path
+    finally:
+        _HELD.discard(key)
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        if created and not any(root.iterdir()):  # refused before writing: leave no trace
+            root.rmdir()
+
+
+def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The record of the process writing ``root`` (:func:`writer_lock`) while it is alive, else
+    ``None``. Only asks (never takes the lock, which would refuse the writer itself for that
+    instant): the kernel says whether a process holds the lock (``F_GETLK``, which NFS answers
+    for other hosts too), so a lock file left by a crash, one whose pid now belongs to another
+    process, or one naming another host's process that ended, is not a live writer. Where the
+    file system cannot say, the record's identity decides (:func:`same_process`: this host's
+    process with the same start time and boot id), and a process of another host is not
+    waited for."""
+    path = Path(root) / LOCK
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        record = json.loads(text)
+        record = record if isinstance(record, dict) else {}
+    except ValueError:
+        record = {}  # (being written)
+    if path.resolve() in _HELD:  # this process (closing a descriptor would drop its lock)
+        return record
+    held = lock_held(path)
+    if held is not None:
+        return record if held else None
+    return record if same_process(record) else None
+
+
+def _holder(text: str) -> str:
+    try:
+        r = json.loads(text)
+        return (f"pid {r['pid']} on {r['host']} since {r['started']}: "
+                f"{' '.join(map(str, r.get('command', [])))}")
+    except (ValueError, KeyError, TypeError):
+        return "unknown holder"
+
+
