@@ -141,14 +141,15 @@ def test_compare_out_is_a_directory_and_its_old_seed_gives_the_same_numbers(
     args = [str(a), str(b), "--resamples", "200"]
     assert main(["compare", *args, "--out", str(tmp_path / "new"), "--resample-seed", "3"]) == 0
     out = capsys.readouterr().out
-    names = ["comparison.md", "comparison.png", "comparison.csv", "comparison_tests.csv"]
+    names = ["comparison.html", "comparison.md", "comparison.png", "comparison.csv",
+             "comparison_tests.csv"]
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == sorted(names)
     assert f"wrote {tmp_path / 'new' / 'comparison.md'}" in out
     tests = list(csv.DictReader((tmp_path / "new" / "comparison_tests.csv").open()))
     assert [float(t["difference"]) for t in tests] == [25.0, 25.0]
     assert main(["compare", *args, "--out", str(tmp_path / "old"), "--seed", "3"]) == 0
     assert "note: compare --seed is now --resample-seed" in capsys.readouterr().err
-    for name in names[2:]:  # the same resampling seed: the same p-values and intervals
+    for name in names[3:]:  # the same resampling seed: the same p-values and intervals
         assert (tmp_path / "old" / name).read_bytes() == (tmp_path / "new" / name).read_bytes()
     assert main(["compare", *args]) == 0  # default: the first run's parent directory
     assert (tmp_path / "evals" / "comparison.md").is_file()

@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated row names, one per run (default: their directory "
                         "names)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="directory of the comparison's files: comparison.md (verdicts, table, "
+                   help="directory of the comparison's files: comparison.html (the page: "
+                        "verdicts, table, chart, rules), comparison.md (verdicts, table, "
                         "per-seed tests), comparison.png (chart), comparison.csv, "
                         "comparison_tests.csv (default: the first run's parent directory)")
     p.add_argument("--resamples", type=at_least(1), default=10_000, metavar="N",
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from e2mc.config import comma_list
+    from e2mc.evaluation.comparison_page import write_comparison_page
     from e2mc.evaluation.results import (
         COMPARISON_STEM,
         compare_evaluations,
@@ -66,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) if args.out is not None else Path(args.runs[0]).resolve().parent
     paths = write_comparison(comp, out / COMPARISON_STEM)
+    page = write_comparison_page(comp, out, chart=paths[1])
     print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
     print("wrote " + ", ".join(str(p) for p in paths))
+    print(f"the page with the verdicts, the table and the chart: {page}")
     return 0
 
 

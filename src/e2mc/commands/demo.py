@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "draw the diagnostics, and print the comparison table. A few minutes on a CPU.",
     )
     parser.add_argument("--out", default="e2mc-demo", metavar="DIR",
-                        help="output directory; the page with the answer: DIR/index.html "
+                        help="output directory; the page with the answer: DIR/comparison.html "
                              "(default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="a reduced run (well under a minute) that only checks the "
