@@ -236,12 +236,16 @@ class Search:
         atomic_write_text(self.files.markdown, search_markdown(record))
         plot_trajectories(record, self.files.plot)
         chosen = record["selected"]
+        table = [line for line in search_markdown(record).splitlines() if line.startswith("|")]
+        self.log("\n".join(table))  # every trial against its control, selected or not
         if chosen is None:
             self.log(f"no trial beat its control on {self.spec.metric}: nothing selected")
         else:
             row = next(t for t in record["trials"] if t["name"] == chosen)
             self.log(f"selected: {chosen} ({self.spec.metric} {row['difference']:+.2f} against "
                      "its control on the validation split)")
+        self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
+                 f"{self.files.plot}")
 
     # ---------------------------------------------------------------- confirmation
     def confirm(self, seeds: Sequence[int], record: dict[str, Any],
