@@ -1,10 +1,10 @@
 """``comparison.html``: the page with the answer of ``e2mc compare`` and of the demo.
 
 It opens on the answer (which runs are significantly better or worse than the reference, and
-where), then every verdict, the table with its marks and their legend, the chart of the paired
-differences, what each mark means and which rule made it (pooled over seeds or per seed, and
-how many verdicts a comparison of this many cells gets wrong by chance); the per-seed tests
-come last, folded. The demo adds a section of its own (the diagnostics) after the table.
+where), then the table with its marks and their legend, the chart of the accuracies and the
+paired differences, the caller's sections (the demo's diagnostics), every verdict, what each
+mark means and which rule made it (pooled over seeds or per seed, and how many verdicts a
+comparison of this many cells gets wrong by chance); the per-seed tests come last, folded.
 
 Every user-given name (runs, columns, notes) is escaped: the page holds no raw HTML of theirs.
 The chart is embedded (base64), so the single file can be mailed or archived.
@@ -177,17 +177,17 @@ def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
     body.append(f'<p class="note">{BETTER} / {WORSE}: significantly better / worse than '
                 f"{_e(comp.reference)} at every seed; † no paired test; the rules are below "
                 "the chart.</p>")
-    if rows:
-        body.append("<h2>Every verdict</h2><ul>" + "".join(
-            f'<li>{_e(r["run"])}, {_e(r["column"])}: <span class="{_word_class(r["word"])}">'
-            f'{_e(r["word"])}</span> {_e(comp.reference)} ({_e(verdict_numbers(r))})</li>'
-            for r in rows) + "</ul>")
     if chart is not None and Path(chart).is_file():
         data = base64.b64encode(Path(chart).read_bytes()).decode("ascii")
         body.append("<h2>Accuracy and paired differences</h2>"
                     f'<img src="data:image/png;base64,{data}" alt="{_e(Path(chart).name)}">')
     for heading, section in sections:
         body.append(f"<h2>{_e(heading)}</h2>{section}")
+    if rows:
+        body.append("<h2>Every verdict</h2><ul>" + "".join(
+            f'<li>{_e(r["run"])}, {_e(r["column"])}: <span class="{_word_class(r["word"])}">'
+            f'{_e(r["word"])}</span> {_e(comp.reference)} ({_e(verdict_numbers(r))})</li>'
+            for r in rows) + "</ul>")
     body.append("<h2>What the marks mean</h2>" + _rules(comp, len(rows)))
     body.append(_tests(comp))
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
