@@ -72,6 +72,8 @@ def test_search_with_no_winner_selects_nothing_and_resumes(base: tuple[Path, Pat
     assert [p[0] for p in row["trajectory"]] == [0, 2, 4]
     err = capsys.readouterr().err
     assert "nothing selected" in err
+    assert "  train trial (add-on e2mc): " in err
+    assert "  train control: the same run without the add-on (add-on none): " in err
     # even with nothing selected: the table of every trial against its control, and the paths
     assert "| trial | steps | start | control | trial | difference |" in err
     assert f"| {row['name']} | 4 |" in err and "+0.00 |" in err
