@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,40 @@ def test_every_documented_command_parses(page: Path, line: int, command: str,
             return
         pytest.fail(f"{page.relative_to(REPO)}:{line}: e2mc {command}\n  {err[-1] if err else ''}")
     assert args.command == argv[0]
+
+
+CHEAP = ("presets", "config")  # run, not only parsed: instant, no data, no files written
+LISTING = [c for c in ALL if not c[3] and c[2].split()[0] in CHEAP
+           and ".yaml" not in c[2]]  # (a YAML file of the reader's own is not here)
+
+
+@pytest.mark.parametrize("page,line,command", [c[:3] for c in LISTING],
+                         ids=[f"{c[0].relative_to(REPO)}:{c[1]}" for c in LISTING])
+def test_documented_listing_commands_run(page: Path, line: int, command: str, capsys) -> None:
+    from e2mc.cli import main
+
+    assert main(shlex.split(command)) == 0, f"{page.relative_to(REPO)}:{line}"
+    assert capsys.readouterr().out.strip()
+
+
+def python_blocks() -> list[tuple[Path, int, str]]:
+    found = []
+    for page in pages():
+        text = page.read_text()
+        for m in re.finditer(r"```python\n(.*?)^\s*```", text, flags=re.S | re.M):
+            found.append((page, text[:m.start()].count("\n") + 1,
+                          textwrap.dedent(m.group(1))))  # a block inside a list item
+    return found
+
+
+def test_every_documented_python_block_is_python() -> None:
+    """Each block compiles (the README's blocks also run: tests/test_readme.py)."""
+    import ast
+
+    blocks = python_blocks()
+    assert len(blocks) >= 5
+    for page, line, code in blocks:
+        try:
+            ast.parse(code)
+        except SyntaxError as err:
+            pytest.fail(f"{page.relative_to(REPO)}:{line + (err.lineno or 0)}: {err.msg}")
