@@ -9,8 +9,12 @@ from typing import Any
 
 
 def search_markdown(record: dict[str, Any]) -> str:
+    """search.md: the rule, every trial against its control, the selection; names escaped
+    (:func:`e2mc.evaluation.results.md_text`)."""
+    from e2mc.evaluation.results import md_text
+
     spec = record["spec"]
-    lines = [f"# Search: {spec['config']}", "",
+    lines = [f"# Search: {md_text(spec['config'])}", "",
              f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
              f"training images (seed {spec['seed']}); the test split is never read.", "",
              f"Selection rule (declared before the first run): {spec['rule']}.", "",
@@ -18,12 +22,13 @@ def search_markdown(record: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     for t in record["trials"]:
         if t.get("difference") is None:
-            lines.append(f"| {t['name']} | – | – | – | – | – |")
+            lines.append(f"| {md_text(t['name'], True)} | – | – | – | – | – |")
             continue
         mark = " **selected**" if t["name"] == record["selected"] else ""
-        lines.append(f"| {t['name']}{mark} | {t['steps']} | {t['start_value']:.2f} | "
-                     f"{t['control_value']:.2f} | {t['value']:.2f} | {t['difference']:+.2f} |")
-    lines += ["", ("Selected: **" + record["selected"] + "**." if record["selected"] else
+        lines.append(f"| {md_text(t['name'], True)}{mark} | {t['steps']} | "
+                     f"{t['start_value']:.2f} | {t['control_value']:.2f} | {t['value']:.2f} | "
+                     f"{t['difference']:+.2f} |")
+    lines += ["", ("Selected: **" + md_text(record["selected"]) + "**." if record["selected"] else
                    "No trial beat its control: nothing is selected, and the starting model "
                    "stays the better choice."), "", "![trajectories](search.png)", ""]
     return "\n".join(lines)
