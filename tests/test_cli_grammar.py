@@ -141,14 +141,15 @@ def test_compare_out_is_a_directory_and_its_old_seed_gives_the_same_numbers(
     args = [str(a), str(b), "--resamples", "200"]
     assert main(["compare", *args, "--out", str(tmp_path / "new"), "--resample-seed", "3"]) == 0
     out = capsys.readouterr().out
-    names = ["comparison.md", "comparison.png", "comparison.csv", "comparison_tests.csv"]
+    names = ["comparison.html", "comparison.md", "comparison.png", "comparison.csv",
+             "comparison_tests.csv"]
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == sorted(names)
     assert f"wrote {tmp_path / 'new' / 'comparison.md'}" in out
     tests = list(csv.DictReader((tmp_path / "new" / "comparison_tests.csv").open()))
     assert [float(t["difference"]) for t in tests] == [25.0, 25.0]
     assert main(["compare", *args, "--out", str(tmp_path / "old"), "--seed", "3"]) == 0
     assert "note: compare --seed is now --resample-seed" in capsys.readouterr().err
-    for name in names[2:]:  # the same resampling seed: the same p-values and intervals
+    for name in names[3:]:  # the same resampling seed: the same p-values and intervals
         assert (tmp_path / "old" / name).read_bytes() == (tmp_path / "new" / name).read_bytes()
     assert main(["compare", *args]) == 0  # default: the first run's parent directory
     assert (tmp_path / "evals" / "comparison.md").is_file()
@@ -221,3 +222,105 @@ def test_pretrain_with_out_seed_and_quiet_prints_no_progress(
     cfg = read_yaml(run / "config.yaml")
     assert cfg["training"]["seed"] == 3 and cfg["training"]["progress"] is False
     assert "tensorboard" not in err
+
+
+# ----------------------------------------------------------------------------- help (issue 33)
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _options(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if a.option_strings and a.help != argparse.SUPPRESS
+            and not isinstance(a, argparse._HelpAction)]
+
+
+def _metavar(a: argparse.Action) -> str | None:
+    if a.nargs == 0:
+        return None  # a flag
+    if a.metavar is not None:
+        return str(a.metavar)
+    if a.choices is not None:
+        return "{" + ",".join(map(str, a.choices)) + "}"
+    return a.dest.upper()
+
+
+def _takes_value(a: argparse.Action) -> bool:
+    return a.nargs != 0 and not isinstance(a, argparse.BooleanOptionalAction)
+
+
+def test_every_option_says_what_it_does_and_its_default() -> None:
+    missing, unstated = [], []
+    for name, p in _commands().items():
+        for a in _options(p):
+            if not a.help or len(a.help) < 8:
+                missing.append(f"{name} {a.option_strings[0]}")
+            elif (_takes_value(a) and not a.required and not isinstance(a, argparse._AppendAction)
+                  and "default" not in a.help and "without it" not in a.help
+                  and "old spelling" not in a.help):
+                unstated.append(f"{name} {a.option_strings[0]}")
+    assert not missing, f"options without help: {missing}"
+    assert not unstated, f"options whose default the help does not state: {unstated}"
+
+
+def test_one_metavar_per_option_name_across_commands() -> None:
+    seen: dict[str, dict[str, list[str]]] = {}
+    for name, p in _commands().items():
+        for a in _options(p):
+            mv = _metavar(a)
+            if mv is not None:
+                seen.setdefault(a.option_strings[0], {}).setdefault(mv, []).append(name)
+    split = {o: mvs for o, mvs in seen.items() if len(mvs) > 1}
+    assert not split, f"one option name, several metavars: {split}"
+    for option, metavar in (("--out", "DIR"), ("--seed", "N"), ("--from", "CHECKPOINT"),
+                            ("--val-split", "FRACTION_OR_COUNT"), ("--data", "DATA"),
+                            ("--device", "DEVICE")):
+        assert set(seen[option]) == {metavar}, option
+
+
+def _help_texts(p: argparse.ArgumentParser) -> list[str]:
+    texts = [p.description or ""]
+    texts += [a.help or "" for a in p._actions if a.help != argparse.SUPPRESS]
+    return texts
+
+
+def test_no_help_names_an_option_its_command_does_not_have() -> None:
+    """A help text copied from another command names options this one lacks (pretrain's
+    "(not with --from)"); options of another command are named with it ("e2mc continue
+    --keep-best")."""
+    import re
+
+    commands = _commands()
+    named = re.compile(r"(?:e2mc ([a-z-]+)(?: [A-Z.]+)* )?(--[a-z][a-z0-9-]*)")
+    wrong = []
+    for name, p in commands.items():
+        own = {s for a in p._actions for s in a.option_strings}
+        for text in _help_texts(p):
+            for m in named.finditer(text):
+                other, option = m.group(1), m.group(2)
+                where = commands.get(other, p)
+                if option not in {s for a in where._actions for s in a.option_strings}:
+                    wrong.append(f"{name}: {option!r} in {text[:60]!r}")
+            assert own  # every command has options
+    assert not wrong, wrong
+
+
+def test_help_texts_speak_of_their_own_command() -> None:
+    commands = _commands()
+    for name in ("eval",):
+        text = " ".join(_help_texts(commands[name]))
+        assert "training job" not in text  # eval submits evaluations only
+        assert "RUN_DIR" not in text  # eval writes OUT
+    analyze = " ".join(_help_texts(commands["analyze"]))
+    assert "latest checkpoint" not in analyze  # a run directory stands for best.pt (--last)
+    assert _parse("demo", "--from", "x.pt").base == "x.pt"
+    assert _parse("demo", "--base", "x.pt").base == "x.pt"  # the old spelling
+
+
+def test_every_long_option_is_unique_per_command_and_helps_in_one_voice() -> None:
+    """The same help text twice in one command is a copy (each option says what it does)."""
+    for name, p in _commands().items():
+        texts = [a.help for a in _options(p) if a.help]
+        twice = {t for t in texts if texts.count(t) > 1}
+        assert not twice, (name, twice)

@@ -40,7 +40,19 @@ def test_quick_demo_through_the_entry_point(tmp_path: Path) -> None:
     for row in ("continued", "e2mc", "base"):
         assert row in table
     assert "linear 10%" in table and "knn" in table
-    assert "report:" in proc.stdout and (out / "analysis" / "report.html").exists()
+    assert "diagnostics:" in proc.stdout and (out / "analysis" / "report.html").exists()
+    # the page it ends on opens with the answer, then the table; the diagnostics follow
+    assert proc.stdout.strip().splitlines()[-1].endswith(str(out / "comparison.html"))
+    assert "--quick checks the installation" in proc.stdout
+    page = (out / "comparison.html").read_text()
+    answer, table = page.index('class="answer"'), page.index("<table>")
+    assert answer < table < page.index("Diagnostics: how the embeddings moved")
+    assert "e2mc</b>" in page[answer:table] and "continued</b>" in page[answer:table]
+    import html
+
+    found = json.loads((out / "analysis" / "diagnostics.json").read_text())["verdict"]
+    assert found and all(html.escape(line) in page for line in found)  # the report's verdict
+    assert 'href="analysis/report.html"' in page
     for name in ("continued", "e2mc"):
         record = json.loads((out / "eval" / name / "results.json").read_text())
         assert {e["protocol"] for e in record["entries"]} == {"linear", "knn"}

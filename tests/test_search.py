@@ -72,6 +72,12 @@ def test_search_with_no_winner_selects_nothing_and_resumes(base: tuple[Path, Pat
     assert [p[0] for p in row["trajectory"]] == [0, 2, 4]
     err = capsys.readouterr().err
     assert "nothing selected" in err
+    assert "  train trial (add-on e2mc): " in err
+    assert "  train control: the same run without the add-on (add-on none): " in err
+    # even with nothing selected: the table of every trial against its control, and the paths
+    assert "| trial | steps | start | control | trial | difference |" in err
+    assert f"| {row['name']} | 4 |" in err and "+0.00 |" in err
+    assert f"the search's table and rule: {out / 'search.md'}" in err
     assert "No trial beat its control" in (out / "search.md").read_text()
     assert (out / "search.png").stat().st_size > 0
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")}
@@ -403,3 +409,15 @@ def test_a_confirmation_killed_at_every_kind_of_write_resumes_to_the_same_number
             for entry in results.entries:  # each predictions file is the one results.json names
                 results.predictions(entry)
         assert [p.name for p in out.rglob("*.tmp")] == [] and not list(out.rglob(".e2mc.lock"))
+
+
+def test_controls_that_trained_the_same_are_one_line_named_after_their_trials() -> None:
+    from e2mc.search.report import control_lines
+
+    same, other = [[0, 50.0], [2, 51.0]], [[0, 50.0], [2, 49.5]]
+    record = {"trials": [{"name": "b1", "control_trajectory": same},
+                         {"name": "b2", "control_trajectory": same},
+                         {"name": "lr", "control_trajectory": other},
+                         {"name": "x", "control_trajectory": []}]}
+    assert control_lines(record) == [(["b1", "b2"], [(0.0, 50.0), (2.0, 51.0)]),
+                                     (["lr"], [(0.0, 50.0), (2.0, 49.5)])]

@@ -36,12 +36,13 @@ class DemoSettings:
     analyze_samples: int = 2000
     overrides: list[str] = field(default_factory=list)
     progress: bool = True  # progress bars of training, evaluation and analysis
+    check_only: bool = False  # the installation check (--quick): its verdicts mean nothing
 
     @classmethod
     def quick(cls) -> DemoSettings:
         return cls(continued_epochs=1, train_limit=512, test_limit=256, max_steps=2,
                    fractions=(0.1, 1.0), seeds=(0,), probe_epochs=5, knn_k=(20,),
-                   analyze_samples=256)
+                   analyze_samples=256, check_only=True)
 
 
 def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
@@ -89,6 +90,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_evaluations, comparison_markdown, write_comparison
+    from e2mc.evaluation.comparison_page import write_comparison_page
     from e2mc.evaluation.results import COMPARISON_STEM
     from e2mc.training.run import train_unless_done
 
@@ -127,8 +129,37 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
                         DATA, out / "analysis", num_samples=settings.analyze_samples,
                         device=device, knn_k=min(100, settings.analyze_samples // 2),
                         progress=settings.progress)
+    page = write_comparison_page(comparison, out, chart=table_paths[1],
+                                 title="e2mc demo: E2MC against plain continued training",
+                                 sections=[diagnostics_section(report, out, settings)])
     stage("done")
     print("\n" + comparison_markdown(comparison, per_seed=False))  # per seed: in the files
+    if settings.check_only:
+        print("\n--quick checks the installation: its runs are too short and its test set too "
+              "small for these verdicts to mean anything; run e2mc demo without --quick for "
+              "the measurement.")
     print(f"\ntables: {', '.join(str(p) for p in table_paths)}")
-    print(f"report: {report}")
+    print(f"diagnostics: {report}")
+    print(f"the page with the answer (verdicts, table, chart, diagnostics): {page}")
     return next(p for p in table_paths if p.suffix == ".md")
+
+
+def diagnostics_section(report: Path, out: Path, settings: DemoSettings) -> tuple[str, str]:
+    """The demo page's diagnostics: the report's verdict lines (its ``diagnostics.json``),
+    its marginals figure and a link to the whole report."""
+    import html
+    import json
+
+    found = json.loads((report.parent / "diagnostics.json").read_text()).get("verdict", [])
+    link = report.relative_to(out).as_posix() if report.is_relative_to(out) else str(report)
+    body = ("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in found) + "</ul>"
+            f'<p>The whole report: <a href="{html.escape(link)}">{html.escape(link)}</a> '
+            "(figures, training curves, statistics tables).</p>")
+    marginals = report.parent / "marginals.png"
+    if marginals.is_file():
+        src = html.escape(marginals.relative_to(out).as_posix()
+                          if marginals.is_relative_to(out) else str(marginals))
+        body += (f'<figure><img src="{src}" alt="2-D marginals" style="max-width:900px">'
+                 "<figcaption>2-D marginals of a random pair of projector dimensions, "
+                 "coloured by position in the base model</figcaption></figure>")
+    return ("Diagnostics: how the embeddings moved", body)

@@ -6,8 +6,12 @@ import argparse
 from typing import Any
 
 
-def add_executor_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--executor`` and the SLURM settings; ``what``: the units of work, in words."""
+def add_executor_arguments(parser: argparse.ArgumentParser, what: str,
+                           trains: bool = True) -> None:
+    """``--executor`` and the SLURM settings; ``what``: the units of work, in words;
+    ``trains``: whether some of the jobs train (``e2mc search``) or all evaluate
+    (``e2mc eval``)."""
+    job = "training job" if trains else "evaluation job"
     jobs = parser.add_argument_group(
         "jobs (e2mc.jobs; local and slurm need submitit: pip install 'e2mc[cluster]')")
     jobs.add_argument("--executor", choices=("inline", "local", "slurm"), default="inline",
@@ -15,30 +19,37 @@ def add_executor_arguments(parser: argparse.ArgumentParser, what: str) -> None:
                            "local: each as a process of its own; slurm: each as a SLURM job. "
                            "The command waits for the jobs, records their ids in "
                            "OUT/jobs.json and resumes without resubmitting them")
-    jobs.add_argument("--partition", help="SLURM partition")
-    jobs.add_argument("--nodes", type=int, default=1,
-                      help="SLURM nodes of each training job (1)")
-    jobs.add_argument("--gpus-per-node", type=int, default=0,
-                      help="GPUs per node of each training job, one process (task) per GPU "
-                           "(DDP); evaluations take one (0: CPU)")
-    jobs.add_argument("--cpus-per-task", type=int, help="SLURM CPUs per task (per GPU)")
+    jobs.add_argument("--partition", metavar="NAME",
+                      help="SLURM partition (default: the cluster's)")
+    jobs.add_argument("--nodes", type=int, default=1, metavar="N",
+                      help=f"SLURM nodes of each {job} (default: 1)")
+    jobs.add_argument("--gpus-per-node", type=int, default=0, metavar="N",
+                      help=f"GPUs per node of each {job}, one process (task) per GPU"
+                           + (" (DDP); evaluations take one" if trains else ", at most one")
+                           + " (default: 0, the CPU)")
+    jobs.add_argument("--cpus-per-task", type=int, metavar="N",
+                      help="SLURM CPUs per task, i.e. per GPU (default: the cluster's)")
     jobs.add_argument("--time", dest="time_min", type=int, metavar="MINUTES",
-                      help="time limit of each job (slurm: 240); a training job that nears "
-                           "it (submitit's USR2, --signal-delay seconds before) finishes its "
-                           "step, checkpoints and is requeued once")
+                      help="time limit of each job (default: 240 on slurm, none on local)"
+                           + ("; a training job that nears it (submitit's USR2, --signal-delay "
+                              "seconds before) finishes its step, checkpoints and is requeued "
+                              "once" if trains else "; a job that reaches it is requeued and "
+                              "starts its evaluation again"))
     jobs.add_argument("--signal-delay", type=int, default=300, metavar="SECONDS",
-                      help="seconds between submitit's time-limit signal and the limit (300): "
-                           "the step in flight and the checkpoint must fit")
-    jobs.add_argument("--account", help="SLURM account")
-    jobs.add_argument("--constraint", help="SLURM node constraint")
+                      help="seconds between submitit's time-limit signal and the limit "
+                           "(default: 300): the step in flight and the checkpoint must fit")
+    jobs.add_argument("--account", metavar="NAME",
+                      help="SLURM account (default: the cluster's)")
+    jobs.add_argument("--constraint", metavar="FEATURES",
+                      help="SLURM node constraint (default: none)")
     jobs.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                       help="any other sbatch setting, e.g. --slurm qos=high --slurm "
                            "mail-type=END (repeatable; KEY alone for a flag)")
     jobs.add_argument("--max-parallel", type=int, metavar="N",
-                      help="jobs in flight at once (local: 1; slurm: all, as a job array "
-                           "with at most N running)")
+                      help="jobs in flight at once (default: 1 on local; on slurm all, as "
+                           "a job array with at most N running)")
     jobs.add_argument("--jobs-dir", metavar="DIR",
-                      help="submitit's job files and logs (OUT/jobs)")
+                      help="submitit's job files and logs (default: OUT/jobs)")
 
 
 def executor_options(args: argparse.Namespace) -> Any:

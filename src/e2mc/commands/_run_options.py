@@ -26,25 +26,33 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                                  "builtin:demo-vicreg (shipped) or an http(s):// or file:// "
                                  "URL (downloaded once into torch.hub's cache; append "
                                  "#sha256=HEX to check it) (init.checkpoint); without it, "
-                                 "continue starts from the pretrained weights --backbone names")
+                                 "continue starts from the pretrained weights --backbone names "
+                                 "(default: the preset's init.checkpoint)")
         parser.add_argument("--new-heads", action="store_true",
                             help="allow a backbone-only checkpoint: the projector (and "
                                  "predictor) start from random weights (init.new_heads)")
         parser.add_argument("--trust-checkpoint", dest="trust", action="store_true",
                             help="allow pickled objects when loading the starting checkpoint "
                                  "(only for files you trust)")
+    weights = ("WEIGHTS and TAG name pretrained weights, loaded through the library's cache "
+               + ("(not with --from)" if mode == "continue" else "(the run starts from them)"))
     parser.add_argument("--backbone", metavar="NAME",
                         help="backbone by name: resnet50, torchvision:resnet50[:WEIGHTS], "
                              "timm:NAME[.TAG] (extra [timm]), hf:REPO_ID (extra [hf]) "
-                             "(model.backbone); WEIGHTS and TAG name pretrained weights, "
-                             "loaded through the library's cache (not with --from)")
-    parser.add_argument("--data", help="training data set (data.dataset)")
-    parser.add_argument("--epochs", type=int,
-                        help="epochs of this run (for continue: continued epochs)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 or auto (training.device)")
+                             f"(model.backbone; default: the preset's); {weights}")
+    parser.add_argument("--data", metavar="DATA",
+                        help="training data set: builtin, an IDX folder, an image folder, an "
+                             ".npz file (data.dataset; default: the preset's)")
+    parser.add_argument("--epochs", type=int, metavar="N",
+                        help=("continued epochs, counted from the starting checkpoint"
+                              if mode == "continue" else "epochs of pre-training")
+                        + " (training.epochs; default: the preset's)")
+    parser.add_argument("--device", metavar="DEVICE",
+                        help="training device: cpu, cuda, cuda:1 or auto (training.device; "
+                             "default: the preset's, auto: cuda when there is one, else cpu)")
     parser.add_argument("--seed", type=int, metavar="N",
                         help="training seed: random initial weights, data order, views "
-                             "(training.seed)")
+                             "(training.seed; default: the preset's, 0)")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bar (training.progress=false)")
     parser.add_argument("--skip-nonfinite", action="store_true",
@@ -59,7 +67,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                         help="skip unreadable images of an image folder (counted)")
     parser.add_argument("--val-split", type=float, metavar="FRACTION_OR_COUNT",
                         help="hold out this fraction (or number) of the training images for "
-                             "validation; training never sees them (data.val_split)")
+                             "validation; training never sees them (data.val_split; default: "
+                             "none held out)")
     parser.add_argument("--monitor-every", type=int, metavar="STEPS",
                         help="evaluate on the validation split every STEPS steps (default: every "
                              "epoch), at step 0 and at the end (monitor.every; needs "
@@ -67,10 +76,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     parser.add_argument("--keep-best", metavar="METRIC",
                         help="keep the step with the best validation METRIC as best.pt, step 0 "
                              "included: val/knn, val/linear_1%%, val/linear_100%%, val/rankme, "
-                             "val/entropy (monitor.keep_best; needs --val-split)")
+                             "val/entropy (monitor.keep_best; needs --val-split; default: none, "
+                             "the last step is the run's answer)")
     parser.add_argument("--patience", type=int, metavar="N",
                         help="with --keep-best: stop after N evaluations without improvement "
-                             "(monitor.patience)")
+                             "(monitor.patience; default: no early stop)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config key, e.g. "
                                                   "--set training.batch_size=256 (repeatable)")

@@ -18,15 +18,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("runs", nargs="+", metavar="RUN_OR_CHECKPOINT",
-                   help="run directory (its checkpoint.pt or latest checkpoints/epoch_XXXX.pt, "
-                        "and its metrics.jsonl) or checkpoint file; first = before")
+                   help="run directory (its kept model best.pt when it has one, else, or "
+                        "with --last, its last step; and its metrics.jsonl) or checkpoint "
+                        "file; the first is the reference the others are compared with")
     p.add_argument("--names", default=None, metavar="A,B,...",
                    help="comma-separated names of the runs in the report, one per run "
                         "(default: their directory or file names)")
-    p.add_argument("--data", required=True,
+    p.add_argument("--data", required=True, metavar="DATA",
                    help="dataset spec understood by e2mc.data.build_dataset ('builtin', a "
                         "folder, an .npz file)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="directory of the report: report.html, diagnostics.json, the figures")
     p.add_argument("--split", default="test", help="split to analyse (default: test)")
     p.add_argument("--num-samples", type=int, default=2048,
                    help="seeded random images analysed, the same for every run (default 2048; "
@@ -36,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "else 224)")
     p.add_argument("--batch-size", type=int, default=256,
                    help="feature extraction batch (default: 256)")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--device", default=None, metavar="DEVICE",
+                   help="device of the feature extraction: cpu, cuda, cuda:1 (default: cuda "
+                        "when there is one, else cpu)")
     p.add_argument("--knn-k", type=int, default=100,
                    help="the far neighbour of the NN-distance statistics (default 100)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="N",
@@ -46,14 +50,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--accuracy-curve", action="store_true",
                    help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")
     p.add_argument("--accuracy-train-samples", type=int, default=5000,
-                   help="training images in the kNN bank of the accuracy curve")
+                   help="training images in the kNN bank of the accuracy curve (default: "
+                        "5000)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow pickled (non weights-only) checkpoints from trusted sources")
     p.add_argument("--quiet", "-q", "--no-progress", dest="quiet", action="store_true",
                    help="no progress bars (--no-progress: the old spelling)")
     p.add_argument("--last", action="store_true",
                    help="of each run directory, the last step's checkpoint instead of the kept "
-                        "model (best.pt, when the run was trained with --keep-best)")
+                        "model (best.pt, when the run was trained with e2mc continue --keep-best)")
     p.set_defaults(func=run)
 
 

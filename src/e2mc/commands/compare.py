@@ -20,12 +20,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "paired test (no common seed). Runs evaluated differently (report kind, "
                     "primary metric, fractions, seeds) are refused unless --allow-mismatch.")
     p.add_argument("runs", nargs="+", help="run directories written by 'e2mc eval'")
-    p.add_argument("--names", default=None, help="comma-separated row names (default: dirs)")
+    p.add_argument("--names", default=None, metavar="A,B,...",
+                   help="comma-separated row names, one per run (default: their directory "
+                        "names)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="directory of the comparison's files: comparison.md (verdicts, table, "
+                   help="directory of the comparison's files: comparison.html (the page: "
+                        "verdicts, table, chart, rules), comparison.md (verdicts, table, "
                         "per-seed tests), comparison.png (chart), comparison.csv, "
                         "comparison_tests.csv (default: the first run's parent directory)")
-    p.add_argument("--resamples", type=at_least(1), default=10_000,
+    p.add_argument("--resamples", type=at_least(1), default=10_000, metavar="N",
                    help="permutation / bootstrap resamples (default: 10000)")
     p.add_argument("--resample-seed", type=int, default=0, metavar="N",
                    help="seed of the permutation and bootstrap resampling (default: 0)")
@@ -34,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--floor", default=None, metavar="EVAL_DIR",
                    help="evaluation of a random-init model of the same architecture (e.g. "
                         "'e2mc eval RUN/checkpoints/epoch_0000.pt ...'): shown as the first "
-                        "row, 'random init', and not tested")
+                        "row, 'random init', and not tested (default: no floor row)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare runs evaluated differently (report kind last/best, a "
                         "column's primary metric, label fractions or label seeds; refused "
@@ -45,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from e2mc.config import comma_list
+    from e2mc.evaluation.comparison_page import write_comparison_page
     from e2mc.evaluation.results import (
         COMPARISON_STEM,
         compare_evaluations,
@@ -64,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) if args.out is not None else Path(args.runs[0]).resolve().parent
     paths = write_comparison(comp, out / COMPARISON_STEM)
+    page = write_comparison_page(comp, out, chart=paths[1])
     print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
     print("wrote " + ", ".join(str(p) for p in paths))
+    print(f"the page with the verdicts, the table and the chart: {page}")
     return 0
 
 

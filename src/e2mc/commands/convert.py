@@ -13,8 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("official_file", help="official checkpoint (.pth / .pth.tar)")
     p.add_argument("out", help="output e2mc checkpoint")
     p.add_argument("--method", choices=["vicreg", "swav", "simsiam"], default=None,
-                   help="expected method (detected from the keys when omitted; required for a "
-                        "backbone-only file)")
+                   metavar="METHOD",
+                   help="expected method: vicreg, swav or simsiam (default: detected from "
+                        "the keys; required for a backbone-only file)")
     p.add_argument("--new-heads", action="store_true",
                    help="for a backbone-only file: build the method's heads from random weights")
     p.add_argument("--trust-checkpoint", action="store_true",

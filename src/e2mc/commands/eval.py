@@ -84,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval", help="evaluate a backbone: linear probe, kNN, fine-tuning, SVM transfer",
         description="Evaluate the backbone of CHECKPOINT. Frozen-feature protocols share "
-                    "cached features. Writes RUN_DIR/results.json and RUN_DIR/predictions/.")
+                    "cached features. Writes OUT/results.json and OUT/predictions/ (several "
+                    "checkpoints: OUT/NAME/ each, and OUT/evaluations.json).")
     p.add_argument("checkpoint", nargs="+",
                    help="checkpoint file (official, project or exported), URL, builtin:NAME "
                         "or training run directory (its kept model best.pt when it has one, "
@@ -93,8 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(--executor)")
     p.add_argument("--last", action="store_true",
                    help="of a run directory, the last step's checkpoint instead of the kept "
-                        "model (best.pt, when the run was trained with --keep-best)")
-    p.add_argument("--data", required=True,
+                        "model (best.pt, when the run was trained with e2mc continue --keep-best)")
+    p.add_argument("--data", required=True, metavar="DATA",
                    help="dataset: 'builtin', an IDX folder, an image folder with train/ and "
                         "test/ (or val/), or an .npz file")
     p.add_argument("--test-data", default=None,
@@ -108,15 +109,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="label fractions in (0, 1] (default: 0.01,0.1,1)")
     p.add_argument("--seeds", type=_checked(_ints, "seed", 0), default=(0, 1, 2),
                    help="label-subset seeds, each once (default: 0,1,2)")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", required=True, metavar="DIR",
                    help="evaluation directory to write; with several checkpoints or "
                         "--executor local|slurm, the directory of their evaluations")
     p.add_argument("--method", default="generic",
-                   choices=("vicreg", "swav", "simsiam", "generic"),
-                   help="which paper preset to use for learning rates (default: generic)")
+                   choices=("vicreg", "swav", "simsiam", "generic"), metavar="METHOD",
+                   help="the probes' preset of learning rates and epochs: vicreg, swav, "
+                        "simsiam (the paper's) or generic (default: generic)")
     p.add_argument("--arch", default=None,
-                   help="backbone architecture of a plain state dict (e2mc and official files "
-                        "record theirs; --arch is then ignored, with a warning)")
+                   help="backbone architecture of a plain state dict (default: the export's "
+                        "OUT.json, else the ResNet read off the shapes; e2mc and official "
+                        "files record theirs; --arch is then ignored, with a warning)")
     p.add_argument("--small-images", action="store_true", help="ResNet stem for 28-32 px")
     p.add_argument("--in-channels", type=at_least(1), default=None,
                    help="image channels (default: the model's first layer's)")
@@ -125,12 +128,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "was trained at; else 32 with --small-images, else 224, with a note)")
     p.add_argument("--trust-checkpoint", "--trust", dest="trust", action="store_true",
                    help="allow torch.load(weights_only=False) for a trusted checkpoint")
-    p.add_argument("--epochs", type=at_least(1), default=None,
-                   help="override the preset's epochs")
+    p.add_argument("--epochs", type=at_least(1), default=None, metavar="N",
+                   help="epochs of the linear probes and fine-tuning (default: the --method "
+                        "preset's)")
     p.add_argument("--lr", type=_positive_float, default=None,
-                   help="override the linear probe's lr")
+                   help="the linear probe's learning rate (default: the --method preset's)")
     p.add_argument("--weight-decay", type=float, default=None,
-                   help="override the linear probe's weight decay")
+                   help="the linear probe's weight decay (default: the --method preset's)")
     p.add_argument("--lr-grid", type=_grid, action="append", default=[],
                    metavar="[FRACTION:]LR,...",
                    help="linear-probe learning rates to choose from on a validation part of "
@@ -160,13 +164,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--svm-folds", type=at_least(2), default=3,
                    help="cross-validation folds choosing the SVM cost (default: 3)")
     p.add_argument("--batch-size", type=at_least(1), default=256,
-                   help="feature extraction batch")
+                   help="images per batch of the feature extraction (default: 256)")
     p.add_argument("--num-workers", type=at_least(0), default=None,
                    help="DataLoader workers (default: one per core but one, at most 8)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast for feature extraction (default: on an accelerator "
                         "only)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help="device of the feature extraction and the probes: cpu, cuda, cuda:1 "
+                        "or auto (default: auto, cuda when there is one)")
     p.add_argument("--cache", default=None,
                    help="feature cache directory (default: $E2MC_CACHE or ~/.cache/e2mc/features)")
     p.add_argument("--no-cache", action="store_true", help="always extract features")
@@ -174,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="skip unreadable images of an image folder (counted) instead of "
                         "stopping with an error that names the file")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-    add_executor_arguments(p, "every checkpoint's evaluation")
+    add_executor_arguments(p, "every checkpoint's evaluation", trains=False)
     p.set_defaults(func=run)
 
 

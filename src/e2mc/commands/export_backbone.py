@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="allow full unpickling (runs code stored in the file; trusted files only)")
     p.add_argument("--last", action="store_true",
                    help="of a run directory, the last step's checkpoint instead of the kept model "
-                        "(best.pt, when the run was trained with --keep-best)")
+                        "(best.pt, when the run was trained with e2mc continue --keep-best)")
     p.set_defaults(func=run)
 
 

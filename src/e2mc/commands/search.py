@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from e2mc.commands._executor import add_executor_arguments, executor_options
+from e2mc.commands._types import Renamed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,28 +25,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "fmnist-swav-continue-e2mc)")
     parser.add_argument("--from", dest="checkpoint", required=True, metavar="CHECKPOINT",
                         help="the starting checkpoint of every run")
-    parser.add_argument("--data", required=True, help="data set (data.dataset)")
-    parser.add_argument("--out", required=True, help="search directory")
+    parser.add_argument("--data", required=True, metavar="DATA",
+                        help="training data set of every run (data.dataset)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="search directory (search.json, search.md, search.png, the runs)")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                         help="a grid axis (repeatable; the trials are the product), e.g. "
                              "--grid optim.base_lr=0.001,0.01,0.1")
     parser.add_argument("--trials", metavar="YAML",
                         help="trials from a file: a list of {name, set: {key: value}} or "
-                             "{grid: {key: [values]}}")
+                             "{grid: {key: [values]}} (no default: give --grid or --trials)")
     parser.add_argument("--set", dest="common", action="append", default=[],
                         metavar="KEY=VALUE", help="override for every run (repeatable)")
-    parser.add_argument("--val-split", type=float, default=0.2,
-                        help="validation fraction or count of the training images (0.2)")
-    parser.add_argument("--metric", default="val/linear_1%",
-                        help="the monitor metric of the rule (val/linear_1%%; see e2mc continue "
-                             "--keep-best)")
-    parser.add_argument("--seed", type=int, default=0, help="training seed of the trials (0)")
+    parser.add_argument("--val-split", type=float, default=0.2, metavar="FRACTION_OR_COUNT",
+                        help="hold out this fraction (or number) of the training images for "
+                             "validation (default: 0.2)")
+    parser.add_argument("--metric", default="val/linear_1%", metavar="METRIC",
+                        help="the monitor metric of the rule (default: val/linear_1%%; the "
+                             "choices of e2mc continue --keep-best)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="training seed of the trials and their controls (default: 0)")
     parser.add_argument("--confirm", metavar="SEEDS",
                         help="then train the selected setting and its control with these "
-                             "training seeds (e.g. 0,1,2) and test them on the test split")
-    parser.add_argument("--probe-epochs", type=int, default=30,
-                        help="linear-probe epochs of the confirmation (30)")
-    parser.add_argument("--device", default="cpu", help="device of the confirmation's probes")
+                             "training seeds (e.g. 0,1,2) and test them on the test split "
+                             "(default: no confirmation)")
+    parser.add_argument("--probe-epochs", type=int, default=30, metavar="N",
+                        help="linear-probe epochs of the confirmation (default: 30)")
+    parser.add_argument("--probe-device", default="cpu", metavar="DEVICE",
+                        help="device of the confirmation's linear probes (default: cpu); the "
+                             "runs train on training.device: --set training.device=cuda")
+    parser.add_argument("--device", dest="probe_device", action=Renamed, metavar="DEVICE",
+                        new="--probe-device", command="search")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bars of the runs, no job counts")
     add_executor_arguments(parser, "every run and evaluation")
@@ -72,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
             record = search.run()
             if seeds is not None:
                 search.confirm(seeds, record, probe_epochs=args.probe_epochs,
-                               device=args.device)
+                               device=args.probe_device)
         except SearchPreempted as stop:
             print(f"search pre-empted: {stop}", file=sys.stderr)
             return PREEMPTED_EXIT_CODE

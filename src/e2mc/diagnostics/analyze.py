@@ -45,7 +45,7 @@ from e2mc.diagnostics.figures import (
     plot_marginal_pair,
     plot_nn_histograms,
 )
-from e2mc.diagnostics.report import RunDiagnostics, write_report
+from e2mc.diagnostics.report import RunDiagnostics, loss_change, write_report
 from e2mc.evaluation.features import features_and_embeddings
 from e2mc.files import atomic_write, safe_name
 from e2mc.models import input_channels
@@ -160,6 +160,7 @@ def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str
     monitor (``monitor_NAME.png``: the run's own ``monitor.png``, which marks the kept step,
     else drawn from the ``val/`` records), each captioned with what it shows."""
     terms = loss_terms(records)
+    run.loss_change = loss_change(terms)
     shown = [k for k in terms if k not in _TIMING
              and not (k == "skipped_steps" and not any(terms[k][1]))]
     training = [k for k in shown if not is_monitor_term(k)]

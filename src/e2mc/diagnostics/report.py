@@ -57,6 +57,9 @@ class RunDiagnostics:
     #: (:func:`e2mc.config.config_differences`); ``None`` when the file carries no
     #: configuration.
     config_diff: tuple[str, list[tuple[str, Any, Any]]] | None = None
+    #: The run's own (method's) training loss at its first and last logged step: ``{"term",
+    #: "first", "first_step", "last", "last_step"}`` (:func:`loss_change`); None when not logged.
+    loss_change: dict[str, Any] | None = None
 
     def to_dict(self, root: Path) -> dict[str, Any]:
         return {
@@ -67,6 +70,7 @@ class RunDiagnostics:
             "config_differences": None if self.config_diff is None else {
                 "base": self.config_diff[0],
                 "changed": {k: {"base": b, "run": v} for k, b, v in self.config_diff[1]}},
+            "loss_change": self.loss_change,
             "statistics": {kind: s.to_dict() for kind, s in self.statistics.items()},
             "figures": {caption: _relative(p, root) for caption, p in self.figures},
         }
@@ -185,6 +189,47 @@ def _verdict(runs: Sequence[RunDiagnostics], kinds: Sequence[str]) -> list[str]:
     return lines
 
 
+
+#: A run's own loss that ends this many times above (or below 1/this of) where it started is
+#: pointed out in the verdict: the add-on may be buying its statistics with the method's loss.
+LOSS_FACTOR = 2.0
+
+
+def loss_change(terms: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                term: str = "base/loss") -> dict[str, Any] | None:
+    """``{"term", "first", "first_step", "last", "last_step"}`` of ``term`` in ``terms``
+    (:func:`e2mc.diagnostics.figures.loss_terms`: ``term -> (steps, values)``); None when it
+    was logged fewer than twice."""
+    steps, values = terms.get(term, ((), ()))
+    if len(values) < 2:
+        return None
+    return {"term": term, "first": float(values[0]), "first_step": int(steps[0]),
+            "last": float(values[-1]), "last_step": int(steps[-1])}
+
+
+def _loss_lines(runs: Sequence[RunDiagnostics]) -> list[str]:
+    """One sentence (HTML) per run whose own loss was logged: how it moved during training,
+    as a factor; a factor of :data:`LOSS_FACTOR` or more either way is marked."""
+    lines = []
+    for run in runs:
+        c = run.loss_change
+        if not c:
+            continue
+        first, last = c["first"], c["last"]
+        span = (f"{_fmt(first)} at step {c['first_step']} → {_fmt(last)} at step "
+                f"{c['last_step']}")
+        who = f"<b>{html.escape(run.name)}</b>: its method's loss (<code>" \
+              f"{html.escape(c['term'])}</code>) "
+        if first > 0 and last > 0 and max(last / first, first / last) >= LOSS_FACTOR:
+            factor = last / first if last > first else first / last
+            moved = "rose" if last > first else "fell"
+            lines.append(who + f'<span class="worse">{moved} {factor:.1f}×</span> during '
+                         f"training ({span})")
+        else:
+            lines.append(who + f"moved less than {LOSS_FACTOR:g}× during training ({span})")
+    return lines
+
+
 def _accuracy_line(accuracy: Any) -> str | None:
     """The last value of each run's accuracy curve (``extra["accuracy"]``), in one sentence."""
     if not isinstance(accuracy, Mapping) or not accuracy:
@@ -195,6 +240,13 @@ def _accuracy_line(accuracy: Any) -> str | None:
     return ("kNN top-1 of the last per-epoch checkpoint: " + ", ".join(parts)
             + " (on the analysed images, no significance test: <code>e2mc eval</code> and "
             "<code>e2mc compare</code> give tested accuracies)") if parts else None
+
+
+def plain_text(fragment: str) -> str:
+    """An HTML fragment of this report (a verdict line) as plain text."""
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
 
 
 def _cell(value: Any) -> str:
@@ -270,8 +322,19 @@ def write_report(
     for _, path in [*figures, *(f for r in runs for f in r.figures)]:
         if not Path(path).is_file():
             raise ValueError(f"figure {path} does not exist")
+    kinds = list(dict.fromkeys(k for r in runs for k in r.statistics))
+    settings = extra.get("settings") if extra else None
+    per_run = "".join(
+        f'<div class="run"><h3>{html.escape(r.name)}</h3>'
+        + "".join(_img(c, p, root) for c, p in r.figures) + "</div>"
+        for r in runs if r.figures)
+    found = _loss_lines(runs) + _verdict(runs, kinds)
+    accuracy = _accuracy_line(extra.get("accuracy") if extra else None)
+    if accuracy:
+        found.append(accuracy)
     payload = {
         "title": title,
+        "verdict": [plain_text(line) for line in found],
         "runs": [r.to_dict(root) for r in runs],
         "figures": {caption: _relative(p, root) for caption, p in figures},
         **(dict(extra) if extra else {}),
@@ -279,17 +342,6 @@ def write_report(
     json_path = root / "diagnostics.json"
     text = json.dumps(_json_safe(payload), indent=2, allow_nan=False)
     atomic_write_text(json_path, text + "\n")
-
-    kinds = list(dict.fromkeys(k for r in runs for k in r.statistics))
-    settings = extra.get("settings") if extra else None
-    per_run = "".join(
-        f'<div class="run"><h3>{html.escape(r.name)}</h3>'
-        + "".join(_img(c, p, root) for c, p in r.figures) + "</div>"
-        for r in runs if r.figures)
-    found = _verdict(runs, kinds)
-    accuracy = _accuracy_line(extra.get("accuracy") if extra else None)
-    if accuracy:
-        found.append(accuracy)
     flagged = [(r.name, c) for r in runs for c in r.collapse]
     sample = (f" Statistics and figures on {_fmt(settings['num_samples'])} images of "
               f"<code>{_fmt(settings['data'])}</code> ({_fmt(settings['split'])} split)."

@@ -377,12 +377,12 @@ def _verdict_p(comp: Comparison, run: str, column: str, rows: list[dict[str, Any
     return max(rows[0]["mcnemar_p"], rows[0]["permutation_p"]), "p"
 
 
-def verdicts(comp: Comparison) -> list[str]:
-    """One sentence per (run, column) tested against the reference, in words that carry the
-    direction: better / worse / no significant difference, the mean difference with its SE over
-    seeds, how many seeds were significantly better and worse (both tests), and the p-value the
-    verdict rests on (pooled over seeds when there are two or more, else the seed's larger)."""
-    lines = []
+def verdict_rows(comp: Comparison) -> list[dict[str, Any]]:
+    """One dict per (run, column) tested against the reference: ``run``, ``column``, ``word``
+    (``BETTER than`` / ``WORSE than`` / ``no significant difference from``), ``mean`` and
+    ``se`` of the paired difference over seeds, ``seeds``, ``better`` / ``worse`` (seeds
+    significant under both tests), ``p`` and its ``basis`` (:func:`_verdict_p`)."""
+    rows_out = []
     for run in comp.runs:
         if run in (comp.reference, comp.floor):
             continue
@@ -397,54 +397,85 @@ def verdicts(comp: Comparison) -> list[str]:
             p, basis = _verdict_p(comp, run, column, rows)
             word = (("BETTER than" if mean > 0 else "WORSE than") if p < ALPHA
                     else "no significant difference from")
-            spread = f" ± {se:.2f}" if se is not None else ""
-            lines.append(f"{run}, {column}: {word} {comp.reference} ({mean:+.2f}{spread} points "
-                         f"over {len(rows)} seed(s); {better} significantly better, {worse} "
-                         f"worse; {basis} {p:.2g})")
-    return lines
+            rows_out.append({"run": run, "column": column, "word": word, "mean": mean, "se": se,
+                             "seeds": len(rows), "better": better, "worse": worse, "p": p,
+                             "basis": basis})
+    return rows_out
+
+
+def verdict_numbers(row: dict[str, Any]) -> str:
+    """The numbers of a :func:`verdict_rows` row, in words: ``+0.87 ± 0.50 points over 3
+    seed(s); 1 significantly better, 0 worse; pooled permutation p 0.042``."""
+    spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
+    return (f"{row['mean']:+.2f}{spread} points over {row['seeds']} seed(s); {row['better']} "
+            f"significantly better, {row['worse']} worse; {row['basis']} {row['p']:.2g}")
+
+
+def verdicts(comp: Comparison) -> list[str]:
+    """One sentence per (run, column) tested against the reference, in words that carry the
+    direction: better / worse / no significant difference, the mean difference with its SE over
+    seeds, how many seeds were significantly better and worse (both tests), and the p-value the
+    verdict rests on (pooled over seeds when there are two or more, else the seed's larger)."""
+    return [f"{r['run']}, {r['column']}: {r['word']} {comp.reference} ({verdict_numbers(r)})"
+            for r in verdict_rows(comp)]
+
+
+def md_text(text: object, cell: bool = False) -> str:
+    """``text`` (a user-given name) safe in the comparison's markdown: ``<``, ``>`` and ``&``
+    as HTML entities (no raw HTML such as ``<script>``), one line; in a table ``cell`` also
+    ``|`` escaped (``\\|``), which would otherwise end the cell."""
+    import html
+
+    out = html.escape(str(text), quote=False).replace("\r", " ").replace("\n", " ")
+    return out.replace("|", "\\|") if cell else out
 
 
 def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
     """The verdicts (:func:`verdicts`) first, then the Table-1-style markdown table with its
-    legend, the pooled tests and (``per_seed``) the per-seed tests."""
+    legend, the pooled tests and (``per_seed``) the per-seed tests. Names are escaped
+    (:func:`md_text`)."""
     found = verdicts(comp)
-    lines = ([f"Verdict against {comp.reference} (significance: McNemar and the paired "
-              f"permutation test, p < {ALPHA:g}):", "", *[f"- {v}" for v in found], ""]
+    ref = md_text(comp.reference)
+    lines = ([f"Verdict against {ref} (significance: McNemar and the paired "
+              f"permutation test, p < {ALPHA:g}):", "", *[f"- {md_text(v)}" for v in found], ""]
              if found else [])
-    lines += ["| run | " + " | ".join(comp.columns) + " |",
+    lines += ["| run | " + " | ".join(md_text(c, True) for c in comp.columns) + " |",
               "|---|" + "---|" * len(comp.columns)]
     for run in comp.runs:
         untested = comp.untested.get(run, {})
-        lines.append(f"| {run} | " + " | ".join(_cell_text(comp.cells[run].get(c),
+        lines.append(f"| {md_text(run, True)} | " + " | ".join(_cell_text(comp.cells[run].get(c),
                                                            c in untested)
                                                 for c in comp.columns) + " |")
-    lines += ["", f"Mean ± standard error over seeds (percent). Metrics: {comp.metric_note}.",
-              f"{BETTER} better, {WORSE} worse than {comp.reference}: p < 0.05 ({BETTER * 2} / "
+    lines += ["", "Mean ± standard error over seeds (percent). Metrics: "
+              f"{md_text(comp.metric_note)}.",
+              f"{BETTER} better, {WORSE} worse than {ref}: p < 0.05 ({BETTER * 2} / "
               f"{WORSE * 2}: p < 0.01) at every seed under both McNemar and the paired "
               "permutation test."]
     by_reason: dict[str, list[str]] = {}
     for run, reasons in comp.untested.items():
         for column, reason in reasons.items():
             by_reason.setdefault(reason, []).append(f"{run} at {column}")
-    lines += [f"† no paired test ({reason}): {', '.join(cells)}."
+    lines += [md_text(f"† no paired test ({reason}): {', '.join(cells)}.")
               for reason, cells in by_reason.items()]
-    lines += [f"Not evaluated alike, compared anyway (--allow-mismatch): {m}."
+    lines += [md_text(f"Not evaluated alike, compared anyway (--allow-mismatch): {m}.")
               for m in comp.mismatches]
     if comp.floor is not None:
-        lines.append(f"{comp.floor}: the floor, a random-init model of the same architecture "
-                     "(not tested).")
+        lines.append(f"{md_text(comp.floor)}: the floor, a random-init model of the same "
+                     "architecture (not tested).")
     if comp.pooled:
         lines += ["", "Pooled over seeds (each image's difference averaged over the matched "
                   "seeds, then the paired permutation test on the images):", "",
                   "| run | column | seeds | diff | permutation p |", "|---|---|---|---|---|"]
-        lines += [f"| {t['run']} | {t['column']} | {t['seeds']} | {t['difference']:+.2f} | "
+        lines += [f"| {md_text(t['run'], True)} | {md_text(t['column'], True)} | {t['seeds']} | "
+                  f"{t['difference']:+.2f} | "
                   f"{t['permutation_p']:.3g} |" for t in comp.pooled]
     if comp.tests and per_seed:
         lines += ["", "| run | column | seed | diff | n10 | n01 | McNemar p | permutation p | "
                   "Cohen's d | 95% CI |", "|---|---|---|---|---|---|---|---|---|---|"]
         for t in comp.tests:
             lines.append(
-                f"| {t['run']} | {t['column']} | {t['seed']} | {t['difference']:+.2f} | "
+                f"| {md_text(t['run'], True)} | {md_text(t['column'], True)} | {t['seed']} | "
+                f"{t['difference']:+.2f} | "
                 f"{t['n10']} | {t['n01']} | {t['mcnemar_p']:.3g} ({t['mcnemar_method']}) | "
                 f"{t['permutation_p']:.3g} | {t['cohens_d']:.3f} | "
                 f"[{t['ci95_low']:+.2f}, {t['ci95_high']:+.2f}] |")

@@ -9,8 +9,12 @@ from typing import Any
 
 
 def search_markdown(record: dict[str, Any]) -> str:
+    """search.md: the rule, every trial against its control, the selection; names escaped
+    (:func:`e2mc.evaluation.results.md_text`)."""
+    from e2mc.evaluation.results import md_text
+
     spec = record["spec"]
-    lines = [f"# Search: {spec['config']}", "",
+    lines = [f"# Search: {md_text(spec['config'])}", "",
              f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
              f"training images (seed {spec['seed']}); the test split is never read.", "",
              f"Selection rule (declared before the first run): {spec['rule']}.", "",
@@ -18,44 +22,66 @@ def search_markdown(record: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     for t in record["trials"]:
         if t.get("difference") is None:
-            lines.append(f"| {t['name']} | – | – | – | – | – |")
+            lines.append(f"| {md_text(t['name'], True)} | – | – | – | – | – |")
             continue
         mark = " **selected**" if t["name"] == record["selected"] else ""
-        lines.append(f"| {t['name']}{mark} | {t['steps']} | {t['start_value']:.2f} | "
-                     f"{t['control_value']:.2f} | {t['value']:.2f} | {t['difference']:+.2f} |")
-    lines += ["", ("Selected: **" + record["selected"] + "**." if record["selected"] else
+        lines.append(f"| {md_text(t['name'], True)}{mark} | {t['steps']} | "
+                     f"{t['start_value']:.2f} | {t['control_value']:.2f} | {t['value']:.2f} | "
+                     f"{t['difference']:+.2f} |")
+    lines += ["", ("Selected: **" + md_text(record["selected"]) + "**." if record["selected"] else
                    "No trial beat its control: nothing is selected, and the starting model "
                    "stays the better choice."), "", "![trajectories](search.png)", ""]
     return "\n".join(lines)
 
 
+def control_lines(record: dict[str, Any]) -> list[tuple[list[str], list[Any]]]:
+    """The controls' trajectories, each drawn once: ``(names of the trials whose control it is,
+    points)``. Controls that trained the same (a grid over the add-on's own settings gives every
+    trial the same control) are one line, named after all their trials."""
+    lines: dict[tuple[tuple[float, float], ...], list[str]] = {}
+    for t in record["trials"]:
+        points = t.get("control_trajectory") or []
+        if points:
+            lines.setdefault(tuple((float(s), float(v)) for s, v in points), []).append(t["name"])
+    return [(names, list(points)) for points, names in lines.items()]
+
+
 def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
-    """The validation metric against steps, one colour per trial: the trial solid, its control
-    dashed."""
+    """The validation metric against steps: one colour per trial (solid, filled circles);
+    the controls dashed, grey shades, hollow squares, each distinct control once with the
+    names of its trials (:func:`control_lines`); whole steps on the x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, t in enumerate(record["trials"]):
-        c = colors[i % len(colors)]
-        for points, style, label in ((t["trajectory"], "-", t["name"]),
-                                     (t["control_trajectory"], "--", None)):
-            if points:
-                steps, values = zip(*points, strict=True)
-                ax.plot(steps, values, style, color=c, marker="o", ms=3, label=label)
-    ax.set_xlabel("step")
+        if t["trajectory"]:
+            steps, values = zip(*t["trajectory"], strict=True)
+            ax.plot(steps, values, "-", color=colors[i % len(colors)], marker="o", ms=4,
+                    label=t["name"])
+    controls = control_lines(record)
+    for j, (names, points) in enumerate(controls):
+        steps, values = zip(*points, strict=True)
+        shade = str(0.15 + 0.5 * j / max(len(controls) - 1, 1))
+        label = "control of " + (", ".join(names) if len(names) <= 3
+                                 else f"{names[0]} and {len(names) - 1} others (the same run)")
+        ax.plot(steps, values, linestyle=(0, (4, 2 + j)), color=shade, marker="s", ms=5,
+                markerfacecolor="white", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
     ax.set_ylabel(record["spec"]["metric"] + " (validation)")
-    ax.set_title("trials (solid) and their controls (dashed)")
+    ax.set_title("trials (solid, colours) and their controls without the add-on (dashed, grey)")
     ax.grid(alpha=0.3)
     if record["trials"]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     from e2mc.files import atomic_write
 
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
     plt.close(fig)
     return path
 

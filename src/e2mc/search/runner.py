@@ -159,7 +159,7 @@ class Search:
             raise SearchPreempted("the search got a pre-emption signal; run the same command "
                                   "again to resume")
 
-    def _train(self, cfg: Any, run: RunDir) -> list[dict[str, Any]]:
+    def _train(self, cfg: Any, run: RunDir, control: bool = False) -> list[dict[str, Any]]:
         """Train ``run`` to its configured end unless it is marked done (with jobs: done by its
         job); a pre-empted run is :class:`SearchPreempted` (never marked done, resumed by the
         next invocation)."""
@@ -170,7 +170,9 @@ class Search:
         if run.is_done():
             self.log(f"  {'skip' if self.jobs is None else 'read'} (done): {run.root}")
         else:
-            self.log(f"  train {cfg.addon.name}: {run.root}")
+            role = ("control: the same run without the add-on (add-on none)" if control
+                    else f"trial (add-on {cfg.addon.name})")
+            self.log(f"  train {role}: {run.root}")
         try:
             result = train_unless_done(cfg, run.root)  # marks the run done when it finished
         except PreemptedAtStart as stop:  # a signal while the run was being built
@@ -224,7 +226,7 @@ class Search:
             self.log(f"trial {trial.name}")
             run, control = self.run_dirs(trial)
             ours = self._train(self.configs[trial.name], run)
-            theirs = self._train(self.controls[trial.name], control)
+            theirs = self._train(self.controls[trial.name], control, control=True)
             row = {"name": trial.name, "overrides": trial.overrides, "run": str(run.root),
                    "control": str(control.root), "trajectory": _points(ours, metric),
                    "control_trajectory": _points(theirs, metric)}
@@ -246,12 +248,16 @@ class Search:
         atomic_write_text(self.files.markdown, search_markdown(record))
         plot_trajectories(record, self.files.plot)
         chosen = record["selected"]
+        table = [line for line in search_markdown(record).splitlines() if line.startswith("|")]
+        self.log("\n".join(table))  # every trial against its control, selected or not
         if chosen is None:
             self.log(f"no trial beat its control on {self.spec.metric}: nothing selected")
         else:
             row = next(t for t in record["trials"] if t["name"] == chosen)
             self.log(f"selected: {chosen} ({self.spec.metric} {row['difference']:+.2f} against "
                      "its control on the validation split)")
+        self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
+                 f"{self.files.plot}")
 
     # ---------------------------------------------------------------- confirmation
     def confirm(self, seeds: Sequence[int], record: dict[str, Any],
@@ -291,7 +297,7 @@ class Search:
             for kind, control in (("run", False), ("control", True)):
                 overrides = trial.control_overrides if control else trial.overrides
                 run = self.files.confirm_run(seed, kind)
-                self._train(self._config(overrides, control, seed), run)
+                self._train(self._config(overrides, control, seed), run, control=control)
                 evals[kind] = self._test_eval(run, self.files.confirm_eval(seed, kind),
                                               eval_fractions, label_seeds, probe_epochs, device)
             pairs.append((seed, evals["control"], evals["run"]))

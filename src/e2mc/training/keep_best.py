@@ -121,11 +121,7 @@ class KeepBest(Callback):
         else:
             print(f"keep-best: step {t.best_step} (epoch {t.best_epoch}) has the best "
                   f"{self.metric}, {t.best_value:.2f}; saved as {trainer.run.best}.", file=file)
-        run, data = trainer.run.root, trainer.cfg.data
-        print(f"the run's answer is {trainer.run.best}; commands given {run} use it (--last: "
-              f"the last step). Evaluate it: e2mc eval {run} --data {data.dataset} "
-              f"--image-size {data.image_size} --out {run}-eval; export it: e2mc "
-              f"export-backbone {run} {run}-backbone.pt", file=file)
+        print(next_steps(trainer), file=file)
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.tracker.state_dict(), "trajectory": [list(p) for p in self.trajectory]}
@@ -140,3 +136,26 @@ class KeepBest(Callback):
         else:
             self.trajectory = [(int(h["step"]), h[self.metric])
                                for h in state.get("history", []) if self.metric in h]
+
+
+def next_steps(trainer: TrainerView) -> str:
+    """What to do with the kept model, as commands that work for this run: ``e2mc eval`` and
+    ``e2mc export-backbone`` for a model built by name; for one built around your own module
+    (``continue_module``: the CLI cannot rebuild it, exit 2) the Python calls."""
+    import shlex
+
+    run, data = trainer.run.root, trainer.cfg.data
+    hparams = getattr(trainer.method, "hparams", {}) or {}
+    if "backbone_class" in hparams or hparams.get("backbone", "") is None:
+        return (f"the run's answer is {trainer.run.best}. Its model is built around your own "
+                f"module ({hparams.get('backbone_class', 'a module')}), which the e2mc "
+                "commands cannot rebuild; load it in Python: method = build_method("
+                f"{trainer.cfg.method.name!r}, backbone=YourModule(), ...); method."
+                f"load_state_dict(torch.load({str(trainer.run.best)!r}, weights_only=True)"
+                "['model']); then method.backbone is the continued encoder.")
+    q = shlex.quote
+    return (f"the run's answer is {trainer.run.best}; commands given {run} use it (--last: "
+            f"the last step). Evaluate it: e2mc eval {q(str(run))} --data "
+            f"{q(str(data.dataset))} --image-size {data.image_size} --out "
+            f"{q(str(run) + '-eval')}; export it: e2mc export-backbone {q(str(run))} "
+            f"{q(str(run) + '-backbone.pt')}")
