@@ -90,8 +90,8 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_evaluations, comparison_markdown, write_comparison
+    from e2mc.evaluation.compare_report import COMPARISON_STEM
     from e2mc.evaluation.comparison_page import write_comparison_page
-    from e2mc.evaluation.results import COMPARISON_STEM
     from e2mc.training.run import train_unless_done
 
     settings = settings or DemoSettings()

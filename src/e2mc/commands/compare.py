@@ -48,13 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from e2mc.config import comma_list
-    from e2mc.evaluation.comparison_page import write_comparison_page
-    from e2mc.evaluation.results import (
+    from e2mc.evaluation.compare import compare_evaluations
+    from e2mc.evaluation.compare_report import (
         COMPARISON_STEM,
-        compare_evaluations,
         comparison_markdown,
         write_comparison,
     )
+    from e2mc.evaluation.comparison_page import write_comparison_page
 
     names = comma_list(args.names) if args.names else None
     if args.out is not None:
@@ -80,7 +80,7 @@ def _check_out_dir(out: Path) -> None:
     ``X.csv``, ...). A file there, or a comparison written with the old prefix
     beside it (a script would go on reading its stale numbers), is refused with what changed."""
     from e2mc.errors import InputError
-    from e2mc.evaluation.results import COMPARISON_STEM, comparison_paths
+    from e2mc.evaluation.compare_report import COMPARISON_STEM, comparison_paths
 
     changed = ("compare --out is a directory now (it was a file prefix): the files are "
                f"{out / COMPARISON_STEM}.md, .png, .csv and _tests.csv")

@@ -6,12 +6,14 @@ validation; :func:`train_linear_probe` is the sequential reference) or with per-
 augmentation (:func:`train_augmented_linear_probe`), kNN (:func:`knn_classify`),
 semi-supervised fine-tuning (:func:`finetune`), transfer with linear SVMs
 (:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.significance`. Run directories and the
-comparison table: :mod:`e2mc.evaluation.results`.
+comparison table: :mod:`e2mc.evaluation.compare` and :mod:`e2mc.evaluation.compare_report`.
 """
 
 from __future__ import annotations
 
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
+from e2mc.evaluation.compare import compare_evaluations
+from e2mc.evaluation.compare_report import comparison_markdown, write_comparison
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import KNNResult, knn_classify
@@ -22,7 +24,6 @@ from e2mc.evaluation.probe_settings import (
     finetune_settings,
     linear_settings,
 )
-from e2mc.evaluation.results import compare_evaluations, comparison_markdown, write_comparison
 from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,

@@ -18,14 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from e2mc.evaluation.results import (
-    ALPHA,
-    BETTER,
-    WORSE,
-    Comparison,
-    verdict_numbers,
-    verdict_rows,
-)
+from e2mc.evaluation.compare import ALPHA, BETTER, WORSE, Comparison
+from e2mc.evaluation.compare_report import verdict_numbers, verdict_rows
 
 #: The page's file name in the comparison's directory (beside comparison.md, .png, .csv).
 PAGE = "comparison.html"
@@ -160,7 +154,7 @@ def _tests(comp: Comparison) -> str:
 def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
                     title: str | None = None,
                     sections: Sequence[tuple[str, str]] = ()) -> str:
-    """The page (HTML text). ``chart``: the PNG of :func:`~e2mc.evaluation.results.
+    """The page (HTML text). ``chart``: the PNG of :func:`~e2mc.evaluation.compare_report.
     plot_comparison`, embedded. ``sections``: ``(heading, HTML body)`` placed after the chart,
     the caller's own HTML (the demo's diagnostics)."""
     rows = verdict_rows(comp)

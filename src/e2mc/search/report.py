@@ -10,8 +10,8 @@ from typing import Any
 
 def search_markdown(record: dict[str, Any]) -> str:
     """search.md: the rule, every trial against its control, the selection; names escaped
-    (:func:`e2mc.evaluation.results.md_text`)."""
-    from e2mc.evaluation.results import md_text
+    (:func:`e2mc.evaluation.compare_report.md_text`)."""
+    from e2mc.evaluation.compare_report import md_text
 
     spec = record["spec"]
     lines = [f"# Search: {md_text(spec['config'])}", "",
@@ -90,8 +90,8 @@ def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, A
     """Paired tests of each training seed's trial against its control on the test split
     (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
     pooled over every (training seed, label seed) pair)."""
+    from e2mc.evaluation.compare import compare_evaluations
     from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
-    from e2mc.evaluation.results import compare_evaluations
 
     rows_by_seed: dict[int, list[dict[str, Any]]] = {}
     columns: list[str] = []

@@ -1,0 +1,323 @@
+"""The comparison of evaluations (``e2mc compare``): every run against the first on the same
+test images, per (column, seed), with paired McNemar and permutation tests, and a pooled
+permutation test over the seeds; the rows must have been scored on the same test images
+(their recorded content identity) and evaluated alike (or ``allow_mismatch``). Its table,
+chart and files: :mod:`e2mc.evaluation.compare_report`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se
+from e2mc.data.subsets import fraction_label
+from e2mc.errors import InputError
+from e2mc.evaluation.significance import (
+    bootstrap_difference_ci,
+    cohens_d_paired,
+    mcnemar_test,
+    paired_permutation_test,
+    pooled_permutation_test,
+)
+
+
+@dataclass
+class Comparison:
+    """``cells[run][column] = (mean, se, marker)``; ``tests`` one row per (run, column, seed)
+    paired test against the first run."""
+
+    runs: list[str]
+    columns: list[str]
+    cells: dict[str, dict[str, tuple[float, float | None, str]]]
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    metric_note: str = ""
+    pooled: list[dict[str, Any]] = field(default_factory=list)
+    #: Name of the random-init floor row (shown first, tested against nothing), if any.
+    floor: str | None = None
+    #: ``untested[run][column]``: why a cell of a run other than the reference has no paired
+    #: test (``no common seed``, ``no saved predictions``, ``not evaluated by REF``).
+    untested: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: What differs between the runs (report kind, primary, fractions, label seeds), when they
+    #: were compared anyway (``allow_mismatch``).
+    mismatches: list[str] = field(default_factory=list)
+    #: ``primaries[column]``: the primary metrics of the column's cells (one unless the runs
+    #: were compared with ``allow_mismatch``), for the chart's axis labels.
+    primaries: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def reference(self) -> str:
+        """The run every other run is tested against: the first one after the floor."""
+        return next(r for r in self.runs if r != self.floor)
+
+
+#: Significance marks with their direction: the run is better (worse) than the reference.
+BETTER, WORSE = "▲", "▼"
+ALPHA = 0.05
+
+
+def _marker(p: float, difference: float) -> str:
+    """``▲`` (``▲▲`` at p < 0.01) when significantly better than the reference, ``▼`` (``▼▼``)
+    when significantly worse, else nothing."""
+    times = 2 if p < 0.01 else 1 if p < ALPHA else 0
+    return (BETTER if difference > 0 else WORSE) * times
+
+
+def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
+                 n_resamples: int = 10_000, seed: int = 0, floor: str | None = None,
+                 floor_name: str = "random init", allow_mismatch: bool = False) -> Comparison:
+    """Table of mean ± SE (each column's primary metric) and paired tests of every run
+    against the first on the same (column, seed) test predictions.
+
+    A cell is marked ``▲`` (better than the first run) or ``▼`` (worse), doubled at 0.01, when
+    the largest p-value over its matched seeds, taking the larger of McNemar's and the
+    permutation test's, is below 0.05: i.e. the difference is significant at every seed under
+    both tests; the direction is the sign of the mean difference. With two or more matched
+    seeds, :func:`~e2mc.evaluation.significance.pooled_permutation_test` also gives one p-value
+    over all of them (``Comparison.pooled``).
+
+    ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
+    RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
+    first row, ``floor_name``, shown for scale and tested against nothing.
+
+    Runs (and the floor) that differ from the first in image size, report kind
+    (``eval --report``), a
+    column's primary metric, a protocol's label fractions or a column's label seeds are
+    refused (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
+    primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
+    test (no seed in common with the reference, no saved predictions) is listed in
+    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant.
+    """
+    if len(eval_dirs) < 1:
+        raise ValueError("compare needs at least one run directory")
+    runs = [EvalDir(d).load() for d in eval_dirs]
+    names = list(names) if names else evaluation_names(eval_dirs)
+    if len(names) != len(runs):
+        raise ValueError(f"{len(names)} names for {len(runs)} runs")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"run names must be unique; repeated: {', '.join(repeated)}")
+    if floor is not None and floor_name in names:
+        raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
+    floor_run = EvalDir(floor).load() if floor is not None else None
+    _check_same_test_images([*zip(names, eval_dirs, runs, strict=True),
+                             *([(floor_name, floor, floor_run)] if floor_run else [])])
+    columns = list(dict.fromkeys(c for run in runs for c in run.columns()))
+    others = list(zip(names[1:], runs[1:], strict=True))
+    if floor_run is not None:
+        others.append((floor_name, floor_run))
+    differing = [(name, diffs) for name, run in others
+                 if (diffs := _differences(names[0], runs[0], name, run))]
+    if differing and not allow_mismatch:
+        name, diffs = differing[0]
+        shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4
+                                        else "")
+        raise InputError(f"cannot pair {name} with {names[0]}, they were evaluated "
+                         f"differently: {shown}. Pass --allow-mismatch (allow_mismatch=True) "
+                         "to compare them anyway")
+    mismatches = [f"{name} against {names[0]}: {'; '.join(diffs)}" for name, diffs in differing]
+    cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
+    untested: dict[str, dict[str, str]] = {}
+    tests: list[dict[str, Any]] = []
+    pooled: list[dict[str, Any]] = []
+    base = runs[0]
+    for name, run in zip(names, runs, strict=True):
+        cells[name] = {}
+        for column in columns:
+            entries = run.column(column)
+            if not entries:
+                continue
+            mean, se = mean_se([e.value for e in entries])  # each run's own primary metric
+            worst_p: float | None = None
+            matched: list[tuple[np.ndarray, np.ndarray]] = []
+            if run is not base:
+                for ref, e in _matched_entries(base, run, column):
+                    matched.append(_correctness(base, ref, run, e))
+                    row = _paired_test(*matched[-1], n_resamples, seed)
+                    row.update(run=name, reference=names[0], column=column, seed=e.seed)
+                    tests.append(row)
+                    p = max(row["mcnemar_p"], row["permutation_p"])
+                    worst_p = p if worst_p is None else max(worst_p, p)
+                if not matched:
+                    untested.setdefault(name, {})[column] = _why_untested(
+                        base, run, column, names[0])
+            if len(matched) >= 2:
+                diff, p = pooled_permutation_test(matched, n_resamples, seed)
+                pooled.append({"run": name, "reference": names[0], "column": column,
+                               "seeds": len(matched), "difference": 100 * diff,
+                               "permutation_p": p})
+            shift = float(np.mean([_paired_difference(*m) for m in matched])) if matched else 0.0
+            cells[name][column] = (mean, se, _marker(worst_p, shift) if worst_p is not None
+                                   else "")
+    shown_runs = list(zip(names, runs, strict=True))
+    if floor_run is not None:
+        floor_cells = {}
+        for column in columns:
+            entries = floor_run.column(column)
+            if entries:
+                mean, se = mean_se([e.value for e in entries])
+                floor_cells[column] = (mean, se, "")
+        cells = {floor_name: floor_cells, **cells}
+        names = [floor_name, *names]
+        shown_runs.insert(0, (floor_name, floor_run))
+    return Comparison(runs=names, columns=columns, cells=cells, tests=tests,
+                      metric_note=_metric_note(columns, shown_runs), pooled=pooled,
+                      floor=floor_name if floor is not None else None, untested=untested,
+                      mismatches=mismatches,
+                      primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
+                                                       for e in r.column(c)))
+                                 for c in columns})
+
+
+def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:
+    """Every row must be scored on the same test images: the same content identity
+    (:func:`e2mc.data.identity.data_identity`: files and their bytes' stamps, or the arrays)
+    and the same per-image labels. Otherwise an ``InputError`` naming the first that differs;
+    ``--allow-mismatch`` never relaxes this (a paired test of other images means nothing)."""
+    from e2mc.data.identity import describe_change, same_data
+
+    ref_name, ref_dir, ref = runs[0]
+    for _, where, run in runs:
+        if run.info.get("test_data") is None:
+            raise InputError(f"{where} records no content identity of its test images (made by "
+                             "an older e2mc); evaluate it again to compare it")
+    for name, where, run in runs[1:]:
+        a, b = ref.info["test_data"], run.info["test_data"]
+        if not same_data(a, b):
+            raise InputError(f"cannot pair {name} with {ref_name}: they were scored on other "
+                             f"test images ({describe_change(a, b, ref_name, name)}; {ref_dir} "
+                             f"against {where}); a paired test needs the same images")
+
+
+#: Protocols whose number depends on the report kind (``eval --report last|best``).
+_PROBES = ("linear", "linear-aug", "finetune")
+
+
+def _differences(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
+    """What makes ``run`` not comparable with ``ref``: the image size, the report kind, a common
+    column's primary metric or label seeds, a common protocol's label fractions."""
+    def listed(values: Any) -> str:
+        return ", ".join(str(v) for v in values)
+
+    out = []
+    sizes = ref.info.get("image_size"), run.info.get("image_size")
+    if all(sizes) and sizes[0] != sizes[1]:
+        out.append(f"image size ({ref_name}: {sizes[0]} px; {name}: {sizes[1]} px)")
+    kinds = ref.info.get("reported_epoch"), run.info.get("reported_epoch")
+    if all(kinds) and kinds[0] != kinds[1] and all(
+            any(e.protocol in _PROBES for e in r.entries) for r in (ref, run)):
+        out.append(f"report kind ({ref_name}: {kinds[0]}; {name}: {kinds[1]})")
+    protocols = dict.fromkeys(e.protocol for e in ref.entries)
+    for protocol in (p for p in protocols if any(e.protocol == p for e in run.entries)):
+        fractions = [sorted({e.fraction for e in r.entries
+                             if e.protocol == protocol and e.fraction is not None})
+                     for r in (ref, run)]
+        if fractions[0] != fractions[1]:
+            a, b = ([fraction_label(f) for f in fs] for fs in fractions)
+            out.append(f"fractions of {protocol} ({ref_name}: {listed(a)}; {name}: {listed(b)})")
+    for column in (c for c in ref.columns() if run.column(c)):
+        primaries = [sorted({e.primary for e in r.column(column)}) for r in (ref, run)]
+        if primaries[0] != primaries[1]:
+            out.append(f"primary metric of {column!r} ({ref_name}: {listed(primaries[0])}; "
+                       f"{name}: {listed(primaries[1])})")
+        seeds = [sorted({e.seed for e in r.column(column)}, key=str) for r in (ref, run)]
+        if seeds[0] != seeds[1]:
+            out.append(f"label seeds of {column!r} ({ref_name}: {listed(seeds[0])}; "
+                       f"{name}: {listed(seeds[1])})")
+    return out
+
+
+def _why_untested(base: EvalResults, run: EvalResults, column: str, base_name: str) -> str:
+    """Why ``run``'s ``column`` has no paired test against ``base``."""
+    if not base.column(column):
+        return f"not evaluated by {base_name}"
+    if not {e.seed for e in base.column(column)} & {e.seed for e in run.column(column)}:
+        return "no common seed"
+    return "no saved predictions"
+
+
+def _metric_note(columns: list[str], runs: list[tuple[str, EvalResults]]) -> str:
+    """``column: primary`` per column; ``column: p1 (a), p2 (b)`` where the runs differ."""
+    parts = []
+    for column in columns:
+        by_primary: dict[str, list[str]] = {}
+        for name, run in runs:
+            for primary in dict.fromkeys(e.primary for e in run.column(column)):
+                by_primary.setdefault(primary, []).append(name)
+        if len(by_primary) == 1:
+            parts.append(f"{column}: {next(iter(by_primary))}")
+        else:
+            parts.append(f"{column}: " + ", ".join(f"{p} ({', '.join(n)})"
+                                                   for p, n in by_primary.items()))
+    return "; ".join(parts)
+
+
+def matched_correctness(reference_dir: str | os.PathLike[str], eval_dir: str | os.PathLike[str],
+                        column: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(run, reference)`` per-image 0/1 correctness for every seed of ``column`` that both
+    evaluation runs have (the input of :func:`pooled_permutation_test`); the two must have
+    been scored on the same test images (:func:`_check_same_test_images`)."""
+    ref_run, run = EvalDir(reference_dir).load(), EvalDir(eval_dir).load()
+    _check_same_test_images([(str(reference_dir), reference_dir, ref_run),
+                             (str(eval_dir), eval_dir, run)])
+    return [_correctness(ref_run, ref, run, e) for ref, e in _matched_entries(ref_run, run, column)]
+
+
+def evaluation_names(eval_dirs: list[str]) -> list[str]:
+    """Short unique names for evaluation directories: the folder name, with as many parent
+    folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
+    parts = [Path(d).resolve().parts for d in eval_dirs]
+    depth = 1
+    while True:
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names) or depth >= max(len(p) for p in parts):
+            return names
+        depth += 1
+
+
+def _matched_entries(reference: EvalResults, run: EvalResults, column: str
+                     ) -> list[tuple[EvalEntry, EvalEntry]]:
+    """``(reference entry, run entry)`` of ``column`` with the same seed, both with saved
+    predictions, in the run's order."""
+    out = []
+    for e in run.column(column):
+        if not e.predictions:
+            continue
+        ref = next((b for b in reference.column(column) if b.seed == e.seed), None)
+        if ref is not None and ref.predictions:
+            out.append((ref, e))
+    return out
+
+
+def _correctness(base: EvalResults, ref: EvalEntry, run: EvalResults,
+                 entry: EvalEntry) -> tuple[np.ndarray, np.ndarray]:
+    """Per-image 0/1 correctness of ``run``'s ``entry`` and of the reference's ``ref``."""
+    pred_a, labels_a = base.predictions(ref)
+    pred_b, labels_b = run.predictions(entry)
+    if labels_a.shape != labels_b.shape or not np.array_equal(labels_a, labels_b):
+        raise ValueError(f"column {entry.column!r}, seed {entry.seed}: the two runs were "
+                         "evaluated on different test sets (labels differ); paired tests "
+                         "need the same images in the same order")
+    # Positive difference = this run better than the reference (the first run).
+    return (pred_b == labels_b).astype(np.float64), (pred_a == labels_a).astype(np.float64)
+
+
+def _paired_difference(ca: np.ndarray, cb: np.ndarray) -> float:
+    """The run's top-1 minus the reference's, in points (the sign every mark and verdict
+    uses)."""
+    return 100 * float(ca.mean() - cb.mean())
+
+
+def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
+                 ) -> dict[str, Any]:
+    mc = mcnemar_test(ca, cb)
+    low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
+    return {"difference": _paired_difference(ca, cb), "n10": mc.n10, "n01": mc.n01,
+            "mcnemar_stat": mc.statistic, "mcnemar_p": mc.p_value, "mcnemar_method": mc.method,
+            "permutation_p": paired_permutation_test(ca, cb, n_resamples, seed),
+            "cohens_d": cohens_d_paired(ca, cb), "ci95_low": 100 * low, "ci95_high": 100 * high}
+
+
