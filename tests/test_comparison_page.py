@@ -14,6 +14,7 @@ import pytest
 
 from e2mc.artifacts import EvalDir
 from e2mc.cli import main
+from helpers import recorded_test_data
 
 
 def _eval_dir(root: Path, correct: int, n: int = 200) -> Path:
@@ -29,7 +30,7 @@ def _eval_dir(root: Path, correct: int, n: int = 200) -> Path:
         entries.append({"protocol": "linear", "column": "linear 10%", "primary": "top1",
                         "metrics": {"top1": 100 * correct / n}, "fraction": 0.1, "seed": seed,
                         "predictions": rel})
-    EvalDir(root).write({"entries": entries})
+    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels)})
     return root
 
 

@@ -28,6 +28,7 @@ class View:
     def __init__(self, root: Path) -> None:
         self.runtime = Runtime(torch.device("cpu"))
         self.cfg = RunConfig()
+        self.method = torch.nn.Linear(2, 2)  # built by name (no user module in its hparams)
         self.run = RunDir(root)
         self.start_epoch = 0
         self.steps_per_epoch, self.total_steps = 10, 100
