@@ -160,8 +160,8 @@ class JobRunner:
                 pending.append(work)
             else:
                 tracked.append(attached)
-                self.log(f"  waiting for job {attached.job_id} (still running): {work.key} "
-                         f"(log {attached.log})")
+                self.log(f"  waiting for job {attached.job_id} (still {self._state(attached)}): "
+                         f"{work.key} (log {attached.log})")
         total = len(works)
         progress = _Progress(total, len(done), self.log, shown=self.progress)
         executor = make_executor(self.options, self.folder, self.name, kind) if pending else None
