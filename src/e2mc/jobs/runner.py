@@ -160,8 +160,8 @@ class JobRunner:
                 pending.append(work)
             else:
                 tracked.append(attached)
-                self.log(f"  waiting for job {attached.job_id} (still running): {work.key} "
-                         f"(log {attached.log})")
+                self.log(f"  waiting for job {attached.job_id} (still {self._state(attached)}): "
+                         f"{work.key} (log {attached.log})")
         total = len(works)
         progress = _Progress(total, len(done), self.log, shown=self.progress)
         executor = make_executor(self.options, self.folder, self.name, kind) if pending else None
@@ -205,7 +205,7 @@ class JobRunner:
                     finished += 1
                 progress.show(queued, running, finished)
                 if pending or tracked:
-                    time.sleep(self.options.poll)
+                    _sleep(self.options.poll, should_stop)
         finally:
             progress.close()
             if tracked:
@@ -275,6 +275,13 @@ class JobRunner:
                else "ended without a result (killed, or pre-empted and not requeued)")
         raise JobStopped(f"job {t.job_id} ({key}) {how}; run the same command again to resume "
                          f"it from its checkpoint; log {t.log}")
+
+
+def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:
+    """Wait ``seconds`` between two looks at the jobs, less when a stop is asked for."""
+    end = time.monotonic() + seconds
+    while not should_stop() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(0.5, left))
 
 
 def _task0(job: Any) -> Any:
