@@ -108,9 +108,11 @@ def test_a_search_over_images_that_changed_is_refused(base, tmp_path: Path,
     checkpoint, data = base
     mine = tmp_path / "d.npz"
     mine.write_bytes(data.read_bytes())
+    config = tmp_path / "mine.yaml"
+    config.write_text("base: fmnist-vicreg-continue-e2mc\n")
     sets = [a for item in [*TINY_RUN, "training.max_steps=2", "monitor.probe_epochs=2",
                            "monitor.knn_k=3"] for a in ("--set", item)]
-    args = ["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(checkpoint),
+    args = ["search", "--config", str(config), "--from", str(checkpoint),
             "--data", str(mine), "--out", str(tmp_path / "s"), "--val-split", "8",
             "--grid", "addon.params.beta=10", "--metric", "val/knn", "--quiet", *sets]
     assert main(args) == 0
@@ -118,11 +120,18 @@ def test_a_search_over_images_that_changed_is_refused(base, tmp_path: Path,
     assert record["spec"]["data_identity"]["size"] == 40
     with np.load(mine) as f:
         arrays = dict(f)
-    arrays["x_train"] = arrays["x_train"][::-1].copy()  # the same images, in another order
-    np.savez(mine, **arrays)
+    reordered = {**arrays, "x_train": arrays["x_train"][::-1].copy()}  # the same images
+    np.savez(mine, **reordered)
     capsys.readouterr()
     assert main(args) == 2
     _one_error(capsys, "holds a search of other images", "use another --out")
+    # the images back; the config file edited: the done runs refuse, and the advice is one
+    # the search has (it has no --override-config)
+    np.savez(mine, **arrays)
+    config.write_text("base: fmnist-vicreg-continue-e2mc\noptim:\n  base_lr: 0.123\n")
+    assert main(args) == 2
+    line = _one_error(capsys, "optim.base_lr", "another --out")
+    assert "--override-config" not in line
 
 
 # ----------------------------------------------------------------------------- item 4
