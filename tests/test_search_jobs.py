@@ -149,11 +149,11 @@ def test_a_killed_job_resumes_when_the_search_runs_again(
 def test_a_failed_job_stops_the_search_with_its_log_tail(
         base: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "s"
-    missing = tmp_path / "gone.npz"  # every job fails reading its data
-    assert _search(base, out, "--executor", "local", "--max-parallel", "1",
-                   data=missing) == 1
+    broken = tmp_path / "broken.pt"  # every job fails reading its starting checkpoint (the
+    broken.write_bytes(b"not a checkpoint")  # search hashes it; the job is the first to load it)
+    assert _search((broken, base[1]), out, "--executor", "local", "--max-parallel", "1") == 1
     err = capsys.readouterr().err
-    assert "--- last lines of" in err and "gone.npz" in err
+    assert "--- last lines of" in err and "broken.pt" in err
     assert "e2mc search: error: job " in err and " failed: " in err
     assert "1 failed" in err
     record = json.loads((out / SEARCH_JSON).read_text())
