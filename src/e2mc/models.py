@@ -48,8 +48,7 @@ SMALL_CNNS: dict[str, tuple[int, ...]] = {
     "cnn5": (32, 64, 128, 128, 256),
     "cnn5_small": (16, 32, 64, 64, 128),
 }
-#: Small vision transformers of this package for 28 px images on a CPU (torchvision's
-#: ``VisionTransformer``): image size, patch size, layers, heads, width, MLP width.
+#: Small ViTs for 28 px images on a CPU: image and patch size, layers, heads, width, MLP width.
 SMALL_VITS: dict[str, tuple[int, int, int, int, int, int]] = {
     "vit_tiny_p4_28": (28, 4, 4, 3, 96, 384),
 }
@@ -267,8 +266,7 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
 
 
 def _small_vit(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
-    """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` (class-token output after
-    the last LayerNorm) without its classification head, for ``in_channels`` channels."""
+    """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` without its head."""
     from torchvision.models.vision_transformer import VisionTransformer
 
     if small_images:
@@ -310,12 +308,22 @@ def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.
     pretrained = "." in name and not _SKIP_PRETRAINED.get()  # ARCH.TAG: that tag's weights
     if pretrained:
         _timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
+    # any image size for a ViT (position embedding resampled): DINOv2's 518 px models on 224 px
+    extra = {"dynamic_img_size": True} if architecture in _timm_vits() else {}
     try:
         model = timm.create_model(name, pretrained=pretrained, num_classes=0,
-                                  in_chans=in_channels)
+                                  in_chans=in_channels, **extra)
     except OSError as err:  # offline: not in the hub's cache (LocalEntryNotFoundError), URLError
         raise _fetch_failed(f"timm:{name}", err) from None
     return model, int(model.num_features)
+
+
+@functools.lru_cache(maxsize=1)
+def _timm_vits() -> frozenset[str]:
+    """timm's ``VisionTransformer`` architectures (``dynamic_img_size`` is theirs)."""
+    import timm
+
+    return frozenset(timm.list_models(module="vision_transformer"))
 
 
 class HFBackbone(nn.Module):
