@@ -7,12 +7,14 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "convert", help="convert an official VICReg/SwAV/SimSiam checkpoint to the e2mc format",
+        "convert", help="convert an official VICReg/SwAV/SimSiam/DINO checkpoint to the e2mc format",
         description="Load an official checkpoint strictly (every tensor must match) and write it "
                     "in the e2mc format, keeping its epoch and optimizer state.")
     p.add_argument("official_file", help="official checkpoint (.pth / .pth.tar)")
     p.add_argument("out", help="output e2mc checkpoint")
-    p.add_argument("--method", choices=["vicreg", "swav", "simsiam"], default=None,
+    p.add_argument("--method", default=None,
+                   choices=["vicreg", "swav", "simsiam", "barlowtwins", "simclr", "byol", "mocov3",
+                            "dino"],
                    help="expected method (detected from the keys when omitted; required for a "
                         "backbone-only file)")
     p.add_argument("--new-heads", action="store_true",
