@@ -206,3 +206,27 @@ def test_saved_and_rebuilt_from_the_checkpoint(tmp_path, name):
         assert torch.equal(v, loaded.state_dict()[k]), k
     assert all(not p.requires_grad for n, p in loaded.named_parameters()
                if n.startswith("teacher."))
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("mocov3", {"projector_layers": 3, "predictor_last_bn": True, "temperature": 0.2}),
+    ("dino", {"norm_last_layer": False})])
+def test_vision_transformers_train_a_step(name, kw):
+    pytest.importorskip("timm", reason="the [timm] extra is not installed")
+    torch.manual_seed(0)
+    m = build_method(name, backbone="timm:test_vit", **{**SMALL[name], **kw})
+    opt = m.build_optimizer(lr=1e-3, weight_decay=0.05, optimizer="adamw")
+    views = [torch.randn(4, 3, 32, 32) for _ in range(2)]
+    if name == "dino":
+        views += [torch.randn(4, 3, 16, 16) for _ in range(2)]  # local crops, another size
+    m.set_epoch(3)
+    out = m(views)
+    out.loss.backward()
+    m.after_backward(0)
+    before = m.backbone.cls_token.detach().clone()
+    opt.step()
+    m.after_step(0)
+    assert torch.isfinite(out.loss) and not torch.equal(m.backbone.cls_token, before)
+    if name == "mocov3":
+        assert len(m.projector) == 8 and not m.projector[-1].affine  # 3 layers, last BN
+        assert isinstance(m.predictor[-1], nn.BatchNorm1d)

@@ -1,4 +1,4 @@
-"""``e2mc convert OFFICIAL_FILE OUT --method vicreg|swav|simsiam``: official checkpoint -> e2mc."""
+"""``e2mc convert OFFICIAL_FILE OUT [--method NAME]``: official checkpoint -> e2mc."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "convert", help="convert an official VICReg/SwAV/SimSiam/DINO checkpoint to the e2mc format",
+        "convert",
+        help="convert an official VICReg/SwAV/SimSiam/DINO checkpoint to the e2mc format",
         description="Load an official checkpoint strictly (every tensor must match) and write it "
                     "in the e2mc format, keeping its epoch and optimizer state.")
     p.add_argument("official_file", help="official checkpoint (.pth / .pth.tar)")

@@ -28,9 +28,9 @@ def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float = 1.0) -> t
     process's block), ``cross_entropy * 2 T``. In float32."""
     q = F.normalize(q.float(), dim=1)
     k = gather_with_grad(F.normalize(k.detach().float(), dim=1))
-    logits = q @ k.T / temperature
     labels = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
-    return F.cross_entropy(logits, labels) * (2 * temperature)
+    with torch.autocast(q.device.type, enabled=False):  # float32 logits under AMP
+        return F.cross_entropy(q @ k.T / temperature, labels) * (2 * temperature)
 
 
 class MoCoV3(EMAMethod):

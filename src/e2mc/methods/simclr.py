@@ -33,11 +33,12 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -
     labels = torch.arange(n, device=z1.device) + rank() * n
     self_mask = F.one_hot(labels, g1.shape[0]).bool()
     losses = []
-    for a, same, other in ((z1, g1, g2), (z2, g2, g1)):
-        logits_other = a @ other.T / temperature
-        logits_same = (a @ same.T / temperature).masked_fill(self_mask, float("-inf"))
-        logits = torch.cat([logits_other, logits_same], dim=1)
-        losses.append(F.cross_entropy(logits, labels))
+    with torch.autocast(z1.device.type, enabled=False):  # float32 logits under AMP
+        for a, same, other in ((z1, g1, g2), (z2, g2, g1)):
+            logits_other = a @ other.T / temperature
+            logits_same = (a @ same.T / temperature).masked_fill(self_mask, float("-inf"))
+            logits = torch.cat([logits_other, logits_same], dim=1)
+            losses.append(F.cross_entropy(logits, labels))
     return (losses[0] + losses[1]) / 2
 
 
