@@ -5,13 +5,23 @@ DINO's centre and the optimizer state included)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import e2mc
 from e2mc.training.logging import read_metrics
+
+SRC = str(Path(e2mc.__file__).resolve().parents[1])
+ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+       "OMP_NUM_THREADS": "1"}
 
 SMALL = {"barlowtwins": "{projector: 32-32}",
          "simclr": "{hidden_dim: 32, dim: 16}",
@@ -91,3 +101,32 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, name: str) -> 
         assert all(torch.equal(sa[k], sb[k]) for k in sa if isinstance(sa[k], torch.Tensor))
     assert [m["loss"] for m in read_metrics(tmp_path / "whole")] == \
         [m["loss"] for m in read_metrics(parted)]
+
+
+@pytest.mark.slow
+def test_dino_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
+    """kill -9 in the middle of a DINO run (a checkpoint every step), then the same command:
+    the teacher, the centre and every weight end as in an uninterrupted run."""
+    base = _base(tmp_path, "dino")
+    args = ["continue", "--config", "fmnist-dino-continue-e2mc", "--from", str(base),
+            "--epochs", "2", *TINY, "--set", f"method.params={SMALL['dino']}",
+            "--set", "training.checkpoint_every_steps=1"]
+    assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(killed)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (killed / "metrics.jsonl").exists() and len(read_metrics(killed)) >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 2 <= len(read_metrics(killed)) < 6, "the run should have been killed mid-way"
+    assert _cli(*args, "--run-dir", str(killed)) == 0
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    b = torch.load(killed / "checkpoint.pt", weights_only=True)
+    assert (a["step"], b["step"]) == (6, 6)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert [m["step"] for m in read_metrics(killed)] == list(range(1, 7))
