@@ -63,3 +63,63 @@ def reference_uniformity(x, t=2.0):
 def reference_nuclear_norm_of_centroids(views):
     c = torch.stack([F.normalize(z, dim=1) for z in views]).mean(dim=0)
     return torch.linalg.matrix_norm(c, ord="nuc")
+
+
+# ---- the SSL losses of the methods beyond the paper's three, written from each paper ---------
+def reference_barlowtwins(z1, z2, lambd=0.0051, eps=1e-5):
+    """Barlow Twins (Zbontar et al., 2021, Eq. 1-2): cross-correlation of the batch-standardised
+    embeddings, sum_i (1 - C_ii)^2 + lambda sum_{i != j} C_ij^2, written with explicit sums."""
+    n, d = z1.shape
+    a = (z1 - z1.mean(0)) / torch.sqrt(z1.var(0, unbiased=False) + eps)
+    b = (z2 - z2.mean(0)) / torch.sqrt(z2.var(0, unbiased=False) + eps)
+    c = torch.einsum("ni,nj->ij", a, b) / n
+    eye = torch.eye(d, dtype=torch.bool)
+    return ((1 - c[eye]) ** 2).sum() + lambd * (c[~eye] ** 2).sum()
+
+
+def reference_nt_xent(z1, z2, temperature):
+    """SimCLR (Chen et al., 2020, Eq. 1 and Algorithm 1): the 2N x 2N cosine-similarity matrix,
+    l(i, j) = -log exp(s_ij / t) / sum_{k != i} exp(s_ik / t), averaged over the 2N positives."""
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    n2 = z.shape[0]
+    n = n2 // 2
+    s = z @ z.T / temperature
+    total = 0.0
+    for i in range(n2):
+        j = (i + n) % n2
+        others = torch.cat([s[i, :i], s[i, i + 1:]])
+        total = total - (s[i, j] - torch.logsumexp(others, dim=0))
+    return total / n2
+
+
+def reference_byol(p1, p2, t1, t2):
+    """BYOL (Grill et al., 2020, Eq. 2): || p/|p| - t/|t| ||^2 per sample, mean, symmetrised."""
+    def dist(p, t):
+        return ((p / p.norm(dim=1, keepdim=True) - t / t.norm(dim=1, keepdim=True)) ** 2).sum(1)
+    return dist(p1, t2.detach()).mean() + dist(p2, t1.detach()).mean()
+
+
+def reference_mocov3(q, k, temperature):
+    """MoCo v3 (Chen et al., 2021, Eq. 1 and Algorithm 1): InfoNCE of each query against all keys
+    of the batch (positive: the same image), times 2t."""
+    q = q / q.norm(dim=1, keepdim=True)
+    k = k.detach() / k.detach().norm(dim=1, keepdim=True)
+    logits = q @ k.T / temperature
+    log_p = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    return -torch.diagonal(log_p).mean() * 2 * temperature
+
+
+def reference_dino(student_out, teacher_out, center, n_crops, student_temp, teacher_temp):
+    """DINO (Caron et al., 2021, Eq. 2-3 and Algorithm 1): H(P_t(x), P_s(x')) summed over pairs
+    of a global teacher crop and a different student crop, averaged over pairs and samples."""
+    b = teacher_out.shape[0] // 2
+    pt = torch.softmax((teacher_out.detach() - center) / teacher_temp, dim=1)
+    ls = torch.log_softmax(student_out / student_temp, dim=1)
+    total, pairs = 0.0, 0
+    for t in range(2):
+        for s in range(n_crops):
+            if s == t:
+                continue
+            ce = -(pt[t * b:(t + 1) * b] * ls[s * b:(s + 1) * b]).sum(1)
+            total, pairs = total + ce.mean(), pairs + 1
+    return total / pairs

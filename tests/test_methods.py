@@ -291,7 +291,7 @@ def test_generic_and_registry_errors():
     with pytest.raises(ValueError, match="feature_dim"):
         Generic(TinyEncoder(), nn.Identity())
     with pytest.raises(ValueError, match="unknown method"):
-        build_method("byol")
+        build_method("byol2")
     with pytest.raises(ValueError, match="unknown vicreg hyperparameters"):
         build_method("vicreg", backbone="resnet18", mlp="8-8")
     with pytest.raises(ValueError, match="views"):

@@ -11,7 +11,8 @@ Names (``model.backbone`` in a config, ``--backbone`` on the command line):
   for the tags timm downloads by URL);
 * ``hf:<repo id or local folder>``: a Hugging Face vision model (the ``[hf]`` extra) with its
   weights (``from_pretrained``, the Hugging Face hub's cache);
-* ``cnn5`` / ``cnn5_small``: the package's small CNNs for 28-32 px images on a CPU.
+* ``cnn5`` / ``cnn5_small``: the package's small CNNs for 28-32 px images on a CPU;
+  ``vit_tiny_p4_28``: its small vision transformer for 28 px images (patch 4, 4 layers, 96 wide).
 
 Every backbone maps ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features. Weights
 for any of them can also come from a checkpoint (``--from FILE_OR_URL``). When a checkpoint
@@ -47,7 +48,11 @@ SMALL_CNNS: dict[str, tuple[int, ...]] = {
     "cnn5": (32, 64, 128, 128, 256),
     "cnn5_small": (16, 32, 64, 64, 128),
 }
-SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS)
+#: Small ViTs for 28 px images on a CPU: image and patch size, layers, heads, width, MLP width.
+SMALL_VITS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "vit_tiny_p4_28": (28, 4, 4, 3, 96, 384),
+}
+SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS) + tuple(SMALL_VITS)
 #: Prefixes of backbone names and the optional extra each needs.
 SOURCES = {"torchvision": None, "timm": "timm", "hf": "hf"}
 
@@ -200,6 +205,8 @@ def build_backbone(
         return _hf_backbone(model_name, small_images, in_channels)
     if model_name in SMALL_CNNS and weights is None:
         return SmallConvNet(SMALL_CNNS[model_name], in_channels), SMALL_CNNS[model_name][-1]
+    if model_name in SMALL_VITS and weights is None:
+        return _small_vit(model_name, small_images, in_channels)
     return _torchvision_backbone(model_name, weights, small_images, in_channels)
 
 
@@ -221,7 +228,7 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
                           in_channels: int) -> tuple[nn.Module, int]:
     import torchvision.models as tvm
 
-    known = [*torchvision_names(), *SMALL_CNNS]
+    known = [*torchvision_names(), *SMALL_CNNS, *SMALL_VITS]
     if name not in known:
         raise _unknown("backbone", name, known, f"; supported: {', '.join(SUPPORTED_BACKBONES)}, "
                        "any torchvision classification model, timm:NAME or hf:REPO_ID")
@@ -258,6 +265,21 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
     return model, feature_dim
 
 
+def _small_vit(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+    """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` without its head."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    if small_images:
+        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
+    size, patch, layers, heads, width, mlp = SMALL_VITS[name]
+    model = VisionTransformer(image_size=size, patch_size=patch, num_layers=layers,
+                              num_heads=heads, hidden_dim=width, mlp_dim=mlp)
+    model.heads = nn.Identity()
+    if in_channels != 3:
+        model.conv_proj = nn.Conv2d(in_channels, width, kernel_size=patch, stride=patch)
+    return model, width
+
+
 def _torchvision_weights(name: str, weights: str, tvm: Any) -> Any:
     """The torchvision weights enum member ``weights`` of the model ``name``."""
     enum = tvm.get_model_weights(name)
@@ -286,12 +308,22 @@ def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.
     pretrained = "." in name and not _SKIP_PRETRAINED.get()  # ARCH.TAG: that tag's weights
     if pretrained:
         _timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
+    # any image size for a ViT (position embedding resampled): DINOv2's 518 px models on 224 px
+    extra = {"dynamic_img_size": True} if architecture in _timm_vits() else {}
     try:
         model = timm.create_model(name, pretrained=pretrained, num_classes=0,
-                                  in_chans=in_channels)
+                                  in_chans=in_channels, **extra)
     except OSError as err:  # offline: not in the hub's cache (LocalEntryNotFoundError), URLError
         raise _fetch_failed(f"timm:{name}", err) from None
     return model, int(model.num_features)
+
+
+@functools.lru_cache(maxsize=1)
+def _timm_vits() -> frozenset[str]:
+    """timm's ``VisionTransformer`` architectures (``dynamic_img_size`` is theirs)."""
+    import timm
+
+    return frozenset(timm.list_models(module="vision_transformer"))
 
 
 class HFBackbone(nn.Module):
@@ -341,7 +373,7 @@ def classifier_keys(name: str) -> frozenset[str]:
     drops (its classifier): a checkpoint of the full model loads into the backbone without them.
     Empty for the package's own backbones and for Hugging Face models."""
     source, model_name, _ = parse_backbone_name(name)
-    if source == "hf" or model_name in SMALL_CNNS:
+    if source == "hf" or model_name in SMALL_CNNS or model_name in SMALL_VITS:
         return frozenset()
     return _classifier_keys(source, model_name)
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
+from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import check_keys, load_strict
 from e2mc.files import atomic_write_json, sha256_file
@@ -27,9 +28,8 @@ PathOrState = str | os.PathLike[str] | dict[str, Any]
 
 
 def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]:
-    """The loaded object and its source; a URL (http, https, file; ``#sha256=`` checked) is
-    fetched into torch.hub's cache first (:mod:`e2mc.checkpoints.remote`), a training run
-    directory stands for its model (:func:`checkpoint_of`)."""
+    """The loaded object and its source; a URL (``#sha256=`` checked) is fetched into torch.hub's
+    cache first, a training run directory stands for its model (:func:`checkpoint_of`)."""
     obj, source, _ = _load_file(path_or_state, trust)
     return obj, source
 
@@ -81,6 +81,8 @@ def _official(obj: Any, source: str | None, method: str | None, new_heads: bool,
     """:func:`load_official` of a loaded object."""
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         raise ValueError("this is an e2mc checkpoint, not an official one: use load_checkpoint")
+    if is_dino_checkpoint(obj):  # student, teacher and DINO's centre
+        return load_dino(obj, source, method, method_hparams)
     det = detect(obj, method if method in METHOD_FORMATS else None)
     name = method or det.format
     info: dict[str, Any] = {"format": det.format, "epoch": det.epoch,
@@ -118,7 +120,7 @@ def _load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, An
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
     model = _rebuild(name, hp)
     heads = sorted(n for n, m in model.named_children()
-                   if n != "backbone" and any(True for _ in m.parameters()))
+                   if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
     if not new_heads:
         raise NewHeadsRequiredError(
             f"{source or 'the checkpoint'} holds only a {arch} backbone, no {name} "

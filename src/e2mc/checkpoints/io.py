@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import warnings
@@ -26,9 +27,10 @@ def _vicreg_exclude_bias_and_norm(p: torch.Tensor) -> bool:
 #: Globals the official checkpoints reference, mapped to harmless stand-ins so that they load
 #: with ``weights_only=True``. VICReg ran ``main_vicreg.py`` as a script (``__main__``) or
 #: imported it through submitit (``main_vicreg``).
-OFFICIAL_SAFE_GLOBALS: list[tuple[Any, str]] = [
+OFFICIAL_SAFE_GLOBALS: list[Any] = [
     (_vicreg_exclude_bias_and_norm, "__main__.exclude_bias_and_norm"),
     (_vicreg_exclude_bias_and_norm, "main_vicreg.exclude_bias_and_norm"),
+    argparse.Namespace,  # the ``args`` of DINO's (and MoCo v3's) training checkpoints: plain values
 ]
 
 

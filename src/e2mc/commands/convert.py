@@ -1,4 +1,4 @@
-"""``e2mc convert OFFICIAL_FILE OUT --method vicreg|swav|simsiam``: official checkpoint -> e2mc."""
+"""``e2mc convert OFFICIAL_FILE OUT [--method NAME]``: official checkpoint -> e2mc."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "convert", help="convert an official VICReg/SwAV/SimSiam checkpoint to the e2mc format",
+        "convert",
+        help="convert an official VICReg/SwAV/SimSiam/DINO checkpoint to the e2mc format",
         description="Load an official checkpoint strictly (every tensor must match) and write it "
                     "in the e2mc format, keeping its epoch and optimizer state.")
     p.add_argument("official_file", help="official checkpoint (.pth / .pth.tar)")
     p.add_argument("out", help="output e2mc checkpoint")
-    p.add_argument("--method", choices=["vicreg", "swav", "simsiam"], default=None,
-                   metavar="METHOD",
-                   help="expected method: vicreg, swav or simsiam (default: detected from "
-                        "the keys; required for a backbone-only file)")
+    p.add_argument("--method", default=None, metavar="METHOD",
+                   choices=["vicreg", "swav", "simsiam", "barlowtwins", "simclr", "byol",
+                            "mocov3", "dino"],
+                   help="expected method: vicreg, swav, simsiam, barlowtwins, simclr, byol, "
+                        "mocov3 or dino (default: detected from the keys; required for a "
+                        "backbone-only file)")
     p.add_argument("--new-heads", action="store_true",
                    help="for a backbone-only file: build the method's heads from random weights")
     p.add_argument("--trust-checkpoint", action="store_true",

@@ -50,7 +50,8 @@ class CollapseValue:
 
 
 class SSLMethod(nn.Module):
-    """Base class of VICReg, SwAV, SimSiam and Generic.
+    """Base class of every method (VICReg, SwAV, SimSiam, Barlow Twins, SimCLR, BYOL, MoCo v3,
+    DINO, Generic).
 
     Subclasses set ``name``, ``view_recipe`` (the name understood by ``e2mc.data.build_views``)
     and ``compact_space`` (the E2MC transform that suits their embeddings), hold ``backbone``
@@ -90,6 +91,9 @@ class SSLMethod(nn.Module):
 
     def after_backward(self, iteration: int) -> None:
         """Called after ``backward()`` and before ``optimizer.step()``."""
+
+    def after_step(self, iteration: int) -> None:
+        """Called after a successful ``optimizer.step()`` (e.g. the EMA update of a teacher)."""
 
     def training_state(self) -> dict[str, Any]:
         """State outside ``state_dict()`` that a checkpoint must hold (e.g. the SwAV queue)."""

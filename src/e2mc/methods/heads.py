@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -50,3 +52,101 @@ def simsiam_predictor(dim: int, pred_dim: int) -> nn.Sequential:
     """SimSiam's predictor: Linear no bias, BN, ReLU, Linear (indices 0,1,3)."""
     return nn.Sequential(nn.Linear(dim, pred_dim, bias=False), nn.BatchNorm1d(pred_dim),
                          nn.ReLU(inplace=True), nn.Linear(pred_dim, dim))
+
+
+def barlowtwins_projector(in_dim: int, spec: str) -> nn.Sequential:
+    """Barlow Twins' ``projector``: (Linear without bias, BatchNorm1d, ReLU) per hidden layer,
+    then a Linear without bias; ``"8192-8192-8192"`` gives indices 0,1,3,4,6."""
+    sizes = [in_dim, *parse_mlp_spec(spec)]
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 2):
+        layers += [nn.Linear(sizes[i], sizes[i + 1], bias=False), nn.BatchNorm1d(sizes[i + 1]),
+                   nn.ReLU(inplace=True)]
+    layers.append(nn.Linear(sizes[-2], sizes[-1], bias=False))
+    return nn.Sequential(*layers)
+
+
+def byol_mlp(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Sequential:
+    """BYOL's projector and predictor MLP: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
+    return nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.BatchNorm1d(hidden_dim),
+                         nn.ReLU(inplace=True), nn.Linear(hidden_dim, out_dim))
+
+
+def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int,
+             last_bn: bool = True) -> nn.Sequential:
+    """MoCo v3's ``_build_mlp``: (Linear without bias, BN, ReLU) per hidden layer, a last Linear
+    without bias, then ``BatchNorm1d(out_dim, affine=False)`` when ``last_bn`` ("following
+    SimCLR's design"). Also SimCLR's projection head here (2 layers)."""
+    layers: list[nn.Module] = []
+    for i in range(num_layers):
+        d1 = in_dim if i == 0 else mlp_dim
+        d2 = out_dim if i == num_layers - 1 else mlp_dim
+        layers.append(nn.Linear(d1, d2, bias=False))
+        if i < num_layers - 1:
+            layers += [nn.BatchNorm1d(d2), nn.ReLU(inplace=True)]
+        elif last_bn:
+            layers.append(nn.BatchNorm1d(d2, affine=False))
+    return nn.Sequential(*layers)
+
+
+class WeightNormLinear(nn.Module):
+    """A Linear layer without bias under weight normalisation, with the parameter names of
+    ``torch.nn.utils.weight_norm`` (``weight_g`` ``[out, 1]``, ``weight_v`` ``[out, in]``), so the
+    official DINO heads load strictly: ``weight = weight_g * weight_v / ||weight_v||`` per row."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.weight_v = nn.Parameter(torch.empty(out_dim, in_dim))
+        nn.init.trunc_normal_(self.weight_v, std=0.02)
+        self.weight_g = nn.Parameter(torch.ones(out_dim, 1))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.weight_g * self.weight_v / self.weight_v.norm(dim=1, keepdim=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class DINOHead(nn.Module):
+    """DINO's ``DINOHead``: an MLP ``mlp`` (``nlayers`` Linear layers, GELU between them, BN
+    after the hidden ones with ``use_bn``) to a ``bottleneck_dim`` embedding, L2 normalisation,
+    and the weight-normed prototype layer ``last_layer`` (``weight_g`` fixed at 1 with
+    ``norm_last_layer``). :meth:`bottleneck` is the embedding before the normalisation."""
+
+    def __init__(self, in_dim: int, out_dim: int = 65536, use_bn: bool = False,
+                 norm_last_layer: bool = True, nlayers: int = 3, hidden_dim: int = 2048,
+                 bottleneck_dim: int = 256) -> None:
+        super().__init__()
+        nlayers = max(nlayers, 1)
+        layers: list[nn.Module]
+        if nlayers == 1:
+            layers = [nn.Linear(in_dim, bottleneck_dim)]
+        else:
+            layers = [nn.Linear(in_dim, hidden_dim)]
+            if use_bn:
+                layers.append(nn.BatchNorm1d(hidden_dim))
+            layers.append(nn.GELU())
+            for _ in range(nlayers - 2):
+                layers.append(nn.Linear(hidden_dim, hidden_dim))
+                if use_bn:
+                    layers.append(nn.BatchNorm1d(hidden_dim))
+                layers.append(nn.GELU())
+            layers.append(nn.Linear(hidden_dim, bottleneck_dim))
+        self.mlp = nn.Sequential(*layers)
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.constant_(m.bias, 0)
+        self.last_layer = WeightNormLinear(bottleneck_dim, out_dim)
+        if norm_last_layer:
+            self.last_layer.weight_g.requires_grad_(False)
+
+    def bottleneck(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+    def prototypes(self, bottleneck: torch.Tensor) -> torch.Tensor:
+        return self.last_layer(F.normalize(bottleneck, dim=-1, p=2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prototypes(self.bottleneck(x))

@@ -5,14 +5,20 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from e2mc.methods.barlowtwins import BarlowTwins
 from e2mc.methods.base import SSLMethod
+from e2mc.methods.byol import BYOL
+from e2mc.methods.dino import DINO
 from e2mc.methods.generic import Generic
+from e2mc.methods.mocov3 import MoCoV3
+from e2mc.methods.simclr import SimCLR
 from e2mc.methods.simsiam import SimSiam
 from e2mc.methods.swav import SwAV
 from e2mc.methods.vicreg import VICReg
 
-METHODS: dict[str, type[SSLMethod]] = {"vicreg": VICReg, "swav": SwAV, "simsiam": SimSiam,
-                                       "generic": Generic}
+METHODS: dict[str, type[SSLMethod]] = {
+    "vicreg": VICReg, "swav": SwAV, "simsiam": SimSiam, "barlowtwins": BarlowTwins,
+    "simclr": SimCLR, "byol": BYOL, "mocov3": MoCoV3, "dino": DINO, "generic": Generic}
 
 
 def build_method(name: str, **hparams: Any) -> SSLMethod:

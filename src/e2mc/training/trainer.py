@@ -267,6 +267,8 @@ class Trainer:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 bad = guard.weights_problem()
+                if bad is None:
+                    self.method.after_step(iteration)  # e.g. an EMA teacher follows the step
             self.optimizer.zero_grad(set_to_none=True)
         if bad is not None and snapshot is not None:
             guard.restore(snapshot)

@@ -1,0 +1,128 @@
+"""The official DINO training checkpoint layout (facebookresearch/dino ``main_dino.py``,
+``dino_<arch>_pretrain_full_checkpoint.pth`` and ``checkpoint.pth``): a dict ``{"student",
+"teacher", "optimizer", "epoch", "args", "dino_loss", ("fp16_scaler")}``.
+
+- ``student``: the DDP-wrapped ``MultiCropWrapper``: ``module.backbone.*`` (DINO's ViT, whose
+  names are timm's ``VisionTransformer``'s, or a torchvision ResNet without ``fc``) and
+  ``module.head.mlp.*``, ``module.head.last_layer.weight_g`` / ``weight_v``;
+- ``teacher``: the same names, with the ``module.`` prefix only when the backbone has BatchNorm
+  (ResNets: the teacher was DDP-wrapped too);
+- ``dino_loss``: ``{"center": [1, out_dim]}``.
+
+The backbone-only files (``dino_deitsmall16_pretrain.pth``: the teacher's backbone, bare names)
+are the generic backbone layout (``--new-heads``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from e2mc.checkpoints.official import infer_resnet
+
+#: ViT widths of timm's names: DINO's vit_tiny / vit_small / vit_base.
+_VIT_SIZES = {192: "tiny", 384: "small", 768: "base"}
+
+
+def _state_dict(obj: Any) -> bool:
+    return (isinstance(obj, dict) and len(obj) > 0
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
+def is_dino_checkpoint(obj: Any) -> bool:
+    """A dict with ``student`` and ``teacher`` state dicts."""
+    return isinstance(obj, dict) and _state_dict(obj.get("student")) \
+        and _state_dict(obj.get("teacher"))
+
+
+def _unprefixed(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str]:
+    prefix = "module." if all(k.startswith("module.") for k in sd) else ""
+    return {k[len(prefix):]: v for k, v in sd.items()}, prefix
+
+
+def dino_state(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str], dict[str, str]]:
+    """``(state dict under the DINO method's names, file keys no rule maps, model key -> file
+    key)``: student ``backbone.*``/``head.*`` as they are, teacher ones under ``teacher.``, the
+    loss's ``center``, and ``teacher_initialized`` (the file has a teacher)."""
+    state: dict[str, torch.Tensor] = {}
+    unmapped: list[str] = []
+    names: dict[str, str] = {}
+    for part, to in (("student", ""), ("teacher", "teacher.")):
+        sd, prefix = _unprefixed(obj[part])
+        for k, v in sd.items():
+            if k.startswith(("backbone.", "head.")):
+                state[to + k], names[to + k] = v, f"{part}.{prefix}{k}"
+            else:
+                unmapped.append(f"{part}.{prefix}{k}")
+    loss = obj.get("dino_loss")
+    if isinstance(loss, dict) and isinstance(loss.get("center"), torch.Tensor):
+        state["center"], names["center"] = loss["center"], "dino_loss.center"
+    state["teacher_initialized"] = torch.tensor(True)
+    names["teacher_initialized"] = "(the file's teacher)"
+    return state, unmapped, names
+
+
+def infer_dino_hparams(state: dict[str, torch.Tensor], args: Any = None) -> dict[str, Any]:
+    """The DINO constructor arguments read off the shapes (and ``args``: the run's
+    ``argparse.Namespace`` or dict, for the temperatures and ``norm_last_layer``)."""
+    hp: dict[str, Any] = {}
+    resnet = infer_resnet(state, "backbone.")
+    if resnet is not None:
+        hp.update(resnet)
+    elif "backbone.patch_embed.proj.weight" in state:
+        proj = state["backbone.patch_embed.proj.weight"]
+        depth = len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
+        size = _VIT_SIZES.get(int(proj.shape[0]))
+        if size is not None and depth == 12:
+            hp.update(backbone=f"timm:vit_{size}_patch{int(proj.shape[-1])}_224",
+                      in_channels=int(proj.shape[1]))
+    v = state.get("head.last_layer.weight_v")
+    if v is not None:
+        hp.update(out_dim=int(v.shape[0]), bottleneck_dim=int(v.shape[1]))
+    linears = sorted(int(m.group(1)) for k, t in state.items()
+                     if (m := re.fullmatch(r"head\.mlp\.(\d+)\.weight", k)) and t.ndim == 2)
+    if linears:
+        hp["nlayers"] = len(linears)
+        hp["use_bn_in_head"] = any(re.fullmatch(r"head\.mlp\.\d+\.running_mean", k)
+                                   for k in state)
+        if len(linears) > 1:
+            hp["hidden_dim"] = int(state[f"head.mlp.{linears[0]}.weight"].shape[0])
+    values = vars(args) if hasattr(args, "__dict__") else dict(args or {})
+    for key in ("norm_last_layer", "teacher_temp", "warmup_teacher_temp",
+                "warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad"):
+        if key in values:
+            hp[key] = values[key]
+    if "momentum_teacher" in values:
+        hp["momentum"] = values["momentum_teacher"]
+    if "norm_last_layer" not in hp and "head.last_layer.weight_g" in state:
+        hp["norm_last_layer"] = bool(torch.all(state["head.last_layer.weight_g"] == 1))
+    return hp
+
+
+def load_dino(obj: dict[str, Any], source: str | None, method: str | None,
+              method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The DINO model of an official training checkpoint, loaded strictly (student, teacher,
+    centre); ``method_hparams`` override what the shapes and ``args`` say. The official optimizer
+    state is not restored: its two parameter groups (decayed, not decayed) list the student's
+    parameters in another order than the model's, so ``info["optimizer"]`` is None."""
+    from e2mc.checkpoints.strict import load_strict
+    from e2mc.methods.registry import build_method
+    from e2mc.models import weights_from_checkpoint
+
+    if method not in (None, "dino"):
+        raise ValueError(f"the file has the official DINO layout (student and teacher), not "
+                         f"{method}")
+    state, unmapped, names = dino_state(obj)
+    hp = {**infer_dino_hparams(state, obj.get("args")), **method_hparams}
+
+    def build() -> Any:
+        with weights_from_checkpoint():
+            return build_method("dino", **hp)
+
+    model = load_strict(build, state, "dino (official)", lambda k: names.get(k, k), unmapped)
+    epoch = obj.get("epoch")
+    info = {"format": "dino", "epoch": epoch if isinstance(epoch, int) else None,
+            "optimizer": None, "source": source, "hparams": model.hparams}
+    return model, info

@@ -1,0 +1,71 @@
+"""BYOL (Grill et al., 2020): online network with a predictor, EMA target network."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from e2mc.methods.base import MethodOutput
+from e2mc.methods.common import check_views, resolve_backbone
+from e2mc.methods.ema import EMAMethod
+from e2mc.methods.heads import byol_mlp
+from e2mc.methods.vicreg import lars_param_groups
+from e2mc.optim import LARS
+
+
+def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor
+              ) -> torch.Tensor:
+    """BYOL's symmetrised loss: ``mean(2 - 2 cos(p1, sg(t2))) + mean(2 - 2 cos(p2, sg(t1)))``
+    (the squared distance of the L2-normalised prediction and target, paper Eq. 2). In float32."""
+    def one(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (2 - 2 * F.cosine_similarity(p.float(), t.detach().float(), dim=1)).mean()
+    return one(p1, t2) + one(p2, t1)
+
+
+class BYOL(EMAMethod):
+    """BYOL: online ``backbone``, ``projector`` and ``predictor`` (Linear, BN, ReLU, Linear;
+    4096 hidden, 256 out), target ``teacher.backbone`` and ``teacher.projector`` following them
+    with EMA ``momentum`` (constant here; the official run ramps it from 0.996 to 1 by cosine
+    over the pre-training). The add-on gets the online projector outputs (before the
+    predictor; the loss normalises them: hypersphere)."""
+
+    name = "byol"
+    view_recipe = "vicreg"  # BYOL's own asymmetric augmentations
+    compact_space = "hypersphere"
+    student_parts = ("backbone", "projector")
+
+    def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
+                 in_channels: int = 3, hidden_dim: int = 4096, dim: int = 256,
+                 momentum: float = 0.996, feature_dim: int | None = None) -> None:
+        super().__init__()
+        self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
+            backbone, small_images, in_channels, feature_dim)
+        self.projector = byol_mlp(self.feature_dim, hidden_dim, dim)
+        self.predictor = byol_mlp(dim, hidden_dim, dim)
+        self.init_teacher(momentum)
+        self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden_dim, "dim": dim,
+                                        "momentum": momentum}
+
+    def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
+        check_views(views, 2, "BYOL")
+        self.ensure_teacher()
+        z1 = self.projector(self.backbone(views[0]))
+        z2 = self.projector(self.backbone(views[1]))
+        p1, p2 = self.predictor(z1), self.predictor(z2)
+        with torch.no_grad():
+            target = self.teacher
+            t1 = target["projector"](target["backbone"](views[0]))
+            t2 = target["projector"](target["backbone"](views[1]))
+        loss = byol_loss(p1, p2, t1, t2)
+        return MethodOutput(loss=loss, terms={"byol": loss.detach()}, embeddings=[z1, z2])
+
+    def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
+                        momentum: float = 0.9) -> torch.optim.Optimizer:
+        """LARS (momentum 0.9, eta 0.001) over the online network, biases and BN parameters
+        excluded from weight decay and adaptation (BYOL's recipe)."""
+        return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
+                    momentum=momentum, eta=eta)  # the teacher's parameters need no gradient
