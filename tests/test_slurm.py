@@ -298,11 +298,11 @@ def test_two_tasks_under_srun_train_as_two_processes_under_torchrun(
     import torch
 
     ckpt, data = base
-    sets = [a for item in [*SETS, "training.epochs=2"] for a in ("--set", item)]
+    sets = [a for item in [*TINY_RUN, "training.epochs=2"] for a in ("--set", item)]
 
     def command(out: Path) -> list[str]:
         return ["-m", "e2mc", "continue", "--config", "fmnist-vicreg-continue-e2mc",
-                "--from", str(ckpt), "--data", str(data), "--out", str(out), "--val-split", "8", "--quiet", *sets]
+                "--from", str(ckpt), "--data", str(data), "--out", str(out), "--quiet", *sets]
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     job = subprocess.run(["srun", "--nodes", "1", "--ntasks-per-node", "2", "--cpus-per-task",
