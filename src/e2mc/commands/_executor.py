@@ -30,9 +30,9 @@ def add_executor_arguments(parser: argparse.ArgumentParser, what: str,
     if trains:
         jobs.add_argument("--tasks-per-node", type=int, metavar="N",
                           help="processes (tasks) per node of each training job on the CPU, "
-                               "which train together (DDP over gloo, as torchrun "
-                               "--nproc_per_node N); not with --gpus-per-node, which runs one "
-                               "per GPU (default: 1)")
+                               "which train together (DDP over gloo, as N processes of "
+                               "torchrun); not with --gpus-per-node, which runs one per GPU "
+                               "(default: 1)")
     jobs.add_argument("--cpus-per-task", type=int, metavar="N",
                       help="SLURM CPUs per task, i.e. per GPU (default: the cluster's)")
     jobs.add_argument("--time", dest="time_min", type=int, metavar="MINUTES",
