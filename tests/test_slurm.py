@@ -1,6 +1,9 @@
 """The SLURM path for real (``--executor slurm``) on the cluster that answers ``sinfo`` (on a
 laptop or in CI: ``scripts/slurm-local.sh up``; skipped where none answers): a search and an
-evaluation set give the inline numbers; a job cancelled with ``scancel`` stops the search within
+evaluation set give the inline numbers; a search whose controller is killed (``SIGKILL``) is
+taken over by the same command, which waits for the jobs in flight instead of submitting them
+again; a training job of 2 tasks on one node (``srun``, gloo) ends with the weights of the same
+run under ``torchrun --nproc_per_node 2``; a job cancelled with ``scancel`` stops the search within
 a bounded time (exit 1, one line naming the job and its log) and the same command submits it
 anew and completes; a job sent submitit's time-limit signal (``USR2``, what ``--signal`` sends
 ``--signal-delay`` seconds before ``--time``) checkpoints, is requeued once by the trainer and
@@ -13,9 +16,12 @@ SLURM makes a requeued job eligible only 2 minutes later; the tests start it at 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +31,7 @@ import pytest
 
 from e2mc.artifacts import SEARCH_JSON
 from e2mc.cli import main
-from helpers import TINY_RUN, tiny_base
+from helpers import TINY_RUN, free_port, tiny_base
 
 
 def _cluster() -> str | None:
@@ -66,12 +72,16 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tiny_base(tmp_path_factory.mktemp("slurm-base"))
 
 
-def _search(base: tuple[Path, Path], out: Path, *extra: str) -> int:
+def _search_args(base: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
     ckpt, data = base
     sets = [a for item in SETS for a in ("--set", item)]
-    return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
-                 "--data", str(data), "--out", str(out), "--metric", "val/knn", *sets,
-                 "--grid", "addon.params.beta=10", *extra])
+    return ["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+            "--data", str(data), "--out", str(out), "--metric", "val/knn", *sets,
+            "--grid", "addon.params.beta=10", *extra]
+
+
+def _search(base: tuple[Path, Path], out: Path, *extra: str) -> int:
+    return main(_search_args(base, out, *extra))
 
 
 def _numbers(out: Path) -> list[dict]:
@@ -242,3 +252,73 @@ def test_an_evaluation_set_gives_the_inline_numbers(tmp_path: Path) -> None:
     inline, slurm = values(tmp_path / "inline"), values(tmp_path / "slurm")
     assert inline == slurm and len(slurm) == 2
     assert {j["state"] for j in _jobs(tmp_path / "slurm").values()} == {"done"}
+
+
+def test_a_killed_controller_is_taken_over_without_a_second_submission(
+        base: tuple[Path, Path], inline: list[dict], tmp_path: Path,
+        capsys: pytest.CaptureFixture) -> None:
+    """The search's controller (a process of its own) is killed with ``SIGKILL`` while its
+    jobs run; the same command takes its lock over (the note), waits for the same jobs ("waiting
+    for job ..."), submits nothing (jobs.json: the same ids, no earlier ones) and ends with the
+    inline numbers."""
+    out = tmp_path / "s"
+    quick = ("from e2mc.jobs import ExecutorOptions; "  # the 1 s polls of _quick_polls
+             "ExecutorOptions.poll = property(lambda self: 1.0); from e2mc.cli import main; "
+             f"raise SystemExit(main({_search_args(base, out, *SLURM)!r}))")
+    controller = subprocess.Popen([sys.executable, "-c", quick], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+    try:
+        _when_running(out, lambda key: True)
+    finally:
+        controller.send_signal(signal.SIGKILL)
+        controller.wait()
+    before = {key: entry["job_id"] for key, entry in _jobs(out).items()}
+    states = [_job(job_id).get("JobState") for job_id in before.values()]
+    assert len(before) == 2 and "RUNNING" in states, states  # killed mid-search
+    assert _search(base, out, *SLURM) == 0  # the same command
+    err = capsys.readouterr().err
+    assert re.search(r"note: \S+ was left by a process that is gone \(.*\); taking it over",
+                     err), err
+    waited = set(re.findall(r"waiting for job (\S+) \(still (?:running|queued)\)", err))
+    assert waited and waited <= set(before.values()), err  # (one may have ended meanwhile)
+    assert "job(s) in flight" not in err and not re.search(r"^  job \S+: ", err, re.M)
+    after = _jobs(out)
+    assert {key: e["job_id"] for key, e in after.items()} == before
+    assert all(e["earlier"] == [] and e["state"] == "done" for e in after.values())
+    assert _numbers(out) == inline
+
+
+def test_two_tasks_under_srun_train_as_two_processes_under_torchrun(
+        base: tuple[Path, Path], tmp_path: Path) -> None:
+    """The same tiny continued run as a SLURM job of 2 tasks on one node (``srun``: the
+    trainer's runtime joins gloo from SLURM's variables) and under ``torchrun
+    --nproc_per_node 2``: the same final weights, bit for bit (the same two ranks, the same
+    shards of the data, the same gloo all-reduce of two gradients; a sum of two numbers does not
+    depend on their order)."""
+    import torch
+
+    ckpt, data = base
+    sets = [a for item in [*TINY_RUN, "training.epochs=2"] for a in ("--set", item)]
+
+    def command(out: Path) -> list[str]:
+        return ["-m", "e2mc", "continue", "--config", "fmnist-vicreg-continue-e2mc",
+                "--from", str(ckpt), "--data", str(data), "--out", str(out), "--quiet", *sets]
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    job = subprocess.run(["srun", "--nodes", "1", "--ntasks-per-node", "2", "--cpus-per-task",
+                          "1", "--time", "10", sys.executable, *command(tmp_path / "srun")],
+                         env=env, capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr[-3000:]
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                               "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                               "--master_port", str(free_port()),
+                               *command(tmp_path / "torchrun")],
+                              env=env, capture_output=True, text=True)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    srun, local = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)
+                   for d in ("srun", "torchrun"))
+    assert srun["world_size"] == local["world_size"] == 2
+    assert srun["step"] == local["step"] > 0
+    assert srun["model"].keys() == local["model"].keys()
+    for key, value in local["model"].items():
+        assert torch.equal(srun["model"][key], value), key

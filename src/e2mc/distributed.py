@@ -1,10 +1,12 @@
 """Process setup (:class:`Runtime`, :func:`init_runtime`), rank helpers and gathering (with
-gradients, or of any object) for ``torch.distributed`` (torchrun, gloo or nccl)."""
+gradients, or of any object) for ``torch.distributed`` (torchrun or srun, gloo or nccl)."""
 
 from __future__ import annotations
 
 import io
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +32,39 @@ class Runtime:
         return self.rank == 0
 
 
+def _first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu[007-009,12],cpu1`` -> ``gpu007``."""
+    first = nodelist.split(",", 1)[0]
+    if "[" not in first:
+        return first
+    prefix, ranges = nodelist.split("[", 1)
+    return prefix + re.split(r"[-,\]]", ranges, maxsplit=1)[0]
+
+
+def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables ``torchrun`` would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``) for a task of an ``srun`` step of several tasks, from
+    SLURM's (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``, the step's first node;
+    a ``MASTER_PORT`` already set is kept, else one derived from the job id, the same in every
+    task); empty outside such a step (no srun, one task, or ``WORLD_SIZE`` already set, as
+    under torchrun or submitit). A batch script's own process is no step: it joins nothing."""
+    tasks = environ.get("SLURM_STEP_NUM_TASKS")
+    if "WORLD_SIZE" in environ or tasks is None or int(tasks) < 2 \
+            or "SLURM_PROCID" not in environ:
+        return {}
+    job = int(environ.get("SLURM_JOB_ID", "0"))
+    nodes = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": tasks,
+            "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": _first_host(nodes) if nodes else "127.0.0.1",
+            "MASTER_PORT": environ.get("MASTER_PORT", str(20000 + job % 40000))}
+
+
 def init_runtime(device: str = "auto") -> Runtime:
-    """Pick the device and, under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment), join the
-    process group from the environment variables: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    """Pick the device and, under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) or as a
+    task of an ``srun`` step of several tasks (:func:`srun_environment`), join the process group
+    from the environment variables: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    os.environ.update(srun_environment(os.environ))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":

@@ -27,6 +27,12 @@ def add_executor_arguments(parser: argparse.ArgumentParser, what: str,
                       help=f"GPUs per node of each {job}, one process (task) per GPU"
                            + (" (DDP); evaluations take one" if trains else ", at most one")
                            + " (default: 0, the CPU)")
+    if trains:
+        jobs.add_argument("--tasks-per-node", type=int, metavar="N",
+                          help="processes (tasks) per node of each training job on the CPU, "
+                               "which train together (DDP over gloo, as N processes of "
+                               "torchrun); not with --gpus-per-node, which runs one per GPU "
+                               "(default: 1)")
     jobs.add_argument("--cpus-per-task", type=int, metavar="N",
                       help="SLURM CPUs per task, i.e. per GPU (default: the cluster's)")
     jobs.add_argument("--time", dest="time_min", type=int, metavar="MINUTES",
@@ -58,7 +64,8 @@ def executor_options(args: argparse.Namespace) -> Any:
 
     options = ExecutorOptions(
         kind=args.executor, partition=args.partition, nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
+        gpus_per_node=args.gpus_per_node,
+        tasks_per_node=getattr(args, "tasks_per_node", None), cpus_per_task=args.cpus_per_task,
         time_min=args.time_min, account=args.account, constraint=args.constraint,
         slurm=parse_slurm_settings(args.slurm), max_parallel=args.max_parallel,
         jobs_dir=args.jobs_dir, signal_delay_s=args.signal_delay)

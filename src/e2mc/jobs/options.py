@@ -38,6 +38,8 @@ class ExecutorOptions:
     partition: str | None = None
     nodes: int = 1
     gpus_per_node: int = 0
+    #: processes (tasks) per node of a training job on the CPU (gloo DDP); with GPUs, one per GPU
+    tasks_per_node: int | None = None
     cpus_per_task: int | None = None
     time_min: int | None = None
     account: str | None = None
@@ -59,6 +61,7 @@ class ExecutorOptions:
                              f"{self.kind!r}")
         for name, value, low in (("--nodes", self.nodes, 1),
                                  ("--gpus-per-node", self.gpus_per_node, 0),
+                                 ("--tasks-per-node", self.tasks_per_node, 1),
                                  ("--cpus-per-task", self.cpus_per_task, 1),
                                  ("--time", self.time_min, 1),
                                  ("--max-parallel", self.max_parallel, 1),
@@ -70,9 +73,13 @@ class ExecutorOptions:
                       "--slurm": self.slurm or None,
                       "--nodes": self.nodes if self.nodes != 1 else None}
         jobs_only = {"--gpus-per-node": self.gpus_per_node or None, "--time": self.time_min,
+                     "--tasks-per-node": self.tasks_per_node,
                      "--max-parallel": self.max_parallel, "--jobs-dir": self.jobs_dir,
                      "--signal-delay": self.signal_delay_s
                      if self.signal_delay_s != SIGNAL_DELAY_S else None}
+        if self.tasks_per_node is not None and self.gpus_per_node:
+            raise InputError("--tasks-per-node is for jobs on the CPU; with --gpus-per-node "
+                             "a job runs one task per GPU")
         given = [k for k, v in slurm_only.items() if v is not None and self.kind != "slurm"]
         if given:
             raise InputError(f"{', '.join(given)} only apply to --executor slurm")
@@ -102,18 +109,24 @@ def parse_slurm_settings(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def train_tasks_per_node(options: ExecutorOptions) -> int:
+    """Processes per node of a training job: one per GPU, else ``--tasks-per-node`` (default
+    1)."""
+    return options.gpus_per_node or options.tasks_per_node or 1
+
+
 def slurm_parameters(options: ExecutorOptions, name: str, kind: str = "train"
                      ) -> dict[str, Any]:
     """The parameters of ``submitit.SlurmExecutor.update_parameters`` for the jobs of ``kind``
-    (``train``: ``--nodes`` nodes with one task per GPU, for DDP; ``eval``: one task, at most
-    one GPU)."""
+    (``train``: ``--nodes`` nodes with one task per GPU, or ``--tasks-per-node`` tasks on the
+    CPU, for DDP; ``eval``: one task, at most one GPU)."""
     gpus = options.gpus_per_node
     train = kind == "train"
     params: dict[str, Any] = {
         "job_name": name,
         "time": options.time_min or DEFAULT_SLURM_TIME_MIN,
         "nodes": options.nodes if train else 1,
-        "ntasks_per_node": max(1, gpus) if train else 1,
+        "ntasks_per_node": train_tasks_per_node(options) if train else 1,
         "signal_delay_s": options.signal_delay_s,
         "additional_parameters": {"requeue": True, **options.slurm},
     }
@@ -138,6 +151,7 @@ def make_executor(options: ExecutorOptions, folder: str | Path, name: str,
     gpus = options.gpus_per_node if kind == "train" else min(options.gpus_per_node, 1)
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(timeout_min=options.time_min or _NO_LIMIT_MIN,
-                               tasks_per_node=max(1, gpus), gpus_per_node=gpus,
+                               tasks_per_node=train_tasks_per_node(options)
+                               if kind == "train" else 1, gpus_per_node=gpus,
                                signal_delay_s=options.signal_delay_s)
     return executor
