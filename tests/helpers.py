@@ -73,3 +73,49 @@ def recorded_test_data(labels) -> dict:
             return len(self.labels)
 
     return data_identity(_Arrays(labels))
+
+
+def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2,
+                 timeout_s: float = 120.0) -> None:
+    """Start ``python -m e2mc ARGS --run-dir RUN_DIR`` and SIGKILL it once ``metrics.jsonl``
+    holds ``records`` records (or at ``timeout_s``), as a machine that dies mid-run would."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from e2mc.training.logging import read_metrics
+
+    run_dir = Path(run_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(run_dir)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= records:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def killed_and_resumed(args: list[str], root, env: dict) -> tuple[dict, dict, object]:
+    """``args`` (an ``e2mc continue`` of 6 steps with a checkpoint every step) run whole into
+    ``root/whole``, and killed mid-run into ``root/killed`` (:func:`kill_mid_run`) then run
+    again by the same command; returns both final checkpoints and the killed run's directory."""
+    from pathlib import Path
+
+    import torch
+
+    from e2mc.cli import main
+    from e2mc.training.logging import read_metrics
+
+    whole, killed = Path(root) / "whole", Path(root) / "killed"
+    assert main([*args, "--run-dir", str(whole)]) == 0
+    kill_mid_run(args, killed, env)
+    assert 2 <= len(read_metrics(killed)) < 6, "the run should have been killed mid-way"
+    assert main([*args, "--run-dir", str(killed)]) == 0
+    a = torch.load(whole / "checkpoint.pt", weights_only=True)
+    b = torch.load(killed / "checkpoint.pt", weights_only=True)
+    assert (a["step"], b["step"]) == (6, 6)
+    return a, b, killed

@@ -6,10 +6,6 @@ DINO's centre and the optimizer state included)."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +14,7 @@ import torch
 
 import e2mc
 from e2mc.training.logging import read_metrics
+from helpers import killed_and_resumed
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
 ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -111,22 +108,7 @@ def test_dino_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     args = ["continue", "--config", "fmnist-dino-continue-e2mc", "--from", str(base),
             "--epochs", "2", *TINY, "--set", f"method.params={SMALL['dino']}",
             "--set", "training.checkpoint_every_steps=1"]
-    assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(killed)],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (killed / "metrics.jsonl").exists() and len(read_metrics(killed)) >= 2:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert 2 <= len(read_metrics(killed)) < 6, "the run should have been killed mid-way"
-    assert _cli(*args, "--run-dir", str(killed)) == 0
-    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
-    b = torch.load(killed / "checkpoint.pt", weights_only=True)
-    assert (a["step"], b["step"]) == (6, 6)
+    a, b, killed = killed_and_resumed(args, tmp_path, ENV)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     assert [m["step"] for m in read_metrics(killed)] == list(range(1, 7))

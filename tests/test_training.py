@@ -7,10 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ from e2mc.training.logging import read_metrics
 from e2mc.training.nonfinite import NonFiniteLossError
 from e2mc.training.sampling import EpochBatchSampler
 from e2mc.training.trainer import Trainer
+from helpers import killed_and_resumed
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
 # One thread: on a busy 2-core machine two-thread kernels wait on each other (100x slower).
@@ -240,23 +239,7 @@ def test_resume_after_kill_gives_the_weights_of_an_uninterrupted_run(
     args = ["continue", "--config", PRESET["vicreg"], "--from", str(base),
             "--data", str(tiny_data), "--epochs", "2", *TINY_MODEL, *METHOD_SETS["vicreg"],
             "--set", "training.checkpoint_every_steps=1", "--set", "data.num_workers=2"]
-    assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(killed)],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (killed / "metrics.jsonl").exists() and len(read_metrics(killed)) >= 2:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = read_metrics(killed)
-    assert 2 <= len(done) < 6, "the run should have been killed mid-way"
-    assert _cli(*args, "--run-dir", str(killed)) == 0
-    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
-    b = torch.load(killed / "checkpoint.pt", weights_only=True)
-    assert (a["step"], b["step"]) == (6, 6)
+    a, b, killed = killed_and_resumed(args, tmp_path, ENV)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(),
