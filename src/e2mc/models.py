@@ -139,8 +139,8 @@ def _timm_cache(name: str) -> dict[str, Any]:
     except RuntimeError:  # timm's "Invalid pretrained tag"
         cfg = None
     if cfg is None:
-        raise _unknown("timm pretrained tag", tagged,
-                       list(timm.list_pretrained(f"{tagged.split('.', 1)[0]}.*")),
+        same_arch = timm.list_pretrained(f"{tagged.split('.', 1)[0]}.*")
+        raise _unknown("timm pretrained tag", tagged, list(same_arch or timm.list_pretrained()),
                        "; timm:ARCH without a tag is randomly initialised")
     if cfg.hf_hub_id:
         return {"cache": _hf_cache(), "file": cfg.hf_hub_id}
@@ -149,12 +149,17 @@ def _timm_cache(name: str) -> dict[str, Any]:
             "file": os.path.basename(url) or None}
 
 
-def _fetch_failed(name: str, err: BaseException) -> ValueError:
+def _fetch_failed(name: str, err: BaseException, offline: str | None = None) -> ValueError:
     """The one-line error of pretrained weights that could not be loaded (offline, a missing
-    file in the cache, a download that failed)."""
+    file in the cache, a download that failed); ``offline``: why the hub was not asked."""
     where = pretrained_weights(name) or {}
     wanted = f"{where.get('file')} " if where.get("file") else ""
     reason = " ".join(str(getattr(err, "reason", None) or err).split())
+    if offline is not None:
+        return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
+                          f"cache {where.get('cache')} and the hub is unreachable ({offline}); "
+                          "download it where there is a network (the same cache directory: "
+                          "TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
     return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
                       f"cache {where.get('cache')} and fetching it failed ({type(err).__name__}: "
                       f"{reason}); download it where there is a network (the same cache "
@@ -281,16 +286,20 @@ def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.
         raise ValueError("small_images=True is only supported for torchvision ResNets, "
                          f"not timm:{name}")
     architecture = name.split(".", 1)[0]
-    if not timm.is_model(architecture):
-        raise _unknown("timm model", name, list(timm.list_models()))
+    if not timm.is_model(architecture):  # (with a tag: the close ARCH.TAG names)
+        raise _unknown("timm model", name,
+                       list(timm.list_pretrained() if "." in name else timm.list_models()))
     pretrained = "." in name and not _SKIP_PRETRAINED.get()  # ARCH.TAG: that tag's weights
     if pretrained:
         _timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
-    try:
-        model = timm.create_model(name, pretrained=pretrained, num_classes=0,
-                                  in_chans=in_channels)
-    except OSError as err:  # offline: not in the hub's cache (LocalEntryNotFoundError), URLError
-        raise _fetch_failed(f"timm:{name}", err) from None
+    from e2mc.hub import cache_if_offline
+
+    with cache_if_offline() if pretrained else contextlib.nullcontext() as offline:
+        try:
+            model = timm.create_model(name, pretrained=pretrained, num_classes=0,
+                                      in_chans=in_channels)
+        except OSError as err:  # not in the hub's cache (LocalEntryNotFoundError), URLError
+            raise _fetch_failed(f"timm:{name}", err, offline) from None
     return model, int(model.num_features)
 
 
@@ -319,15 +328,20 @@ def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Mo
     if small_images:
         raise ValueError(f"small_images=True is only supported for torchvision ResNets, "
                          f"not hf:{repo}")
-    try:
-        config = transformers.AutoConfig.from_pretrained(repo, num_channels=in_channels)
-        if _SKIP_PRETRAINED.get():
-            model = transformers.AutoModel.from_config(config)
-        else:
-            model = transformers.AutoModel.from_pretrained(repo, config=config)
-    except OSError as err:  # not a folder, not on the hub (or offline): the library's message
-        raise ValueError(f"cannot load Hugging Face model {repo!r} (cache {_hf_cache()}): "
-                         f"{err}") from None
+    from e2mc.hub import cache_if_offline
+
+    local = os.path.isdir(repo)
+    with contextlib.nullcontext() if local else cache_if_offline() as offline:
+        try:
+            config = transformers.AutoConfig.from_pretrained(repo, num_channels=in_channels)
+            if _SKIP_PRETRAINED.get():
+                model = transformers.AutoModel.from_config(config)
+            else:
+                model = transformers.AutoModel.from_pretrained(repo, config=config)
+        except OSError as err:  # not a folder, not on the hub (or offline): the library's say
+            unreachable = f"; the hub is unreachable ({offline})" if offline else ""
+            raise ValueError(f"cannot load Hugging Face model {repo!r} (cache {_hf_cache()})"
+                             f"{unreachable}: {' '.join(str(err).split())}") from None
     dim = getattr(config, "hidden_size", None)
     if dim is None and getattr(config, "hidden_sizes", None):
         dim = config.hidden_sizes[-1]
