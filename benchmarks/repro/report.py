@@ -79,6 +79,7 @@ def collect(s: ReproSettings, command: str, timing: dict[str, float],
         tests[method] = _method_tests(s, method, cols)
     result = {
         "command": command, "commit": source_commit(), "quick": s.quick_mode,
+        "torch": torch_version(),
         "settings": {k: (str(v) if isinstance(v, Path) else v)
                      for k, v in vars(s).items() if k not in ("base_runs",)},
         "base_runs": {m: str(runs.base_dir(s, m)) for m in s.methods},
@@ -295,10 +296,20 @@ def source_commit() -> str | None:
     return f"{commit}+changes" if changed else commit
 
 
-def produced_by(command: str, commit: str | None) -> str:
-    """The page's provenance: the command and the commit (tests/test_docs_provenance.py)."""
+def torch_version() -> str:
+    """The version of torch in this process (recorded beside the commit)."""
+    import torch
+
+    return str(torch.__version__)
+
+
+def produced_by(command: str, commit: str | None,
+                torch_version: str | None = None) -> str:
+    """The page's provenance: the command, the commit and the torch version (None: not
+    recorded) (tests/test_docs_provenance.py)."""
     at = f"at commit {commit}" if commit else "(commit not recorded)"
-    return f"Produced by `{public_command(command)}` {at}"
+    torch = f"with torch {torch_version}" if torch_version else "(torch version not recorded)"
+    return f"Produced by `{public_command(command)}` {at} {torch}"
 
 
 def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
@@ -311,7 +322,8 @@ def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
         lines += ["> **Quick mode** (pipeline check on a few hundred images, 1-2 epochs): the "
                   "numbers below mean nothing about the method.", ""]
     lines += [
-        f"{produced_by(r['command'], r.get('commit'))} (see `docs/reproduction.md`). "
+        f"{produced_by(r['command'], r.get('commit'), r.get('torch'))} "
+        "(see `docs/reproduction.md`). "
         f"Data: `{public_path(s.data, data=True)}` "
         f"(train limit {s.train_limit}, test limit {s.test_limit}), {s.image_size} px; backbone "
         f"`{s.backbone}`; base models {s.base_epochs} epochs (seed {s.base_seed}); continued "
