@@ -105,3 +105,29 @@ def test_a_misspelled_timm_name_gets_did_you_mean(name, kind, close):
         build_backbone(name)
     message = str(info.value)
     assert message.startswith(f"unknown {kind} (did you mean {close},"), message
+
+
+def test_an_hf_repo_with_an_unreachable_hub_is_looked_up_in_the_cache_only(dead_hub,
+                                                                            monkeypatch):
+    """``hf:REPO``: transformers' look-up runs in offline mode (a stand-in records the flag it
+    saw and fails as transformers does on a file that is not in the cache)."""
+    import sys
+    import types
+
+    seen = []
+
+    def from_pretrained(repo, **kwargs):
+        seen.append(constants.HF_HUB_OFFLINE)
+        raise OSError(f"We couldn't connect to the hub to load {repo}\nand it is not cached.")
+
+    fake = types.ModuleType("transformers")
+    fake.AutoConfig = types.SimpleNamespace(from_pretrained=from_pretrained)
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    with pytest.raises(ValueError) as info:
+        build_backbone("hf:someone/tiny-vit")
+    message = str(info.value)
+    assert seen == [True] and constants.HF_HUB_OFFLINE is False
+    assert "\n" not in message
+    assert message.startswith(f"cannot load Hugging Face model 'someone/tiny-vit' (cache "
+                              f"{constants.HF_HUB_CACHE}); the hub is unreachable "
+                              f"({constants.ENDPOINT} did not answer within 5 s"), message
