@@ -58,7 +58,7 @@ def test_an_unreachable_hub_fails_within_seconds_in_one_line(tmp_path, dead_hub,
     assert err.startswith(f"e2mc continue: error: cannot load the pretrained weights of "
                           f"timm:{TIMM_TAG}: timm/{TIMM_TAG} is not in the cache {dead_hub} "
                           f"and the hub is unreachable ({constants.ENDPOINT} did not answer "
-                          "within 5 s (ConnectError"), err
+                          "(ConnectError"), err
     assert elapsed < 15, elapsed  # (the retries alone would take 46 s)
     assert constants.HF_HUB_OFFLINE is False  # offline only for the look-up
 
@@ -130,4 +130,4 @@ def test_an_hf_repo_with_an_unreachable_hub_is_looked_up_in_the_cache_only(dead_
     assert "\n" not in message
     assert message.startswith(f"cannot load Hugging Face model 'someone/tiny-vit' (cache "
                               f"{constants.HF_HUB_CACHE}); the hub is unreachable "
-                              f"({constants.ENDPOINT} did not answer within 5 s"), message
+                              f"({constants.ENDPOINT} did not answer (ConnectError"), message
