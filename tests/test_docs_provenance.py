@@ -176,7 +176,7 @@ def test_a_measured_table_without_its_line_is_found():
 
 def test_a_generated_results_page_says_its_commit():
     """``reproduce_fashion_mnist.py --write-docs`` writes a page this test accepts."""
-    from repro.report import produced_by, source_commit, torch_version
+    from repro.provenance import produced_by, source_commit, torch_version
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True,
                               capture_output=True, text=True).stdout.strip()
