@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from e2mc.config import comma_list
-from repro import report, runs, stages
+from repro import page, report, runs, stages
 from repro.settings import METHODS, STAGES, ReproSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         log("stage report")
         result = report.collect(s, command, total, evaluator.transfer_note)
         (s.out / "results.json").write_text(json.dumps(result, indent=2))
-        md = report.write(s, result, s.out / "results.md")
+        md = page.write(s, result, s.out / "results.md")
         targets = [md]
         if args.write_docs:
-            targets.append(report.write(s, result, REPO / args.write_docs))
-        print("\n" + "\n".join(report.summary_lines(result)))
+            targets.append(page.write(s, result, REPO / args.write_docs))
+        print("\n" + "\n".join(page.summary_lines(result)))
         log(f"done: {', '.join(str(t) for t in targets)}, {s.out / 'results.json'}")
     return 0
 

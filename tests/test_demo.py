@@ -44,6 +44,8 @@ def test_quick_demo_through_the_entry_point(tmp_path: Path) -> None:
     # the page it ends on opens with the answer, then the table; the diagnostics follow
     assert proc.stdout.strip().splitlines()[-1].endswith(str(out / "comparison.html"))
     assert "--quick checks the installation" in proc.stdout
+    # said first too, before any work
+    assert proc.stdout.splitlines()[0].startswith("--quick: an installation check")
     page = (out / "comparison.html").read_text()
     answer, table = page.index('class="answer"'), page.index("<table>")
     assert answer < table < page.index("Diagnostics: how the embeddings moved")

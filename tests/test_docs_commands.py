@@ -1,9 +1,21 @@
-"""Docs that cannot drift (issue 33, item 4): every ``e2mc`` command in the shell blocks of
-README.md and docs/ parses with the real argparse parsers (its options exist, take the values
-given, and the required ones are there), unless the block marks it illustrative with a line
-``# illustrative`` (a synopsis with ``[--optional]`` brackets, ``...``). The README's Python
-blocks run in tests/test_readme.py; the demo, the hints and the examples on the shipped data
-run in their own tests (test_demo.py, test_printed_hints.py, test_bring_your_model.py)."""
+"""Docs that run (issue 33): every ``e2mc`` command in the shell blocks of README.md and docs/
+is one of three kinds.
+
+- **run**: the default. The command runs here, in the order of the pages, in one temporary
+  folder, at a small size: ``--data`` (any value, or none for a training command) becomes a
+  2,000-image slice of the shipped Fashion-MNIST, training commands get ``--set`` overrides for one
+  step of batch 16, evaluations one probe epoch and no feature cache, and the run directories a
+  page starts from (``runs/vicreg-e2mc``, ``runs/vicreg-continued``, ``my-run.yaml``,
+  ``resnet18_timm.pt``) are made first. It must exit 0.
+- **parsed**: a block marked ``<!-- docs test: parsed, not run (REASON) -->`` on the line
+  above its fence (ImageNet, torchrun, SLURM, downloads, files of the reader's own). Its
+  commands parse with the real argparse parsers: their options exist, take the values given,
+  and the required ones are there.
+- **illustrative**: a block with a line ``# illustrative`` (a synopsis with ``[--optional]``
+  brackets, ``...``): not checked.
+
+The README's Python blocks run in tests/test_readme.py; every python block here compiles.
+"""
 
 from __future__ import annotations
 
@@ -18,21 +30,24 @@ from e2mc.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 ILLUSTRATIVE = "# illustrative"
+PARSED = re.compile(r"^<!-- docs test: parsed, not run \((.+)\) -->$")
 
 
 def pages() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
-def commands(page: Path) -> list[tuple[int, str, bool]]:
-    """``(line, command without 'e2mc', illustrative)`` of each e2mc command in the page's
-    bash/sh/shell blocks; continuation lines joined, comments dropped."""
-    found, block, start, marked = [], None, 0, False
+def commands(page: Path) -> list[tuple[int, str, str]]:
+    """``(line, command without 'e2mc', kind)`` of each e2mc command in the page's
+    bash/sh/shell blocks (kind: ``run``, ``parsed`` or ``illustrative``); continuation lines
+    joined, comments dropped."""
+    found, block, start, marked, previous = [], None, 0, "run", ""
     for number, line in enumerate(page.read_text().splitlines(), 1):
         stripped = line.strip()
         if block is None:
             if stripped.startswith("```") and stripped[3:].strip() in ("bash", "sh", "shell"):
-                block, marked = [], False
+                block, marked = [], "parsed" if PARSED.match(previous) else "run"
+            previous = stripped
             continue
         if stripped.startswith("```"):
             joined = "\n".join(block).replace("\\\n", " ")
@@ -44,27 +59,44 @@ def commands(page: Path) -> list[tuple[int, str, bool]]:
             block = None
             continue
         if stripped.startswith(ILLUSTRATIVE):
-            marked = True
+            marked = "illustrative"
         if not block:
             start = number
         block.append(line.split(" #")[0] if not stripped.startswith("#") else "")
     return found
 
 
-ALL = [(page, line, cmd, marked) for page in pages() for line, cmd, marked in commands(page)]
+ALL = [(page, line, cmd, kind) for page in pages() for line, cmd, kind in commands(page)]
+CHECKED = [c for c in ALL if c[3] != "illustrative"]
+RUN = [c for c in ALL if c[3] == "run"]
+
+
+def _id(c: tuple[Path, int, str, str]) -> str:
+    return f"{c[0].relative_to(REPO)}:{c[1]}"
 
 
 def test_the_docs_have_commands_and_most_are_checked() -> None:
-    checked = [c for c in ALL if not c[3]]
-    print(f"{len(checked)} commands parsed, {len(ALL) - len(checked)} marked illustrative")
-    assert len(checked) >= 40 and len(checked) > 3 * (len(ALL) - len(checked))
+    kinds = {k: sum(c[3] == k for c in ALL) for k in ("run", "parsed", "illustrative")}
+    print(f"{len(ALL)} commands: {kinds['run']} run, {kinds['parsed']} parsed only, "
+          f"{kinds['illustrative']} illustrative")
+    assert len(CHECKED) >= 40 and len(CHECKED) > 3 * kinds["illustrative"]
+    assert kinds["run"] >= 17
 
 
-@pytest.mark.parametrize("page,line,command,marked",
-                         [c for c in ALL if not c[3]],
-                         ids=[f"{c[0].relative_to(REPO)}:{c[1]}" for c in ALL if not c[3]])
+def test_a_parsed_only_block_says_why() -> None:
+    """Every marker names its reason and stands right above a shell block."""
+    for page in pages():
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.strip().startswith("<!-- docs test"):
+                assert PARSED.match(line.strip()), f"{page.relative_to(REPO)}:{i + 1}: {line}"
+                assert lines[i + 1].strip() in ("```bash", "```sh", "```shell"), \
+                    f"{page.relative_to(REPO)}:{i + 1}: no shell block right below the marker"
+
+
+@pytest.mark.parametrize("page,line,command,kind", CHECKED, ids=[_id(c) for c in CHECKED])
 def test_every_documented_command_parses(page: Path, line: int, command: str,
-                                         marked: bool, capsys) -> None:
+                                         kind: str, capsys) -> None:
     parser = build_parser()
     argv = shlex.split(command)
     try:
@@ -77,18 +109,92 @@ def test_every_documented_command_parses(page: Path, line: int, command: str,
     assert args.command == argv[0]
 
 
-CHEAP = ("presets", "config")  # run, not only parsed: instant, no data, no files written
-LISTING = [c for c in ALL if not c[3] and c[2].split()[0] in CHEAP
-           and ".yaml" not in c[2]]  # (a YAML file of the reader's own is not here)
+TINY_DATA = "tiny.npz"
+#: One step of batch 16 on the CPU, one thread, no progress bar (after the command's own --set).
+ONE_STEP = ["training.max_steps=1", "training.batch_size=16", "training.progress=false",
+            "data.num_workers=0", "training.cpu_threads=1", "training.device=cpu"]
+TRAINS = ("pretrain", "continue", "search")
 
 
-@pytest.mark.parametrize("page,line,command", [c[:3] for c in LISTING],
-                         ids=[f"{c[0].relative_to(REPO)}:{c[1]}" for c in LISTING])
-def test_documented_listing_commands_run(page: Path, line: int, command: str, capsys) -> None:
+def small(argv: list[str]) -> list[str]:
+    """The documented command at a small size: the tiny data, one training step, one probe
+    epoch, no feature cache."""
+    argv = list(argv)
+    if "--data" in argv:
+        argv[argv.index("--data") + 1] = TINY_DATA
+    elif argv[0] in TRAINS:
+        argv += ["--data", TINY_DATA]
+    if argv[0] in TRAINS:
+        argv += [a for s in ONE_STEP for a in ("--set", s)]
+    if argv[0] == "search":
+        argv += ["--probe-epochs", "1", "--quiet"]
+    if argv[0] == "eval":
+        argv += ["--epochs", "1", "--no-cache", "--quiet", "--device", "cpu"]
+    if argv[0] == "analyze":
+        argv += ["--num-samples", "64", "--knn-k", "5", "--no-progress", "--device", "cpu"]
+    return argv
+
+
+@pytest.fixture(scope="module")
+def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the documented commands run in: the tiny data, the run directories the
+    pages evaluate (one step from the shipped base each) and a configuration file."""
+    import contextlib
+    import importlib.util
+    import io
+    import os
+
+    import numpy as np
+
+    from e2mc.cli import main
+    from e2mc.data.datasets import builtin_fashion_mnist_path
+
+    folder = tmp_path_factory.mktemp("docs")
+    with np.load(builtin_fashion_mnist_path()) as f:
+        np.savez(folder / TINY_DATA, x_train=f["x_train"][:2000], y_train=f["y_train"][:2000],
+                 x_test=f["x_test"][:200], y_test=f["y_test"][:200])
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        for preset, out in (("fmnist-vicreg-continue-e2mc", "runs/vicreg-e2mc"),
+                            ("fmnist-vicreg-continue", "runs/vicreg-continued")):
+            assert main(small(["continue", "--config", preset, "--from", "builtin:demo-vicreg",
+                               "--out", out])) == 0
+        if importlib.util.find_spec("timm") is not None:  # checkpoints.md: your timm weights
+            import timm
+            import torch
+
+            torch.save(timm.create_model("resnet18").state_dict(), "resnet18_timm.pt")
+        with contextlib.redirect_stdout(io.StringIO()) as shown:
+            assert main(["config", "show", "fmnist-vicreg-continue"]) == 0
+        (folder / "my-run.yaml").write_text(shown.getvalue())
+    finally:
+        os.chdir(cwd)
+    return folder
+
+
+def _maybe_slow(c: tuple[Path, int, str, str]) -> object:
+    """A search (trials, controls, confirmation: about 20 s at this size) is marked slow."""
+    slow = [pytest.mark.slow] if c[2].split()[0] == "search" else []
+    return pytest.param(*c[:3], id=_id(c), marks=slow)
+
+
+@pytest.mark.parametrize("page,line,command", [_maybe_slow(c) for c in RUN])
+def test_documented_commands_run_at_a_small_size(page: Path, line: int, command: str,
+                                                 docs_folder: Path, monkeypatch,
+                                                 capsys) -> None:
     from e2mc.cli import main
 
-    assert main(shlex.split(command)) == 0, f"{page.relative_to(REPO)}:{line}"
-    assert capsys.readouterr().out.strip()
+    monkeypatch.chdir(docs_folder)
+    argv = small(shlex.split(command))
+    if "timm" in command:
+        pytest.importorskip("timm", reason="the [timm] extra is not installed")
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 0, f"{page.relative_to(REPO)}:{line}: e2mc {shlex.join(argv)}\n{err[-2000:]}"
+    if "--out" in argv:  # it wrote what it says
+        written = docs_folder / argv[argv.index("--out") + 1]
+        assert written.is_dir() and any(written.iterdir()), written
 
 
 def python_blocks() -> list[tuple[Path, int, str]]:

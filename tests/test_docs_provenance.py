@@ -5,7 +5,9 @@ A table is a Markdown table outside code fences (a row starting with ``|`` follo
 delimiter row). It holds *measured* numbers when a body cell has a number with a decimal point,
 a ``±`` or a per cent sign. Such a table needs a ``Produced by ... commit HASH`` line (the
 command, or "command not recorded", and the short hash of the commit that added the numbers)
-either near it (within ``NEAR`` lines above or below, with no heading or other table in between)
+whose paragraph states the torch version that made them (``torch 2.14.1``), or says ``torch
+version not recorded`` where nobody can know it any more (issue 33), either near it (within
+``NEAR`` lines above or below, with no heading or other table in between)
 or in the page's preamble (before its first ``## `` heading), which then covers every table of
 a generated page. A table of settings, formats or formulas that looks measured by that rule is
 marked with ``<!-- settings table -->`` right above it.
@@ -22,6 +24,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = re.compile(r"\d\.\d|±|\d\s*%")
 PRODUCED = re.compile(r"^\s*Produced by\b.*\bcommits? [0-9a-f]{7,40}\b")
+#: The torch version beside the commit: a version number, or the explicit phrase.
+TORCH = re.compile(r"\btorch \d+\.\d+(\.\d+)?\b|\btorch version not recorded\b")
 SETTINGS = "<!-- settings table -->"
 NEAR = 8
 
@@ -76,14 +80,27 @@ def _stops(line: str) -> bool:
     return line.lstrip().startswith("#") or _is_row(line)
 
 
+def paragraph(lines: list[str], i: int) -> str:
+    """The line ``i`` and the lines that continue it (up to a blank line, table or heading)."""
+    j = i + 1
+    while j < len(lines) and lines[j].strip() and not _stops(lines[j]):
+        j += 1
+    return " ".join(line.strip() for line in lines[i:j])
+
+
+def _produced(lines: list[str], i: int) -> bool:
+    """A Produced-by line with its commit, whose paragraph states the torch version."""
+    return bool(PRODUCED.match(lines[i])) and bool(TORCH.search(paragraph(lines, i)))
+
+
 def has_provenance(lines: list[str], start: int, end: int) -> bool:
     preamble = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
-    if any(PRODUCED.match(line) for line in lines[:preamble]):
+    if any(_produced(lines, i) for i in range(preamble)):
         return True
     for step, first, last in ((-1, start - 1, max(start - 1 - NEAR, -1)),
                               (1, end, min(end + NEAR, len(lines)))):
         for i in range(first, last, step):
-            if PRODUCED.match(lines[i]):
+            if _produced(lines, i):
                 return True
             if _stops(lines[i]):
                 break
@@ -91,19 +108,21 @@ def has_provenance(lines: list[str], start: int, end: int) -> bool:
 
 
 def unsourced(text: str) -> list[tuple[int, str]]:
-    """(line number, header row) of every measured table without a Produced-by line."""
+    """(line number, header row) of every measured table without a Produced-by line that
+    states the commit and the torch version."""
     lines = text.splitlines()
     return [(start + 1, lines[start].strip()[:70]) for start, end in tables(lines)
             if is_measured(lines, start, end) and not is_settings(lines, start)
             and not has_provenance(lines, start, end)]
 
 
-def test_every_measured_table_says_its_command_and_commit():
+def test_every_measured_table_says_its_command_commit_and_torch_version():
     missing = [f"{page.relative_to(REPO)}:{line}: {header}"
                for page in pages() for line, header in unsourced(page.read_text(encoding="utf-8"))]
     assert not missing, (
-        "tables of measured numbers without a 'Produced by: COMMAND at commit HASH' line next "
-        "to them (or '<!-- settings table -->' right above a table of settings):\n"
+        "tables of measured numbers without a 'Produced by: COMMAND at commit HASH (torch "
+        "X.Y.Z, ...)' line next to them ('torch version not recorded' where it is unknowable; "
+        "'<!-- settings table -->' right above a table of settings):\n"
         + "\n".join(missing))
 
 
@@ -124,12 +143,20 @@ TABLE = "| run | linear 1% |\n|---|---|\n| continued | 64.87 ± 0.55 |\n"
 
 def test_a_measured_table_without_its_line_is_found():
     intro = "# Page\n\n## Results\n\n"
-    line = "Produced by: `e2mc demo` at commit 135e76b (2-core CPU).\n"
+    line = "Produced by: `e2mc demo` at commit 135e76b (torch 2.14.1, 2-core CPU).\n"
     assert unsourced(intro + TABLE) == [(5, "| run | linear 1% |")]
     assert unsourced(intro + TABLE + "\n" + line) == []
     assert unsourced(intro + line + "\n" + TABLE) == []
     # a command without a commit, or a line beyond a heading or another table, does not count
     assert unsourced(intro + TABLE + "\nProduced by: `e2mc demo`.\n") != []
+    # the torch version is required: a number or the explicit phrase, in the line's paragraph
+    bare = "Produced by: `e2mc demo` at commit 135e76b (2-core CPU).\n"
+    assert unsourced(intro + TABLE + "\n" + bare) != []
+    assert unsourced(intro + TABLE + "\n" + bare.replace("CPU)", "CPU;\ntorch 2.14.1)")) == []
+    assert unsourced(intro + TABLE + "\n" + bare.replace("CPU)", "CPU; torch version not "
+                                                          "recorded)")) == []
+    assert unsourced(intro + TABLE + "\n" + bare + "\ntorch 2.14.1\n") != []  # another paragraph
+    assert unsourced(intro + TABLE + "\n" + bare.replace("CPU)", "CPU; torch unknown)")) != []
     assert unsourced(intro + TABLE + "\n## Next\n\n" + line) != []
     other = "| a | b |\n|---|---|\n| 1 | 2 |\n"
     assert unsourced(intro + TABLE + "\n" + other + "\n" + line) != []
@@ -149,7 +176,7 @@ def test_a_measured_table_without_its_line_is_found():
 
 def test_a_generated_results_page_says_its_commit():
     """``reproduce_fashion_mnist.py --write-docs`` writes a page this test accepts."""
-    from repro.report import produced_by, source_commit
+    from repro.provenance import produced_by, source_commit, torch_version
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -157,7 +184,12 @@ def test_a_generated_results_page_says_its_commit():
         pytest.skip("not a git checkout")
     commit = source_commit()
     assert commit is not None and commit.removesuffix("+changes") == head
-    line = produced_by("python benchmarks/reproduce_fashion_mnist.py --data builtin", commit)
+    line = produced_by("python benchmarks/reproduce_fashion_mnist.py --data builtin", commit,
+                       torch_version())
     assert line.startswith("Produced by `python benchmarks/reproduce_fashion_mnist.py --data")
     assert PRODUCED.match(line + " (see `docs/reproduction.md`).")
+    import torch
+
+    assert f"torch {torch.__version__}" in line and TORCH.search(line)
     assert not PRODUCED.match(produced_by("python x.py", None))
+    assert "(torch version not recorded)" in produced_by("python x.py", commit)

@@ -92,7 +92,7 @@ def test_compare_writes_an_accuracy_chart(tmp_path):
                                                                     "Fashion-MNIST (built-in "
                                                                     "subset)")])
 def test_repro_transfer_column_is_named_after_its_data(data, name):
-    from repro.report import transfer_name
+    from repro.page import transfer_name
     from repro.settings import ReproSettings
 
     assert transfer_name(ReproSettings(transfer_data=data)) == name

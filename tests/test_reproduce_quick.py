@@ -114,9 +114,14 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
                     "What we measured and what it means"):
         assert heading in md
     assert "--quick" in md and "Quick mode" in md
-    # the page says the commit it was produced at (tests/test_docs_provenance.py)
+    # the page says the commit and the torch version it was produced with
+    # (tests/test_docs_provenance.py)
+    import torch
+
+    assert result["torch"] == torch.__version__
     if (REPO / ".git").exists():  # a copy without git records no commit, and says so
-        assert result["commit"] and f"` at commit {result['commit']} (see" in md
+        assert result["commit"] and \
+            f"` at commit {result['commit']} with torch {torch.__version__} (see" in md
     figures = sorted((out / "figures").glob("*.png"))
     assert len(figures) == 2 + 2 * 3
     assert all(0 < f.stat().st_size < 200_000 for f in figures)

@@ -158,7 +158,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path) -> None:
 
 
 def test_report_paths_become_placeholders() -> None:
-    from repro.report import public_command, public_path  # benchmarks/ is on pytest's path
+    from repro.provenance import public_command, public_path  # benchmarks/ is on pytest's path
 
     machine = "/" + "srv/lab"
     command = (f"python benchmarks/reproduce_fashion_mnist.py --data {machine}/data/fashion-mnist "

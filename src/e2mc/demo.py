@@ -101,6 +101,9 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
         raise FileNotFoundError(f"base checkpoint not found: {base}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    if settings.check_only:
+        print("--quick: an installation check (short runs, a small test set); its verdicts "
+              "mean nothing", flush=True)
 
     def stage(text: str) -> None:
         print(f"\n[{time.perf_counter() - start:6.1f} s] {text}", flush=True)

@@ -78,6 +78,56 @@ class ValidationData:
         return cls(dataset, labels, train, test, train_size)
 
 
+#: Fewer probe labels per class than this, and a probe's accuracy is mostly the draw of its labels.
+MIN_LABELS_PER_CLASS = 5
+#: Label fractions suggested in place of one that trains on too few labels.
+_NICE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def probe_labels(data: ValidationData, fraction: float) -> int:
+    """How many labels the probe of ``fraction`` (of the training set) trains on: the draw
+    :func:`probe_metrics` makes from the probe-train half."""
+    from e2mc.data.subsets import label_fraction_indices
+
+    y = data.labels[data.probe_train]
+    return len(label_fraction_indices(y, min(1.0, fraction * data.train_size / len(y)), 0))
+
+
+def thin_probes_warning(data: ValidationData, cfg: MonitorConfig) -> str | None:
+    """The warning for monitor metrics that train on fewer than :data:`MIN_LABELS_PER_CLASS`
+    labels per class, naming what would serve (a metric the monitor has, a fraction to add, or
+    a larger validation split); None when every metric has enough."""
+    from e2mc.data.subsets import fraction_label
+
+    classes = len(np.unique(data.labels))
+    need = MIN_LABELS_PER_CLASS * classes
+    counts = {f"val/linear_{fraction_label(f)}": probe_labels(data, f) for f in cfg.fractions}
+    thin = {name: n for name, n in counts.items() if n < need}
+    if not thin:
+        return None
+    half = len(data.probe_train)
+    serve = [name for name, n in counts.items() if n >= need]
+    serve += ["val/knn"] if half >= need else []
+    added = next((f for f in _NICE_FRACTIONS if f"val/linear_{fraction_label(f)}" not in counts
+                  and probe_labels(data, f) >= need), None)
+    options = []
+    if serve:
+        options.append(f"{' or '.join(serve)} would serve (--keep-best / search --metric)")
+    if added is not None:
+        fractions = sorted({*cfg.fractions, added})
+        options.append(f"--set monitor.fractions=[{','.join(f'{f:g}' for f in fractions)}] "
+                       f"adds val/linear_{fraction_label(added)} "
+                       f"({probe_labels(data, added)} labels)")
+    if half < need:
+        options.append(f"hold out at least {2 * need} images (--val-split {2 * need}): the "
+                       f"probes train on half of the {len(data.labels)} held out")
+    selected = " (keep-best selects on it)" if cfg.keep_best in thin else ""
+    return (f"warning: the monitor's {', '.join(f'{k} ({n} labels)' for k, n in thin.items())} "
+            f"train{'s' if len(thin) == 1 else ''} on fewer than {MIN_LABELS_PER_CLASS} labels "
+            f"per class ({classes} classes){selected}, so {'its' if len(thin) == 1 else 'their'} "
+            f"values are mostly the draw of those labels; {'; '.join(options)}")
+
+
 @torch.no_grad()
 def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: MonitorConfig,
                        device: torch.device | str = "cpu"
@@ -193,6 +243,9 @@ class ValidationMonitor(Callback):
     def __init__(self, data: ValidationData, cfg: MonitorConfig) -> None:
         self.data, self.cfg = data, cfg
         self.history: list[dict[str, float]] = []
+        warning = thin_probes_warning(data, cfg)
+        if warning is not None:
+            print(warning, file=sys.stderr)
 
     def _evaluate(self, trainer: TrainerView, step: int, run_epoch: int) -> None:
         import torch.distributed as dist

@@ -35,6 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from e2mc.models.small import SMALL_CNNS, SMALL_VITS, SmallConvNet, small_vit
+from e2mc.models.surgery import input_channels as input_channels  # (re-exported)
+from e2mc.models.surgery import replace_first_conv, strip_classifier
+
 #: Backbones whose pooled feature is unambiguous: classifier attribute and how to reach it.
 #: ResNets end in ``fc`` after global average pooling; the others below end in ``classifier``
 #: (a Sequential whose Linear layers are dropped) after their own pooling.
@@ -42,16 +46,6 @@ RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_r
            "resnext50_32x4d")
 OTHERS = ("convnext_tiny", "efficientnet_b0", "mobilenet_v3_small", "mobilenet_v3_large",
           "regnet_y_400mf", "densenet121")
-#: Small convolutional networks of this package for 28-32 px images on a CPU (not torchvision):
-#: five 3x3 conv-BN-ReLU layers (strides 1, 2, 1, 2, 1) and global average pooling.
-SMALL_CNNS: dict[str, tuple[int, ...]] = {
-    "cnn5": (32, 64, 128, 128, 256),
-    "cnn5_small": (16, 32, 64, 64, 128),
-}
-#: Small ViTs for 28 px images on a CPU: image and patch size, layers, heads, width, MLP width.
-SMALL_VITS: dict[str, tuple[int, int, int, int, int, int]] = {
-    "vit_tiny_p4_28": (28, 4, 4, 3, 96, 384),
-}
 SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS) + tuple(SMALL_VITS)
 #: Prefixes of backbone names and the optional extra each needs.
 SOURCES = {"torchvision": None, "timm": "timm", "hf": "hf"}
@@ -144,8 +138,8 @@ def _timm_cache(name: str) -> dict[str, Any]:
     except RuntimeError:  # timm's "Invalid pretrained tag"
         cfg = None
     if cfg is None:
-        raise _unknown("timm pretrained tag", tagged,
-                       list(timm.list_pretrained(f"{tagged.split('.', 1)[0]}.*")),
+        same_arch = timm.list_pretrained(f"{tagged.split('.', 1)[0]}.*")
+        raise _unknown("timm pretrained tag", tagged, list(same_arch or timm.list_pretrained()),
                        "; timm:ARCH without a tag is randomly initialised")
     if cfg.hf_hub_id:
         return {"cache": _hf_cache(), "file": cfg.hf_hub_id}
@@ -154,34 +148,21 @@ def _timm_cache(name: str) -> dict[str, Any]:
             "file": os.path.basename(url) or None}
 
 
-def _fetch_failed(name: str, err: BaseException) -> ValueError:
+def _fetch_failed(name: str, err: BaseException, offline: str | None = None) -> ValueError:
     """The one-line error of pretrained weights that could not be loaded (offline, a missing
-    file in the cache, a download that failed)."""
+    file in the cache, a download that failed); ``offline``: why the hub was not asked."""
     where = pretrained_weights(name) or {}
     wanted = f"{where.get('file')} " if where.get("file") else ""
     reason = " ".join(str(getattr(err, "reason", None) or err).split())
+    if offline is not None:
+        return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
+                          f"cache {where.get('cache')} and the hub is unreachable ({offline}); "
+                          "download it where there is a network (the same cache directory: "
+                          "TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
     return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
                       f"cache {where.get('cache')} and fetching it failed ({type(err).__name__}: "
                       f"{reason}); download it where there is a network (the same cache "
                       "directory: TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
-
-
-class SmallConvNet(nn.Sequential):
-    """Five 3x3 conv-BN-ReLU layers with strides (1, 2, 1, 2, 1), then global average pooling.
-
-    About 10 (``cnn5_small``) or 40 (``cnn5``) million multiply-adds per 28 px image: small
-    enough to pre-train and continue on Fashion-MNIST with a 2-core CPU.
-    """
-
-    def __init__(self, widths: tuple[int, ...], in_channels: int = 1) -> None:
-        layers: list[nn.Module] = []
-        channels = in_channels
-        for i, width in enumerate(widths):
-            layers += [nn.Conv2d(channels, width, 3, stride=2 if i % 2 else 1, padding=1,
-                                 bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
-            channels = width
-        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-        super().__init__(*layers)
 
 
 def build_backbone(
@@ -206,7 +187,7 @@ def build_backbone(
     if model_name in SMALL_CNNS and weights is None:
         return SmallConvNet(SMALL_CNNS[model_name], in_channels), SMALL_CNNS[model_name][-1]
     if model_name in SMALL_VITS and weights is None:
-        return _small_vit(model_name, small_images, in_channels)
+        return small_vit(model_name, small_images, in_channels)
     return _torchvision_backbone(model_name, weights, small_images, in_channels)
 
 
@@ -259,25 +240,10 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
         if small_images:
             model.maxpool = nn.Identity()
         return model, feature_dim
-    feature_dim = _strip_classifier(model)
+    feature_dim = strip_classifier(model)
     if in_channels != 3:
-        _replace_first_conv(model, in_channels)
+        replace_first_conv(model, in_channels)
     return model, feature_dim
-
-
-def _small_vit(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
-    """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` without its head."""
-    from torchvision.models.vision_transformer import VisionTransformer
-
-    if small_images:
-        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
-    size, patch, layers, heads, width, mlp = SMALL_VITS[name]
-    model = VisionTransformer(image_size=size, patch_size=patch, num_layers=layers,
-                              num_heads=heads, hidden_dim=width, mlp_dim=mlp)
-    model.heads = nn.Identity()
-    if in_channels != 3:
-        model.conv_proj = nn.Conv2d(in_channels, width, kernel_size=patch, stride=patch)
-    return model, width
 
 
 def _torchvision_weights(name: str, weights: str, tvm: Any) -> Any:
@@ -303,18 +269,22 @@ def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.
         raise ValueError("small_images=True is only supported for torchvision ResNets, "
                          f"not timm:{name}")
     architecture = name.split(".", 1)[0]
-    if not timm.is_model(architecture):
-        raise _unknown("timm model", name, list(timm.list_models()))
+    if not timm.is_model(architecture):  # (with a tag: the close ARCH.TAG names)
+        raise _unknown("timm model", name,
+                       list(timm.list_pretrained() if "." in name else timm.list_models()))
     pretrained = "." in name and not _SKIP_PRETRAINED.get()  # ARCH.TAG: that tag's weights
     if pretrained:
         _timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
+    from e2mc.hub import cache_if_offline
+
     # any image size for a ViT (position embedding resampled): DINOv2's 518 px models on 224 px
     extra = {"dynamic_img_size": True} if architecture in _timm_vits() else {}
-    try:
-        model = timm.create_model(name, pretrained=pretrained, num_classes=0,
-                                  in_chans=in_channels, **extra)
-    except OSError as err:  # offline: not in the hub's cache (LocalEntryNotFoundError), URLError
-        raise _fetch_failed(f"timm:{name}", err) from None
+    with cache_if_offline() if pretrained else contextlib.nullcontext() as offline:
+        try:
+            model = timm.create_model(name, pretrained=pretrained, num_classes=0,
+                                      in_chans=in_channels, **extra)
+        except OSError as err:  # not in the hub's cache (LocalEntryNotFoundError), URLError
+            raise _fetch_failed(f"timm:{name}", err, offline) from None
     return model, int(model.num_features)
 
 
@@ -351,15 +321,20 @@ def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Mo
     if small_images:
         raise ValueError(f"small_images=True is only supported for torchvision ResNets, "
                          f"not hf:{repo}")
-    try:
-        config = transformers.AutoConfig.from_pretrained(repo, num_channels=in_channels)
-        if _SKIP_PRETRAINED.get():
-            model = transformers.AutoModel.from_config(config)
-        else:
-            model = transformers.AutoModel.from_pretrained(repo, config=config)
-    except OSError as err:  # not a folder, not on the hub (or offline): the library's message
-        raise ValueError(f"cannot load Hugging Face model {repo!r} (cache {_hf_cache()}): "
-                         f"{err}") from None
+    from e2mc.hub import cache_if_offline
+
+    local = os.path.isdir(repo)
+    with contextlib.nullcontext() if local else cache_if_offline() as offline:
+        try:
+            config = transformers.AutoConfig.from_pretrained(repo, num_channels=in_channels)
+            if _SKIP_PRETRAINED.get():
+                model = transformers.AutoModel.from_config(config)
+            else:
+                model = transformers.AutoModel.from_pretrained(repo, config=config)
+        except OSError as err:  # not a folder, not on the hub (or offline): the library's say
+            unreachable = f"; the hub is unreachable ({offline})" if offline else ""
+            raise ValueError(f"cannot load Hugging Face model {repo!r} (cache {_hf_cache()})"
+                             f"{unreachable}: {' '.join(str(err).split())}") from None
     dim = getattr(config, "hidden_size", None)
     if dim is None and getattr(config, "hidden_sizes", None):
         dim = config.hidden_sizes[-1]
@@ -399,49 +374,6 @@ def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
             full = set(tvm.get_model(model_name, weights=None).state_dict())
             kept = set(_torchvision_backbone(model_name, None, False, 3)[0].state_dict())
     return frozenset(full - kept)
-
-
-def _strip_classifier(model: nn.Module) -> int:
-    """Replace the classifier (``fc``, ``classifier``, ``head`` or ``heads``) by the identity
-    (keeping non-Linear layers before its first Linear, e.g. ConvNeXt's norm); return the
-    pooled feature size."""
-    attr = next((a for a in ("fc", "classifier", "heads", "head") if hasattr(model, a)), None)
-    if attr is None:
-        raise ValueError(f"cannot find the classifier of {type(model).__name__}")
-    head = getattr(model, attr)
-    if isinstance(head, nn.Linear):
-        dim = head.in_features
-        new_head: nn.Module = nn.Identity()
-    else:
-        layers = list(head.children())
-        first_linear = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
-        if first_linear is None:
-            raise ValueError(f"the classifier of {type(model).__name__} has no Linear layer")
-        dim = layers[first_linear].in_features
-        kept = [m for m in layers[:first_linear] if not isinstance(m, nn.Dropout)]
-        new_head = nn.Sequential(*kept) if kept else nn.Identity()
-    setattr(model, attr, new_head)
-    return dim
-
-
-def input_channels(module: nn.Module) -> int:
-    """Input channels of the first convolution of ``module`` (3 if it has none)."""
-    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
-    return conv.in_channels if conv is not None else 3
-
-
-def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
-    for parent in model.modules():
-        for child_name, child in parent.named_children():
-            if isinstance(child, nn.Conv2d):
-                setattr(parent, child_name, nn.Conv2d(
-                    in_channels, child.out_channels, child.kernel_size, child.stride,
-                    child.padding, dilation=child.dilation, groups=1,
-                    bias=child.bias is not None))
-                return
-            if len(list(child.children())) > 0:
-                break
-    raise ValueError("could not find the first convolution to change the input channels")
 
 
 def describe(name: str) -> dict[str, Any]:

@@ -1,0 +1,55 @@
+"""The Hugging Face hub, reached once or not at all: an unreachable hub means the cache only.
+
+``huggingface_hub`` retries a failed look-up of a file that is not in its cache five times with
+backoff (1, 2, 4, 8, 8 s), once per candidate file: offline, a ``timm:ARCH.TAG`` backbone
+printed 20 "Retrying in Ns" lines over about a minute before its error. :func:`cache_if_offline`
+asks the hub's endpoint (``HF_ENDPOINT``, through the library's own HTTP session, so with its
+proxies) one question with a short timeout first; when nothing answers, the block runs in the
+library's offline mode (``HF_HUB_OFFLINE``): a cached file loads, a missing one fails at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+#: Seconds the endpoint has to answer before the hub counts as unreachable.
+PROBE_TIMEOUT = 5.0
+
+
+def unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why the hub cannot be reached (``"HF_HUB_OFFLINE is set"``, ``"http://... did not
+    answer (ConnectError: ...)"``, a ``ConnectTimeout`` after ``timeout`` seconds), None when
+    its endpoint answers (any HTTP status) or ``huggingface_hub`` is not installed (nothing to
+    probe: the caller's import fails)."""
+    try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import get_session
+    except ImportError:
+        return None
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout, follow_redirects=False)
+    except Exception as err:  # noqa: BLE001 (httpx / OSError: what matters is that it failed)
+        reason = " ".join(str(err).split()) or "no answer"
+        return f"{constants.ENDPOINT} did not answer ({type(err).__name__}: {reason})"
+    return None
+
+
+@contextlib.contextmanager
+def cache_if_offline(timeout: float = PROBE_TIMEOUT) -> Iterator[str | None]:
+    """Run the block in ``huggingface_hub``'s offline mode when the hub is unreachable; yields
+    the reason (None when the hub answered and the block may download)."""
+    reason = unreachable(timeout)
+    if reason is None:
+        yield None
+        return
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield reason
+    finally:
+        constants.HF_HUB_OFFLINE = saved
