@@ -61,9 +61,11 @@ class Group:
     bias: torch.Tensor         # [S, 1, slots * C]
     buf_w: torch.Tensor
     buf_b: torch.Tensor
-    lr_table: torch.Tensor     # [S, max_epochs + 1, slots]: lr of each epoch, 0 when finished
-    wd: torch.Tensor           # [S, 1, slots, 1]
-    momentum: torch.Tensor     # [S, 1, slots, 1]
+    # per column of the weights (a head's value repeated over its C classes), so that the
+    # update broadcasts only over rows, on contiguous rows of slots * C values
+    lr_table: torch.Tensor     # [S, max_epochs + 1, slots * C]: lr of each epoch, 0 when done
+    wd: torch.Tensor           # [S, 1, slots * C]
+    momentum: torch.Tensor     # [S, 1, slots * C]
     lars: torch.Tensor         # [S, 1, slots, 1] bool
     any_lars: bool
     idx: torch.Tensor          # [S, max_steps_per_epoch, B] bank rows of the current epoch
@@ -91,6 +93,9 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
             weight[j, :, slot] = head.weight.detach().T.to(dtype)
             bias[j, 0, slot] = head.bias.detach().to(dtype)
     lr_table, wd, momentum, lars = _head_settings(members, heads, slots, dtype)
+    lr_table, wd, momentum = (t.repeat_interleave(classes, dim=2).view(n_streams, -1,
+                                                                       slots * classes)
+                              for t in (lr_table, wd, momentum))
     max_spe = max(s.steps_per_epoch for s in members)
     batch = members[0].batch_size
     row_w = torch.zeros(n_streams, max_spe, batch, dtype=dtype)
@@ -192,13 +197,17 @@ def train_step(group: Group, step: int, active: int, bank: torch.Tensor,
     grad_w, grad_b = forward_backward(w, b, xb, yb, row_w, slots, classes)
     if trace is not None:
         trace[("train", active, batch, dim, slots * classes)] += 1
-    lr = lr.view(active, 1, slots, 1)   # 0 once a head is done
-    settings = (lr, group.wd[:active], group.momentum[:active],
-                group.lars[:active] if group.any_lars else None)
+    lr = lr.view(active, 1, slots * classes)   # 0 once a head is done
+    wd, momentum = group.wd[:active], group.momentum[:active]
+    if not group.any_lars:  # elementwise: the [A, R, slots * C] layout as it is
+        update(w, grad_w, group.buf_w[:active], lr, wd, momentum, None)
+        update(b, grad_b, group.buf_b[:active], lr, wd, momentum, None)
+        return
+    heads4 = (active, 1, slots, classes)  # LARC's norms are per head
+    settings = (lr.view(heads4), wd.view(heads4), momentum.view(heads4), group.lars[:active])
     update(w.view(active, dim, slots, classes), grad_w.view(active, dim, slots, classes),
            group.buf_w[:active].view(active, dim, slots, classes), *settings)
-    update(b.view(active, 1, slots, classes), grad_b.view(active, 1, slots, classes),
-           group.buf_b[:active].view(active, 1, slots, classes), *settings)
+    update(b.view(heads4), grad_b.view(heads4), group.buf_b[:active].view(heads4), *settings)
 
 
 def forward_backward(w: torch.Tensor, b: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
@@ -230,7 +239,9 @@ def update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch
     """SGD with momentum and weight decay, or apex LARC (per head, where ``lars``), in place
     (``grad`` is overwritten).
 
-    Shapes ``[A, R, slots, C]``: a head's parameter is ``[:, :, slot, :]``. LARC, per head and
+    Shapes ``[A, R, slots, C]`` (a head's parameter is ``[:, :, slot, :]``; the settings
+    ``[A, 1, slots, C]``, LARC's ``lars`` ``[A, 1, slots, 1]``); without LARC any shapes that
+    broadcast, e.g. ``[A, R, slots * C]`` with ``[A, 1, slots * C]`` settings. LARC, per head and
     per parameter: ``g <- (g + wd p) a`` with :func:`~e2mc.optim.larc_trust_ratio` ``a`` when
     both norms are non-zero, else ``g`` unchanged (no weight decay), then plain SGD momentum.
     """
