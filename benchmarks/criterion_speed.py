@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from e2mc.criterion import compact_transform, covariance_penalty, m_spacings_entropy
+from run_meta import run_meta
 
 SHAPES = {"VICReg": (512, 8192), "SwAV": (512, 128), "SimSiam": (512, 2048)}
 
@@ -168,7 +169,8 @@ def main() -> None:
               f"{r['speedup']:8.2f}x {r['peak_mb']:9.1f} {r['memory_ratio']:8.1f}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine(), "repeats": args.repeats}
+            "machine": platform.processor() or platform.machine(), "repeats": args.repeats,
+            **run_meta()}
     args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     print(f"\nwrote {args.out}  ({meta})")
 

@@ -45,6 +45,7 @@ from e2mc.data import build_dataset, eval_transform
 from e2mc.data.subsets import fraction_label, label_fraction_indices
 from e2mc.evaluation import FeatureCache, knn_classify, linear_settings, linear_sweep
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
+from run_meta import run_meta
 
 FRACTIONS = (0.01, 0.1, 1.0)
 SEEDS = (0, 1, 2)
@@ -279,6 +280,7 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "load_average_before_after": [load_before, os.getloadavg()],
         "machine": platform.platform(), "cpu": platform.processor(),
+        **run_meta(),
     }
     rows = ["| stage | seconds | peak memory (MiB) |", "|---|---|---|"]
     rows.append(f"| extraction (train + test) | {timings['extraction']:.1f} | |")

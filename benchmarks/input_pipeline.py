@@ -44,6 +44,7 @@ from e2mc.data import MultiViewDataset, build_views, collate_views
 from e2mc.data.fast_views import FastViewDataset, FastViews, collate_device_views
 from e2mc.data.image_folder import SafeImageFolder
 from e2mc.data.synthetic import write_jpeg_folder
+from run_meta import run_meta
 
 PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-device")
 RECIPES = ("vicreg", "swav", "simsiam")
@@ -213,7 +214,7 @@ def main() -> int:
               "batch": args.batch, "load_average_before": load_before,
               "load_average_after": load_after, "cpu_count": os.cpu_count(),
               "machine": platform.platform(), "processor": platform.processor(),
-              "torch": torch.__version__, "pillow": Image.__version__}
+              "torch": torch.__version__, "pillow": Image.__version__, **run_meta()}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{'recipe':8s} {'pipeline':12s} {'cores':>5s} {'img/s':>8s} {'img/s/core':>10s} "
           f"{'x official':>10s} {'img/CPU-s':>10s} {'x official':>10s}")

@@ -367,6 +367,23 @@ def test_opencv_normalisation_equals_torchvision_normalize() -> None:
 
 
 # ----------------------------------------------------------------------------- decoding, modes
+@pytest.mark.skipif(not photometric_cv2.available(), reason="needs OpenCV")
+def test_opencv_decode_gives_the_pixels_of_pil_and_a_channels_last_resize(jpeg: Path) -> None:
+    data = jpeg.read_bytes()
+    with Image.open(jpeg) as img:
+        pil = np.asarray(img.convert("RGB"))
+    hwc = photometric_cv2.decode_rgb_hwc(data, pil.shape[1], pil.shape[0])
+    assert hwc is not None and hwc.shape == pil.shape
+    assert np.array_equal(hwc, pil)
+    assert photometric_cv2.decode_rgb_hwc(data, pil.shape[1] + 1, pil.shape[0]) is None
+    # the crop of the HWC-backed view resizes to the same uint8 pixels as a CHW copy
+    view = torch.from_numpy(hwc).permute(2, 0, 1)[:, 10:90, 20:140]
+    for interp in (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC):
+        fast = TF.resize(view, [64, 64], interpolation=interp, antialias=True)
+        ref = TF.resize(view.contiguous(), [64, 64], interpolation=interp, antialias=True)
+        assert torch.equal(fast, ref)
+
+
 def test_reduced_scale_decoding_when_every_crop_allows_it(tmp_path: Path) -> None:
     path = tmp_path / "big.jpg"
     natural_image(np.random.default_rng(3), 1024, 768).save(path, "JPEG", quality=90)

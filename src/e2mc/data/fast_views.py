@@ -297,6 +297,9 @@ class FastViews:
         mode = "L" if self.channels == 1 else "RGB"
         if img.format == "JPEG" and reduce > 1:
             img.draft(mode, (max(1, img.width // reduce), max(1, img.height // reduce)))
+        elif img.format == "JPEG" and img.mode == "RGB" and self.channels == 3 and (
+                hwc := photometric_cv2.decode_rgb_hwc(data, img.width, img.height)) is not None:
+            return torch.from_numpy(hwc).permute(2, 0, 1)  # CHW view of the HWC pixels
         elif img.format == "JPEG" and img.mode in ("RGB", "L"):
             read = ImageReadMode.GRAY if self.channels == 1 else ImageReadMode.RGB
             with warnings.catch_warnings():  # torchvision >= 0.29 points to TorchCodec
@@ -354,8 +357,11 @@ class FastViews:
     @staticmethod
     def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
         c = crop.shape[0]
-        planes = crop.numpy()
-        u8 = planes[0] if c == 1 else photometric_cv2.cv2.merge(list(planes))  # interleave
+        if c == 3 and crop.permute(1, 2, 0).is_contiguous():  # resized channels-last: HWC
+            u8 = crop.permute(1, 2, 0).numpy()
+        else:
+            planes = crop.numpy()
+            u8 = planes[0] if c == 1 else photometric_cv2.cv2.merge(list(planes))  # interleave
         x = np.multiply(u8, np.float32(1 / 255), dtype=np.float32)
         p = params.tolist()
         x = photometric_cv2.photometric_hwc(x, p, _I, spec.jitter, spec.blur_kernel,

@@ -29,7 +29,8 @@ try:  # optional dependency (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised where OpenCV is absent
     cv2 = None
 
-__all__ = ["BLUR_TAIL", "available", "blur_size", "normalize_chw", "photometric_hwc"]
+__all__ = ["BLUR_TAIL", "available", "blur_size", "decode_rgb_hwc", "normalize_chw",
+           "photometric_hwc"]
 
 # The blur drops the outer taps of the recipe's kernel whose mass is at most this fraction: a
 # pixel moves by at most 1/1024 of the range, a quarter of an 8-bit gray level, less than the
@@ -43,6 +44,22 @@ _THREADS_SET_IN: int | None = None
 def available() -> bool:
     """Whether OpenCV can be imported."""
     return cv2 is not None
+
+
+def decode_rgb_hwc(data: bytes, width: int, height: int) -> np.ndarray | None:
+    """An RGB JPEG decoded by OpenCV's libjpeg-turbo into ``height x width x 3`` uint8 (the
+    same pixels as PIL and ``torchvision.io.decode_jpeg``; EXIF orientation ignored, as they
+    do), or None when OpenCV is absent or the result does not have the header's size. The
+    interleaved layout makes the crops' antialiased resize take torch's channels-last path
+    (about 2x faster on uint8) and feeds the OpenCV photometric steps without a copy."""
+    if cv2 is None:
+        return None
+    _one_thread()
+    flags = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    if image is None or image.shape != (height, width, 3):
+        return None
+    return image
 
 
 def _one_thread() -> None:

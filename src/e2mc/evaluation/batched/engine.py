@@ -61,14 +61,18 @@ class Group:
     bias: torch.Tensor         # [S, 1, slots * C]
     buf_w: torch.Tensor
     buf_b: torch.Tensor
-    lr_table: torch.Tensor     # [S, max_epochs + 1, slots]: lr of each epoch, 0 when finished
-    wd: torch.Tensor           # [S, 1, slots, 1]
-    momentum: torch.Tensor     # [S, 1, slots, 1]
+    # per column of the weights (a head's value repeated over its C classes), so that the
+    # update broadcasts only over rows, on contiguous rows of slots * C values
+    lr_table: torch.Tensor     # [S, max_epochs + 1, slots * C]: lr of each epoch, 0 when done
+    wd: torch.Tensor           # [S, 1, slots * C]
+    momentum: torch.Tensor     # [S, 1, slots * C]
     lars: torch.Tensor         # [S, 1, slots, 1] bool
     any_lars: bool
     idx: torch.Tensor          # [S, max_steps_per_epoch, B] bank rows of the current epoch
+    labels: torch.Tensor       # [S, max_steps_per_epoch, B] their labels
     row_w: torch.Tensor        # [S, max_steps_per_epoch, B] 1 / batch length (0 = padding)
     steps_per_epoch: torch.Tensor          # [S] steps per epoch
+    steps_per_epoch_list: list[int]        # the same, as Python ints
     total: list[int]           # steps of each stream
     generators: list[torch.Generator]  # each stream's sample order (seeded with its seed)
 
@@ -89,6 +93,9 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
             weight[j, :, slot] = head.weight.detach().T.to(dtype)
             bias[j, 0, slot] = head.bias.detach().to(dtype)
     lr_table, wd, momentum, lars = _head_settings(members, heads, slots, dtype)
+    lr_table, wd, momentum = (t.repeat_interleave(classes, dim=2).view(n_streams, -1,
+                                                                       slots * classes)
+                              for t in (lr_table, wd, momentum))
     max_spe = max(s.steps_per_epoch for s in members)
     batch = members[0].batch_size
     row_w = torch.zeros(n_streams, max_spe, batch, dtype=dtype)
@@ -105,8 +112,10 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
         lr_table=lr_table.to(device), wd=wd.to(device), momentum=momentum.to(device),
         lars=lars.to(device), any_lars=bool(lars.any()),
         idx=torch.zeros(n_streams, max_spe, batch, dtype=torch.long, device=device),
+        labels=torch.zeros(n_streams, max_spe, batch, dtype=torch.long, device=device),
         row_w=row_w.to(device),
         steps_per_epoch=torch.tensor([s.steps_per_epoch for s in members], device=device),
+        steps_per_epoch_list=[s.steps_per_epoch for s in members],
         total=[s.total_steps for s in members],
         generators=[torch.Generator(device="cpu").manual_seed(s.seed) for s in members])
 
@@ -132,8 +141,9 @@ def _head_settings(members: list[Stream], heads: Sequence[HeadSpec], slots: int,
     return lr_table, wd, momentum, lars
 
 
-def new_epoch(group: Group, j: int) -> None:
-    """Draw stream ``j``'s permutation of the epoch and lay it out as ``[steps, B]`` rows."""
+def new_epoch(group: Group, j: int, bank_y: torch.Tensor) -> None:
+    """Draw stream ``j``'s permutation of the epoch and lay it out as ``[steps, B]`` rows, with
+    their labels (gathered once per epoch, not at every step)."""
     s = group.streams[j]
     order = torch.randperm(s.n, generator=group.generators[j])
     # a standardized stream reads its own copy of its rows, a raw one the feature tensor
@@ -141,8 +151,9 @@ def new_epoch(group: Group, j: int) -> None:
     pad = s.steps_per_epoch * s.batch_size - s.n
     if pad:
         rows = torch.cat([rows, rows.new_zeros(pad)])
-    group.idx[j, :s.steps_per_epoch] = rows.view(s.steps_per_epoch, s.batch_size).to(
-        group.idx.device)
+    rows = rows.view(s.steps_per_epoch, s.batch_size).to(group.idx.device)
+    group.idx[j, :s.steps_per_epoch] = rows
+    group.labels[j, :s.steps_per_epoch] = bank_y[rows]
 
 
 @torch.no_grad()
@@ -156,37 +167,47 @@ def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
         active = sum(1 for t in group.total if t > step)
         for j in range(active):
             if step % steps_per_epoch[j] == 0:
-                new_epoch(group, j)
-        train_step(group, step, active, bank, bank_y, trace)
+                new_epoch(group, j, bank_y)
+        train_step(group, step, active, bank, trace)
         for j in range(active):
             if (step + 1) % steps_per_epoch[j] == 0:
                 end_of_epoch(j, (step + 1) // steps_per_epoch[j])
 
 
-def train_step(group: Group, step: int, active: int, bank: torch.Tensor, bank_y: torch.Tensor,
+def train_step(group: Group, step: int, active: int, bank: torch.Tensor,
                trace: Counter | None = None) -> None:
     """One step of the first ``active`` streams of the group (every head, finished ones with
     learning rate 0)."""
     dim = bank.shape[1]
     slots, batch, classes = group.slots, group.batch_size, group.classes
-    ar = torch.arange(active, device=bank.device)
-    in_epoch = step % group.steps_per_epoch[:active]
-    epoch = step // group.steps_per_epoch[:active]
-    idx = group.idx[ar, in_epoch]                              # [A, B]
+    spe = group.steps_per_epoch_list[:active]
+    if min(spe) == max(spe):  # the streams are at the same step of their epochs: views
+        in_epoch, epoch = step % spe[0], step // spe[0]
+        idx, yb = group.idx[:active, in_epoch], group.labels[:active, in_epoch]
+        row_w, lr = group.row_w[:active, in_epoch], group.lr_table[:active, epoch]
+    else:
+        ar = torch.arange(active, device=bank.device)
+        in_epoch = step % group.steps_per_epoch[:active]
+        epoch = step // group.steps_per_epoch[:active]
+        idx, yb = group.idx[ar, in_epoch], group.labels[ar, in_epoch]  # [A, B]
+        row_w, lr = group.row_w[ar, in_epoch], group.lr_table[ar, epoch]
     xb = bank.index_select(0, idx.reshape(-1)).view(active, batch, dim)
-    yb = bank_y.index_select(0, idx.reshape(-1)).view(active, batch)
     w = group.weight[:active]
     b = group.bias[:active]
-    grad_w, grad_b = forward_backward(w, b, xb, yb, group.row_w[ar, in_epoch], slots, classes)
+    grad_w, grad_b = forward_backward(w, b, xb, yb, row_w, slots, classes)
     if trace is not None:
         trace[("train", active, batch, dim, slots * classes)] += 1
-    lr = group.lr_table[ar, epoch].view(active, 1, slots, 1)   # 0 once a head is done
-    settings = (lr, group.wd[:active], group.momentum[:active],
-                group.lars[:active] if group.any_lars else None)
+    lr = lr.view(active, 1, slots * classes)   # 0 once a head is done
+    wd, momentum = group.wd[:active], group.momentum[:active]
+    if not group.any_lars:  # elementwise: the [A, R, slots * C] layout as it is
+        update(w, grad_w, group.buf_w[:active], lr, wd, momentum, None)
+        update(b, grad_b, group.buf_b[:active], lr, wd, momentum, None)
+        return
+    heads4 = (active, 1, slots, classes)  # LARC's norms are per head
+    settings = (lr.view(heads4), wd.view(heads4), momentum.view(heads4), group.lars[:active])
     update(w.view(active, dim, slots, classes), grad_w.view(active, dim, slots, classes),
            group.buf_w[:active].view(active, dim, slots, classes), *settings)
-    update(b.view(active, 1, slots, classes), grad_b.view(active, 1, slots, classes),
-           group.buf_b[:active].view(active, 1, slots, classes), *settings)
+    update(b.view(heads4), grad_b.view(heads4), group.buf_b[:active].view(heads4), *settings)
 
 
 def forward_backward(w: torch.Tensor, b: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
@@ -194,24 +215,33 @@ def forward_backward(w: torch.Tensor, b: torch.Tensor, xb: torch.Tensor, yb: tor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients ``[A, D, slots * C]`` and ``[A, 1, slots * C]`` of every head's mean
     cross-entropy on its stream's batch ``xb [A, B, D]``, ``yb [A, B]`` (``row_w``: 1 / batch
-    length, 0 for padding rows): ``softmax(logits) - onehot(y)``, weighted, times the rows."""
+    length, 0 for padding rows): ``softmax(logits) - onehot(y)``, weighted, times the rows.
+
+    The logits are computed transposed, ``[A, slots, C, B]``: the softmax's reductions over the
+    classes then run over rows of ``B`` contiguous values (vectorized), where torch's softmax
+    over a last dimension of ``C`` (10 classes) is 5-10x slower than the matrix products."""
     active, batch, _ = xb.shape
-    logits = torch.baddbmm(b, xb, w).view(active, batch, slots, classes)
-    grad = torch.softmax(logits, dim=-1)
-    grad.scatter_add_(-1, yb.view(active, batch, 1, 1).expand(active, batch, slots, 1),
-                      grad.new_full((1, 1, 1, 1), -1.0).expand(active, batch, slots, 1))
-    grad.mul_(row_w.view(active, batch, 1, 1))
-    grad = grad.view(active, batch, slots * classes)
-    grad_w = torch.bmm(xb.transpose(1, 2), grad)               # [A, D, slots * C]
-    grad_b = grad.sum(dim=1, keepdim=True)                     # [A, 1, slots * C]
+    logits = torch.baddbmm(b.transpose(1, 2), w.transpose(1, 2), xb.transpose(1, 2))
+    grad = logits.view(active, slots, classes, batch)
+    grad.sub_(grad.amax(dim=2, keepdim=True)).exp_()
+    weights = row_w.view(active, 1, 1, batch)
+    grad.mul_(weights / grad.sum(dim=2, keepdim=True))       # softmax x row weight
+    grad.scatter_add_(2, yb.view(active, 1, 1, batch).expand(active, slots, 1, batch),
+                      weights.neg().expand(active, slots, 1, batch))
+    grad = grad.view(active, slots * classes, batch)
+    grad_w = torch.bmm(xb.transpose(1, 2), grad.transpose(1, 2))   # [A, D, slots * C]
+    grad_b = grad.sum(dim=2).unsqueeze(1)                          # [A, 1, slots * C]
     return grad_w, grad_b
 
 
 def update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor,
            wd: torch.Tensor, momentum: torch.Tensor, lars: torch.Tensor | None) -> None:
-    """SGD with momentum and weight decay, or apex LARC (per head, where ``lars``), in place.
+    """SGD with momentum and weight decay, or apex LARC (per head, where ``lars``), in place
+    (``grad`` is overwritten).
 
-    Shapes ``[A, R, slots, C]``: a head's parameter is ``[:, :, slot, :]``. LARC, per head and
+    Shapes ``[A, R, slots, C]`` (a head's parameter is ``[:, :, slot, :]``; the settings
+    ``[A, 1, slots, C]``, LARC's ``lars`` ``[A, 1, slots, 1]``); without LARC any shapes that
+    broadcast, e.g. ``[A, R, slots * C]`` with ``[A, 1, slots * C]`` settings. LARC, per head and
     per parameter: ``g <- (g + wd p) a`` with :func:`~e2mc.optim.larc_trust_ratio` ``a`` when
     both norms are non-zero, else ``g`` unchanged (no weight decay), then plain SGD momentum.
     """
@@ -221,11 +251,11 @@ def update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch
         ok = lars & (p_norm != 0) & (g_norm != 0)
         scale = torch.where(ok, larc_trust_ratio(p_norm, g_norm, wd), torch.ones_like(p_norm))
         wd = torch.where(lars & ~ok, torch.zeros_like(wd), wd)
-        grad = (grad + wd * param) * scale
+        grad.addcmul_(param, wd).mul_(scale)
     else:
-        grad = grad + wd * param
+        grad.addcmul_(param, wd)
     buf.mul_(momentum).add_(grad)
-    param.sub_(lr * buf)
+    param.addcmul_(buf, lr, value=-1.0)
 
 
 def head_weights(group: Group, stream: Stream, slot: int) -> tuple[np.ndarray, np.ndarray]:
