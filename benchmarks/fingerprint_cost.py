@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +27,7 @@ from e2mc.data import build_dataset, eval_transform
 from e2mc.data.identity import data_identity
 from e2mc.demo import BASE_CHECKPOINT
 from e2mc.evaluation.features import extract_features
+from run_meta import run_meta
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -87,11 +85,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['layout']:<20} {r['images']:>7} {r['identity_s']:>11.3f} "
               f"{r['extraction_s']:>13.2f} {r['identity_over_extraction']:>7.3f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    record = {"rows": rows, "torch": torch.__version__, "threads": args.threads,
-              "load_1min": os.getloadavg()[0], "cpus": os.cpu_count(), "commit": commit,
-              "machine": platform.platform(), "data": args.data}
+    record = {"rows": rows, "threads": args.threads, "data": args.data, **run_meta()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
