@@ -52,14 +52,7 @@ class BYOL(EMAMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "BYOL")
-        self.ensure_teacher()
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
-        p1, p2 = self.predictor(z1), self.predictor(z2)
-        with torch.no_grad():
-            target = self.teacher
-            t1 = target["projector"](target["backbone"](views[0]))
-            t2 = target["projector"](target["backbone"](views[1]))
+        (z1, z2), (p1, p2), (t1, t2) = self.online_and_target(views)
         loss = byol_loss(p1, p2, t1, t2)
         return MethodOutput(loss=loss, terms={"byol": loss.detach()}, embeddings=[z1, z2])
 

@@ -16,6 +16,7 @@ gets a teacher equal to its loaded student, and one resumed keeps its own teache
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -75,3 +76,15 @@ class EMAMethod(SSLMethod):
         """The EMA update of the teacher with the weights the optimizer step just wrote."""
         self.ensure_teacher()
         ema_update(self.teacher, self._student(), self.momentum)
+
+    def online_and_target(self, views: Sequence[torch.Tensor]
+                          ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """For the two views: the student's projections ``z`` (what E2MC acts on), their
+        predictions ``p`` (``predictor`` after ``projector``) and the teacher's projections
+        ``t`` (no gradient): BYOL's online and target networks, MoCo v3's queries and keys."""
+        self.ensure_teacher()
+        z = [self.projector(self.backbone(v)) for v in views[:2]]
+        p = [self.predictor(zi) for zi in z]
+        with torch.no_grad():
+            t = [self.teacher["projector"](self.teacher["backbone"](v)) for v in views[:2]]
+        return z, p, t

@@ -67,14 +67,7 @@ class MoCoV3(EMAMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "MoCo v3")
-        self.ensure_teacher()
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
-        q1, q2 = self.predictor(z1), self.predictor(z2)
-        with torch.no_grad():
-            enc = self.teacher
-            k1 = enc["projector"](enc["backbone"](views[0]))
-            k2 = enc["projector"](enc["backbone"](views[1]))
+        (z1, z2), (q1, q2), (k1, k2) = self.online_and_target(views)
         loss = mocov3_loss(q1, k2, self.temperature) + mocov3_loss(q2, k1, self.temperature)
         return MethodOutput(loss=loss, terms={"contrastive": loss.detach()}, embeddings=[z1, z2])
 
