@@ -77,8 +77,16 @@ EOF
   say "wrote $CONF: node $HOST, $cpus CPUs, $mem_mb MiB, partition debug"
 }
 
+running() {  # a live process of that exact name (a zombie left by a killed daemon is none)
+  local pid
+  for pid in $(pgrep -x "$1" || true); do
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] && return 0
+  done
+  return 1
+}
+
 start_munge() {
-  if pgrep -x munged >/dev/null; then return; fi
+  if running munged; then return; fi
   if [ ! -s /etc/munge/munge.key ]; then
     if command -v mungekey >/dev/null; then mungekey --create --keyfile /etc/munge/munge.key
     else dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none; fi
@@ -94,16 +102,17 @@ up() {
   install_packages
   write_conf
   start_munge
-  pgrep -x slurmctld >/dev/null || slurmctld -f "$CONF"
-  pgrep -x slurmd >/dev/null || slurmd -f "$CONF"
-  local waited=0 state=""
-  while [ "$waited" -lt "$WAIT_S" ]; do
-    state=$(sinfo -h -n "$HOST" -o %T 2>/dev/null | head -1 || true)
+  running slurmctld || slurmctld -f "$CONF"
+  running slurmd || slurmd -f "$CONF"
+  local start=$SECONDS state=""  # wall time: an sinfo without a controller may take seconds
+  while [ $((SECONDS - start)) -lt "$WAIT_S" ]; do
+    state=$(timeout 5 sinfo -h -n "$HOST" -o %T 2>/dev/null | head -1 || true)
     case "$state" in
-      idle|mixed|allocated) say "node $HOST is $state after ${waited} s"; sinfo; return 0 ;;
-      down*|drain*) scontrol update nodename="$HOST" state=resume 2>/dev/null || true ;;
+      idle|mixed|allocated) say "node $HOST is $state after $((SECONDS - start)) s"; sinfo
+                            return 0 ;;
+      down*|drain*) timeout 5 scontrol update nodename="$HOST" state=resume 2>/dev/null || true ;;
     esac
-    sleep 1; waited=$((waited + 1))
+    sleep 1
   done
   die "node $HOST not idle after $WAIT_S s (state: ${state:-no answer}); see /var/log/slurm/"
 }
@@ -120,7 +129,9 @@ stop_one() {  # the pid file's process, else the daemon of that exact name
 
 down() {
   need_root
-  if command -v scancel >/dev/null && sinfo >/dev/null 2>&1; then scancel --full --quiet -u "$(id -un)" 2>/dev/null || true; fi
+  if command -v scancel >/dev/null && timeout 5 sinfo >/dev/null 2>&1; then
+    timeout 10 scancel --full --quiet -u "$(id -un)" 2>/dev/null || true
+  fi
   stop_one slurmd /run/slurm/slurmd.pid
   stop_one slurmctld /run/slurm/slurmctld.pid
   stop_one munged /run/munge/munged.pid
