@@ -3,6 +3,7 @@ item 4), and an unwritable cache directory does not abort an evaluation (item 12
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -143,3 +144,30 @@ def test_unwritable_cache_directory_warns_and_goes_on(tmp_path, monkeypatch, cap
     assert len(warnings) == 1 and str(cache_dir) in warnings[0]  # once, not per split
     assert warnings[0].startswith("warning: feature cache") and "without" in warnings[0]
     assert list(cache_dir.iterdir()) == []
+
+
+def test_an_evaluation_hashes_each_data_set_once(tmp_path, monkeypatch):
+    """The content identity results.json records and the feature cache's key are one hash of
+    each data set, not two (an image folder's hash stats every file)."""
+    import e2mc.data.identity as identity
+    import e2mc.evaluation.features as features
+
+    calls: list[int] = []
+    real = identity.content_digest
+
+    def counting(dataset):
+        calls.append(len(dataset))
+        return real(dataset)
+
+    monkeypatch.setattr(identity, "content_digest", counting)
+    monkeypatch.setattr(features, "content_digest", counting)
+    (xtr, ytr), (xte, yte) = _arrays(30, 0), _arrays(15, 1)
+    train = ArrayDataset(xtr, ytr, transform=_to_tensor)
+    test = ArrayDataset(xte, yte, transform=_to_tensor)
+    assert _knn(train, test, tmp_path / "c", tmp_path / "e") == (
+        100.0, {"train": False, "test": False})
+    assert sorted(calls) == [15, 30]  # once each, for results.json and the cache key alike
+    record = json.loads((tmp_path / "e" / "results.json").read_text())
+    key_content = {json.loads(str(np.load(p)["identity"]))["content"]
+                   for p in (tmp_path / "c").glob("*.npz")}
+    assert key_content == {record["train_data"]["content"], record["test_data"]["content"]}

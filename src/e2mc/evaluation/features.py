@@ -229,11 +229,12 @@ def data_id(train_spec: str, test_spec: str | None = None, image_size: int | Non
                      *(["skip-corrupt"] if skip_corrupt else []), *([subset] if subset else [])])
 
 
-def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:
+def dataset_fingerprint(dataset: Dataset, data_id: str,
+                        content: str | None = None) -> dict[str, Any]:
     """What identifies a data set for caching: the caller's ``data_id`` (spec and split), its
     size, the ``repr`` of its transform, a hash of its first and last items as they come out of
     the transform, and the ``content`` hash of every image and label
-    (:func:`e2mc.data.identity.content_digest`;
+    (:func:`e2mc.data.identity.content_digest`, unless the caller computed it already;
     docs/evaluation.md has what it costs)."""
     n = len(dataset)  # type: ignore[arg-type]
     h = hashlib.sha256()
@@ -246,7 +247,7 @@ def dataset_fingerprint(dataset: Dataset, data_id: str) -> dict[str, Any]:
         "size": n,
         "transform": repr(_transform_of(dataset)),
         "items": h.hexdigest(),
-        "content": content_digest(dataset),
+        "content": content if content is not None else content_digest(dataset),
     }
 
 
@@ -292,12 +293,14 @@ class FeatureCache:
 
     def key(self, backbone: nn.Module, dataset: Dataset, data_id: str,
             checkpoint: str | os.PathLike[str] | None = None,
-            precision: str = "float32") -> tuple[str, dict[str, Any]]:
-        """The cache key (hex) and the identity it was computed from."""
+            precision: str = "float32", content: str | None = None
+            ) -> tuple[str, dict[str, Any]]:
+        """The cache key (hex) and the identity it was computed from (``content``: the data
+        set's :func:`~e2mc.data.identity.content_digest`, when the caller has it)."""
         model_id = (f"file:{files.sha256_file(checkpoint)}:{model_signature(backbone)}"
                     if checkpoint is not None else f"state:{state_dict_digest(backbone)}")
         identity = {"format": CACHE_FORMAT, "model": model_id, "precision": precision,
-                    **dataset_fingerprint(dataset, data_id)}
+                    **dataset_fingerprint(dataset, data_id, content)}
         blob = json.dumps(identity, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:32], identity
 
@@ -364,18 +367,19 @@ class FeatureCache:
         data_id: str,
         checkpoint: str | os.PathLike[str] | None = None,
         extractor: Callable[..., tuple[np.ndarray, np.ndarray]] = extract_features,
+        content: str | None = None,
         **extract_kwargs: Any,
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """Return ``(features, labels, hit)``: cached arrays when a valid entry exists
         (``hit``), else ``extractor(backbone, dataset, **extract_kwargs)`` stored under the
-        key."""
+        key (``content``: as for :meth:`key`)."""
         from e2mc.distributed import is_distributed, is_main_process
 
         device = torch.device(extract_kwargs.get("device", "cpu"))
         autocast = extract_kwargs.get("autocast")
         autocast = device.type != "cpu" if autocast is None else autocast
         key, identity = self.key(backbone, dataset, data_id, checkpoint,
-                                 "bfloat16-autocast" if autocast else "float32")
+                                 "bfloat16-autocast" if autocast else "float32", content)
         loaded = self.load(key, identity)
         if is_distributed():
             import torch.distributed as dist

@@ -194,13 +194,21 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
     timings: dict[str, float] = {}
     subsets, subset_info = ({}, {}) if "linear" not in options.protocols else \
         _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
+    from e2mc.data.identity import data_identity
+
+    extra_record = dict(extra_record or {})
+    for split, ds in (("train", train_dataset), ("test", test_dataset)):
+        if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
+            extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)
     start = time.perf_counter()
 
     def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
         if cache is None:
             x, y = extract_features(backbone, ds, **kw)
             return x, y, False
-        return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint, **kw)
+        content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
+        return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
+                                    content=content, **kw)
 
     train_x, train_y, hit_train = features(train_dataset, "train")
     test_x, test_y, hit_test = features(test_dataset, "test")
@@ -293,12 +301,6 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
         entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
                         "primary": "mAP" if multilabel else "accuracy",
                         "metrics": res.metrics(), "predictions": rel})
-    extra_record = extra_record or {}
-    if "test_data" not in extra_record:  # the content identities compare pairs by
-        from e2mc.data.identity import data_identity
-
-        extra_record = {"train_data": data_identity(train_dataset),
-                        "test_data": data_identity(test_dataset), **extra_record}
     record = {
         **extra_record,
         "data": data_id,
