@@ -145,39 +145,36 @@ def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[
 
 
 def check_resume_data(run_dir: str | Path, identity: dict[str, Any], new: dict[str, Any],
-                      override: bool = False, record: bool = True, overridable: bool = True
-                      ) -> bool:
+                      override: bool = False, overridable: bool = True
+                      ) -> tuple[int, dict[str, Any]] | None:
     """Compare the content identity of the training images a run is about to resume on
     (:func:`e2mc.data.identity.data_identity`) with the one its checkpoint recorded.
 
     Other images are a :class:`~e2mc.errors.ConfigMismatchError` (one line saying what
     changed) unless ``override`` (``--override-config``) or ``data.skip_corrupt`` was turned
-    on for this resume (dropping the unreadable images is then the change); an accepted change
-    is appended to ``config_changes.jsonl`` (with ``record``) as ``data`` with its first step.
-    Returns whether the data changed. A checkpoint of an older e2mc records no identity:
-    nothing to compare."""
+    on for this resume (dropping the unreadable images is then the change). Returns the
+    accepted change, ``(first step with the new images, the checkpoint's identity)``, for the
+    caller to record in ``config_changes.jsonl``; None when the images are the same. A
+    checkpoint of an older e2mc records no identity: nothing to compare."""
     from e2mc.artifacts import RunDir
     from e2mc.data.identity import describe_change, same_data
     from e2mc.errors import ConfigMismatchError
 
     run = RunDir(run_dir)
     if not run.checkpoint.is_file():
-        return False
+        return None
     saved_config, step, saved = read_checkpoint_record(run.checkpoint)
     if saved is None or same_data(saved, identity):
-        return False
+        return None
     turned_on = new["data"].get("skip_corrupt") and not saved_config["data"].get("skip_corrupt")
-    what = describe_change(saved, identity)
     if not (override or turned_on):
         raise ConfigMismatchError(
             f"{run.root}: the training images changed since its checkpoint at step {step} "
-            f"({what}); resume on the same images, " + (
+            f"({describe_change(saved, identity)}); resume on the same images, " + (
                 "use a new run directory, or pass --override-config to go on with these "
                 f"images from step {step + 1} (recorded in the run directory)" if overridable
                 else "or use a new directory (e2mc search: another --out)"))
-    if record:
-        run.record_config_change(step + 1, {"data": {"old": saved, "new": identity}})
-    return True
+    return step + 1, saved
 
 
 def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool = False,

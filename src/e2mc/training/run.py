@@ -123,6 +123,7 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
     import torch
 
     from e2mc.data import collate_views
+    from e2mc.data.identity import data_identity
     from e2mc.models import weights_from_checkpoint
     from e2mc.training.trainer import Trainer
 
@@ -138,12 +139,10 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
         method, base_epoch, prepare = load_start(cfg, backbone, feature_dim)
         start = start_record(cfg, method, backbone)
     addon = build_addon_from_config(cfg, method)
-    from e2mc.data.identity import data_identity
-
     images = training_images(cfg)  # read once: the split, the training views, the monitor
     identity = data_identity(images[0])  # what the run is bound to (start.json, checkpoints)
-    data_changed = check_resume_data(run.root, identity, cfg.to_dict(), override_config,
-                                     record=False, overridable=overridable)
+    data_change = check_resume_data(run.root, identity, cfg.to_dict(), override_config,
+                                    overridable)
     split = _split(cfg, run, runtime.is_main, images[0])
     dataset = build_train_dataset(cfg, method, split, images)
     callbacks = build_callbacks(cfg, method, split, images[0])
@@ -152,8 +151,9 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
         for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
                                                    record=True).items():
             print(f"config change on resume: {key}: {old!r} -> {new!r}", file=sys.stderr)
-        if data_changed:
-            check_resume_data(run.root, identity, cfg.to_dict(), True, record=True)
+        if data_change is not None:
+            first_step, old = data_change
+            run.record_config_change(first_step, {"data": {"old": old, "new": identity}})
             print(f"data change on resume: the run goes on with these {identity['size']} "
                   f"images (content {identity['content'][:12]}), recorded in "
                   f"{run.config_changes}", file=sys.stderr)
