@@ -177,17 +177,21 @@ class EvalDir:
         from e2mc.files import refuse_link
 
         refuse_link(self.predictions_dir)
-        self.remove_unreferenced()
+        entries = self._entries()
+        self.remove_unreferenced(entries)
         generation = self.new_generation()
-        self._record_generations([*self._referenced_generations(), generation])
+        self._record_generations([*self._referenced_generations(entries), generation])
         return generation
 
+    def _entries(self) -> list[dict[str, Any]]:
+        """The entries of ``results.json`` (none when it is missing or unreadable)."""
+        try:
+            return [e.to_dict() for e in self.load().entries]
+        except ValueError:  # no or an unreadable results.json: it references nothing
+            return []
+
     def _referenced(self, entries: Iterable[dict[str, Any]] | None = None) -> set[str]:
-        if entries is None:
-            try:
-                entries = [e.to_dict() for e in self.load().entries]
-            except ValueError:  # no or an unreadable results.json: it references nothing
-                entries = []
+        entries = self._entries() if entries is None else entries
         return {os.path.normpath(self.root / e["predictions"]) for e in entries
                 if e.get("predictions")}
 
