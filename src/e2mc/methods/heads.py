@@ -18,22 +18,35 @@ def parse_mlp_spec(spec: str) -> list[int]:
     return sizes
 
 
-def vicreg_projector(in_dim: int, spec: str) -> nn.Sequential:
-    """VICReg's ``Projector``: (Linear+bias, BatchNorm1d, ReLU) per hidden layer, then a Linear
-    without bias. ``"8192-8192-8192"`` on 2048-d features gives indices 0,1,3,4,6."""
+def _spec_mlp(in_dim: int, spec: str, hidden_bias: bool) -> nn.Sequential:
+    """(Linear, BatchNorm1d, ReLU) per hidden layer of ``spec``, then a Linear without bias:
+    ``"8192-8192-8192"`` gives indices 0,1,3,4,6."""
     sizes = [in_dim, *parse_mlp_spec(spec)]
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 2):
-        layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.BatchNorm1d(sizes[i + 1]),
-                   nn.ReLU(inplace=True)]
+        layers += [nn.Linear(sizes[i], sizes[i + 1], bias=hidden_bias),
+                   nn.BatchNorm1d(sizes[i + 1]), nn.ReLU(inplace=True)]
     layers.append(nn.Linear(sizes[-2], sizes[-1], bias=False))
     return nn.Sequential(*layers)
 
 
+def _two_layer_mlp(in_dim: int, hidden_dim: int, out_dim: int,
+                   hidden_bias: bool = True) -> nn.Sequential:
+    """Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
+    return nn.Sequential(nn.Linear(in_dim, hidden_dim, bias=hidden_bias),
+                         nn.BatchNorm1d(hidden_dim), nn.ReLU(inplace=True),
+                         nn.Linear(hidden_dim, out_dim))
+
+
+def vicreg_projector(in_dim: int, spec: str) -> nn.Sequential:
+    """VICReg's ``Projector``: (Linear+bias, BatchNorm1d, ReLU) per hidden layer, then a Linear
+    without bias. ``"8192-8192-8192"`` on 2048-d features gives indices 0,1,3,4,6."""
+    return _spec_mlp(in_dim, spec, hidden_bias=True)
+
+
 def swav_projection_head(in_dim: int, hidden_dim: int, output_dim: int) -> nn.Sequential:
     """SwAV's ``projection_head``: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
-    return nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.BatchNorm1d(hidden_dim),
-                         nn.ReLU(inplace=True), nn.Linear(hidden_dim, output_dim))
+    return _two_layer_mlp(in_dim, hidden_dim, output_dim)
 
 
 def simsiam_projector(in_dim: int, dim: int) -> nn.Sequential:
@@ -50,26 +63,18 @@ def simsiam_projector(in_dim: int, dim: int) -> nn.Sequential:
 
 def simsiam_predictor(dim: int, pred_dim: int) -> nn.Sequential:
     """SimSiam's predictor: Linear no bias, BN, ReLU, Linear (indices 0,1,3)."""
-    return nn.Sequential(nn.Linear(dim, pred_dim, bias=False), nn.BatchNorm1d(pred_dim),
-                         nn.ReLU(inplace=True), nn.Linear(pred_dim, dim))
+    return _two_layer_mlp(dim, pred_dim, dim, hidden_bias=False)
 
 
 def barlowtwins_projector(in_dim: int, spec: str) -> nn.Sequential:
     """Barlow Twins' ``projector``: (Linear without bias, BatchNorm1d, ReLU) per hidden layer,
     then a Linear without bias; ``"8192-8192-8192"`` gives indices 0,1,3,4,6."""
-    sizes = [in_dim, *parse_mlp_spec(spec)]
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 2):
-        layers += [nn.Linear(sizes[i], sizes[i + 1], bias=False), nn.BatchNorm1d(sizes[i + 1]),
-                   nn.ReLU(inplace=True)]
-    layers.append(nn.Linear(sizes[-2], sizes[-1], bias=False))
-    return nn.Sequential(*layers)
+    return _spec_mlp(in_dim, spec, hidden_bias=False)
 
 
 def byol_mlp(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Sequential:
     """BYOL's projector and predictor MLP: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
-    return nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.BatchNorm1d(hidden_dim),
-                         nn.ReLU(inplace=True), nn.Linear(hidden_dim, out_dim))
+    return _two_layer_mlp(in_dim, hidden_dim, out_dim)
 
 
 def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int,
