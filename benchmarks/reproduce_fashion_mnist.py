@@ -25,7 +25,7 @@ from pathlib import Path
 
 from e2mc.config import comma_list
 from repro import page, report, runs, stages
-from repro.settings import METHODS, STAGES, ReproSettings
+from repro.settings import METHODS, PAPER_METHODS, STAGES, ReproSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,14 +55,18 @@ def parser() -> argparse.ArgumentParser:
                                            "with a note when absent)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "repro")
     p.add_argument("--quick", action="store_true", help="tiny everything (CI check)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(PAPER_METHODS),
+                   help=f"comma-separated, of {','.join(METHODS)} (default: the paper's three)")
     p.add_argument("--seeds", type=_ints, help="training seeds of the continued runs")
     p.add_argument("--addons", help="criteria of the continued runs besides 'none' (default: "
                                     "e2mc, and for SwAV also vcreg,uniformity,mmcr)")
     p.add_argument("--label-seeds", type=_ints, help="label-subset seeds of the probes")
     p.add_argument("--stages", default=",".join(STAGES),
                    help=f"comma-separated subset of {','.join(STAGES)}")
-    p.add_argument("--backbone", help="backbone of the base models (default cnn5_small)")
+    p.add_argument("--backbone", help="backbone of the base models (default: each preset's, "
+                                           "cnn5_small; DINO's vit_tiny_p4_28)")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="data-loading worker processes of each training run")
     p.add_argument("--base-epochs", type=int)
     p.add_argument("--continue-epochs", type=int, help="default: 10%% of --base-epochs")
     p.add_argument("--epochs-factor", type=int, help="epochs stage: x default length (3)")
@@ -102,7 +106,7 @@ def settings_from(args: argparse.Namespace) -> ReproSettings:
         "train_limit": args.train_limit, "test_limit": args.test_limit,
         "probe_epochs": args.probe_epochs, "probe_preset": args.probe_preset,
         "ablation_method": args.ablation_method, "ablation_pairs": args.ablation_pairs,
-        "cpu_threads": args.cpu_threads,
+        "cpu_threads": args.cpu_threads, "num_workers": args.num_workers,
         "addons": tuple(comma_list(args.addons)) if args.addons else None,
         "epochs_methods": tuple(comma_list(args.epochs_methods)) if args.epochs_methods else None,
     }.items() if v is not None}

@@ -1,7 +1,8 @@
 """Each new method through the real CLI on the shipped Fashion-MNIST subset: 3 steps of
 ``e2mc continue`` with E2MC from a checkpoint of the method, and for the methods with an EMA
-teacher a run stopped and resumed that ends bit-identical to an uninterrupted one (teacher,
-DINO's centre and the optimizer state included)."""
+teacher a run stopped and resumed, and for every method a run killed with SIGKILL and resumed,
+that ends bit-identical to an uninterrupted one (teacher, DINO's centre and the optimizer state
+included)."""
 
 from __future__ import annotations
 
@@ -101,14 +102,22 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, name: str) -> 
 
 
 @pytest.mark.slow
-def test_dino_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
-    """kill -9 in the middle of a DINO run (a checkpoint every step), then the same command:
-    the teacher, the centre and every weight end as in an uninterrupted run."""
-    base = _base(tmp_path, "dino")
-    args = ["continue", "--config", "fmnist-dino-continue-e2mc", "--from", str(base),
-            "--epochs", "2", *TINY, "--set", f"method.params={SMALL['dino']}",
+@pytest.mark.parametrize("name", list(SMALL))
+def test_killed_and_resumed_is_bit_identical(tmp_path: Path, name: str) -> None:
+    """kill -9 in the middle of a run of each method (a checkpoint every step), then the same
+    command: every weight (the EMA teacher's and DINO's centre included) and the optimizer state
+    end as in an uninterrupted run, and each step is logged once."""
+    base = _base(tmp_path, name)
+    args = ["continue", "--config", f"fmnist-{name}-continue-e2mc", "--from", str(base),
+            "--epochs", "2", *TINY, "--set", f"method.params={SMALL[name]}",
             "--set", "training.checkpoint_every_steps=1"]
     a, b, killed = killed_and_resumed(args, tmp_path, ENV)
+    assert set(a["model"]) == set(b["model"])
+    if name in ("byol", "mocov3", "dino"):
+        assert any(key.startswith("teacher.") for key in a["model"])
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(),
+                      strict=True):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa if isinstance(sa[k], torch.Tensor))
     assert [m["step"] for m in read_metrics(killed)] == list(range(1, 7))

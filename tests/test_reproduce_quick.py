@@ -139,11 +139,28 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_bad_arguments_are_reported(tmp_path: Path) -> None:
-    proc = _run(["--quick", "--methods", "byol", "--out", str(tmp_path / "x"),
+    proc = _run(["--quick", "--methods", "moco", "--out", str(tmp_path / "x"),
                  "--stages", "report"])
     assert proc.returncode == 2 and "unknown method" in proc.stderr
     proc = _run(["--quick", "--stages", "bases,train", "--out", str(tmp_path / "x")])
     assert proc.returncode == 2 and "unknown stage" in proc.stderr
+
+
+def test_a_method_beyond_the_paper_runs_with_the_generic_probes(tmp_path: Path) -> None:
+    """results/new-methods.md's path: a method the paper did not run, its preset's own backbone,
+    probed with the generic settings (the paper gives probe settings for its three only)."""
+    out = tmp_path / "new"
+    proc = _run(["--quick", "--methods", "barlowtwins", "--out", str(out),
+                 "--stages", "bases,continue,eval,report"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["table1"]["barlowtwins"]) == ["random init", "base", "continued", "+E2MC"]
+    ev = json.loads((out / "eval" / "main" / "barlowtwins" / "e2mc-s0" / "results.json"
+                     ).read_text())
+    assert ev["method_preset"] == "generic"
+    config = (out / "bases" / "barlowtwins" / "config.yaml").read_text()
+    assert "barlowtwins" in config and "cnn5_small" in config
+    assert result["tests"]["barlowtwins"]["+E2MC vs continued"]["summary"]["linear 1%"]["pairs"] == 1
 
 
 def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:

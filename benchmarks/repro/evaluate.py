@@ -44,9 +44,12 @@ class Evaluator:
 
     def options(self, method: str, protocols: tuple[str, ...], fractions: tuple[float, ...],
                 seeds: tuple[int, ...]) -> Any:
+        from e2mc.evaluation.probe_settings import METHODS as PAPER_PROBES
         from e2mc.evaluation.runner import EvalOptions
 
-        preset = method if self.s.probe_preset == "method" else "generic"
+        # the paper gives probe settings for its three methods only; the others get generic's
+        paper = self.s.probe_preset == "method" and method in PAPER_PROBES
+        preset = method if paper else "generic"
         return EvalOptions(protocols=protocols, fractions=fractions, seeds=seeds,
                            method=preset, knn_k=self.s.knn_k,
                            linear_overrides={"epochs": self.s.probe_epochs},

@@ -65,7 +65,8 @@ def markdown(s: ReproSettings, r: dict[str, Any], figs: dict[str, str]) -> str:
         "(see `docs/reproduction.md`). "
         f"Data: `{public_path(s.data, data=True)}` "
         f"(train limit {s.train_limit}, test limit {s.test_limit}), {s.image_size} px; backbone "
-        f"`{s.backbone}`; base models {s.base_epochs} epochs (seed {s.base_seed}); continued "
+        f"{f'`{s.backbone}`' if s.backbone else 'of each preset'}; base models "
+        f"{s.base_epochs} epochs (seed {s.base_seed}); continued "
         f"training {s.continued_epochs} epochs at the presets' constant learning rates, training "
         f"seeds {list(s.seeds)}; linear probes {s.probe_epochs} epochs "
         f"({probe}, last-epoch top-1 on the test split, label-subset seeds {list(s.label_seeds)}); "
@@ -281,15 +282,16 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
     """The table printed at the end of a run: Table 1 and the E2MC-vs-continued differences."""
     cols = r["columns"]
     width = max([24, *(len(c) + 2 for c in cols)])
-    lines = ["method   model       " + "".join(c.ljust(width) for c in cols)]
+    m = max([8, *(len(name) for name in r["table1"])]) + 1  # the method column
+    lines = ["method".ljust(m) + "model".ljust(12) + "".join(c.ljust(width) for c in cols)]
     for method, rows in r["table1"].items():
         for name, cells in rows.items():
-            lines.append(f"{method:<9}{name:<12}" + "".join(
+            lines.append(f"{method:<{m}}{name:<12}" + "".join(
                 analysis.fmt(cells.get(c)).ljust(width) for c in cols))
     for method, comps in r["tests"].items():
         comp = comps.get("+E2MC vs continued")
         if comp:
-            lines.append(f"{method:<9}{'E2MC-cont.':<12}" + "".join(
+            lines.append(f"{method:<{m}}{'E2MC-cont.':<12}" + "".join(
                 (f"{t['difference']['mean']:+.2f} ({t['significant_better']}+/"
                  f"{t['significant_worse']}-/{t['pairs']})" if (t := comp["summary"].get(c))
                  else "–").ljust(width) for c in cols))

@@ -35,7 +35,8 @@ def is_done(run_dir: Path) -> bool:
 
 
 def _common(s: ReproSettings, epochs: int, seed: int) -> list[str]:
-    out = [f"model.backbone={s.backbone}", f"data.dataset={s.data}", "data.num_workers=0",
+    out = [*([f"model.backbone={s.backbone}"] if s.backbone else []),
+           f"data.dataset={s.data}", f"data.num_workers={s.num_workers}",
            f"data.image_size={s.image_size}", f"training.epochs={epochs}",
            f"training.seed={seed}", f"training.batch_size={s.batch_size}",
            f"training.device={s.device}", "training.keep_epoch_checkpoints=true",

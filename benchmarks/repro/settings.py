@@ -7,11 +7,15 @@ from pathlib import Path
 
 from e2mc.artifacts import RunDir
 
-METHODS = ("vicreg", "swav", "simsiam")
+#: The paper's three (the default) and the five beyond it (``--methods``; results/new-methods.md).
+PAPER_METHODS = ("vicreg", "swav", "simsiam")
+METHODS = (*PAPER_METHODS, "barlowtwins", "simclr", "byol", "mocov3", "dino")
 #: Add-ons of the continued runs per method ("none" = the paper's "continued" baseline);
 #: SwAV also gets the paper's alternative criteria (Table 3 of the paper).
 ADDONS = {"vicreg": ("none", "e2mc"), "swav": ("none", "e2mc", "vcreg", "uniformity", "mmcr"),
-          "simsiam": ("none", "e2mc")}
+          "simsiam": ("none", "e2mc"), "barlowtwins": ("none", "e2mc"),
+          "simclr": ("none", "e2mc"), "byol": ("none", "e2mc"), "mocov3": ("none", "e2mc"),
+          "dino": ("none", "e2mc")}
 ROW_NAMES = {"none": "continued", "e2mc": "+E2MC", "vcreg": "+VCReg", "uniformity": "+AUH",
              "mmcr": "+MMCR"}
 #: The paper's Table A.2 grid as multiples of the method's preset (beta, gamma): for SwAV
@@ -28,10 +32,10 @@ class ReproSettings:
     data: str = "builtin"
     transfer_data: str | None = None
     out: Path = Path("benchmarks/out/repro")
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = PAPER_METHODS
     seeds: tuple[int, ...] = (0, 1, 2)
     label_seeds: tuple[int, ...] = (0, 1, 2)
-    backbone: str = "cnn5_small"
+    backbone: str | None = None  # None: each preset's own (cnn5_small; DINO's vit_tiny_p4_28)
     image_size: int = 28
     base_epochs: int = 50
     base_seed: int = 0
@@ -52,6 +56,7 @@ class ReproSettings:
     curve_test: int = 2_000
     diagnostics_samples: int = 2_000
     cpu_threads: int | None = None
+    num_workers: int = 0  # data-loading worker processes of every training run
     device: str = "cpu"
     base_runs: dict[str, Path] = field(default_factory=dict)
     base_overrides: list[str] = field(default_factory=list)
