@@ -12,8 +12,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "continue",
         help="continue training a pre-trained SSL model with its loss plus an add-on (E2MC)",
-        description="Continue training an official (VICReg, SwAV, SimSiam) or e2mc checkpoint "
-                    "for --epochs more epochs with the preset's base loss and add-on.")
+        description="Continue training an official checkpoint (VICReg, SwAV, SimSiam, DINO), "
+                    "a backbone by name (timm:NAME, with --new-heads) or an e2mc checkpoint of any "
+                    "method for --epochs more epochs with the preset's base loss and add-on.")
     add_run_arguments(parser, "continue")
     parser.set_defaults(func=_run)
 

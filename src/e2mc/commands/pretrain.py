@@ -11,8 +11,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "pretrain", help="train a base SSL model from scratch",
-        description="Train a VICReg, SwAV or SimSiam model from random weights with the preset's "
-                    "settings (usually a warm-up + cosine learning rate).")
+        description="Train a model of any method (vicreg, swav, simsiam, barlowtwins, simclr, "
+                    "byol, mocov3, dino) from random weights with the preset's settings (usually "
+                    "a warm-up + cosine learning rate).")
     add_run_arguments(parser, "pretrain")
     parser.set_defaults(func=_run)
 
