@@ -59,3 +59,48 @@ def test_quick_demo_through_the_entry_point(tmp_path: Path) -> None:
         record = json.loads((out / "eval" / name / "results.json").read_text())
         assert {e["protocol"] for e in record["entries"]} == {"linear", "knn"}
         assert (out / name / "checkpoint.pt").exists()
+
+
+@pytest.mark.slow  # two spawned processes: a few seconds
+def test_side_by_side_training_equals_the_runs_one_after_the_other(tmp_path: Path) -> None:
+    """The demo's two runs trained at once (one process each, one thread each on 2 cores) end
+    with the weights of the same runs trained one after the other in this process with the
+    same thread count: side by side changes the wall time, not the numbers."""
+    from e2mc.demo import DemoSettings, continue_config, train_side_by_side
+    from e2mc.training.run import train_unless_done
+
+    settings = DemoSettings(train_limit=64, max_steps=2, progress=False,
+                            overrides=["training.batch_size=16", "training.cpu_threads=1"])
+
+    def configs() -> dict:
+        return {name: continue_config(addon, BASE_CHECKPOINT, settings)
+                for addon, name in (("none", "continued"), ("e2mc", "e2mc"))}
+
+    parallel = train_side_by_side(configs(), tmp_path / "parallel", progress=False, threads=1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = {name: train_unless_done(cfg, tmp_path / "serial" / name).checkpoint
+                  for name, cfg in configs().items()}
+    finally:
+        torch.set_num_threads(before)
+    for name in ("continued", "e2mc"):
+        a = torch.load(parallel[name], weights_only=True)
+        b = torch.load(serial[name], weights_only=True)
+        assert a["step"] == b["step"] == 2
+        assert a["model"].keys() == b["model"].keys()
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
+
+
+@pytest.mark.slow
+def test_a_failing_run_side_by_side_is_the_demo_error(tmp_path: Path) -> None:
+    """A run that fails in its process fails the demo with the run's own error."""
+    from e2mc.demo import DemoSettings, continue_config, train_side_by_side
+
+    settings = DemoSettings(train_limit=64, max_steps=2, progress=False,
+                            overrides=["training.batch_size=16"])
+    configs = {"continued": continue_config("none", BASE_CHECKPOINT, settings),
+               "e2mc": continue_config("e2mc", BASE_CHECKPOINT, settings)}
+    configs["e2mc"].init.checkpoint = str(tmp_path / "missing.pt")
+    with pytest.raises(Exception, match="missing.pt"):
+        train_side_by_side(configs, tmp_path / "runs", progress=False, threads=1)

@@ -160,7 +160,8 @@ def test_a_method_beyond_the_paper_runs_with_the_generic_probes(tmp_path: Path) 
     assert ev["method_preset"] == "generic"
     config = (out / "bases" / "barlowtwins" / "config.yaml").read_text()
     assert "barlowtwins" in config and "cnn5_small" in config
-    assert result["tests"]["barlowtwins"]["+E2MC vs continued"]["summary"]["linear 1%"]["pairs"] == 1
+    summary = result["tests"]["barlowtwins"]["+E2MC vs continued"]["summary"]
+    assert summary["linear 1%"]["pairs"] == 1
 
 
 def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:

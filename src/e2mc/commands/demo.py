@@ -12,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Continue the shipped VICReg base model with and without E2MC, evaluate "
         "all three with linear probes (1%, 10%, 100% labels) and kNN, test the differences, "
         "draw the diagnostics, print the verdicts and the table, and write the page with the "
-        "answer, OUT/comparison.html (verdicts, table, chart, diagnostics). About 2 minutes "
+        "answer, OUT/comparison.html (verdicts, table, chart, diagnostics). About a minute "
         "on a 2-core CPU.",
     )
     parser.add_argument("--out", default="e2mc-demo", metavar="DIR",

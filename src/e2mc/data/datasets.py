@@ -7,12 +7,13 @@ torchvision-style alias ``targets``) as an ``int64`` numpy array, plus ``classes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -102,6 +103,24 @@ class ArrayDataset(Dataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.labels[index])
+
+    def batches(self, batch_size: int, indices: Sequence[int] | None = None
+                ) -> Iterator[tuple[Any, torch.Tensor]] | None:
+        """The items ``indices`` (default: all, in order) as ``(images, labels)`` batches, the
+        images transformed a batch at a time: equal to collating :meth:`__getitem__`'s items,
+        without a PIL image per item. None when the transform has no batch form for these
+        images (:meth:`~e2mc.data.views.EvalTransform.batch`); then use a DataLoader."""
+        batch = getattr(self.transform, "batch", None)
+        if batch is None or batch(self.images[:1]) is None:
+            return None
+        order = np.arange(len(self)) if indices is None else np.asarray(indices, dtype=np.int64)
+
+        def generate() -> Iterator[tuple[Any, torch.Tensor]]:
+            for start in range(0, len(order), batch_size):
+                rows = order[start:start + batch_size]
+                yield batch(self.images[rows]), torch.from_numpy(self.labels[rows])
+
+        return generate()
 
     def __repr__(self) -> str:
         return (

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision import transforms as T
@@ -253,6 +254,23 @@ class EvalTransform:
         if img.size != (self.image_size, self.image_size):
             img = self.resize_crop(img)
         return self.to_tensor(img)
+
+    def batch(self, images: np.ndarray) -> torch.Tensor | None:
+        """The transform of a stack of uint8 images ``[N, H, W]`` (grayscale) or
+        ``[N, H, W, 3]`` (RGB) at once, bit-identical to stacking :meth:`__call__` of each
+        (the same float32 ``/ 255``, ``- mean``, ``/ std``, elementwise); None where the
+        images need a resize or a mode conversion (the per-image path does those)."""
+        gray = images.ndim == 3
+        if images.dtype != np.uint8 or images.shape[1:3] != (self.image_size,) * 2 or \
+                (self.to_mode.mode == "L") != gray or (not gray and images.shape[3] != 3):
+            return None
+        x = torch.from_numpy(np.ascontiguousarray(images))
+        x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2)
+        x = x.to(dtype=torch.get_default_dtype()).div(255)
+        normalize = self.to_tensor.transforms[1]
+        mean = torch.as_tensor(normalize.mean, dtype=x.dtype).view(1, -1, 1, 1)
+        std = torch.as_tensor(normalize.std, dtype=x.dtype).view(1, -1, 1, 1)
+        return x.sub_(mean).div_(std).contiguous()
 
     def __repr__(self) -> str:
         return f"EvalTransform(image_size={self.image_size}, {self.to_mode}, {self.to_tensor})"

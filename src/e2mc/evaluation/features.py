@@ -86,16 +86,21 @@ def extract_features(
         num_workers = default_num_workers() if len(part) > batch_size else 0  # type: ignore[arg-type]
     was_training = backbone.training
     backbone.eval().to(device)
-    loader = DataLoader(part, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                        pin_memory=device.type == "cuda")
+    runner = cpu_channels_last(backbone, device)
+    loader = _array_batches(part, batch_size) or DataLoader(
+        part, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+        pin_memory=device.type == "cuda")
     feats: list[list[torch.Tensor]] = []  # one list per output of the backbone
     labels: list[torch.Tensor] = []
     several = False
 
     def outputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         nonlocal several
+        images = images.to(device, non_blocking=True)
+        if runner is not backbone and images.ndim == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            out = backbone(images.to(device, non_blocking=True))
+            out = runner(images)
         several = isinstance(out, tuple)
         for o in out if several else (out,):
             if o.ndim != 2:
@@ -105,7 +110,7 @@ def extract_features(
 
     try:
         for images, targets in progress_bar(loader, desc=desc, disable=not progress,
-                                            leave=False):
+                                            leave=False, total=-(-len(part) // batch_size)):
             out = outputs(images)
             feats = feats or [[] for _ in out]
             for slot, o in zip(feats, out, strict=True):
@@ -122,6 +127,39 @@ def extract_features(
         backbone.train(was_training)
     arrays = tuple(b.numpy() for b in blocks[:-1])
     return (arrays if several else arrays[0]), blocks[-1].numpy()
+
+
+def _array_batches(dataset: Dataset, batch_size: int) -> Any:
+    """An in-memory image array (:class:`~e2mc.data.datasets.ArrayDataset`, or a
+    :class:`~torch.utils.data.Subset` of one) transformed a batch at a time, the same tensors as
+    a DataLoader of its items without a PIL image each (the per-image path was the slowest
+    part of extracting the shipped subset's features); None for any other data set."""
+    from e2mc.data.datasets import ArrayDataset
+
+    indices = None
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, ArrayDataset):
+        dataset, indices = dataset.dataset, list(dataset.indices)
+    if not isinstance(dataset, ArrayDataset):
+        return None
+    return dataset.batches(batch_size, indices)
+
+
+def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
+    """What :func:`extract_features` runs: on a CPU, a convolutional backbone's copy in
+    channels-last layout (oneDNN's convolutions run it 1.5-2x faster there; the features agree
+    with the contiguous layout's to about 1e-8), else ``backbone`` itself. The backbone is
+    never converted in place: a model in training keeps its layout, and so its steps and its
+    checkpoint. A :class:`BackboneAndProjector` (its forward hook) and a module that cannot be
+    copied run as they are."""
+    if device.type != "cpu" or isinstance(backbone, BackboneAndProjector) or \
+            not any(isinstance(m, nn.Conv2d) for m in backbone.modules()):
+        return backbone
+    try:
+        import copy
+
+        return copy.deepcopy(backbone).to(memory_format=torch.channels_last)
+    except Exception:  # noqa: BLE001 - a module that cannot be copied: its own layout
+        return backbone
 
 
 class BackboneAndProjector(nn.Module):
