@@ -52,6 +52,9 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
     preset = "fmnist-vicreg-continue-e2mc" if addon == "e2mc" else "fmnist-vicreg-continue"
     overrides = [
         "model.backbone=cnn5_small", f"data.dataset={DATA}", "data.num_workers=0",
+        # oneDNN's channels-last convolutions: a step of cnn5_small 0.40 s instead of 0.51 s
+        # on one CPU thread (the run 22.9 s instead of 26.4 s)
+        "training.channels_last=true",
         f"training.epochs={settings.continued_epochs}", "training.keep_epoch_checkpoints=true",
         f"training.progress={str(settings.progress).lower()}",
     ]
