@@ -136,3 +136,17 @@ def test_a_local_job_whose_controller_pid_was_reused_is_not_waited_for(
     entry["controller"] = {**process_identity(other.pid), "host": "gpu-node-7"}
     assert runner._attach(work, entry) is None  # another host's: its lock would tell
     assert processes.lock_held(tmp_path / "nothing") is None
+
+
+def test_available_cores_is_the_affinity_not_the_machine(monkeypatch) -> None:
+    """A SLURM job or a container may run on fewer cores than the machine has: the demo's side
+    by side training and the extraction's workers count the process's own."""
+    import os
+
+    from e2mc.processes import available_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert available_cores() == 1
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    assert available_cores() == 64

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import builtin_checkpoint
+from e2mc.processes import available_cores
 
 BASE_CHECKPOINT = builtin_checkpoint("builtin:demo-vicreg")
 DATA = "builtin"
@@ -116,7 +116,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     for addon, name in (("none", "continued"), ("e2mc", "e2mc")):
         configs[name] = continue_config(addon, base, settings)
         configs[name].training.device = device
-    side_by_side = device == "cpu" and (os.cpu_count() or 1) >= len(configs)
+    side_by_side = device == "cpu" and available_cores() >= len(configs)
     checkpoints = {"base": base}
     if side_by_side:
         stage(f"continued training with add-on 'none' -> {out / 'continued'} and 'e2mc' -> "
@@ -179,7 +179,7 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
     from e2mc.progress import progress_bar
     from e2mc.training.logging import read_metrics
 
-    threads = threads or max(1, (os.cpu_count() or 1) // len(configs))
+    threads = threads or max(1, available_cores() // len(configs))
     total = 0
     for cfg in configs.values():
         cfg.training.cpu_threads = threads

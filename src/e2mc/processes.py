@@ -1,8 +1,9 @@
-"""Processes: what identifies one beyond its pid (its start time and the boot, the host), and
-whether a process holds a file's lock. Locks (:func:`e2mc.artifacts.writer_lock`) and the jobs'
-record (``jobs.json``) keep this identity, so that a pid given to another process after a crash
-(a reboot, a wrap-around) or a process of another host is never taken for the one that wrote
-them, and nothing waits for a process that is gone.
+"""Processes: what identifies one beyond its pid (its start time and the boot, the host),
+whether a process holds a file's lock, and how many CPU cores this one may use. Locks
+(:func:`e2mc.artifacts.writer_lock`) and the jobs' record (``jobs.json``) keep this identity,
+so that a pid given to another process after a crash (a reboot, a wrap-around) or a process of
+another host is never taken for the one that wrote them, and nothing waits for a process that
+is gone.
 
 Imports nothing from e2mc (and neither torch nor numpy).
 """
@@ -13,6 +14,15 @@ import os
 import socket
 from pathlib import Path
 from typing import Any
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a SLURM job's or a container's
+    share, not the machine's count); the machine's count where affinity is unknown."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def lock_held(path: str | os.PathLike[str]) -> bool | None:

@@ -31,11 +31,9 @@ from e2mc.data.identity import content_digest
 
 def default_num_workers() -> int:
     """DataLoader workers for extraction: one per available CPU core but one, at most 8."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(0, min(8, cores - 1))
+    from e2mc.processes import available_cores
+
+    return max(0, min(8, available_cores() - 1))
 
 
 @torch.no_grad()
