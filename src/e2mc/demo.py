@@ -195,8 +195,9 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
             _, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
             done = sum(_last_step(read_metrics, out / name) for name in configs)
             bar.update(max(0, done - bar.n))
-            if any(f.done() and f.exception() is not None for f in futures.values()):
-                break
+            failed = [f for f in futures.values() if f.done() and f.exception() is not None]
+            if failed:  # the failed run's own error (the other run still ends on its own)
+                raise failed[0].exception()
         return {name: f.result() for name, f in futures.items()}
 
 
