@@ -99,6 +99,21 @@ def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2,
     proc.wait()
 
 
+def assert_same_training_state(a: dict, b: dict) -> None:
+    """Two checkpoints hold the same model (every tensor, the same keys) and the same optimizer
+    state (every tensor equal, every other entry equal): what an exact resume must give."""
+    import torch
+
+    assert a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(),
+                      strict=True):
+        assert sa.keys() == sb.keys()
+        for k, v in sa.items():
+            assert torch.equal(v, sb[k]) if isinstance(v, torch.Tensor) else v == sb[k], k
+
+
 def killed_and_resumed(args: list[str], root, env: dict) -> tuple[dict, dict, object]:
     """``args`` (an ``e2mc continue`` of 6 steps with a checkpoint every step) run whole into
     ``root/whole``, and killed mid-run into ``root/killed`` (:func:`kill_mid_run`) then run
