@@ -176,15 +176,17 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
+    from e2mc.data.datasets import builtin_fashion_mnist
     from e2mc.progress import progress_bar
-    from e2mc.training.logging import read_metrics
 
     threads = threads or max(1, available_cores() // len(configs))
+    images = len(builtin_fashion_mnist("train"))  # the demo's data: the shipped subset
     total = 0
     for cfg in configs.values():
         cfg.training.cpu_threads = threads
         cfg.training.progress = False
-        steps = _train_images(cfg) // cfg.training.batch_size * cfg.training.epochs
+        n = images if cfg.data.limit is None else min(images, cfg.data.limit)
+        steps = n // cfg.training.batch_size * cfg.training.epochs
         total += steps if cfg.training.max_steps is None else min(steps, cfg.training.max_steps)
     with ProcessPoolExecutor(len(configs), mp_context=get_context("spawn")) as pool, \
             progress_bar(total=total, desc="training steps", unit="step",
@@ -193,7 +195,7 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
         pending = set(futures.values())
         while pending:
             _, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
-            done = sum(_last_step(read_metrics, out / name) for name in configs)
+            done = sum(_last_step(out / name) for name in configs)
             bar.update(max(0, done - bar.n))
             failed = [f for f in futures.values() if f.done() and f.exception() is not None]
             if failed:  # the failed run's own error (the other run still ends on its own)
@@ -201,15 +203,10 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
         return {name: f.result() for name, f in futures.items()}
 
 
-def _train_images(cfg: Any) -> int:
-    """The demo's training images (the shipped subset, or its first ``data.limit``)."""
-    from e2mc.data.datasets import builtin_fashion_mnist
+def _last_step(run_dir: Path) -> int:
+    """The last step a run logged (0 before its first record)."""
+    from e2mc.training.logging import read_metrics
 
-    n = len(builtin_fashion_mnist("train"))
-    return n if cfg.data.limit is None else min(n, cfg.data.limit)
-
-
-def _last_step(read_metrics: Any, run_dir: Path) -> int:
     try:
         rows = read_metrics(run_dir)
     except (OSError, ValueError):  # not written yet, or a line being written

@@ -110,9 +110,10 @@ class ArrayDataset(Dataset):
         images transformed a batch at a time: equal to collating :meth:`__getitem__`'s items,
         without a PIL image per item. None when the transform has no batch form for these
         images (:meth:`~e2mc.data.views.EvalTransform.batch`); then use a DataLoader."""
-        batch = getattr(self.transform, "batch", None)
-        if batch is None or batch(self.images[:1]) is None:
+        batchable = getattr(self.transform, "batchable", None)
+        if batchable is None or not batchable(self.images):
             return None
+        batch = self.transform.batch
         order = np.arange(len(self)) if indices is None else np.asarray(indices, dtype=np.int64)
 
         def generate() -> Iterator[tuple[Any, torch.Tensor]]:

@@ -255,15 +255,21 @@ class EvalTransform:
             img = self.resize_crop(img)
         return self.to_tensor(img)
 
+    def batchable(self, images: np.ndarray) -> bool:
+        """Whether :meth:`batch` takes these images: uint8, already ``image_size`` square, and
+        in this transform's mode (no resize, no mode conversion)."""
+        gray = images.ndim == 3
+        return images.dtype == np.uint8 and images.shape[1:3] == (self.image_size,) * 2 and \
+            (self.to_mode.mode == "L") == gray and (gray or images.shape[3] == 3)
+
     def batch(self, images: np.ndarray) -> torch.Tensor | None:
         """The transform of a stack of uint8 images ``[N, H, W]`` (grayscale) or
         ``[N, H, W, 3]`` (RGB) at once, bit-identical to stacking :meth:`__call__` of each
         (the same float32 ``/ 255``, ``- mean``, ``/ std``, elementwise); None where the
         images need a resize or a mode conversion (the per-image path does those)."""
-        gray = images.ndim == 3
-        if images.dtype != np.uint8 or images.shape[1:3] != (self.image_size,) * 2 or \
-                (self.to_mode.mode == "L") != gray or (not gray and images.shape[3] != 3):
+        if not self.batchable(images):
             return None
+        gray = images.ndim == 3
         x = torch.from_numpy(np.ascontiguousarray(images))
         x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2)
         x = x.to(dtype=torch.get_default_dtype()).div(255)
