@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from e2mc.criterion import compact_transform, covariance_penalty, default_m, m_spacings_entropy
+from e2mc.criterion import (
+    _sort_keys,
+    compact_transform,
+    covariance_penalty,
+    default_m,
+    m_spacings_entropy,
+)
 from reference import reference_covariance, reference_entropy
 
 
@@ -219,3 +225,16 @@ def test_covariance_gradient_stays_accurate_in_float32_for_inputs_with_a_large_m
         covariance_penalty(x32).backward()
         rel = (x32.grad.double() - x64.grad).norm() / x64.grad.norm()
         assert rel < 2e-5, (n, d, float(rel))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_integer_sort_keys_are_in_the_order_of_the_floats(dtype: torch.dtype) -> None:
+    # The spacings sort integer keys of the floats; their order must be the floats' order over
+    # signs, zeros, subnormals and the extremes, and the keys must map back to the same bits.
+    info = torch.finfo(dtype)
+    special = torch.tensor([0.0, -0.0, info.tiny, -info.tiny, info.tiny / 4, -info.tiny / 4,
+                            info.max, -info.max, info.eps, 1.0, -1.0, 0.5], dtype=dtype)
+    x = torch.cat([special, torch.randn(500, dtype=dtype) * 10.0 ** torch.randint(-30, 30, (500,))])
+    keys, order = torch.sort(_sort_keys(x.clone()))
+    assert torch.equal(x[order], torch.sort(x).values)
+    assert torch.equal(_sort_keys(keys).view(dtype), torch.sort(x).values)
