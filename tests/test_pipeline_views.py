@@ -26,15 +26,14 @@ from e2mc.data import (
 )
 from e2mc.data import photometric as P
 from e2mc.data.fast_views import (
-    PARAM_FIELDS,
     DeviceAugment,
     FastViewDataset,
     FastViews,
     collate_device_views,
-    draw_view_params,
 )
 from e2mc.data.image_folder import _load_rgb_or_l
 from e2mc.data.synthetic import natural_image, write_jpeg_folder
+from e2mc.data.view_specs import PARAM_FIELDS, draw_view_params
 from e2mc.errors import CorruptImageError
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])

@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,198 +37,20 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch.utils.data import Dataset, Subset, default_collate
-from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from e2mc.errors import CorruptImageError
 
 from . import photometric_cv2
 from .image_folder import to_8bit
-from .photometric import (
-    adjust_brightness,
-    adjust_contrast,
-    adjust_hue,
-    adjust_saturation,
-    gaussian_blur,
-    grayscale,
-    solarize,
-)
+from .photometric import apply_photometric
 from .subsets import dataset_labels
+from .view_specs import PARAM_INDEX, ViewSpec, draw_view_params, view_specs
 from .views import MultiCropTransform, build_views
 
-__all__ = [
-    "PARAM_FIELDS",
-    "DeviceAugment",
-    "FastViewDataset",
-    "FastViews",
-    "ViewSpec",
-    "apply_photometric",
-    "collate_device_views",
-    "draw_view_params",
-    "view_specs",
-]
+__all__ = ["DeviceAugment", "FastViewDataset", "FastViews", "collate_device_views"]
 
-# Layout of one view's parameter vector (float32). Crop box in full-resolution pixels.
-PARAM_FIELDS = ("top", "left", "height", "width", "flip", "jitter", "brightness", "contrast",
-                "saturation", "hue", "order0", "order1", "order2", "order3", "gray", "blur",
-                "sigma", "solarize")
-_I = {name: k for k, name in enumerate(PARAM_FIELDS)}
-_IDENTITY = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0,
-             0.0]
-# photometric steps must come in this order in a recipe (the flip commutes with all of them)
-_ORDER = ("jitter", "gray", "blur", "solarize")
 _DCT_SCALES = (8, 4, 2)
-
-
-@dataclass(frozen=True)
-class ViewSpec:
-    """One view of a recipe, read from its torchvision ``Compose``."""
-
-    transforms: tuple[Any, ...]
-    size: int
-    interpolation: T.InterpolationMode
-    channels: int
-    jitter: tuple[tuple[float, float] | None, ...]  # brightness, contrast, saturation, hue ranges
-    blur_kernel: int
-    solarize_threshold: float  # on the 0-255 scale
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-
-def _unwrap(t: Any) -> list[Any]:
-    return list(t.transforms) if isinstance(t, T.RandomApply) else [t]
-
-
-def view_specs(views: MultiCropTransform) -> list[ViewSpec]:
-    """Parse the views of :func:`build_views` (or any ``MultiCropTransform`` of ``Compose`` made of
-    the same transform types). Raises ``ValueError`` on a transform the fast pipeline lacks or on
-    photometric steps in another order than jitter, grayscale, blur, solarize."""
-    specs = []
-    for compose in views.transforms:
-        if not isinstance(compose, T.Compose):
-            raise ValueError(f"expected a torchvision Compose per view, got {type(compose)}")
-        size, interp, channels = None, T.InterpolationMode.BILINEAR, 3
-        jitter: tuple = (None, None, None, None)
-        kernel, threshold, mean, std, kinds = 0, 128.0, None, None, []
-        for t in compose.transforms:
-            for inner in _unwrap(t):
-                if isinstance(inner, T.RandomResizedCrop):
-                    size, interp = inner.size[0], inner.interpolation
-                    if inner.size[0] != inner.size[1]:
-                        raise ValueError("the fast pipeline needs square crops")
-                elif isinstance(inner, T.ColorJitter):
-                    jitter = (inner.brightness, inner.contrast, inner.saturation, inner.hue)
-                    kinds.append("jitter")
-                elif isinstance(inner, T.RandomGrayscale):
-                    kinds.append("gray")
-                elif isinstance(inner, T.GaussianBlur):
-                    kernel = inner.kernel_size[0]
-                    if inner.kernel_size[0] != inner.kernel_size[1]:
-                        raise ValueError("the fast pipeline needs square blur kernels")
-                    kinds.append("blur")
-                elif isinstance(inner, T.RandomSolarize):
-                    threshold = float(inner.threshold)
-                    kinds.append("solarize")
-                elif isinstance(inner, T.Normalize):
-                    mean, std = tuple(inner.mean), tuple(inner.std)
-                elif type(inner).__name__ == "_ToMode":
-                    channels = 1 if inner.mode == "L" else 3
-                elif not isinstance(inner, (T.RandomHorizontalFlip, T.ToTensor)):
-                    raise ValueError(f"the fast pipeline has no {type(inner).__name__}")
-        if size is None or mean is None or std is None:
-            raise ValueError("each view needs a RandomResizedCrop and a Normalize")
-        if [k for k in _ORDER if k in kinds] != kinds:
-            raise ValueError(f"photometric steps in order {kinds}; the fast pipeline applies "
-                             f"them as {list(_ORDER)}")
-        specs.append(ViewSpec(tuple(compose.transforms), int(size), interp, channels, jitter,
-                              int(kernel), threshold, mean, std))
-    return specs
-
-
-def _dims(width: int, height: int) -> torch.Tensor:
-    """A stand-in image for ``RandomResizedCrop.get_params`` (only its size is read)."""
-    return torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
-
-
-def _draw_one(t: Any, p: list[float], width: int, height: int) -> None:
-    if isinstance(t, T.RandomResizedCrop):
-        i, j, h, w = t.get_params(_dims(width, height), t.scale, t.ratio)
-        p[0:4] = [float(i), float(j), float(h), float(w)]
-    elif isinstance(t, T.RandomHorizontalFlip):
-        p[_I["flip"]] = float(bool(torch.rand(1) < t.p))
-    elif isinstance(t, T.RandomApply):
-        if t.p < torch.rand(1):
-            return
-        for inner in t.transforms:
-            _draw_one(inner, p, width, height)
-    elif isinstance(t, T.ColorJitter):
-        order, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
-        p[_I["jitter"]] = 1.0
-        for name, value in (("brightness", b), ("contrast", c), ("saturation", s), ("hue", h)):
-            if value is not None:
-                p[_I[name]] = float(value)
-        p[_I["order0"]: _I["order0"] + 4] = [float(k) for k in order.tolist()]
-    elif isinstance(t, T.RandomGrayscale):
-        p[_I["gray"]] = float(bool(torch.rand(1) < t.p))
-    elif isinstance(t, T.GaussianBlur):
-        p[_I["blur"]] = 1.0
-        p[_I["sigma"]] = float(t.get_params(t.sigma[0], t.sigma[1]))
-    elif isinstance(t, T.RandomSolarize):
-        p[_I["solarize"]] = float(torch.rand(1).item() < t.p)
-
-
-def draw_view_params(spec: ViewSpec, width: int, height: int) -> torch.Tensor:
-    """One view's parameters (``PARAM_FIELDS``) for a ``width x height`` image, drawn from torch's
-    global generator with the same calls, in the same order, as the recipe's transforms."""
-    p = list(_IDENTITY)
-    for t in spec.transforms:
-        _draw_one(t, p, width, height)
-    return torch.tensor(p, dtype=torch.float32)
-
-
-_JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
-
-
-def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
-    """Flip, jitter, grayscale, blur, solarize and normalise a float ``[B, C, S, S]`` batch in
-    [0, 1] of views of ``spec``, sample ``b`` with ``params[b]``. Returns the normalised batch."""
-    cpu = params.detach().to("cpu", torch.float32)
-    dev = params.to(x.device)
-
-    def on(name: str) -> list[bool]:
-        return [v > 0.5 for v in cpu[:, _I[name]].tolist()]
-
-    x = _apply(x, on("flip"), lambda v: v.flip(-1))
-    jitter = on("jitter")
-    if any(jitter):
-        factors = dev[:, _I["brightness"]: _I["hue"] + 1]
-        order = cpu[:, _I["order0"]: _I["order0"] + 4].round().long().tolist()
-        for pos in range(4):
-            for op in range(4):
-                if spec.jitter[op] is not None:
-                    mask = [j and o[pos] == op for j, o in zip(jitter, order, strict=True)]
-                    x = _apply(x, mask, _JITTER_OPS[op], factors[:, op])
-    if spec.channels == 3:
-        x = _apply(x, on("gray"), lambda v: grayscale(v).expand(-1, 3, -1, -1).contiguous())
-    x = _apply(x, on("blur"), lambda v, s: gaussian_blur(v, s, spec.blur_kernel),
-               dev[:, _I["sigma"]])
-    threshold = spec.solarize_threshold / 255.0
-    x = _apply(x, on("solarize"), lambda v: solarize(v, threshold))
-    inv_std = 1.0 / torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    mean = torch.tensor(spec.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return torch.addcmul(-mean * inv_std, x, inv_std)
-
-
-def _apply(x: torch.Tensor, mask: list[bool], fn: Any, arg: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """``fn`` (with the per-sample ``arg``) applied to the samples where ``mask`` is true."""
-    if not any(mask):
-        return x
-    if all(mask):
-        return fn(x) if arg is None else fn(x, arg)
-    idx = torch.tensor([k for k, m in enumerate(mask) if m], device=x.device)
-    x[idx] = fn(x[idx]) if arg is None else fn(x[idx], arg[idx])
-    return x
 
 
 def _groups(specs: Sequence[ViewSpec]) -> list[list[int]]:
@@ -364,10 +185,10 @@ class FastViews:
             u8 = planes[0] if c == 1 else photometric_cv2.cv2.merge(list(planes))  # interleave
         x = np.multiply(u8, np.float32(1 / 255), dtype=np.float32)
         p = params.tolist()
-        x = photometric_cv2.photometric_hwc(x, p, _I, spec.jitter, spec.blur_kernel,
+        x = photometric_cv2.photometric_hwc(x, p, PARAM_INDEX, spec.jitter, spec.blur_kernel,
                                             spec.solarize_threshold / 255.0)
         chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
-        flip = p[_I["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
+        flip = p[PARAM_INDEX["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
         return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
 
     def __repr__(self) -> str:

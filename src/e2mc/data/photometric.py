@@ -18,8 +18,12 @@ from (value, chroma, hue) with the closed form ``V - C * clamp(min(k, 4 - k), 0,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+
+from .view_specs import PARAM_INDEX, ViewSpec
 
 __all__ = [
     "GRAY_WEIGHTS",
@@ -27,6 +31,7 @@ __all__ = [
     "adjust_contrast",
     "adjust_hue",
     "adjust_saturation",
+    "apply_photometric",
     "gaussian_blur",
     "gaussian_kernels",
     "grayscale",
@@ -148,3 +153,48 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> tor
     for j in range(1, size):
         acc.addcmul_(out[..., j: j + height, :], wv[..., j, :])
     return acc
+
+
+_JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
+
+
+def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
+    """Flip, jitter, grayscale, blur, solarize and normalise a float ``[B, C, S, S]`` batch in
+    [0, 1] of views of ``spec``, sample ``b`` with ``params[b]``. Returns the normalised batch."""
+    cpu = params.detach().to("cpu", torch.float32)
+    dev = params.to(x.device)
+
+    def on(name: str) -> list[bool]:
+        return [v > 0.5 for v in cpu[:, PARAM_INDEX[name]].tolist()]
+
+    x = _apply(x, on("flip"), lambda v: v.flip(-1))
+    jitter = on("jitter")
+    if any(jitter):
+        factors = dev[:, PARAM_INDEX["brightness"]: PARAM_INDEX["hue"] + 1]
+        order = cpu[:, PARAM_INDEX["order0"]: PARAM_INDEX["order0"] + 4].round().long().tolist()
+        for pos in range(4):
+            for op in range(4):
+                if spec.jitter[op] is not None:
+                    mask = [j and o[pos] == op for j, o in zip(jitter, order, strict=True)]
+                    x = _apply(x, mask, _JITTER_OPS[op], factors[:, op])
+    if spec.channels == 3:
+        x = _apply(x, on("gray"), lambda v: grayscale(v).expand(-1, 3, -1, -1).contiguous())
+    x = _apply(x, on("blur"), lambda v, s: gaussian_blur(v, s, spec.blur_kernel),
+               dev[:, PARAM_INDEX["sigma"]])
+    threshold = spec.solarize_threshold / 255.0
+    x = _apply(x, on("solarize"), lambda v: solarize(v, threshold))
+    inv_std = 1.0 / torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    mean = torch.tensor(spec.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return torch.addcmul(-mean * inv_std, x, inv_std)
+
+
+def _apply(x: torch.Tensor, mask: list[bool], fn: Any, arg: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``fn`` (with the per-sample ``arg``) applied to the samples where ``mask`` is true."""
+    if not any(mask):
+        return x
+    if all(mask):
+        return fn(x) if arg is None else fn(x, arg)
+    idx = torch.tensor([k for k, m in enumerate(mask) if m], device=x.device)
+    x[idx] = fn(x[idx]) if arg is None else fn(x[idx], arg[idx])
+    return x
