@@ -1,7 +1,7 @@
 """The fast view pipeline against the PIL recipes: same draws for a seed, the same parameter
 distributions over thousands of draws (against parameters recorded from torchvision's own
 transforms), the per-sample operations against torchvision's kernels, reduced-scale decoding,
-device mode, and corrupt files."""
+and device mode (the loader, batches and corrupt files: tests/test_pipeline_loader.py)."""
 
 from __future__ import annotations
 
@@ -16,25 +16,20 @@ import torchvision.transforms.functional as F_v1
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from scipy import stats
-from torch.utils.data import DataLoader
 
 from e2mc.data import (
-    SafeImageFolder,
     build_views,
-    collate_views,
     photometric_cv2,
 )
 from e2mc.data import photometric as P
 from e2mc.data.fast_views import (
     DeviceAugment,
-    FastViewDataset,
     FastViews,
     collate_device_views,
 )
 from e2mc.data.image_folder import _load_rgb_or_l
-from e2mc.data.synthetic import natural_image, write_jpeg_folder
+from e2mc.data.synthetic import natural_image
 from e2mc.data.view_specs import PARAM_FIELDS, draw_view_params
-from e2mc.errors import CorruptImageError
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
 FIELD = {name: k for k, name in enumerate(PARAM_FIELDS)}
@@ -437,76 +432,3 @@ def test_grayscale_recipe_and_png_input(tmp_path: Path) -> None:
     expected = ref(Image.open(path))
     diff = (got[0] - expected[0]).abs().mean() * 0.3530 * 255
     assert diff < 3.0
-
-
-# ----------------------------------------------------------------------------- corrupt files
-def _folder_with_truncated_jpeg(root: Path) -> Path:
-    paths = write_jpeg_folder(root, 12, (64, 48), classes=2)
-    bad = paths[6]
-    data = bad.read_bytes()
-    bad.write_bytes(data[: len(data) // 2])
-    return bad
-
-
-@pytest.mark.slow  # integration: a few seconds on 2 cores
-def test_truncated_jpeg_mid_epoch_names_the_file_with_workers(tmp_path: Path) -> None:
-    bad = _folder_with_truncated_jpeg(tmp_path / "imgs")
-    ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), FastViews.from_recipe("vicreg", 32))
-    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_views, timeout=120)
-    with pytest.raises(CorruptImageError, match=bad.name):
-        for _ in loader:
-            pass
-    with pytest.raises(CorruptImageError, match="cannot read image file .*" + bad.name):
-        ds[[p for p, _ in ds.samples].index(str(bad))]
-
-
-def test_skip_corrupt_drops_and_counts_with_workers(tmp_path: Path) -> None:
-    bad = _folder_with_truncated_jpeg(tmp_path / "imgs")
-    (tmp_path / "imgs" / "class_0" / "empty.jpg").write_bytes(b"")
-    with pytest.warns(UserWarning, match="skipped 2 corrupt"):
-        folder = SafeImageFolder(tmp_path / "imgs", skip_corrupt=True)
-    assert folder.num_skipped == 2 and str(bad) in folder.skipped_files
-    ds = FastViewDataset(folder, FastViews.from_recipe("vicreg", 32))
-    assert len(ds) == 11 and ds.num_skipped == 2
-    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_views, timeout=120)
-    seen = 0
-    for views, _ in loader:
-        seen += len(views[0])
-        flat = views[0].flatten(1)
-        assert bool((flat.std(dim=1) > 0.05).all()), "no blank (zero) image"
-    assert seen == 11
-
-
-# ----------------------------------------------------------------------------- through the CLI
-def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from e2mc.cli import main
-    from e2mc.training.logging import read_metrics
-
-    write_jpeg_folder(tmp_path / "data" / "train", 16, (80, 60), classes=2)
-    common = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(tmp_path / "data"),
-              "--epochs", "1", "--set", "model.backbone=mobilenet_v3_small",
-              "--set", "model.small_images=false", "--set", "model.in_channels=3",
-              "--set", "data.channels=3", "--set", "data.image_size=32",
-              "--set", "training.batch_size=8", "--set", "training.log_every=1",
-              "--set", "training.progress=false", "--set", "training.device=cpu",
-              "--set", "training.keep_epoch_checkpoints=false",
-              "--set", "method.params={projector: 32-32}"]
-    assert main([*common, "--run-dir", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
-    fast = read_metrics(tmp_path / "run")
-    assert [m["step"] for m in fast] == [1, 2]
-    # photometric steps in the trainer (batched torch) instead of the workers: the same draws,
-    # so the same views up to float rounding, and the same losses
-    assert main([*common, "--run-dir", str(tmp_path / "dev"), "--set", "data.pipeline=device",
-                 "--set", "data.num_workers=2"]) == 0
-    dev = read_metrics(tmp_path / "dev")
-    assert [m["step"] for m in dev] == [1, 2]
-    for a, b in zip(fast, dev, strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
-    capsys.readouterr()
-    assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
-    assert "data.pipeline must be one of pil, fast, device" in capsys.readouterr().err
-    assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
-                 "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
-                 "--set", "training.device=cpu"]) == 2
-    assert "not an image folder" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from .datasets import (
 )
 from .idx import load_idx, save_idx
 from .image_folder import SafeImageFolder, image_folder
-from .multiview import MultiViewDataset, collate_views
+from .multiview import MultiViewDataset, ViewBatch, collate_views
 from .subsets import (
     LabeledSubset,
     Transformed,
@@ -56,6 +56,7 @@ __all__ = [
     "build_views",
     "builtin_fashion_mnist",
     "builtin_fashion_mnist_path",
+    "ViewBatch",
     "collate_views",
     "dataset_labels",
     "default_normalization",

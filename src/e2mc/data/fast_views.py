@@ -26,9 +26,12 @@ part of the antialiasing of the resize by libjpeg's DCT scaling.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import math
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +39,15 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
-from torch.utils.data import Dataset, Subset, default_collate
+from torch.utils.data import Dataset, Subset, default_collate, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from e2mc.errors import CorruptImageError
 
 from . import photometric_cv2
 from .image_folder import to_8bit
-from .photometric import apply_photometric
+from .multiview import ViewBatch
+from .photometric import apply_photometric, normalize_levels
 from .subsets import dataset_labels
 from .view_specs import PARAM_INDEX, ViewSpec, draw_view_params, view_specs
 from .views import MultiCropTransform, build_views
@@ -159,24 +163,42 @@ class FastViews:
                                    interpolation=s.interpolation, antialias=True))
         return crops, params
 
-    def __call__(self, path: str | Path) -> Any:
+    def __call__(self, path: str | Path, out: Sequence[torch.Tensor] | None = None) -> Any:
+        """The views of the image file ``path``. With ``out`` (``mode="cpu"``; one uint8
+        ``[C, S, S]`` tensor per view, e.g. rows of :meth:`new_batch`): the views before the
+        normalisation, as gray levels ``round(255 x)``, written into it (the official
+        pipeline's 8-bit images; :class:`DeviceAugment` with ``photometric=False`` normalises
+        them on the training device)."""
         crops, params = self._crops(path)
         if self.mode == "device":
+            if out is not None:
+                raise ValueError("out= is for mode='cpu' (mode='device' returns uint8 crops)")
             return crops, params
         if self.backend == "opencv":
-            return [self._opencv_view(c, p, s) for c, p, s in zip(crops, params, self.specs,
-                                                                  strict=True)]
-        out: list[torch.Tensor] = [torch.empty(0)] * len(crops)
+            return [self._opencv_view(c, p, s, None if out is None else out[k])
+                    for k, (c, p, s) in enumerate(zip(crops, params, self.specs, strict=True))]
+        views: list[torch.Tensor] = [torch.empty(0)] * len(crops)
         for group in self.cpu_groups:
             x = torch.stack([crops[k] for k in group]).float().div_(255.0)
             x = apply_photometric(x, torch.stack([params[k] for k in group]),
-                                  self.specs[group[0]])
+                                  self.specs[group[0]], normalized=False)
+            x = x.mul_(255.0).round_()  # gray levels
+            if out is None:
+                x = normalize_levels(x, self.specs[group[0]])
             for k, view in zip(group, x, strict=True):
-                out[k] = view
-        return out
+                views[k] = view if out is None else out[k].copy_(view)
+        return views
+
+    def new_batch(self, n: int) -> list[torch.Tensor]:
+        """Per view, an uninitialised uint8 ``[n, C, S, S]`` batch for ``__call__(path,
+        out=...)``: in a DataLoader worker in shared memory, allocated as ``default_collate``
+        allocates a batch, so that it is handed over without a copy (a quarter of the bytes
+        of float views)."""
+        return [_batch_tensor((n, s.channels, s.size, s.size)) for s in self.specs]
 
     @staticmethod
-    def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
+    def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
         c = crop.shape[0]
         if c == 3 and crop.permute(1, 2, 0).is_contiguous():  # resized channels-last: HWC
             u8 = crop.permute(1, 2, 0).numpy()
@@ -187,8 +209,13 @@ class FastViews:
         p = params.tolist()
         x = photometric_cv2.photometric_hwc(x, p, PARAM_INDEX, spec.jitter, spec.blur_kernel,
                                             spec.solarize_threshold / 255.0)
-        chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
         flip = p[PARAM_INDEX["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
+        levels = photometric_cv2.gray_levels(x)
+        if out is not None:
+            photometric_cv2.copy_chw(levels, out.numpy(), flip)
+            return out
+        x = np.multiply(levels, np.float32(1 / 255), dtype=np.float32)
+        chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
         return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
 
     def __repr__(self) -> str:
@@ -196,23 +223,41 @@ class FastViews:
                 f"{self.views!r})")
 
 
-class DeviceAugment:
-    """The photometric half of :class:`FastViews` (``mode="device"``) on whole batches.
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    if get_worker_info() is not None:
+        with contextlib.suppress(AttributeError, RuntimeError):  # torch's private allocation
+            elem = torch.empty(0, dtype=torch.uint8)
+            storage = elem._typed_storage()._new_shared(math.prod(shape), device=elem.device)
+            return elem.new(storage).resize_(shape)
+    return torch.empty(shape, dtype=torch.uint8)
 
-    ``DeviceAugment(fast_views)(crops, params)``: ``crops[v]`` is the uint8 ``[B, C, S, S]``
-    batch of view ``v`` (on any device), ``params[v]`` its ``[B, len(PARAM_FIELDS)]`` parameters
-    (drawn in the workers, so resuming replays them). Returns the float, normalised views.
+
+class DeviceAugment:
+    """What :class:`FastViews` leaves to the training device, on whole uint8 batches.
+
+    ``DeviceAugment(fast_views)(crops, params)`` (``mode="device"``): ``crops[v]`` is the uint8
+    ``[B, C, S, S]`` batch of view ``v`` (on any device), ``params[v]`` its
+    ``[B, len(PARAM_FIELDS)]`` parameters (drawn in the workers, so resuming replays them): the
+    photometric steps, then the normalisation. ``DeviceAugment(fast_views,
+    photometric=False)(views)``: the normalisation of the finished 8-bit views of
+    :meth:`FastViewDataset.collated` (``mode="cpu"``). Returns the float, normalised views.
     """
 
-    def __init__(self, views: FastViews | MultiCropTransform) -> None:
+    def __init__(self, views: FastViews | MultiCropTransform, photometric: bool = True) -> None:
         self.specs = views.specs if isinstance(views, FastViews) else view_specs(views)
+        self.photometric = photometric
 
-    def __call__(self, crops: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
-                 ) -> list[torch.Tensor]:
-        if len(crops) != len(self.specs) or len(params) != len(self.specs):
+    def __call__(self, crops: Sequence[torch.Tensor],
+                 params: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        if not self.photometric:
+            if len(crops) != len(self.specs):
+                raise ValueError(f"expected {len(self.specs)} views, got {len(crops)}")
+            return [normalize_levels(c, s) for c, s in zip(crops, self.specs, strict=True)]
+        if params is None or len(crops) != len(self.specs) or len(params) != len(self.specs):
             raise ValueError(f"expected {len(self.specs)} views, got {len(crops)} crops and "
-                             f"{len(params)} parameter sets")
-        return [apply_photometric(c.float().div_(255.0), p, s)
+                             f"{0 if params is None else len(params)} parameter sets")
+        return [normalize_levels(apply_photometric(c.float().div_(255.0), p, s, normalized=False)
+                                 .mul_(255.0).round_(), s)  # gray levels, as on the CPU
                 for c, p, s in zip(crops, params, self.specs, strict=True)]
 
 
@@ -246,6 +291,31 @@ class FastViewDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
         return self.views(path), int(label)
+
+    @property
+    def collates(self) -> bool:
+        """Whether :meth:`collated` applies (``mode="cpu"``)."""
+        return self.views.mode == "cpu"
+
+    def collated(self, indices: Sequence[int],
+                 contexts: Sequence[AbstractContextManager] | None = None) -> ViewBatch:
+        """Items ``indices`` as one collated batch of 8-bit views (before the normalisation:
+        ``DeviceAugment(views, photometric=False)`` finishes them on the training device),
+        every image's views written straight into the batch: no per-image tensors, no stacking
+        copy, a quarter of the bytes of float views (in a DataLoader worker the batch is in
+        shared memory). ``contexts[k]`` (e.g. the sample's seeding) is entered around item
+        ``k``. Normalised, the views of ``self[i]`` up to their rounding to gray levels."""
+        if not self.collates:
+            raise ValueError("collated() is for mode='cpu'; mode='device' collates uint8 crops "
+                             "with collate_device_views")
+        batch = self.views.new_batch(len(indices))
+        labels = torch.empty(len(indices), dtype=torch.long)
+        for k, index in enumerate(indices):
+            path, label = self.samples[index]
+            with contexts[k] if contexts is not None else contextlib.nullcontext():
+                self.views(path, out=[view[k] for view in batch])
+            labels[k] = int(label)
+        return ViewBatch(batch, labels)
 
 
 def collate_device_views(items: Sequence[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

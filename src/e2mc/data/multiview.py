@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
@@ -11,7 +11,16 @@ from torch.utils.data import Dataset, default_collate
 
 from .subsets import dataset_labels
 
-__all__ = ["MultiViewDataset", "collate_views"]
+__all__ = ["MultiViewDataset", "ViewBatch", "collate_views"]
+
+
+class ViewBatch(NamedTuple):
+    """A batch its data set collated itself (e.g.
+    :meth:`~e2mc.data.fast_views.FastViewDataset.collated`): ``[B, C, S_v, S_v]`` per view and
+    the labels. :func:`collate_views` returns it as it is."""
+
+    views: list[torch.Tensor]
+    labels: torch.Tensor
 
 
 class MultiViewDataset(Dataset):
@@ -42,10 +51,13 @@ class MultiViewDataset(Dataset):
 
 
 def collate_views(
-    batch: Sequence[tuple[Sequence[torch.Tensor], int]],
+    batch: Sequence[tuple[Sequence[torch.Tensor], int]] | ViewBatch,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Collate ``(views, label)`` items into ``([B x C x S_v x S_v for each view v], labels)``:
-    each view index is stacked across the batch (view sizes may differ between indices)."""
+    each view index is stacked across the batch (view sizes may differ between indices). A
+    :class:`ViewBatch` is already collated."""
+    if isinstance(batch, ViewBatch):
+        return batch.views, batch.labels
     if not batch:
         raise ValueError("empty batch")
     n_views = len(batch[0][0])

@@ -29,8 +29,8 @@ try:  # optional dependency (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised where OpenCV is absent
     cv2 = None
 
-__all__ = ["BLUR_TAIL", "available", "blur_size", "decode_rgb_hwc", "normalize_chw",
-           "photometric_hwc"]
+__all__ = ["BLUR_TAIL", "available", "blur_size", "copy_chw", "decode_rgb_hwc", "gray_levels",
+           "normalize_chw", "photometric_hwc"]
 
 # The blur drops the outer taps of the recipe's kernel whose mass is at most this fraction: a
 # pixel moves by at most 1/1024 of the range, a quarter of an 8-bit gray level, less than the
@@ -136,6 +136,19 @@ def normalize_chw(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) ->
     if x.ndim == 2:
         return (x * np.float32(1.0 / std[0]) + np.float32(-mean[0] / std[0]))[None]
     return cv2.transform(x, _normalization_matrix(tuple(mean), tuple(std))).transpose(2, 0, 1)
+
+
+def gray_levels(x: np.ndarray) -> np.ndarray:
+    """A float32 view in [0, 1] as the 8-bit image ``round(255 x)`` (same layout): the
+    official pipeline's views are 8-bit images until ``ToTensor``."""
+    return cv2.convertScaleAbs(x, alpha=255.0)  # rounded half to even, saturated to [0, 255]
+
+
+def copy_chw(levels: np.ndarray, out: np.ndarray, flip: bool) -> None:
+    """An ``H x W x C`` (or ``H x W``) image copied into the ``C x H x W`` array ``out``,
+    mirrored left-right when ``flip``."""
+    chw = levels[None] if levels.ndim == 2 else levels.transpose(2, 0, 1)
+    np.copyto(out, chw[..., ::-1] if flip else chw)
 
 
 def photometric_hwc(x: np.ndarray, p: Sequence[float], index: dict[str, int],

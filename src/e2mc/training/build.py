@@ -127,8 +127,12 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
 
         fast = FastViews(views, mode="cpu" if cfg.data.pipeline == "fast" else "device")
         dataset = FastViewDataset(base, fast)
-        if cfg.data.pipeline == "device":  # read by the trainer
-            dataset.collate_fn, dataset.device_augment = collate_device_views, DeviceAugment(fast)
+        # read by the trainer: "device" hands over uint8 crops and their parameters (the
+        # photometric steps run on the training device), "fast" batches of finished 8-bit
+        # views (FastViewDataset.collated); the device normalises both
+        dataset.device_augment = DeviceAugment(fast, photometric=cfg.data.pipeline == "device")
+        if cfg.data.pipeline == "device":
+            dataset.collate_fn = collate_device_views
     else:
         dataset = MultiViewDataset(base, views)
     dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -66,9 +67,31 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
             yield [(i, sample_seed(self.seed, self.epoch, i)) for i in rows]
 
 
+@contextmanager
+def seeded_generators(seed: int) -> Iterator[None]:
+    """Within: torch's CPU generator, numpy's and python's seeded by ``seed``; after: the
+    caller's generator states, untouched."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            # the CPU generator only (the one fork_rng restores): torch.manual_seed also queues
+            # a seeding of every CUDA device with a formatted stack trace when CUDA is not
+            # initialised, which cost more than the views of a 28 px image
+            torch.default_generator.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed)
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
 class SeededSamples(Dataset):
     """Wraps a data set so that item ``(index, seed)`` is produced under generators seeded by
-    ``seed`` (torch, numpy, python), leaving the caller's generator states untouched."""
+    ``seed`` (torch, numpy, python), leaving the caller's generator states untouched. A data set
+    that collates its own batches (``collates`` and ``collated(indices, contexts)``, e.g.
+    :class:`~e2mc.data.fast_views.FastViewDataset`) gets a DataLoader's batch of keys at once,
+    each item under its seeding."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -78,28 +101,11 @@ class SeededSamples(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, seed = key
-        py_state, np_state = random.getstate(), np.random.get_state()
-        try:
-            with torch.random.fork_rng(devices=[]):
-                # the CPU generator only (the one fork_rng restores): torch.manual_seed also
-                # queues a seeding of every CUDA device with a formatted stack trace when CUDA
-                # is not initialised, which cost more than the views of a 28 px image
-                torch.default_generator.manual_seed(seed)
-                random.seed(seed)
-                np.random.seed(seed)
-                return self.dataset[index]
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+        with seeded_generators(seed):
+            return self.dataset[index]
 
-
-def collate_views(items: Sequence[Any]) -> list[torch.Tensor]:
-    """Stack per view: items are ``views`` or ``(views, label)``; returns ``[B, C, H, W]`` per
-    view (the labels are not needed for self-supervised training)."""
-    first = items[0]
-    labelled = isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], (list, tuple))
-    per_item = [it[0] for it in items] if labelled else list(items)
-    n_views = len(per_item[0])
-    if any(len(v) != n_views for v in per_item):
-        raise ValueError("every item must have the same number of views")
-    return [torch.stack([v[k] for v in per_item]) for k in range(n_views)]
+    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> Any:
+        if not getattr(self.dataset, "collates", False):
+            return [self[key] for key in keys]
+        return self.dataset.collated([index for index, _ in keys],  # type: ignore[attr-defined]
+                                     [seeded_generators(seed) for _, seed in keys])

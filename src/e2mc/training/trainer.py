@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from e2mc.artifacts import RunDir
 from e2mc.config import RunConfig
+from e2mc.data import collate_views
 from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import set_scheduled_lr
 from e2mc.training.callbacks import Callback
@@ -33,7 +34,7 @@ from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
 from e2mc.training.resume import checkpoint_state, resume
-from e2mc.training.sampling import EpochBatchSampler, SeededSamples, collate_views
+from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -104,8 +105,8 @@ class Trainer:
                                          seed=self.training_cfg.seed, rank=self.runtime.rank,
                                          world_size=self.runtime.world_size)
         workers = cfg.data.num_workers
-        # data.pipeline=device: the data set collates uint8 crops + parameters and names the
-        # augmentation that turns them into views on the training device
+        # data.pipeline=fast / device: the data set hands over uint8 views (or crops and their
+        # parameters) and names what finishes them on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
         collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
@@ -314,8 +315,9 @@ class Trainer:
                     lr = self._set_lr(step)
                     self.method.before_step(iteration)
                     views = [v.to(runtime.device, non_blocking=True) for v in views]
-                    if self.device_augment is not None:  # batch = (uint8 crops, parameters)
-                        views = self.device_augment(views, batch[1])
+                    if self.device_augment is not None:  # uint8 views or crops + parameters
+                        views = self.device_augment(
+                            views, batch[1] if self.device_augment.photometric else None)
                     if training_cfg.channels_last:
                         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
                     terms, bad = self._step(views, iteration)

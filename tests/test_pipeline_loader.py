@@ -1,0 +1,160 @@
+"""The fast view pipeline in a DataLoader: batches collated in place (the views of the item
+path, through workers' shared memory, under each sample's seeding), corrupt files mid-epoch,
+and training through the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from e2mc.data import SafeImageFolder, ViewBatch, collate_views, photometric_cv2
+from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews
+from e2mc.data.synthetic import write_jpeg_folder
+from e2mc.errors import CorruptImageError
+from e2mc.training.sampling import EpochBatchSampler, SeededSamples
+
+BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
+
+
+# ----------------------------------------------------------------------------- batches
+def _views_one_by_one(ds: SeededSamples, keys: list[tuple[int, int]]) -> tuple:
+    return collate_views([ds[key] for key in keys])
+
+
+def _assert_gray_levels_of(batch_views: list[torch.Tensor], ref_views: list[torch.Tensor],
+                           fast: FastViews) -> None:
+    """The 8-bit views, normalised on the 'device', are the item path's float views (which
+    are 8-bit images normalised too)."""
+    finished = DeviceAugment(fast, photometric=False)(batch_views)
+    for got8, got, ref, spec in zip(batch_views, finished, ref_views, fast.specs, strict=True):
+        assert got8.dtype == torch.uint8 and got.shape == ref.shape
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+        levels = ref * torch.tensor(spec.std).view(1, -1, 1, 1) + torch.tensor(spec.mean).view(
+            1, -1, 1, 1)
+        torch.testing.assert_close(levels * 255, got8.float(), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ["vicreg", "swav"])
+def test_a_batch_collated_in_place_is_the_items_views_in_gray_levels(
+        tmp_path: Path, recipe: str, backend: str) -> None:
+    write_jpeg_folder(tmp_path / "imgs", 6, (90, 70), classes=2)
+    fast = FastViews.from_recipe(recipe, 32, backend=backend)
+    ds = SeededSamples(FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast))
+    keys = [(4, 11), (0, 7), (5, 7), (2, 123456789)]
+    state = torch.get_rng_state()
+    batch = ds.__getitems__(keys)
+    assert isinstance(batch, ViewBatch)
+    assert torch.equal(torch.get_rng_state(), state), "the caller's generator is untouched"
+    views, labels = collate_views(batch)
+    ref_views, ref_labels = _views_one_by_one(ds, keys)
+    assert len(views) == fast.num_views and torch.equal(labels, ref_labels)
+    _assert_gray_levels_of(views, ref_views, fast)
+    assert not torch.equal(views[0][1], views[0][2]), "another seed, other views"
+    again, _ = collate_views(ds.__getitems__(keys))
+    assert all(torch.equal(a, b) for a, b in zip(again, views, strict=True)), "reproducible"
+
+
+def test_a_loader_of_collated_batches_gives_the_items_views(tmp_path: Path) -> None:
+    # through a worker: the batch is allocated in shared memory and handed over as it is
+    write_jpeg_folder(tmp_path / "imgs", 8, (90, 70), classes=2)
+    fast = FastViews.from_recipe("vicreg", 32)
+    ds = SeededSamples(FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast))
+    sampler = EpochBatchSampler(8, 4, seed=3)
+    loader = DataLoader(ds, batch_sampler=sampler, num_workers=1, collate_fn=collate_views,
+                        timeout=120)
+    batches = list(loader)
+    assert len(batches) == 2
+    for (views, labels), keys in zip(batches, sampler, strict=True):
+        in_process, _ = collate_views(ds.__getitems__(keys))
+        assert all(torch.equal(a, b) for a, b in zip(views, in_process, strict=True))
+        ref_views, ref_labels = _views_one_by_one(ds, keys)
+        assert torch.equal(labels, ref_labels)
+        _assert_gray_levels_of(views, ref_views, fast)
+
+
+def test_device_mode_items_are_not_collated_in_place(tmp_path: Path) -> None:
+    write_jpeg_folder(tmp_path / "imgs", 2, (90, 70), classes=2)
+    ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"),
+                         FastViews.from_recipe("vicreg", 32, mode="device"))
+    assert not ds.collates
+    with pytest.raises(ValueError, match="collated\\(\\) is for mode='cpu'"):
+        ds.collated([0])
+    items = SeededSamples(ds).__getitems__([(0, 1), (1, 2)])
+    assert isinstance(items, list) and len(items) == 2  # the device collate takes items
+
+
+# ----------------------------------------------------------------------------- corrupt files
+def _folder_with_truncated_jpeg(root: Path) -> Path:
+    paths = write_jpeg_folder(root, 12, (64, 48), classes=2)
+    bad = paths[6]
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    return bad
+
+
+@pytest.mark.slow  # integration: a few seconds on 2 cores
+def test_truncated_jpeg_mid_epoch_names_the_file_with_workers(tmp_path: Path) -> None:
+    bad = _folder_with_truncated_jpeg(tmp_path / "imgs")
+    ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), FastViews.from_recipe("vicreg", 32))
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_views, timeout=120)
+    with pytest.raises(CorruptImageError, match=bad.name):
+        for _ in loader:
+            pass
+    with pytest.raises(CorruptImageError, match="cannot read image file .*" + bad.name):
+        ds[[p for p, _ in ds.samples].index(str(bad))]
+
+
+def test_skip_corrupt_drops_and_counts_with_workers(tmp_path: Path) -> None:
+    bad = _folder_with_truncated_jpeg(tmp_path / "imgs")
+    (tmp_path / "imgs" / "class_0" / "empty.jpg").write_bytes(b"")
+    with pytest.warns(UserWarning, match="skipped 2 corrupt"):
+        folder = SafeImageFolder(tmp_path / "imgs", skip_corrupt=True)
+    assert folder.num_skipped == 2 and str(bad) in folder.skipped_files
+    ds = FastViewDataset(folder, FastViews.from_recipe("vicreg", 32))
+    assert len(ds) == 11 and ds.num_skipped == 2
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_views, timeout=120)
+    seen = 0
+    for views, _ in loader:
+        seen += len(views[0])
+        flat = views[0].flatten(1)
+        assert bool((flat.std(dim=1) > 0.05).all()), "no blank (zero) image"
+    assert seen == 11
+
+
+# ----------------------------------------------------------------------------- through the CLI
+def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from e2mc.cli import main
+    from e2mc.training.logging import read_metrics
+
+    write_jpeg_folder(tmp_path / "data" / "train", 16, (80, 60), classes=2)
+    common = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(tmp_path / "data"),
+              "--epochs", "1", "--set", "model.backbone=mobilenet_v3_small",
+              "--set", "model.small_images=false", "--set", "model.in_channels=3",
+              "--set", "data.channels=3", "--set", "data.image_size=32",
+              "--set", "training.batch_size=8", "--set", "training.log_every=1",
+              "--set", "training.progress=false", "--set", "training.device=cpu",
+              "--set", "training.keep_epoch_checkpoints=false",
+              "--set", "method.params={projector: 32-32}"]
+    assert main([*common, "--run-dir", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
+    fast = read_metrics(tmp_path / "run")
+    assert [m["step"] for m in fast] == [1, 2]
+    # photometric steps in the trainer (batched torch) instead of the workers: the same draws,
+    # so the same views up to float rounding, and the same losses
+    assert main([*common, "--run-dir", str(tmp_path / "dev"), "--set", "data.pipeline=device",
+                 "--set", "data.num_workers=2"]) == 0
+    dev = read_metrics(tmp_path / "dev")
+    assert [m["step"] for m in dev] == [1, 2]
+    for a, b in zip(fast, dev, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
+    capsys.readouterr()
+    assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
+    assert "data.pipeline must be one of pil, fast, device" in capsys.readouterr().err
+    assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
+                 "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
+                 "--set", "training.device=cpu"]) == 2
+    assert "not an image folder" in capsys.readouterr().err
