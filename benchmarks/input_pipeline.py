@@ -141,7 +141,7 @@ def consumer_step(pipeline: str, dataset: Any) -> Any:
     CPU time counted with the workers': the first read of the float views (``official``,
     ``e2mc-pil``), the normalisation of 8-bit views into float ones (``e2mc-fast``, which reads
     them too). None for ``e2mc-device``: the GPU's share (``benchmarks/device_augment.py``)."""
-    if pipeline == "e2mc-fast" and dataset.collates:
+    if pipeline == "e2mc-fast" and getattr(dataset, "collates", False):  # (older e2mc: not)
         return DeviceAugment(dataset.views, photometric=False)
     return None if pipeline == "e2mc-device" else read_batch
 
