@@ -13,7 +13,9 @@ method preset's fixed lr, one :func:`train_linear_probe` after another), the **b
 (the same 9 probes, each over ``--lr-multipliers`` x the preset lr: 45 heads, one
 :func:`train_linear_heads` call), the **floor** (the batched path's matrix products replayed as
 plain ``torch.bmm`` / ``torch.mm`` on random tensors of the same shapes: the time of the same
-multiply-adds with nothing else), and kNN (k = 20 and 200, weighted and uniform, one pass).
+multiply-adds with nothing else; the batched path and its floor take turns ``--repeats`` times
+and ``batched_over_floor_time`` is the median of the per-turn ratios), and kNN (k = 20 and 200,
+weighted and uniform, one pass).
 Peak memory: CUDA's peak allocation, or on the CPU the peak resident set size above the level
 before the stage (sampled every 2 ms, after ``malloc_trim`` returned freed heap pages).
 
@@ -31,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import threading
 import time
 from collections import Counter
@@ -176,6 +179,8 @@ def main() -> None:
                    help="the batched grid, times the preset lr (must contain 1)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="batched runs, each followed by its floor (medians reported)")
     p.add_argument("--batch-size", type=int, default=512, help="feature extraction batch")
     p.add_argument("--num-workers", type=int, default=None)
     p.add_argument("--cache", default="benchmarks/cache/eval_speed")
@@ -231,17 +236,24 @@ def main() -> None:
             for m in multipliers:
                 where.append((fraction, seed, m))
                 heads.append(HeadSpec(idx, replace(cfg, lr=cfg.lr * m), seed))
-    trace: Counter = Counter()
-    with PeakMemory(device) as mem:
-        start = time.perf_counter()
-        batched = train_linear_heads(x, y, tx, ty, heads, device=device, trace=trace)
-        _sync(device)
-        timings["batched"] = time.perf_counter() - start
-    memory["batched"] = mem.peak_mib
-    print(f"batched ({len(heads)} heads): {timings['batched']:.1f}s", flush=True)
-
-    timings["floor"], macs = floor_seconds(trace, device, torch.float32)
-    print(f"floor: {timings['floor']:.1f}s", flush=True)
+    # the batched stage and its floor take turns (--repeats), so that a machine whose speed
+    # drifts moves both; the medians and the median of the per-repeat ratios are reported
+    batched_runs, floor_runs = [], []
+    for _ in range(args.repeats):
+        trace: Counter = Counter()
+        with PeakMemory(device) as mem:
+            start = time.perf_counter()
+            batched = train_linear_heads(x, y, tx, ty, heads, device=device, trace=trace)
+            _sync(device)
+            batched_runs.append(time.perf_counter() - start)
+        memory["batched"] = max(memory.get("batched", 0.0), mem.peak_mib)
+        floor, macs = floor_seconds(trace, device, torch.float32)
+        floor_runs.append(floor)
+        print(f"batched ({len(heads)} heads): {batched_runs[-1]:.1f}s, floor {floor:.1f}s",
+              flush=True)
+    timings["batched"] = statistics.median(batched_runs)
+    timings["floor"] = statistics.median(floor_runs)
+    over_floor = statistics.median(b / f for b, f in zip(batched_runs, floor_runs, strict=True))
 
     with PeakMemory(device) as mem:
         start = time.perf_counter()
@@ -263,7 +275,8 @@ def main() -> None:
         "speedup_per_head": speedup,
         "max_abs_accuracy_diff_points": max(diffs),
         "batched_over_sequential_time": timings["batched"] / timings["sequential"],
-        "batched_over_floor_time": timings["batched"] / timings["floor"],
+        "batched_over_floor_time": over_floor,
+        "batched_runs_s": batched_runs, "floor_runs_s": floor_runs,
         "timings_s": timings,
         "time_split_s": {"extraction": timings["extraction"],
                          "probes": timings["batched"], "knn": timings["knn"]},
@@ -292,6 +305,8 @@ def main() -> None:
     rows.append(f"| floor (same multiply-adds, plain matmuls) | {timings['floor']:.1f} | |")
     rows.append(f"| kNN (k=20,200 x 2 weightings) | {timings['knn']:.1f} | {memory['knn']:.0f} |")
     print("\n".join(rows))
+    print(f"batched / floor: {over_floor:.2f}x (median of {args.repeats}, "
+          f"{', '.join(f'{b / f:.2f}' for b, f in zip(batched_runs, floor_runs, strict=True))})")
     print(f"speedup per head: {speedup:.2f}x; batched / sequential time: "
           f"{record['batched_over_sequential_time']:.2f}; max |acc diff| at the preset lr: "
           f"{max(diffs):.3f} points")

@@ -8,16 +8,15 @@ Pipelines, all measured in the same run through a DataLoader over the same JPEG 
   the reference of the ratios.
 * ``e2mc-pil``: this package's ``build_views`` on PIL images (torchvision's 23-px ``GaussianBlur``),
   the project's pipeline before the fast one.
-* ``e2mc-fast``: ``FastViews`` (``mode="cpu"``) as training reads it: the same recipe, drawn
-  identically, decoded with libjpeg-turbo (DCT-scaled when the crops allow), cropped and
-  augmented on tensors, the batch's 8-bit views written in place and normalised by the
-  training process (whose CPU time for that is counted too).
+* ``e2mc-fast``: ``FastViews`` (``mode="cpu"``) as training on a CPU reads it: the same recipe,
+  drawn identically, decoded with libjpeg-turbo (DCT-scaled when the crops allow), cropped and
+  augmented on tensors, each batch's normalised float views written in place
+  (``FastViewDataset.collated``).
+* ``e2mc-fast-8bit``: the same as training on a GPU reads it: the batch's views as 8-bit images
+  (a quarter of the bytes to hand over and to copy to the GPU), which the GPU normalises (not
+  counted here, as for ``e2mc-device``).
 * ``e2mc-device``: ``FastViews`` (``mode="device"``): the workers' share when the photometric
   augmentations run on the training device (decode + crop + resize, uint8 crops out).
-
-The CPU time counted per image: the workers' (decoding, augmenting, collating, handing over)
-and the training process's until the batch is the model's float input: its first read of float
-views, or the normalisation of ``e2mc-fast``'s 8-bit views (``consumer_step``).
 
 Every (recipe, pipeline, workers) cell is measured ``--repeats`` times, interleaved, and the
 median is reported: the machine may be shared. Without ``--data`` a folder of natural-looking
@@ -47,12 +46,12 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import transforms as T
 
 from e2mc.data import MultiViewDataset, build_views, collate_views
-from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews, collate_device_views
+from e2mc.data.fast_views import FastViewDataset, FastViews, collate_device_views
 from e2mc.data.image_folder import SafeImageFolder
 from e2mc.data.synthetic import write_jpeg_folder
 from run_meta import run_meta
 
-PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-device")
+PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-fast-8bit", "e2mc-device")
 RECIPES = ("vicreg", "swav", "simsiam")
 
 
@@ -105,7 +104,7 @@ class _Repeat(Dataset):
 
     def __getitems__(self, indices: list[int]) -> Any:
         """A data set that collates its own batches (the fast pipeline) gets them whole, as the
-        trainer's sampler hands them over."""
+        trainer's sampler hands them over (an older e2mc's has no ``collates``)."""
         if not getattr(self.dataset, "collates", False):
             return [self[i] for i in indices]
         self._record(indices[0])
@@ -123,39 +122,19 @@ def make_dataset(pipeline: str, recipe: str, folder: SafeImageFolder, size: int)
         return MultiViewDataset(folder, official_views(recipe, size)), collate_views
     if pipeline == "e2mc-pil":
         return MultiViewDataset(folder, build_views(recipe, size, 3)), collate_views
-    mode = "cpu" if pipeline == "e2mc-fast" else "device"
-    views = FastViews.from_recipe(recipe, size, 3, mode=mode)
-    return FastViewDataset(folder, views), (collate_views if mode == "cpu"
-                                            else collate_device_views)
+    mode = "device" if pipeline == "e2mc-device" else "cpu"
+    dataset = FastViewDataset(folder, FastViews.from_recipe(recipe, size, 3, mode=mode))
+    dataset.levels = pipeline == "e2mc-fast-8bit"  # as the trainer sets it for its device
+    return dataset, collate_views if mode == "cpu" else collate_device_views
 
 
-def read_batch(views: Any) -> None:
-    """The training process's first read of every byte of float views (its page faults on the
-    workers' shared memory; the model's own reading costs the same for every pipeline)."""
-    for view in views:
-        view.sum()
-
-
-def consumer_step(pipeline: str, dataset: Any) -> Any:
-    """What the training process does to a batch before the model can use it, on the CPU, its
-    CPU time counted with the workers': the first read of the float views (``official``,
-    ``e2mc-pil``), the normalisation of 8-bit views into float ones (``e2mc-fast``, which reads
-    them too). None for ``e2mc-device``: the GPU's share (``benchmarks/device_augment.py``)."""
-    if pipeline == "e2mc-fast" and getattr(dataset, "collates", False):  # (older e2mc: not)
-        return DeviceAugment(dataset.views, photometric=False)
-    return None if pipeline == "e2mc-device" else read_batch
-
-
-def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int,
-            finish: Any = None) -> tuple[float, float, float]:
-    """``(images/s, images per CPU-second of the workers, images per CPU-second of the workers
-    and the training process)`` through a DataLoader with ``workers`` processes,
+def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int
+            ) -> tuple[float, float]:
+    """``(images/s, images per CPU-second)`` through a DataLoader with ``workers`` processes,
     both leaving out each worker's start up and first batch. The CPU rate divides the images by
     all the CPU time the workers used for them (decoding, augmenting, collating and handing the
     batches over: ``getrusage`` of the joined workers, less each one's CPU time at the start of
-    its second batch), so it does not depend on how many other processes share the cores;
-    ``finish``: the training process's own step on each batch (:func:`consumer_step`), whose
-    CPU time is added."""
+    its second batch), so it does not depend on how many other processes share the cores."""
     warm = batch * workers
     warm_cpu_s = multiprocessing.Array("d", workers)
     cpu_before = _children_cpu_s()
@@ -166,17 +145,13 @@ def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int,
     for _ in range(workers):
         next(it)
     start = time.perf_counter()
-    done, finish_cpu = 0, 0.0
+    done = 0
     for batch_views in it:  # exhausting the iterator joins the workers
         done += len(batch_views[0][0])  # (views, labels) or (crops, params)
-        if finish is not None:
-            cpu_start = time.process_time()
-            finish(batch_views[0])
-            finish_cpu += time.process_time() - cpu_start
     rate = done / (time.perf_counter() - start)
     del it, loader
     cpu = _children_cpu_s() - cpu_before - sum(warm_cpu_s[:])
-    return rate, done / max(cpu, 1e-9), done / max(cpu + finish_cpu, 1e-9)
+    return rate, done / max(cpu, 1e-9)
 
 
 def _one_thread(_: int) -> None:
@@ -220,38 +195,35 @@ def main() -> int:
                   file=sys.stderr)
         folder = SafeImageFolder(root)
         load_before = load_average()
-        runs: dict[str, list[tuple[float, float, float]]] = {}
+        rates: dict[str, list[float]] = {}
+        cpu_rates: dict[str, list[float]] = {}
         for r in range(args.repeats):
             for recipe in args.recipes:
                 for n in cores:
                     for pipeline in args.pipelines:
                         ds, collate = make_dataset(pipeline, recipe, folder, args.image_size)
-                        run = measure(ds, collate, n, args.images, args.batch,
-                                      consumer_step(pipeline, ds))
-                        runs.setdefault(f"{recipe}|{pipeline}|{n}", []).append(run)
+                        rate, cpu_rate = measure(ds, collate, n, args.images, args.batch)
+                        rates.setdefault(f"{recipe}|{pipeline}|{n}", []).append(rate)
+                        cpu_rates.setdefault(f"{recipe}|{pipeline}|{n}", []).append(cpu_rate)
                         print(f"repeat {r + 1}/{args.repeats} {recipe:8s} {pipeline:12s} "
-                              f"{n} core(s): {run[0]:7.1f} img/s, {run[1]:7.1f} img/CPU-s "
-                              f"(workers), {run[2]:7.1f} (with the training process)",
+                              f"{n} core(s): {rate:7.1f} img/s, {cpu_rate:7.1f} img/CPU-s",
                               file=sys.stderr)
         load_after = load_average()
-    fields = ("images_per_s", "images_per_cpu_s", "images_per_cpu_s_with_training_process")
     rows = []
     for recipe in args.recipes:
         for n in cores:
-            ref_key = f"{recipe}|official|{n}"
-            ref = [statistics.median(v) for v in zip(*runs[ref_key], strict=True)] \
-                if ref_key in runs else None
+            has_ref = "official" in args.pipelines
+            ref = statistics.median(rates[f"{recipe}|official|{n}"]) if has_ref else None
+            cpu_ref = statistics.median(cpu_rates[f"{recipe}|official|{n}"]) if has_ref else None
             for pipeline in args.pipelines:
                 key = f"{recipe}|{pipeline}|{n}"
-                medians = [statistics.median(v) for v in zip(*runs[key], strict=True)]
-                row: dict[str, Any] = {"recipe": recipe, "pipeline": pipeline, "cores": n,
-                                       "images_per_s_per_core": medians[0] / n,
-                                       "all_runs": runs[key]}
-                for k, field in enumerate(fields):
-                    row[field] = medians[k]
-                    row[field.replace("images_per", "ratio_vs_official")] = \
-                        medians[k] / ref[k] if ref else None
-                rows.append(row)
+                med, cpu_med = statistics.median(rates[key]), statistics.median(cpu_rates[key])
+                rows.append({"recipe": recipe, "pipeline": pipeline, "cores": n,
+                             "images_per_s": med, "images_per_s_per_core": med / n,
+                             "images_per_cpu_s": cpu_med, "all_runs": rates[key],
+                             "all_runs_per_cpu_s": cpu_rates[key],
+                             "ratio_vs_official": med / ref if ref else None,
+                             "cpu_ratio_vs_official": cpu_med / cpu_ref if cpu_ref else None})
     result = {"rows": rows, "image_size": args.image_size, "jpeg_folder": str(args.data or
               f"generated {args.generate} x {args.jpeg_size} q{args.quality}"),
               "repeats": args.repeats, "images_per_measurement": args.images,
@@ -260,15 +232,15 @@ def main() -> int:
               "machine": platform.platform(), "processor": platform.processor(),
               "torch": torch.__version__, "pillow": Image.__version__, **run_meta()}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{'recipe':8s} {'pipeline':12s} {'cores':>5s} {'img/s':>8s} {'x off.':>7s} "
-          f"{'img/CPU-s workers':>18s} {'x off.':>7s} {'+ training process':>19s} {'x off.':>7s}")
+    print(f"\n{'recipe':8s} {'pipeline':12s} {'cores':>5s} {'img/s':>8s} {'img/s/core':>10s} "
+          f"{'x official':>10s} {'img/CPU-s':>10s} {'x official':>10s}")
     for row in rows:
-        cells = []
-        for field, width in zip(fields, (8, 18, 19), strict=True):
-            ratio = row[field.replace("images_per", "ratio_vs_official")]
-            cells.append(f"{row[field]:{width}.1f} {ratio:7.2f}" if ratio else
-                         f"{row[field]:{width}.1f} {'-':>7s}")
-        print(f"{row['recipe']:8s} {row['pipeline']:12s} {row['cores']:5d} " + " ".join(cells))
+        ratio = f"{row['ratio_vs_official']:.2f}" if row["ratio_vs_official"] else "-"
+        cpu_ratio = f"{row['cpu_ratio_vs_official']:.2f}" if row["cpu_ratio_vs_official"] \
+            else "-"
+        print(f"{row['recipe']:8s} {row['pipeline']:12s} {row['cores']:5d} "
+              f"{row['images_per_s']:8.1f} {row['images_per_s_per_core']:10.1f} {ratio:>10s} "
+              f"{row['images_per_cpu_s']:10.1f} {cpu_ratio:>10s}")
     print(f"load average before {load_before}, after {load_after}; JSON: {args.out}")
     return 0
 

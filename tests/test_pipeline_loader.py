@@ -37,13 +37,16 @@ def _assert_gray_levels_of(batch_views: list[torch.Tensor], ref_views: list[torc
         torch.testing.assert_close(levels * 255, got8.float(), rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("levels", [True, False], ids=["8-bit", "float"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("recipe", ["vicreg", "swav"])
-def test_a_batch_collated_in_place_is_the_items_views_in_gray_levels(
-        tmp_path: Path, recipe: str, backend: str) -> None:
+def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: str, backend: str,
+                                                      levels: bool) -> None:
     write_jpeg_folder(tmp_path / "imgs", 6, (90, 70), classes=2)
     fast = FastViews.from_recipe(recipe, 32, backend=backend)
-    ds = SeededSamples(FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast))
+    folder = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast)
+    folder.levels = levels
+    ds = SeededSamples(folder)
     keys = [(4, 11), (0, 7), (5, 7), (2, 123456789)]
     state = torch.get_rng_state()
     batch = ds.__getitems__(keys)
@@ -52,7 +55,12 @@ def test_a_batch_collated_in_place_is_the_items_views_in_gray_levels(
     views, labels = collate_views(batch)
     ref_views, ref_labels = _views_one_by_one(ds, keys)
     assert len(views) == fast.num_views and torch.equal(labels, ref_labels)
-    _assert_gray_levels_of(views, ref_views, fast)
+    if levels:
+        _assert_gray_levels_of(views, ref_views, fast)
+    else:  # the item path's own values, and nothing left for the device to do
+        assert all(torch.equal(a, b) for a, b in zip(views, ref_views, strict=True))
+        finished = DeviceAugment(fast, photometric=False)(views)
+        assert all(a is b for a, b in zip(finished, views, strict=True))
     assert not torch.equal(views[0][1], views[0][2]), "another seed, other views"
     again, _ = collate_views(ds.__getitems__(keys))
     assert all(torch.equal(a, b) for a, b in zip(again, views, strict=True)), "reproducible"
@@ -106,6 +114,12 @@ def test_truncated_jpeg_mid_epoch_names_the_file_with_workers(tmp_path: Path) ->
             pass
     with pytest.raises(CorruptImageError, match="cannot read image file .*" + bad.name):
         ds[[p for p, _ in ds.samples].index(str(bad))]
+    # the training loader's path: whole batches written in place, under each sample's seeding
+    batches = DataLoader(SeededSamples(ds), batch_sampler=EpochBatchSampler(len(ds), 4),
+                         num_workers=2, collate_fn=collate_views, timeout=120)
+    with pytest.raises(CorruptImageError, match=bad.name):
+        for _ in batches:
+            pass
 
 
 def test_skip_corrupt_drops_and_counts_with_workers(tmp_path: Path) -> None:

@@ -108,6 +108,8 @@ class Trainer:
         # data.pipeline=fast / device: the data set hands over uint8 views (or crops and their
         # parameters) and names what finishes them on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
+        if hasattr(dataset, "levels"):  # the fast pipeline: 8-bit views for an accelerator
+            dataset.levels = self.runtime.device.type != "cpu"
         collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
