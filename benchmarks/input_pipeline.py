@@ -8,15 +8,18 @@ Pipelines, all measured in the same run through a DataLoader over the same JPEG 
   the reference of the ratios.
 * ``e2mc-pil``: this package's ``build_views`` on PIL images (torchvision's 23-px ``GaussianBlur``),
   the project's pipeline before the fast one.
-* ``e2mc-fast``: ``FastViews`` (``mode="cpu"``) as training on a CPU reads it: the same recipe,
-  drawn identically, decoded with libjpeg-turbo (DCT-scaled when the crops allow), cropped and
-  augmented on tensors, each batch's normalised float views written in place
-  (``FastViewDataset.collated``).
-* ``e2mc-fast-8bit``: the same as training on a GPU reads it: the batch's views as 8-bit images
-  (a quarter of the bytes to hand over and to copy to the GPU), which the GPU normalises (not
-  counted here, as for ``e2mc-device``).
+* ``e2mc-fast``: ``FastViews`` (``mode="cpu"``) as the trainer reads it: the same recipe, drawn
+  identically, decoded with libjpeg-turbo (DCT-scaled when the crops allow), cropped and
+  augmented on tensors, each batch's views written in place as 8-bit images
+  (``FastViewDataset.collated``), then normalised by the training process (on a CPU, as the
+  trainer does it, into the previous batch's tensors: that CPU time is the last column).
 * ``e2mc-device``: ``FastViews`` (``mode="device"``): the workers' share when the photometric
   augmentations run on the training device (decode + crop + resize, uint8 crops out).
+
+The CPU time per image is the workers' (decoding, augmenting, collating and handing the batches
+over) and, in the last column, also the training process's before the model can use a batch
+(``training_process_step``: the normalisation of ``e2mc-fast``'s 8-bit views; nothing for float
+views; ``e2mc-device``'s rest runs on the GPU).
 
 Every (recipe, pipeline, workers) cell is measured ``--repeats`` times, interleaved, and the
 median is reported: the machine may be shared. Without ``--data`` a folder of natural-looking
@@ -46,12 +49,12 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import transforms as T
 
 from e2mc.data import MultiViewDataset, build_views, collate_views
-from e2mc.data.fast_views import FastViewDataset, FastViews, collate_device_views
+from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews, collate_device_views
 from e2mc.data.image_folder import SafeImageFolder
 from e2mc.data.synthetic import write_jpeg_folder
 from run_meta import run_meta
 
-PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-fast-8bit", "e2mc-device")
+PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-device")
 RECIPES = ("vicreg", "swav", "simsiam")
 
 
@@ -124,17 +127,34 @@ def make_dataset(pipeline: str, recipe: str, folder: SafeImageFolder, size: int)
         return MultiViewDataset(folder, build_views(recipe, size, 3)), collate_views
     mode = "device" if pipeline == "e2mc-device" else "cpu"
     dataset = FastViewDataset(folder, FastViews.from_recipe(recipe, size, 3, mode=mode))
-    dataset.levels = pipeline == "e2mc-fast-8bit"  # as the trainer sets it for its device
     return dataset, collate_views if mode == "cpu" else collate_device_views
 
 
-def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int
-            ) -> tuple[float, float]:
-    """``(images/s, images per CPU-second)`` through a DataLoader with ``workers`` processes,
-    both leaving out each worker's start up and first batch. The CPU rate divides the images by
-    all the CPU time the workers used for them (decoding, augmenting, collating and handing the
-    batches over: ``getrusage`` of the joined workers, less each one's CPU time at the start of
-    its second batch), so it does not depend on how many other processes share the cores."""
+def training_process_step(pipeline: str, dataset: Any) -> Any:
+    """What the training process does to a batch on a CPU before the model can use it: the
+    normalisation of ``e2mc-fast``'s 8-bit views, as the trainer does it (into the previous
+    batch's tensors); None where the views are float already (``official``, ``e2mc-pil``, an
+    older e2mc's ``e2mc-fast``) and for ``e2mc-device``, whose rest is the GPU's
+    (``benchmarks/device_augment.py``)."""
+    if pipeline != "e2mc-fast" or not getattr(dataset, "collates", False):
+        return None
+    finish = DeviceAugment(dataset.views, photometric=False)
+    previous: list[Any] = []
+
+    def step(views: Any) -> None:
+        previous[:] = finish(views, out=previous or None)
+    return step
+
+
+def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int,
+            finish: Any = None) -> tuple[float, float, float]:
+    """``(images/s, images per CPU-second of the workers, images per CPU-second of the workers
+    and of ``finish``, the training process's step on each batch)`` through a DataLoader with
+    ``workers`` processes, both leaving out each worker's start up and first batch. The CPU rates
+    divide the images by all the CPU time the workers used for them (decoding, augmenting,
+    collating and handing the batches over: ``getrusage`` of the joined workers, less each one's
+    CPU time at the start of its second batch), so they do not depend on how many other
+    processes share the cores; the last one adds ``finish``'s CPU time in this process."""
     warm = batch * workers
     warm_cpu_s = multiprocessing.Array("d", workers)
     cpu_before = _children_cpu_s()
@@ -145,13 +165,17 @@ def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int
     for _ in range(workers):
         next(it)
     start = time.perf_counter()
-    done = 0
+    done, finish_cpu = 0, 0.0
     for batch_views in it:  # exhausting the iterator joins the workers
         done += len(batch_views[0][0])  # (views, labels) or (crops, params)
+        if finish is not None:
+            cpu_start = time.process_time()
+            finish(batch_views[0])
+            finish_cpu += time.process_time() - cpu_start
     rate = done / (time.perf_counter() - start)
     del it, loader
     cpu = _children_cpu_s() - cpu_before - sum(warm_cpu_s[:])
-    return rate, done / max(cpu, 1e-9)
+    return rate, done / max(cpu, 1e-9), done / max(cpu + finish_cpu, 1e-9)
 
 
 def _one_thread(_: int) -> None:
@@ -195,35 +219,38 @@ def main() -> int:
                   file=sys.stderr)
         folder = SafeImageFolder(root)
         load_before = load_average()
-        rates: dict[str, list[float]] = {}
-        cpu_rates: dict[str, list[float]] = {}
+        runs: dict[str, list[tuple[float, float, float]]] = {}
         for r in range(args.repeats):
             for recipe in args.recipes:
                 for n in cores:
                     for pipeline in args.pipelines:
                         ds, collate = make_dataset(pipeline, recipe, folder, args.image_size)
-                        rate, cpu_rate = measure(ds, collate, n, args.images, args.batch)
-                        rates.setdefault(f"{recipe}|{pipeline}|{n}", []).append(rate)
-                        cpu_rates.setdefault(f"{recipe}|{pipeline}|{n}", []).append(cpu_rate)
+                        run = measure(ds, collate, n, args.images, args.batch,
+                                      training_process_step(pipeline, ds))
+                        runs.setdefault(f"{recipe}|{pipeline}|{n}", []).append(run)
                         print(f"repeat {r + 1}/{args.repeats} {recipe:8s} {pipeline:12s} "
-                              f"{n} core(s): {rate:7.1f} img/s, {cpu_rate:7.1f} img/CPU-s",
+                              f"{n} core(s): {run[0]:7.1f} img/s, {run[1]:7.1f} img/CPU-s "
+                              f"(workers), {run[2]:7.1f} (and the training process)",
                               file=sys.stderr)
         load_after = load_average()
+    fields = ("images_per_s", "images_per_cpu_s", "images_per_cpu_s_with_training_process")
     rows = []
     for recipe in args.recipes:
         for n in cores:
-            has_ref = "official" in args.pipelines
-            ref = statistics.median(rates[f"{recipe}|official|{n}"]) if has_ref else None
-            cpu_ref = statistics.median(cpu_rates[f"{recipe}|official|{n}"]) if has_ref else None
+            ref_key = f"{recipe}|official|{n}"
+            ref = [statistics.median(v) for v in zip(*runs[ref_key], strict=True)] \
+                if ref_key in runs else None
             for pipeline in args.pipelines:
                 key = f"{recipe}|{pipeline}|{n}"
-                med, cpu_med = statistics.median(rates[key]), statistics.median(cpu_rates[key])
-                rows.append({"recipe": recipe, "pipeline": pipeline, "cores": n,
-                             "images_per_s": med, "images_per_s_per_core": med / n,
-                             "images_per_cpu_s": cpu_med, "all_runs": rates[key],
-                             "all_runs_per_cpu_s": cpu_rates[key],
-                             "ratio_vs_official": med / ref if ref else None,
-                             "cpu_ratio_vs_official": cpu_med / cpu_ref if cpu_ref else None})
+                medians = [statistics.median(v) for v in zip(*runs[key], strict=True)]
+                row: dict[str, Any] = {"recipe": recipe, "pipeline": pipeline, "cores": n,
+                                       "images_per_s_per_core": medians[0] / n,
+                                       "all_runs": runs[key]}
+                for k, field in enumerate(fields):
+                    row[field] = medians[k]
+                    row[field.replace("images_per", "ratio_vs_official")] = \
+                        medians[k] / ref[k] if ref else None
+                rows.append(row)
     result = {"rows": rows, "image_size": args.image_size, "jpeg_folder": str(args.data or
               f"generated {args.generate} x {args.jpeg_size} q{args.quality}"),
               "repeats": args.repeats, "images_per_measurement": args.images,
@@ -232,15 +259,15 @@ def main() -> int:
               "machine": platform.platform(), "processor": platform.processor(),
               "torch": torch.__version__, "pillow": Image.__version__, **run_meta()}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{'recipe':8s} {'pipeline':12s} {'cores':>5s} {'img/s':>8s} {'img/s/core':>10s} "
-          f"{'x official':>10s} {'img/CPU-s':>10s} {'x official':>10s}")
+    print(f"\n{'recipe':8s} {'pipeline':12s} {'cores':>5s} {'img/s':>8s} {'x off.':>7s} "
+          f"{'img/CPU-s workers':>18s} {'x off.':>7s} {'+ training process':>19s} {'x off.':>7s}")
     for row in rows:
-        ratio = f"{row['ratio_vs_official']:.2f}" if row["ratio_vs_official"] else "-"
-        cpu_ratio = f"{row['cpu_ratio_vs_official']:.2f}" if row["cpu_ratio_vs_official"] \
-            else "-"
-        print(f"{row['recipe']:8s} {row['pipeline']:12s} {row['cores']:5d} "
-              f"{row['images_per_s']:8.1f} {row['images_per_s_per_core']:10.1f} {ratio:>10s} "
-              f"{row['images_per_cpu_s']:10.1f} {cpu_ratio:>10s}")
+        cells = []
+        for field, width in zip(fields, (8, 18, 19), strict=True):
+            ratio = row[field.replace("images_per", "ratio_vs_official")]
+            cells.append(f"{row[field]:{width}.1f} {ratio:7.2f}" if ratio else
+                         f"{row[field]:{width}.1f} {'-':>7s}")
+        print(f"{row['recipe']:8s} {row['pipeline']:12s} {row['cores']:5d} " + " ".join(cells))
     print(f"load average before {load_before}, after {load_after}; JSON: {args.out}")
     return 0
 

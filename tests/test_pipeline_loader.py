@@ -37,16 +37,13 @@ def _assert_gray_levels_of(batch_views: list[torch.Tensor], ref_views: list[torc
         torch.testing.assert_close(levels * 255, got8.float(), rtol=0, atol=1e-3)
 
 
-@pytest.mark.parametrize("levels", [True, False], ids=["8-bit", "float"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("recipe", ["vicreg", "swav"])
-def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: str, backend: str,
-                                                      levels: bool) -> None:
+def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: str,
+                                                      backend: str) -> None:
     write_jpeg_folder(tmp_path / "imgs", 6, (90, 70), classes=2)
     fast = FastViews.from_recipe(recipe, 32, backend=backend)
-    folder = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast)
-    folder.levels = levels
-    ds = SeededSamples(folder)
+    ds = SeededSamples(FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast))
     keys = [(4, 11), (0, 7), (5, 7), (2, 123456789)]
     state = torch.get_rng_state()
     batch = ds.__getitems__(keys)
@@ -55,15 +52,28 @@ def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: st
     views, labels = collate_views(batch)
     ref_views, ref_labels = _views_one_by_one(ds, keys)
     assert len(views) == fast.num_views and torch.equal(labels, ref_labels)
-    if levels:
-        _assert_gray_levels_of(views, ref_views, fast)
-    else:  # the item path's own values, and nothing left for the device to do
-        assert all(torch.equal(a, b) for a, b in zip(views, ref_views, strict=True))
-        finished = DeviceAugment(fast, photometric=False)(views)
-        assert all(a is b for a, b in zip(finished, views, strict=True))
+    _assert_gray_levels_of(views, ref_views, fast)
     assert not torch.equal(views[0][1], views[0][2]), "another seed, other views"
     again, _ = collate_views(ds.__getitems__(keys))
     assert all(torch.equal(a, b) for a, b in zip(again, views, strict=True)), "reproducible"
+
+
+def test_views_normalised_into_given_tensors_equal_new_ones() -> None:
+    # the trainer on a CPU normalises each batch into the previous batch's tensors
+    fast = FastViews.from_recipe("swav", 32)
+    finish = DeviceAugment(fast, photometric=False)
+    levels = [torch.randint(0, 256, (4, 3, s.size, s.size), dtype=torch.uint8)
+              for s in fast.specs]
+    fresh = finish(levels)
+    out = [torch.full_like(v, float("nan")).contiguous(memory_format=torch.channels_last)
+           for v in fresh]
+    again = finish(levels, out=out)
+    assert all(a is o for a, o in zip(again, out, strict=True)), "written into out"
+    assert all(torch.equal(a, b) for a, b in zip(again, fresh, strict=True))
+    smaller = [v[:3] for v in levels]  # a last, smaller batch: new tensors, not out
+    last = finish(smaller, out=out)
+    assert all(a is not o and a.shape[0] == 3 for a, o in zip(last, out, strict=True))
+    assert all(torch.equal(a, b[:3]) for a, b in zip(last, fresh, strict=True))
 
 
 def test_a_loader_of_collated_batches_gives_the_items_views(tmp_path: Path) -> None:

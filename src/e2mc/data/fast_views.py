@@ -164,11 +164,10 @@ class FastViews:
         return crops, params
 
     def __call__(self, path: str | Path, out: Sequence[torch.Tensor] | None = None) -> Any:
-        """The views of the image file ``path``. With ``out`` (``mode="cpu"``; one ``[C, S, S]``
-        tensor per view, e.g. rows of :meth:`new_batch`), written into it: the normalised views
-        into float tensors, the 8-bit images (gray levels ``round(255 x)``, before the
-        normalisation that :class:`DeviceAugment` with ``photometric=False`` applies on the
-        training device) into uint8 ones."""
+        """The views of the image file ``path``. With ``out`` (``mode="cpu"``; one uint8
+        ``[C, S, S]`` tensor per view, e.g. rows of :meth:`new_batch`): the views as 8-bit images
+        (gray levels ``round(255 x)``, before the normalisation that :class:`DeviceAugment`
+        with ``photometric=False`` applies in the training process) written into it."""
         crops, params = self._crops(path)
         if self.mode == "device":
             if out is not None:
@@ -183,18 +182,18 @@ class FastViews:
             x = apply_photometric(x, torch.stack([params[k] for k in group]),
                                   self.specs[group[0]], normalized=False)
             x = x.mul_(255.0).round_()  # gray levels
-            if out is None or out[group[0]].dtype != torch.uint8:
+            if out is None:
                 x = normalize_levels(x, self.specs[group[0]])
             for k, view in zip(group, x, strict=True):
                 views[k] = view if out is None else out[k].copy_(view)
         return views
 
-    def new_batch(self, n: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-        """Per view, an uninitialised ``[n, C, S, S]`` batch (float32: normalised views; uint8:
-        8-bit images) for ``__call__(path, out=...)``: in a DataLoader worker in shared memory,
-        allocated as ``default_collate`` allocates a batch, so that it is handed over without
-        a copy."""
-        return [_batch_tensor((n, s.channels, s.size, s.size), dtype) for s in self.specs]
+    def new_batch(self, n: int) -> list[torch.Tensor]:
+        """Per view, an uninitialised uint8 ``[n, C, S, S]`` batch for ``__call__(path,
+        out=...)``: in a DataLoader worker in shared memory, allocated as ``default_collate``
+        allocates a batch, so that it is handed over without a copy (a quarter of the bytes of
+        float views)."""
+        return [_batch_tensor((n, s.channels, s.size, s.size)) for s in self.specs]
 
     @staticmethod
     def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
@@ -211,29 +210,25 @@ class FastViews:
                                             spec.solarize_threshold / 255.0)
         flip = p[PARAM_INDEX["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
         levels = photometric_cv2.gray_levels(x)
-        if out is not None and out.dtype == torch.uint8:
+        if out is not None:
             photometric_cv2.copy_chw(levels, out.numpy(), flip)
             return out
         x = np.multiply(levels, np.float32(1 / 255), dtype=np.float32)
         chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
-        chw = chw[..., ::-1] if flip else chw
-        if out is None:
-            return torch.from_numpy(np.ascontiguousarray(chw))
-        np.copyto(out.numpy(), chw)
-        return out
+        return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
 
     def __repr__(self) -> str:
         return (f"FastViews(mode={self.mode!r}, draft={self.draft}, backend={self.backend!r}, "
                 f"{self.views!r})")
 
 
-def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     if get_worker_info() is not None:
         with contextlib.suppress(AttributeError, RuntimeError):  # torch's private allocation
-            elem = torch.empty(0, dtype=dtype)
+            elem = torch.empty(0, dtype=torch.uint8)
             storage = elem._typed_storage()._new_shared(math.prod(shape), device=elem.device)
             return elem.new(storage).resize_(shape)
-    return torch.empty(shape, dtype=dtype)
+    return torch.empty(shape, dtype=torch.uint8)
 
 
 class DeviceAugment:
@@ -243,9 +238,10 @@ class DeviceAugment:
     ``[B, C, S, S]`` batch of view ``v`` (on any device), ``params[v]`` its
     ``[B, len(PARAM_FIELDS)]`` parameters (drawn in the workers, so resuming replays them): the
     photometric steps, then the normalisation. ``DeviceAugment(fast_views,
-    photometric=False)(views)``: the normalisation of the finished 8-bit views of
-    :meth:`FastViewDataset.collated` (``mode="cpu"``; float views pass as they are). Returns the
-    float, normalised views.
+    photometric=False)(views, out=...)``: the normalisation of the finished 8-bit views of
+    :meth:`FastViewDataset.collated` (``mode="cpu"``), into ``out`` (float tensors of the views'
+    shapes, e.g. the previous batch's, which the trainer reuses on a CPU) when it is given.
+    Returns the float, normalised views.
     """
 
     def __init__(self, views: FastViews | MultiCropTransform, photometric: bool = True) -> None:
@@ -253,12 +249,15 @@ class DeviceAugment:
         self.photometric = photometric
 
     def __call__(self, crops: Sequence[torch.Tensor],
-                 params: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        if not self.photometric:  # 8-bit views are normalised, float ones already are
+                 params: Sequence[torch.Tensor] | None = None,
+                 out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        if not self.photometric:
             if len(crops) != len(self.specs):
                 raise ValueError(f"expected {len(self.specs)} views, got {len(crops)}")
-            return [normalize_levels(c, s) if c.dtype == torch.uint8 else c
-                    for c, s in zip(crops, self.specs, strict=True)]
+            if out is not None and [o.shape for o in out] != [c.shape for c in crops]:
+                out = None  # another batch size (the last batch, another run): new tensors
+            return [normalize_levels(c, s, None if out is None else out[k])
+                    for k, (c, s) in enumerate(zip(crops, self.specs, strict=True))]
         if params is None or len(crops) != len(self.specs) or len(params) != len(self.specs):
             raise ValueError(f"expected {len(self.specs)} views, got {len(crops)} crops and "
                              f"{0 if params is None else len(params)} parameter sets")
@@ -286,10 +285,6 @@ class FastViewDataset(Dataset):
         self.labels = labels if indices is None or labels is None else labels[indices]
         self.classes = getattr(folder, "classes", None)
         self.num_skipped = int(getattr(folder, "num_skipped", 0))
-        #: what :meth:`collated` hands over: 8-bit images (a quarter of the bytes, for a GPU
-        #: that normalises them) or normalised float views (for training on the CPU, where the
-        #: float conversion costs the same in the workers and is not left to the trainer)
-        self.levels = True
 
     @property
     def targets(self) -> Any:
@@ -309,17 +304,16 @@ class FastViewDataset(Dataset):
 
     def collated(self, indices: Sequence[int],
                  contexts: Sequence[AbstractContextManager] | None = None) -> ViewBatch:
-        """Items ``indices`` as one collated batch, every image's views written straight into
-        it: no per-image tensors, no stacking copy (in a DataLoader worker the batch is in
-        shared memory). With :attr:`levels` (the default) the views are 8-bit images, a quarter
-        of the bytes, which ``DeviceAugment(views, photometric=False)`` normalises on the
-        training device; else normalised float views. ``contexts[k]`` (e.g. the sample's
-        seeding) is entered around item ``k``. Normalised, the views of ``self[i]``."""
+        """Items ``indices`` as one collated batch of 8-bit views, every image's views written
+        straight into it: no per-image tensors, no stacking copy, a quarter of the bytes of
+        float views (in a DataLoader worker the batch is in shared memory).
+        ``DeviceAugment(views, photometric=False)`` normalises them in the training process.
+        ``contexts[k]`` (e.g. the sample's seeding) is entered around item ``k``. Normalised,
+        the views of ``self[i]``."""
         if not self.collates:
             raise ValueError("collated() is for mode='cpu'; mode='device' collates uint8 crops "
                              "with collate_device_views")
-        batch = self.views.new_batch(len(indices),
-                                     torch.uint8 if self.levels else torch.float32)
+        batch = self.views.new_batch(len(indices))
         labels = torch.empty(len(indices), dtype=torch.long)
         for k, index in enumerate(indices):
             path, label = self.samples[index]

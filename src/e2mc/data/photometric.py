@@ -168,14 +168,17 @@ def normalize(x: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
     return torch.addcmul(-mean * inv_std, x, inv_std)
 
 
-def normalize_levels(levels: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
+def normalize_levels(levels: torch.Tensor, spec: ViewSpec, out: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """``(levels / 255 - mean) / std`` of a ``[B, C, S, S]`` batch of gray levels (uint8, or
-    float holding integers) as float32: one conversion into new memory and two in-place passes
-    (the allocation, conversion and broadcast of :func:`normalize` cost 4x more on a CPU)."""
+    float holding integers) as float32, into ``out`` (any memory format) or new memory: one
+    conversion and two in-place passes (the allocation, conversion and broadcast of
+    :func:`normalize` cost 4x more on a CPU)."""
     std = torch.tensor(spec.std, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     mean = torch.tensor(spec.mean, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
-    x = torch.empty(levels.shape, dtype=torch.float32, device=levels.device).copy_(levels)
-    return x.mul_(1.0 / (255.0 * std)).sub_(mean / std)
+    if out is None:
+        out = torch.empty(levels.shape, dtype=torch.float32, device=levels.device)
+    return out.copy_(levels).mul_(1.0 / (255.0 * std)).sub_(mean / std)
 
 
 def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec,

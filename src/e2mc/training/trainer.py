@@ -105,11 +105,16 @@ class Trainer:
                                          seed=self.training_cfg.seed, rank=self.runtime.rank,
                                          world_size=self.runtime.world_size)
         workers = cfg.data.num_workers
-        # data.pipeline=fast / device: the data set hands over uint8 views (or crops and their
-        # parameters) and names what finishes them on the training device
+        # data.pipeline=fast / device: the data set hands over 8-bit views (or uint8 crops and
+        # their parameters) and names what finishes them on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
-        if hasattr(dataset, "levels"):  # the fast pipeline: 8-bit views for an accelerator
-            dataset.levels = self.runtime.device.type != "cpu"
+        # on a CPU the fast pipeline's views are normalised into the previous step's input
+        # tensors (fresh ones cost page faults worth a third of the normalisation); they are
+        # free by then: a step's graph is freed by its backward and nothing keeps its views
+        self._reused_views: list[torch.Tensor] | None = None
+        self._reuse_views = (self.device_augment is not None
+                             and not self.device_augment.photometric
+                             and self.runtime.device.type == "cpu")
         collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
@@ -317,11 +322,14 @@ class Trainer:
                     lr = self._set_lr(step)
                     self.method.before_step(iteration)
                     views = [v.to(runtime.device, non_blocking=True) for v in views]
-                    if self.device_augment is not None:  # uint8 views or crops + parameters
+                    if self.device_augment is not None:  # views to normalise, or crops + params
                         views = self.device_augment(
-                            views, batch[1] if self.device_augment.photometric else None)
+                            views, batch[1] if self.device_augment.photometric else None,
+                            out=self._reused_views)
                     if training_cfg.channels_last:
                         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+                    if self._reuse_views:
+                        self._reused_views = views
                     terms, bad = self._step(views, iteration)
                     if bad is not None:
                         where = f"{bad} at step {step + 1} (epoch {run_epoch}, batch {batch_idx})"
