@@ -38,6 +38,10 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
         raise ValueError(
             f"{what} must be 2-D [n samples, d dimensions], got shape {tuple(x.shape)}"
         )
+    if x.device.type != "cpu":
+        # the check would cost a host-device synchronisation at every call; there a non-finite
+        # input gives a non-finite value, which the trainer stops or skips (NonFiniteGuard)
+        return
     # One reduction on the common path: a non-finite value makes the sum non-finite (a sum that
     # overflows without one falls through to the exact check below and passes).
     accumulate = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -73,12 +77,14 @@ def default_m(n: int) -> int:
     return max(1, round(math.sqrt(n)))
 
 
-#: Columns are sorted in blocks of about this many elements, which bounds the temporaries.
-_BLOCK_ELEMENTS = 1 << 18
+#: Columns are sorted in blocks of about this many elements, which bounds the temporaries (on a
+#: CPU, where blocks also stay in cache; a GPU's kernels, whose launches dominate at these
+#: sizes, take far larger ones).
+_BLOCK_ELEMENTS = {"cpu": 1 << 18, "other": 1 << 24}
 
 
-def _column_blocks(n: int, d: int) -> list[slice]:
-    width = max(1, _BLOCK_ELEMENTS // n)
+def _column_blocks(n: int, d: int, device: torch.device) -> list[slice]:
+    width = max(1, _BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "other"] // n)
     return [slice(j, min(j + width, d)) for j in range(0, d, width)]
 
 
@@ -100,8 +106,8 @@ def _sort_keys(x: torch.Tensor) -> torch.Tensor:
 class _SpacingsEntropy(torch.autograd.Function):
     """Per-column m-spacings entropy of ``x`` [n, d] with an analytic, memory-lean backward.
 
-    Forward sorts blocks of columns as contiguous rows of ``x^T`` (as order-preserving integer
-    keys, :func:`_sort_keys`) and keeps only the sort
+    Forward sorts blocks of columns as contiguous rows of ``x^T`` (on a CPU as order-preserving
+    integer keys, :func:`_sort_keys`) and keeps only the sort
     indices (int16 when they fit); the input is kept by reference (for the E2MC add-on it is the
     compact transform's output, which autograd holds anyway). Backward: with ``s`` a sorted column
     and ``g_i = (n+1)/m / ((n+1)/m (s_{i+m} - s_i) + eps) / (n - m)``, the gradient with respect
@@ -116,9 +122,12 @@ class _SpacingsEntropy(torch.autograd.Function):
         index_dtype = torch.int16 if n <= torch.iinfo(torch.int16).max else torch.int32
         order = torch.empty(d, n, dtype=index_dtype, device=x.device)
         entropy = x.new_empty(d)
-        for cols in _column_blocks(n, d):
-            keys, idx = torch.sort(_sort_keys(x[:, cols].t().contiguous()), dim=1)
-            s = _sort_keys(keys).view(x.dtype)  # the keys map back to the sorted values
+        for cols in _column_blocks(n, d, x.device):
+            if x.device.type == "cpu":  # (a GPU's radix sort takes the floats as they are)
+                keys, idx = torch.sort(_sort_keys(x[:, cols].t().contiguous()), dim=1)
+                s = _sort_keys(keys).view(x.dtype)  # the keys map back to the sorted values
+            else:
+                s, idx = torch.sort(x[:, cols].t(), dim=1)
             order[cols] = idx
             spacings = (s[:, m:] - s[:, : n - m]).mul_(scale).add_(eps)
             entropy[cols] = spacings.log_().sum(dim=1).div_(n - m)
@@ -133,7 +142,7 @@ class _SpacingsEntropy(torch.autograd.Function):
         d, n = order.shape
         factor = (grad_out * (scale / (n - m))).unsqueeze(1)
         grad_x = torch.empty_like(x)
-        for cols in _column_blocks(n, d):
+        for cols in _column_blocks(n, d, x.device):
             idx = order[cols].long()
             s = x[:, cols].t().contiguous().gather(1, idx)
             g = (s[:, m:] - s[:, : n - m]).mul_(scale).add_(eps).reciprocal_().mul_(factor[cols])
