@@ -161,6 +161,8 @@ def m_spacings_entropy(
     ``H_j = 1/(n-m) * sum_{i=1}^{n-m} log((n+1)/m * (x_(i+m),j - x_(i),j) + eps)`` with
     ``x_(i),j`` the i-th smallest value of column j and ``m = round(sqrt(n))`` by default.
     Returns a tensor of shape ``[d]`` in float32 (float64 for float64 input), differentiable.
+    A CPU tensor with NaN or infinite values raises ``ValueError`` naming the columns; on a GPU
+    (no synchronisation for the check) such columns give non-finite entropies.
     """
     _check_matrix(x, "x")
     n = x.shape[0]
