@@ -13,13 +13,17 @@ For each image file (in a DataLoader worker):
    size with ``torchvision.io.decode_jpeg`` (libjpeg-turbo);
 4. crop and resize every view on the uint8 tensor (``torchvision.transforms.v2.functional``,
    antialiased, the recipe's interpolation);
-5. ``mode="cpu"``: flip, colour jitter (per-sample order), grayscale, blur, solarize and normalise
-   the views of one image batched by size (:mod:`e2mc.data.photometric`), returning float views
-   like :func:`build_views`; ``mode="device"``: return the uint8 crops and their parameters, and
-   :class:`DeviceAugment` applies the same operations batched on the training device.
+5. ``mode="cpu"``: flip, colour jitter (per-sample order), grayscale, blur and solarize (with
+   OpenCV per view, or with torch batched by size: :mod:`e2mc.data.photometric`), rounded to
+   gray levels as the official pipeline's 8-bit images are, then normalised, returning float
+   views like :func:`build_views` (the trainer's loader takes whole batches of the 8-bit images,
+   :meth:`FastViewDataset.collated`, and normalises them on its device); ``mode="device"``:
+   return the uint8 crops and their parameters, and :class:`DeviceAugment` applies the same
+   operations batched on the training device.
 
 Differences from the PIL path, none of which changes a parameter distribution: the photometric
-operations run in float without rounding to uint8 between them (within about one gray level),
+operations run in float without rounding to uint8 between them, only after the last (within
+about one gray level),
 the hue is shifted in float HSV instead of PIL's 8-bit HSV, and reduced-scale decoding replaces
 part of the antialiasing of the resize by libjpeg's DCT scaling.
 """
