@@ -184,8 +184,7 @@ class FastViews:
         for group in self.cpu_groups:
             x = torch.stack([crops[k] for k in group]).float().div_(255.0)
             x = apply_photometric(x, torch.stack([params[k] for k in group]),
-                                  self.specs[group[0]], normalized=False)
-            x = x.mul_(255.0).round_()  # gray levels
+                                  self.specs[group[0]])  # gray levels
             if out is None:
                 x = normalize_levels(x, self.specs[group[0]])
             for k, view in zip(group, x, strict=True):
@@ -265,8 +264,7 @@ class DeviceAugment:
         if params is None or len(crops) != len(self.specs) or len(params) != len(self.specs):
             raise ValueError(f"expected {len(self.specs)} views, got {len(crops)} crops and "
                              f"{0 if params is None else len(params)} parameter sets")
-        return [normalize_levels(apply_photometric(c.float().div_(255.0), p, s, normalized=False)
-                                 .mul_(255.0).round_(), s)  # gray levels, as on the CPU
+        return [normalize_levels(apply_photometric(c.float().div_(255.0), p, s), s)
                 for c, p, s in zip(crops, params, self.specs, strict=True)]
 
 

@@ -35,7 +35,6 @@ __all__ = [
     "gaussian_blur",
     "gaussian_kernels",
     "grayscale",
-    "normalize",
     "normalize_levels",
     "solarize",
 ]
@@ -160,20 +159,12 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> tor
 _JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
 
 
-def normalize(x: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
-    """``(x - mean) / std`` of a float ``[B, C, S, S]`` batch in [0, 1] (the recipe's
-    ``Normalize``)."""
-    inv_std = 1.0 / torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    mean = torch.tensor(spec.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return torch.addcmul(-mean * inv_std, x, inv_std)
-
-
 def normalize_levels(levels: torch.Tensor, spec: ViewSpec, out: torch.Tensor | None = None
                      ) -> torch.Tensor:
     """``(levels / 255 - mean) / std`` of a ``[B, C, S, S]`` batch of gray levels (uint8, or
-    float holding integers) as float32, into ``out`` (any memory format) or new memory: one
-    conversion and two in-place passes (the allocation, conversion and broadcast of
-    :func:`normalize` cost 4x more on a CPU)."""
+    float holding integers) as float32 (the recipe's ``ToTensor`` and ``Normalize``), into
+    ``out`` (any memory format) or new memory: one conversion and two in-place passes (a
+    division, an allocation and a broadcast ``addcmul`` cost 4x more on a CPU)."""
     std = torch.tensor(spec.std, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     mean = torch.tensor(spec.mean, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     if out is None:
@@ -181,11 +172,11 @@ def normalize_levels(levels: torch.Tensor, spec: ViewSpec, out: torch.Tensor | N
     return out.copy_(levels).mul_(1.0 / (255.0 * std)).sub_(mean / std)
 
 
-def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
-                      normalized: bool = True) -> torch.Tensor:
-    """Flip, jitter, grayscale, blur, solarize and normalise a float ``[B, C, S, S]`` batch in
-    [0, 1] of views of ``spec``, sample ``b`` with ``params[b]``. Returns the normalised batch
-    (``normalized=False``: the batch in [0, 1] before the normalisation)."""
+def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
+    """Flip, jitter, grayscale, blur and solarize a float ``[B, C, S, S]`` batch in [0, 1] of
+    views of ``spec``, sample ``b`` with ``params[b]``, and round it to gray levels: returns
+    ``round(255 x)`` (float), the 8-bit images the official pipeline ends with, which
+    :func:`normalize_levels` normalises."""
     cpu = params.detach().to("cpu", torch.float32)
     dev = params.to(x.device)
 
@@ -208,7 +199,7 @@ def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
                dev[:, PARAM_INDEX["sigma"]])
     threshold = spec.solarize_threshold / 255.0
     x = _apply(x, on("solarize"), lambda v: solarize(v, threshold))
-    return normalize(x, spec) if normalized else x
+    return x.mul(255.0).round_()
 
 
 def _apply(x: torch.Tensor, mask: list[bool], fn: Any, arg: torch.Tensor | None = None

@@ -128,8 +128,8 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
         fast = FastViews(views, mode="cpu" if cfg.data.pipeline == "fast" else "device")
         dataset = FastViewDataset(base, fast)
         # read by the trainer: "device" hands over uint8 crops and their parameters (the
-        # photometric steps run on the training device), "fast" batches of finished views
-        # (FastViewDataset.collated: 8-bit for a GPU, which normalises them, float on a CPU)
+        # photometric steps run on the training device), "fast" batches of finished 8-bit
+        # views (FastViewDataset.collated); the training device normalises both
         dataset.device_augment = DeviceAugment(fast, photometric=cfg.data.pipeline == "device")
         if cfg.data.pipeline == "device":
             dataset.collate_fn = collate_device_views
