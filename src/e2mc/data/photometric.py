@@ -176,7 +176,7 @@ def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> 
     """Flip, jitter, grayscale, blur and solarize a float ``[B, C, S, S]`` batch in [0, 1] of
     views of ``spec``, sample ``b`` with ``params[b]``, and round it to gray levels: returns
     ``round(255 x)`` (float), the 8-bit images the official pipeline ends with, which
-    :func:`normalize_levels` normalises."""
+    :func:`normalize_levels` normalises. ``x`` is overwritten (the callers pass a new batch)."""
     cpu = params.detach().to("cpu", torch.float32)
     dev = params.to(x.device)
 
@@ -199,7 +199,7 @@ def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> 
                dev[:, PARAM_INDEX["sigma"]])
     threshold = spec.solarize_threshold / 255.0
     x = _apply(x, on("solarize"), lambda v: solarize(v, threshold))
-    return x.mul(255.0).round_()
+    return x.mul_(255.0).round_()
 
 
 def _apply(x: torch.Tensor, mask: list[bool], fn: Any, arg: torch.Tensor | None = None
