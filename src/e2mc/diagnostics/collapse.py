@@ -87,13 +87,14 @@ def rank_threshold(dim: int, min_rank: float = 2.0, rank_fraction: float = 0.01)
 
 
 def rank_signal(embeddings: torch.Tensor, min_rank: float = 2.0, rank_fraction: float = 0.01,
-                what: str = "embeddings") -> CollapseSignal | None:
+                what: str = "embeddings", rank: float | None = None) -> CollapseSignal | None:
     """The rank signal when the effective rank of ``embeddings`` (``[n, d]``, ``n >= 2``) is
-    below :func:`rank_threshold`."""
+    below :func:`rank_threshold`; ``rank``: that rank, where the caller has computed it."""
     if embeddings.ndim != 2 or embeddings.shape[0] < 2:
         raise ValueError(f"need [n >= 2, d] embeddings, got shape {tuple(embeddings.shape)}")
     threshold = rank_threshold(embeddings.shape[1], min_rank, rank_fraction)
-    rank = effective_rank(embeddings.detach().float().cpu())
+    if rank is None:
+        rank = effective_rank(embeddings.detach().float().cpu())
     if rank >= threshold:
         return None
     return CollapseSignal(

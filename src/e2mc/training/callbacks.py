@@ -56,6 +56,11 @@ class TrainerView(Protocol):
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """One record of ``metrics.jsonl`` / TensorBoard (written by the main process)."""
 
+    def fixed_views(self, n: int) -> list[torch.Tensor]:
+        """The views of the first ``n`` training images (the same at every call), on the
+        training device as a step takes them, whatever the input pipeline."""
+        ...
+
     def save_model(self, path: Path, run_epoch: int, step: int) -> None:
         """A model-only checkpoint of the current weights at ``path`` (main process writes)."""
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from e2mc.diagnostics.collapse import CollapseSignal, collapse_value, loss_signal, rank_signal
+from e2mc.diagnostics.collapse import (
+    CollapseSignal,
+    collapse_value,
+    loss_signal,
+    rank_signal,
+)
+from e2mc.diagnostics.embedding_stats import effective_rank
 from e2mc.training.callbacks import Callback
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -22,7 +28,8 @@ class CollapseMonitor(Callback):
     """Training callback: warn once (stderr and a ``collapse/warning`` record in
     ``metrics.jsonl``) when the base loss is pinned at its collapse value over the last
     ``window`` steps, or when the effective rank of the embeddings of the current model on a
-    fixed batch falls below the threshold (checked at the end of every epoch). Starts checking
+    fixed batch falls below the threshold (measured and logged as ``collapse/effective_rank``
+    at the end of every epoch, also after a warning). Starts checking
     after ``warmup_steps`` (a learning SwAV run starts near ``ln K`` too). Never stops the run.
     """
 
@@ -51,44 +58,42 @@ class CollapseMonitor(Callback):
     # -- hooks -------------------------------------------------------------------------------
     def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
                     terms: dict[str, torch.Tensor]) -> str | None:
-        if self.warned:
-            return None
         steps_per_epoch = int(getattr(trainer, "steps_per_epoch", 0) or 0)
         warmup = self.warmup_steps if self.warmup_steps is not None else steps_per_epoch
-        if self.target is not None and self.target.term in terms:
+        if self.target is not None and self.target.term in terms and not self.warned:
             self.recent.append(float(terms[self.target.term].detach().float().item()))
             if step > warmup:
                 found = loss_signal(list(self.recent), self.target, self.window)
                 if found is not None:
                     self._warn(trainer, step, found)
-                    return None
         if steps_per_epoch and step % steps_per_epoch == 0 and step > warmup:
-            found = self._rank(trainer)
-            if found is not None:
+            found = self._rank(trainer, step)  # measured and logged at every check
+            if found is not None and not self.warned:
                 self._warn(trainer, step, found)
         return None
 
-    def _rank(self, trainer: TrainerView) -> CollapseSignal | None:
+    def _rank(self, trainer: TrainerView, step: int) -> CollapseSignal | None:
         """Effective rank of the first view's embeddings on the dataset's first
         ``probe_size`` images (their views seeded by the index, so the batch is the same at
         every check and the training's random streams are untouched), in eval mode without
-        gradients (no method state changes)."""
+        gradients (no method state changes); logged as ``collapse/effective_rank``."""
         model = trainer.method
-        dataset = trainer.loader.dataset  # SeededSamples: item (index, seed), RNG untouched
-        n = min(self.probe_size, len(dataset))
-        if n < 2:
+        if min(self.probe_size, len(trainer.loader.dataset)) < 2:
             return None
-        views = _stack_views(dataset[(i, i)] for i in range(n))
-        device = next(model.parameters()).device
+        views = trainer.fixed_views(self.probe_size)  # the training path: any pipeline
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                out = model([v.to(device) for v in views])
+                out = model(views)
         finally:
             model.train(was_training)
-        return rank_signal(out.embeddings[0].float(), self.min_rank, self.rank_fraction,
-                           "projector embeddings")
+        embeddings = out.embeddings[0].float()
+        rank = effective_rank(embeddings.cpu())
+        if getattr(getattr(trainer, "runtime", None), "is_main", True):
+            trainer.log(step, {"collapse/effective_rank": rank})
+        return rank_signal(embeddings, self.min_rank, self.rank_fraction,
+                           "projector embeddings", rank=rank)
 
     def _warn(self, trainer: TrainerView, step: int, signal: CollapseSignal) -> None:
         self.warned.append(signal.kind)
@@ -102,14 +107,3 @@ class CollapseMonitor(Callback):
             log(step, {"collapse/warning": 1.0, f"collapse/{signal.kind}": signal.value,
                        "collapse/threshold": signal.threshold})
 
-
-def _stack_views(items: Iterable[Any]) -> list[torch.Tensor]:
-    """Dataset items (``(views, label)`` or ``views``) -> one batch tensor per view."""
-    per_view: list[list[torch.Tensor]] = []
-    for item in items:
-        views = item[0] if isinstance(item, tuple) else item
-        if not per_view:
-            per_view = [[] for _ in views]
-        for slot, v in zip(per_view, views, strict=True):
-            slot.append(v)
-    return [torch.stack(v) for v in per_view]

@@ -190,6 +190,29 @@ class Trainer:
                 path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
                 step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
 
+    def fixed_views(self, n: int) -> list[torch.Tensor]:
+        """The views of training images ``0 .. n-1``, image ``i``'s drawn under seed ``i`` (the
+        same batch at every call; the training's generators untouched), made as a training
+        batch is: the loader's data set and collation, then :meth:`_views_on_device`."""
+        keys = [(i, i) for i in range(min(n, len(self.loader.dataset)))]
+        items = self.loader.dataset.__getitems__(keys)
+        return self._views_on_device(self.loader.collate_fn(items), reuse=False)
+
+    def _views_on_device(self, batch: Any, reuse: bool = False) -> list[torch.Tensor]:
+        """A loader batch as a step takes it: the views on the training device, finished by
+        the pipeline's device part where it has one (the normalisation of 8-bit views, or the
+        photometric steps of uint8 crops and their parameters), in the step's memory format.
+        ``reuse``: normalise into the previous step's tensors (see ``_reused_views``)."""
+        views = batch[0] if isinstance(batch, tuple) else batch
+        views = [v.to(self.runtime.device, non_blocking=True) for v in views]
+        if self.device_augment is not None:  # views to normalise, or crops + params
+            views = self.device_augment(
+                views, batch[1] if self.device_augment.photometric else None,
+                out=self._reused_views if reuse else None)
+        if self.training_cfg.channels_last:
+            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+        return views
+
     # ------------------------------------------------------------------ checkpoints
     def _save(self, run_epoch: int, step: int, batch_in_epoch: int, skipped: int) -> Path:
         self.guard.refuse_bad_weights(step)
@@ -317,17 +340,10 @@ class Trainer:
                 self.model.train()
                 batches = enumerate(self.loader, start=start_batch)
                 for batch_idx, batch in self._unless_unreadable(batches):
-                    views = batch[0] if isinstance(batch, tuple) else batch
                     iteration = self.base_epoch * steps_per_epoch + step
                     lr = self._set_lr(step)
                     self.method.before_step(iteration)
-                    views = [v.to(runtime.device, non_blocking=True) for v in views]
-                    if self.device_augment is not None:  # views to normalise, or crops + params
-                        views = self.device_augment(
-                            views, batch[1] if self.device_augment.photometric else None,
-                            out=self._reused_views)
-                    if training_cfg.channels_last:
-                        views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+                    views = self._views_on_device(batch, reuse=self._reuse_views)
                     if self._reuse_views:
                         self._reused_views = views
                     terms, bad = self._step(views, iteration)
