@@ -24,3 +24,29 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- the order
+# pytest-randomly (a dev dependency) runs the tests in a random order, a new seed each run:
+# no test may depend on another having run. The seed is printed last, so that a failure can be
+# replayed (pytest -p randomly --randomly-seed=N); --reverse runs them in reverse order
+# (with -p no:randomly, the order of the files reversed).
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--reverse", action="store_true",
+                     help="run the tests in reverse order (with -p no:randomly)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse"):
+        items.reverse()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and getattr(config.option, "randomly_reorganize", True):
+        terminalreporter.write_line(
+            f"test order: pytest-randomly seed {seed} (replay: python -m pytest -q -n auto "
+            f"-p randomly --randomly-seed={seed})")
+    elif config.getoption("--reverse"):
+        terminalreporter.write_line("test order: reversed")

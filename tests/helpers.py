@@ -134,3 +134,37 @@ def killed_and_resumed(args: list[str], root, env: dict) -> tuple[dict, dict, ob
     b = torch.load(killed / "checkpoint.pt", weights_only=True)
     assert (a["step"], b["step"]) == (6, 6)
     return a, b, killed
+
+
+def fake_slurm_commands(monkeypatch, folder) -> None:
+    """``sbatch`` and ``srun`` on PATH that do nothing, for tests of the job scripts submitit
+    would submit (made here, never submitted), on machines with or without SLURM."""
+    import os
+    from pathlib import Path
+
+    bin_dir = Path(folder) / "fake-slurm-bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("sbatch", "srun"):
+        (bin_dir / name).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+#: Modules the processes of :func:`child_processes` start with (imported once, in the server).
+CHILD_PRELOAD = ["torch", "numpy", "e2mc.cli", "e2mc.training.trainer"]
+
+
+def child_processes():
+    """The multiprocessing context of the processes tests start: ``forkserver``, with torch and
+    e2mc imported in the server. A child forked from the test process after a backward pass
+    cannot run autograd on a machine with a GPU (torch: "Unable to handle autograd's threading
+    in combination with fork-based multiprocessing"); the server never runs one, and a child
+    forked from it starts in milliseconds. The target must be a module-level function (it is
+    pickled by name). None where the platform has no forkserver."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(CHILD_PRELOAD)
+    return ctx

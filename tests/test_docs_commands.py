@@ -1,12 +1,13 @@
 """Docs that run (issue 33): every ``e2mc`` command in the shell blocks of README.md and docs/
 is one of three kinds.
 
-- **run**: the default. The command runs here, in the order of the pages, in one temporary
-  folder, at a small size: ``--data`` (any value, or none for a training command) becomes a
-  2,000-image slice of the shipped Fashion-MNIST, training commands get ``--set`` overrides for one
-  step of batch 16, evaluations one probe epoch and no feature cache, and the run directories a
-  page starts from (``runs/vicreg-e2mc``, ``runs/vicreg-continued``, ``my-run.yaml``,
-  ``resnet18_timm.pt``) are made first. It must exit 0.
+- **run**: the default. The command runs here, in the order of its page, in a folder of the
+  page's own (so that the pages run in any order, on any worker), at a small size: ``--data``
+  (any value, or none for a training command) becomes a 2,000-image slice of the shipped
+  Fashion-MNIST, training commands get ``--set`` overrides for one step of batch 16,
+  evaluations one probe epoch and no feature cache, and the run directories a page starts from
+  (``runs/vicreg-e2mc``, ``runs/vicreg-continued``, ``my-run.yaml``, ``resnet18_timm.pt``) are
+  made first. It must exit 0.
 - **parsed**: a block marked ``<!-- docs test: parsed, not run (REASON) -->`` on the line
   above its fence (ImageNet, torchrun, SLURM, downloads, files of the reader's own). Its
   commands parse with the real argparse parsers: their options exist, take the values given,
@@ -173,28 +174,43 @@ def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _maybe_slow(c: tuple[Path, int, str, str]) -> object:
-    """A search (trials, controls, confirmation: about 20 s at this size) is marked slow."""
-    slow = [pytest.mark.slow] if c[2].split()[0] == "search" else []
-    return pytest.param(*c[:3], id=_id(c), marks=slow)
+def _page_param(page: Path) -> object:
+    """A page's run commands as one test; a page with a search (trials, controls,
+    confirmation: about 20 s at this size) is marked slow."""
+    cmds = [(line, cmd) for p, line, cmd, _ in RUN if p == page]
+    slow = [pytest.mark.slow] if any(cmd.split()[0] == "search" for _, cmd in cmds) else []
+    return pytest.param(page, cmds, id=str(page.relative_to(REPO)), marks=slow)
 
 
-@pytest.mark.parametrize("page,line,command", [_maybe_slow(c) for c in RUN])
-def test_documented_commands_run_at_a_small_size(page: Path, line: int, command: str,
-                                                 docs_folder: Path, monkeypatch,
-                                                 capsys) -> None:
+RUN_PAGES = list(dict.fromkeys(c[0] for c in RUN))
+
+
+@pytest.mark.parametrize("page,cmds", [_page_param(page) for page in RUN_PAGES])
+def test_documented_commands_run_at_a_small_size(page: Path, cmds: list[tuple[int, str]],
+                                                 docs_folder: Path, tmp_path: Path,
+                                                 monkeypatch, capsys) -> None:
+    """A page's commands, in the page's order, in a folder of the page's own (a copy of
+    ``docs_folder``): a command may use what the commands above it on its page wrote, never
+    what another page or another test wrote, so any order of the tests and any worker run
+    them alike."""
+    import shutil
+
     from e2mc.cli import main
 
-    monkeypatch.chdir(docs_folder)
-    argv = small(shlex.split(command))
-    if "timm" in command:
-        pytest.importorskip("timm", reason="the [timm] extra is not installed")
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 0, f"{page.relative_to(REPO)}:{line}: e2mc {shlex.join(argv)}\n{err[-2000:]}"
-    if "--out" in argv:  # it wrote what it says
-        written = docs_folder / argv[argv.index("--out") + 1]
-        assert written.is_dir() and any(written.iterdir()), written
+    folder = tmp_path / "page"
+    shutil.copytree(docs_folder, folder, symlinks=True)
+    monkeypatch.chdir(folder)
+    for line, command in cmds:
+        argv = small(shlex.split(command))
+        if "timm" in command:
+            pytest.importorskip("timm", reason="the [timm] extra is not installed")
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 0, f"{page.relative_to(REPO)}:{line}: e2mc {shlex.join(argv)}\n" \
+                          f"{err[-2000:]}"
+        if "--out" in argv:  # it wrote what it says
+            written = folder / argv[argv.index("--out") + 1]
+            assert written.is_dir() and any(written.iterdir()), written
 
 
 def python_blocks() -> list[tuple[Path, int, str]]:

@@ -5,15 +5,15 @@ duplicated (checkpoints, epoch copies, metrics lines), no temporary file left, a
 weights, optimizer state, epoch copies, best.pt and logged losses. Also results.json and the
 feature cache killed mid-write, and a truncated feature-cache entry.
 
-The runs are forked from the test process (no interpreter start-up) and train a tiny method for
-18 steps, so the whole module takes seconds. ``FAULT_STATS`` collects the numbers printed at the
+The runs are forked from a forkserver with torch and e2mc loaded (no interpreter start-up,
+no autograd state of the test process: :func:`helpers.child_processes`) and train a tiny method
+for 18 steps, so the whole module takes seconds. ``FAULT_STATS`` collects the numbers printed at the
 end (kills tried, resumes bit-identical, files checked).
 """
 
 from __future__ import annotations
 
 import io
-import multiprocessing
 import os
 import random
 import signal
@@ -35,11 +35,10 @@ from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.training.callbacks import Callback
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.trainer import Trainer
+from helpers import child_processes
 
-pytestmark = pytest.mark.skipif(
-    "fork" not in multiprocessing.get_all_start_methods(), reason="needs fork (POSIX)")
-FORK = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() \
-    else None
+CHILDREN = child_processes()
+pytestmark = pytest.mark.skipif(CHILDREN is None, reason="needs forkserver (POSIX)")
 EPOCHS, BATCH, IMAGES = 3, 4, 24  # 6 steps per epoch, 18 steps
 TOTAL_STEPS = EPOCHS * IMAGES // BATCH
 FAULT_STATS: Counter[str] = Counter()
@@ -188,8 +187,8 @@ def _run_killed(run_dir: Path, target: tuple[str, int] | None = None,
                 kill_after_s: float | None = None, step_delay: float = 0.0) -> int:
     """Train in a forked child that is killed as ``target`` / ``kill_after_s`` say; returns its
     exit code (-9 when killed)."""
-    assert FORK is not None
-    proc = FORK.Process(target=_child_train, args=(str(run_dir), target, step_delay))
+    assert CHILDREN is not None
+    proc = CHILDREN.Process(target=_child_train, args=(str(run_dir), target, step_delay))
     proc.start()
     if kill_after_s is not None:
         proc.join(kill_after_s)
@@ -319,6 +318,7 @@ def _child_write_results(out: str) -> None:
 
 def _child_extract(root: str) -> None:
     torch.set_num_threads(1)
+    torch.manual_seed(0)  # the backbone the test process extracts with after the kill
     _install_kill(("cache", 1))
     from e2mc.evaluation.features import FeatureCache
 
@@ -337,9 +337,9 @@ class _Images(torch.utils.data.Dataset):
 def test_results_and_feature_cache_killed_mid_write(tmp_path: Path) -> None:
     from e2mc.evaluation.features import FeatureCache
 
-    assert FORK is not None
+    assert CHILDREN is not None
     out = tmp_path / "eval"
-    proc = FORK.Process(target=_child_write_results, args=(str(out),))
+    proc = CHILDREN.Process(target=_child_write_results, args=(str(out),))
     proc.start()
     proc.join(60)
     FAULT_STATS["kills tried"] += 1
@@ -352,8 +352,7 @@ def test_results_and_feature_cache_killed_mid_write(tmp_path: Path) -> None:
     FAULT_STATS["files checked"] += 1
 
     cache = tmp_path / "cache"
-    torch.manual_seed(0)
-    proc = FORK.Process(target=_child_extract, args=(str(cache),))
+    proc = CHILDREN.Process(target=_child_extract, args=(str(cache),))
     proc.start()
     proc.join(60)
     FAULT_STATS["kills tried"] += 1

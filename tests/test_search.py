@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 from e2mc.artifacts import SEARCH_JSON
 from e2mc.cli import main
 from e2mc.search import Trial, file_trials, grid_trials, select
-from helpers import TINY_RUN, recorded_test_data, tiny_base
+from helpers import TINY_RUN, child_processes, recorded_test_data, tiny_base
 
 TINY = [*TINY_RUN, "monitor.every=2", "monitor.probe_epochs=2", "monitor.knn_k=3"]
 
@@ -272,39 +273,47 @@ def test_a_preempted_trial_is_resumed_not_counted(
     _same_search(out, ref)
 
 
-def _killed_during_write(work, matches, nth: int = 1, sig: int = 9) -> int:
-    """``work()`` (an exit code) in a forked child that gets ``sig`` during the ``nth`` atomic
-    write of a path for which ``matches(path)`` holds: SIGKILL halfway through the write, any
-    other signal before it (recorded by a handler; the write goes on). The child's exit code
-    (-9 when a SIGKILL landed)."""
-    import multiprocessing
+def _killed_during_write(work, suffix: str, nth: int = 1, sig: int = 9,
+                         under: str | None = None) -> int:
+    """``work()`` (an exit code; picklable, e.g. a ``functools.partial``) in a child process
+    (:func:`helpers.child_processes`) that gets ``sig`` during the ``nth`` atomic write of a
+    path ending with ``suffix`` (and, with ``under``, whose path relative to ``under`` starts
+    with ``confirm``): SIGKILL halfway through the write, any other signal before it (recorded
+    by a handler; the write goes on). The child's exit code (-9 when a SIGKILL landed)."""
+    ctx = child_processes()
+    assert ctx is not None
+    proc = ctx.Process(target=_child_killed_during_write, args=(work, suffix, nth, sig, under))
+    proc.start()
+    proc.join(120)
+    return proc.exitcode
+
+
+def _child_killed_during_write(work, suffix: str, nth: int, sig: int, under: str | None) -> None:
     import signal
 
     import e2mc.files as files
 
-    def child() -> None:
-        original, seen = files.atomic_write, [0]
+    original, seen = files.atomic_write, [0]
 
-        def killing(path, write, mode="wb"):
-            if matches(str(path)):
-                seen[0] += 1
-                if seen[0] == nth and sig != signal.SIGKILL:
-                    os.kill(os.getpid(), sig)
-                elif seen[0] == nth:
-                    def half(f):
-                        f.write(b"\0" if "b" in mode else "{")
-                        f.flush()
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return original(path, half, mode)
-            return original(path, write, mode)
+    def matches(path: str) -> bool:
+        return path.endswith(suffix) and (
+            under is None or os.path.relpath(path, under).startswith("confirm"))
 
-        files.atomic_write = killing
-        os._exit(work())
+    def killing(path, write, mode="wb"):
+        if matches(str(path)):
+            seen[0] += 1
+            if seen[0] == nth and sig != signal.SIGKILL:
+                os.kill(os.getpid(), sig)
+            elif seen[0] == nth:
+                def half(f):
+                    f.write(b"\0" if "b" in mode else "{")
+                    f.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return original(path, half, mode)
+        return original(path, write, mode)
 
-    proc = multiprocessing.get_context("fork").Process(target=child)
-    proc.start()
-    proc.join(120)
-    return proc.exitcode
+    files.atomic_write = killing
+    os._exit(work())
 
 
 def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
@@ -312,12 +321,12 @@ def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
     """The one-trial two-epoch search, given ``sig`` during the ``nth`` write of a file ending
     with ``target`` (:func:`_killed_during_write`)."""
     return _killed_during_write(
-        lambda: _search(base, out, "--grid", "addon.params.beta=1", "--set",
-                        "training.epochs=2"), lambda path: path.endswith(target), nth, sig)
+        functools.partial(_search, base, out, "--grid", "addon.params.beta=1", "--set",
+                          "training.epochs=2"), target, nth, sig)
 
 
 @pytest.mark.slow  # 12 killed and resumed searches: about 25 s on 2 cores
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (POSIX)")
+@pytest.mark.skipif(child_processes() is None, reason="needs forkserver (POSIX)")
 def test_a_search_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
         base: tuple[Path, Path], reference_search: tuple[Path, list[str]],
         tmp_path: Path) -> None:
@@ -374,13 +383,12 @@ def _run_and_confirm(base: tuple[Path, Path], out: Path) -> int:
 def _confirm_killed(base: tuple[Path, Path], out: Path, target: str, sig: int) -> int:
     """:func:`_run_and_confirm`, given ``sig`` during the first write of a confirmation file
     ending with ``target`` (:func:`_killed_during_write`)."""
-    return _killed_during_write(lambda: _run_and_confirm(base, out),
-                                lambda path: os.path.relpath(path, out).startswith("confirm")
-                                and path.endswith(target), 1, sig)
+    return _killed_during_write(functools.partial(_run_and_confirm, base, out), target, 1, sig,
+                                under=str(out))
 
 
 @pytest.mark.slow  # 7 killed and resumed confirmations: about 40 s on 2 cores
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (POSIX)")
+@pytest.mark.skipif(child_processes() is None, reason="needs forkserver (POSIX)")
 def test_a_confirmation_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
         base: tuple[Path, Path], tmp_path: Path) -> None:
     """SIGKILL during the first write of each file of a confirmation (its runs' checkpoints and

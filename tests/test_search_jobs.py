@@ -13,7 +13,7 @@ import torch
 
 from e2mc.artifacts import SEARCH_JSON, RunDir
 from e2mc.cli import main
-from helpers import TINY_RUN, tiny_base
+from helpers import TINY_RUN, fake_slurm_commands, tiny_base
 
 submitit = pytest.importorskip("submitit")
 
@@ -184,7 +184,7 @@ def test_the_slurm_job_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     from e2mc.jobs import ExecutorOptions, make_executor, parse_slurm_settings, slurm_parameters
 
-    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    fake_slurm_commands(monkeypatch, tmp_path)
     options = ExecutorOptions(kind="slurm", partition="gpu", nodes=2, gpus_per_node=4,
                               cpus_per_task=10, time_min=120, account="proj",
                               constraint="a100", max_parallel=3,

@@ -9,6 +9,7 @@ import pytest
 
 from e2mc.distributed import srun_environment
 from e2mc.errors import InputError
+from helpers import fake_slurm_commands
 
 STEP = {"SLURM_JOB_ID": "41", "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3",
         "SLURM_LOCALID": "1", "SLURM_STEP_NODELIST": "cpu[007-008,12],gpu1",
@@ -27,12 +28,13 @@ def test_a_task_of_an_srun_step_gets_torchruns_variables() -> None:
     assert srun_environment({**STEP, "SLURM_STEP_NUM_TASKS": "1"}) == {}
 
 
-def test_tasks_per_node_in_the_job_script(tmp_path) -> None:
+def test_tasks_per_node_in_the_job_script(tmp_path, monkeypatch) -> None:
     submitit = pytest.importorskip("submitit")
     from e2mc.jobs import ExecutorOptions, make_executor
 
     options = ExecutorOptions(kind="slurm", tasks_per_node=2, cpus_per_task=1)
     options.check()
+    fake_slurm_commands(monkeypatch, tmp_path)  # the script is made, never submitted
 
     def script(kind: str) -> list[str]:
         executor = make_executor(options, tmp_path, "e2mc-search", kind=kind)
@@ -48,3 +50,12 @@ def test_tasks_per_node_in_the_job_script(tmp_path) -> None:
         ExecutorOptions(tasks_per_node=2).check()
     with pytest.raises(InputError, match="--tasks-per-node must be at least 1, got 0"):
         ExecutorOptions(kind="slurm", tasks_per_node=0).check()
+
+
+def test_the_slurm_executor_without_slurm_is_one_error_line(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("submitit")
+    from e2mc.jobs import ExecutorOptions, make_executor
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither sbatch nor srun
+    with pytest.raises(InputError, match="sbatch and srun not found on PATH"):
+        make_executor(ExecutorOptions(kind="slurm"), tmp_path, "e2mc-search")

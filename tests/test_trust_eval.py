@@ -24,7 +24,7 @@ from e2mc.evaluation.results import compare_evaluations, save_predictions
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 from helpers import recorded_test_data
 from test_evaluation_cli import data
-from test_faults import FORK
+from test_faults import CHILDREN
 
 BASE_CHECKPOINT = Path(e2mc.__file__).parent / "assets" / "demo_base_vicreg.pt"
 OPTIONS = EvalOptions(protocols=("linear", "knn"), fractions=(1.0,), seeds=(0, 1),
@@ -178,11 +178,11 @@ def test_a_second_writer_is_refused_and_the_results_are_untouched(
         references: dict[int, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from e2mc.artifacts import DirectoryBusy
 
-    assert FORK is not None
+    assert CHILDREN is not None
     out = shutil.copytree(references[0], tmp_path / "eval")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     release = tmp_path / "release"
-    holder = FORK.Process(target=_hold_lock, args=(str(out), str(release)))
+    holder = CHILDREN.Process(target=_hold_lock, args=(str(out), str(release)))
     holder.start()
     try:
         deadline = time.monotonic() + 20

@@ -4,7 +4,6 @@ split."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -16,9 +15,9 @@ import torch
 
 from e2mc.artifacts import RunDir, writer_lock
 from e2mc.cli import main
-from helpers import TINY_RUN
+from helpers import TINY_RUN, child_processes
 
-FORK = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
+CHILDREN = child_processes()
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def _hold_lock(root: Path, ready: Path, release: Path) -> None:
             time.sleep(0.01)
 
 
-@pytest.mark.skipif(FORK is None, reason="needs fork (POSIX)")
+@pytest.mark.skipif(CHILDREN is None, reason="needs the forkserver start method (POSIX)")
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(
         data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"
@@ -57,7 +56,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(
     before = (RunDir(run).checkpoint.read_bytes(), RunDir(run).metrics.read_text())
     capsys.readouterr()
     ready, release = tmp_path / "ready", tmp_path / "release"
-    holder = FORK.Process(target=_hold_lock, args=(run, ready, release))
+    holder = CHILDREN.Process(target=_hold_lock, args=(run, ready, release))
     holder.start()
     while not ready.exists():
         assert holder.is_alive()
@@ -75,7 +74,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(
     # a writer killed while holding the lock: its lock file stays, the next run takes it over
     ready.unlink()
     release.unlink()
-    holder = FORK.Process(target=_hold_lock, args=(run, ready, release))
+    holder = CHILDREN.Process(target=_hold_lock, args=(run, ready, release))
     holder.start()
     while not ready.exists():
         assert holder.is_alive()

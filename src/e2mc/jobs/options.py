@@ -3,6 +3,7 @@ and the SLURM settings) and the submitit executor they make (:func:`make_executo
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,11 @@ def make_executor(options: ExecutorOptions, folder: str | Path, name: str,
     """The submitit executor of ``options`` (``local`` or ``slurm``) with its parameters."""
     submitit = import_submitit()
     if options.kind == "slurm":
+        missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
+        if missing:
+            raise InputError(f"--executor slurm submits with SLURM's sbatch and srun; "
+                             f"{' and '.join(missing)} not found on PATH (run it where SLURM "
+                             "answers, e.g. a cluster's login node, or use --executor local)")
         executor = submitit.SlurmExecutor(folder=folder)
         executor.update_parameters(**slurm_parameters(options, name, kind))
         return executor
