@@ -40,6 +40,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--reverse"):
         items.reverse()
+    if not torch.cuda.is_available():  # the gpu tests: one line each, saying why
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none here): scripts/gpu-check.sh "
+                                       "runs these on a GPU machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -15,7 +15,7 @@ import torch
 
 import e2mc
 from e2mc.training.logging import read_metrics
-from helpers import assert_same_training_state, killed_and_resumed
+from helpers import assert_same_training_state, killed_and_resumed, training_records
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
 ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -93,8 +93,8 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, name: str) -> 
     assert (a["step"], b["step"]) == (6, 6)
     assert any(k.startswith("teacher.") for k in a["model"])
     assert_same_training_state(a, b)
-    assert [m["loss"] for m in read_metrics(tmp_path / "whole")] == \
-        [m["loss"] for m in read_metrics(parted)]
+    assert [m["loss"] for m in training_records(tmp_path / "whole")] == \
+        [m["loss"] for m in training_records(parted)]
 
 
 @pytest.mark.slow
@@ -111,4 +111,4 @@ def test_killed_and_resumed_is_bit_identical(tmp_path: Path, name: str) -> None:
     if name in ("byol", "mocov3", "dino"):
         assert any(key.startswith("teacher.") for key in a["model"])
     assert_same_training_state(a, b)
-    assert [m["step"] for m in read_metrics(killed)] == list(range(1, 7))
+    assert [m["step"] for m in training_records(killed)] == list(range(1, 7))

@@ -17,13 +17,13 @@ import torch
 import e2mc
 from e2mc.checkpoints.io import atomic_save
 from e2mc.config import resolve_signals
-from e2mc.training.logging import read_metrics
 from e2mc.training.preemption import (
     PREEMPTED_EXIT_CODE,
     PreemptionHandler,
     is_preemption,
     requeue_slurm_job,
 )
+from helpers import training_records
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
 ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -165,7 +165,7 @@ def test_signal_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
-        if (run / "metrics.jsonl").exists() and len(read_metrics(run)) >= after:
+        if (run / "metrics.jsonl").exists() and len(training_records(run)) >= after:
             break
         time.sleep(0.02)
     os.killpg(proc.pid, sig)  # as SLURM (or a closing terminal) does: loader workers too
@@ -174,14 +174,15 @@ def test_signal_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
     assert f"pre-empted by {sig.name}" in err and "Traceback" not in err
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert after <= ckpt["step"] < 12, "stopped at a step boundary before the end"
-    assert len(read_metrics(run)) == ckpt["step"]
+    assert len(training_records(run)) == ckpt["step"]
     assert main([*args, "--run-dir", str(run)]) == 0  # the same command resumes
     a = torch.load(whole / "checkpoint.pt", weights_only=True)
     b = torch.load(run / "checkpoint.pt", weights_only=True)
     assert (a["step"], b["step"]) == (12, 12)
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
-    assert [m["loss"] for m in read_metrics(whole)] == [m["loss"] for m in read_metrics(run)]
+    losses = [[m["loss"] for m in training_records(r)] for r in (whole, run)]
+    assert losses[0] == losses[1]
 
 
 def test_only_a_time_limit_signal_requeues() -> None:

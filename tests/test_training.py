@@ -26,7 +26,7 @@ from e2mc.training.logging import read_metrics
 from e2mc.training.nonfinite import NonFiniteLossError
 from e2mc.training.sampling import EpochBatchSampler
 from e2mc.training.trainer import Trainer
-from helpers import assert_same_training_state, killed_and_resumed
+from helpers import assert_same_training_state, killed_and_resumed, training_records
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
 # One thread: on a busy 2-core machine two-thread kernels wait on each other (100x slower).
@@ -241,7 +241,7 @@ def test_resume_after_kill_gives_the_weights_of_an_uninterrupted_run(
             "--set", "training.checkpoint_every_steps=1", "--set", "data.num_workers=2"]
     a, b, killed = killed_and_resumed(args, tmp_path, ENV)
     assert_same_training_state(a, b)
-    metrics_a, metrics_b = read_metrics(tmp_path / "whole"), read_metrics(killed)
+    metrics_a, metrics_b = training_records(tmp_path / "whole"), training_records(killed)
     assert [m["step"] for m in metrics_b] == list(range(1, 7))  # each step logged once
     assert [m["loss"] for m in metrics_a] == [m["loss"] for m in metrics_b]
 
