@@ -1,5 +1,6 @@
 """Suite-wide settings: one intra-op thread (tiny tensors; spawned ranks and loader workers
-would otherwise oversubscribe a 2-core CI machine), headless matplotlib."""
+would otherwise oversubscribe a 2-core CI machine), headless matplotlib, a file-hash table of
+the test process's own; the order (random, or reversed) and the gpu tests' skip."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# the table of image-file hashes (e2mc.data.file_hashes) of the tests' own images: one per test
+# process and the processes it starts, never the user's
+if "E2MC_HASH_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["E2MC_HASH_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="e2mc-test-hashes-"),
+                                                 "file-hashes.sqlite3")
 
 import torch  # noqa: E402
 

@@ -5,11 +5,12 @@ record and checkpoint, ``results.json``'s train and test data, ``search.json``),
 reuse, resume and pairing compares identities, never the text of a path: new images written at
 the same paths are other data. The feature cache keys its entries on the same content hash.
 
-What the content hash covers (:func:`content_digest`):
+What the content hash covers (:func:`content_digest`), the content alone, never how it is named
+or when it was written:
 
-* files (``samples`` of ``(path, label)``, image folders): each path, label, size, mtime and
-  ctime; a rewrite or replacement of a file changes its ctime, which ``touch`` or ``cp -p``
-  cannot set back;
+* files (``samples`` of ``(path, label)``, image folders): each file's bytes (their SHA-256,
+  read once and remembered by :mod:`e2mc.data.file_hashes`) and label, in order; the same bytes
+  under another spelling of the path, through a link or after ``touch`` are the same data;
 * in-memory data (``images``/``labels`` arrays, ``TensorDataset``): the arrays' bytes;
 * a subset: its indices and its parent; a wrapper that only transforms (``data.Transformed``):
   its parent;
@@ -19,12 +20,17 @@ What the content hash covers (:func:`content_digest`):
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
+
+from e2mc.data.file_hashes import file_digests
+
+#: How the content hash is made: 2, files by their bytes (1, recorded by e2mc before it: files
+#: by path, size and times; arrays were hashed alike in both).
+SCHEME = 2
 
 
 def update_array(h: Any, array: np.ndarray | torch.Tensor) -> None:
@@ -42,11 +48,10 @@ def update_array(h: Any, array: np.ndarray | torch.Tensor) -> None:
 def update_content(h: Any, dataset: Any) -> None:
     """Hash what every item of ``dataset`` is made of into ``h`` (the module docstring)."""
     if isinstance(getattr(dataset, "samples", None), list):
-        h.update(b"files")
-        for path, label in dataset.samples:
-            st = os.stat(path)
-            h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n"
-                     .encode())
+        h.update(b"file bytes")
+        digests = file_digests([path for path, _ in dataset.samples])
+        for (_, label), digest in zip(dataset.samples, digests, strict=True):
+            h.update(f"{digest}\0{label}\n".encode())
     elif isinstance(getattr(dataset, "images", None), np.ndarray) \
             and isinstance(getattr(dataset, "labels", None), np.ndarray):
         h.update(b"arrays")
@@ -93,7 +98,8 @@ def data_identity(dataset: Any) -> dict[str, Any]:
         h = hashlib.sha256()
         update_array(h, np.asarray(labels, dtype=np.int64))
         label_hash = h.hexdigest()
-    return {"content": content_digest(dataset), "size": len(dataset), "labels": label_hash}
+    return {"content": content_digest(dataset), "size": len(dataset), "labels": label_hash,
+            "scheme": SCHEME}
 
 
 def same_data(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -108,6 +114,9 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
     ``now`` name the two sides)."""
     if old is None:
         return "no content identity was recorded (made by an older e2mc)"
+    if old.get("scheme", 1) != new.get("scheme", 1) and old.get("content") != new.get("content"):
+        return ("one identity was recorded by an older e2mc, which named image files by their "
+                "path and times, not their bytes: make that result again with this e2mc")
     if old.get("size") != new.get("size"):
         return f"{old.get('size')} images {then}, {new.get('size')} {now}"
     what = "the labels" if old.get("content") == new.get("content") else "the images"

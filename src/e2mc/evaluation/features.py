@@ -279,7 +279,7 @@ def dataset_fingerprint(dataset: Dataset, data_id: str,
         h.update(torch.as_tensor(image).float().contiguous().numpy().tobytes())
         h.update(np.asarray(target).tobytes())
     return {
-        "data_id": data_id,
+        "data_id": data_id,  # recorded; the key leaves it out (FeatureCache.key)
         "size": n,
         "transform": repr(_transform_of(dataset)),
         "items": h.hexdigest(),
@@ -288,7 +288,7 @@ def dataset_fingerprint(dataset: Dataset, data_id: str,
 
 
 #: Bumped when the stored layout or the identity changes; older entries are then stale.
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 
 
 def model_signature(module: nn.Module) -> str:
@@ -298,6 +298,12 @@ def model_signature(module: nn.Module) -> str:
     for name, tensor in module.state_dict().items():
         h.update(f"{name}|{tuple(tensor.shape)}".encode())
     return h.hexdigest()[:16]
+
+
+def _keyed(identity: dict[str, Any]) -> dict[str, Any]:
+    """What of a cache identity the key covers: all but ``data_id``, how the images are named
+    (their content identity says what they are)."""
+    return {k: v for k, v in identity.items() if k != "data_id"}
 
 
 class FeatureCache:
@@ -337,7 +343,7 @@ class FeatureCache:
                     if checkpoint is not None else f"state:{state_dict_digest(backbone)}")
         identity = {"format": CACHE_FORMAT, "model": model_id, "precision": precision,
                     **dataset_fingerprint(dataset, data_id, content)}
-        blob = json.dumps(identity, sort_keys=True).encode()
+        blob = json.dumps(_keyed(identity), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:32], identity
 
     def path(self, key: str) -> Path:
@@ -357,7 +363,7 @@ class FeatureCache:
             with np.load(path, allow_pickle=False) as stored:
                 features, labels = stored["features"], stored["labels"]
                 stored_identity = json.loads(str(stored["identity"]))
-            if stored_identity != identity:
+            if _keyed(stored_identity) != _keyed(identity):
                 raise ValueError("identity differs")
             if features.ndim != 2 or len(features) != identity["size"] \
                     or len(labels) != identity["size"]:

@@ -51,14 +51,16 @@ class EvalData:
         return (_limit(train, self.train_limit, self.limit_seed),
                 _limit(test, self.test_limit, self.limit_seed))
 
-    def id(self, image_size: int, channels: int) -> str:
-        """The evaluation's ``data`` (and the feature cache's data id)."""
+    def id(self, image_size: int, channels: int, named: bool = True) -> str:
+        """The evaluation's ``data`` (and the feature cache's data id); ``named`` False: without
+        the data set specs (how the images are named; what they are is their content
+        identity), as an evaluation's stamp holds it."""
         cut = self.train_limit is not None or self.test_limit is not None
         subset = f"train:{self.train_limit}|test:{self.test_limit}" if cut else ""
         if self.limit_seed is not None:
             subset += f"|seeded-{self.limit_seed}"
-        return data_id(self.train, self.test, image_size, channels, self.skip_corrupt,
-                       subset=subset)
+        train, test = (self.train, self.test) if named else ("*", "*")
+        return data_id(train, test, image_size, channels, self.skip_corrupt, subset=subset)
 
 
 def _limit(dataset: Any, limit: int | None, seed: int | None) -> Any:
@@ -146,7 +148,7 @@ def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
     from e2mc.files import sha256_file
 
     return {"checkpoint_sha256": sha256_file(loaded.path),
-            "data_id": data.id(loaded.size, loaded.channels), **identities,
+            "data_id": data.id(loaded.size, loaded.channels, named=False), **identities,
             "options": _options_key(options)}
 
 
@@ -211,7 +213,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
     named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
     run_evaluation(
         loaded.backbone, loaded.feature_dim, train, test, out, options,
-        data_id=stamp["data_id"], checkpoint=path, cache=cache, lock=lock,
+        data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache, lock=lock,
         extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                       "model": chosen.record(info.get("step")) if chosen else None,
                       "checkpoint_info": _plain(info), "image_size": loaded.size,

@@ -132,7 +132,7 @@ class Search:
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"{path} is not a search record ({err}); use another --out") from err
         new = self.spec.identity()
-        if new.get("data_identity") is not None and old.get("data") == new["data"]:
+        if new.get("data_identity") is not None:  # the images by content, however named
             from e2mc.data.identity import describe_change, same_data
 
             if not same_data(old.get("data_identity"), new["data_identity"]):
@@ -140,7 +140,8 @@ class Search:
                     f"{self.out} holds a search of other images than {self.spec.data} holds "
                     f"now ({describe_change(old.get('data_identity'), new['data_identity'])}); "
                     "its trials would not be this data's: use another --out")
-        differ = [k for k in new if old.get(k) != new[k]]
+        differ = [k for k in new if old.get(k) != new[k]
+                  and not (k in ("data", "data_identity") and new.get("data_identity"))]
         if differ:
             raise ValueError(f"{self.out} holds a search made with another "
                              f"{', '.join(differ)} (e.g. base checkpoint or data); use another "

@@ -114,15 +114,16 @@ RESUME_FREE_KEYS = frozenset({
     "training.find_unused_parameters", "data.num_workers", "init.trust",
     "training.compile", "training.preempt_signals", "training.requeue", "logging.tensorboard",
     "data.skip_corrupt",
+    # how the images are named: what they are is their content identity (check_resume_data)
+    "data.dataset",
 })
 #: Keys that cannot change within a run directory, not even with ``--override-config``: they
 #: change the model's shape, the method, the images or the position in the data
 #: (``batch_size``: steps per epoch).
 #: ``monitor.keep_best`` names what ``best.pt`` and its saved best value were chosen by: another
 #: metric would compare its values with the old metric's best.
-RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "data.dataset",
-                     "data.split", "data.limit", "data.val_split",
-                     "data.val_seed", "monitor.keep_best")
+RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "data.split",
+                     "data.limit", "data.val_split", "data.val_seed", "monitor.keep_best")
 
 
 def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], int]:
