@@ -55,7 +55,7 @@ def test_names_are_escaped_in_the_markdown_and_the_page(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _compare(tmp_path, f"ref|erence,{HOSTILE}")
     printed = capsys.readouterr().out
-    assert f"the page with the verdicts, the table and the chart: {out / 'comparison.html'}" \
+    assert f"page: {out / 'comparison.html'}" \
         in printed
     md = (out / "comparison.md").read_text()
     page = (out / "comparison.html").read_text()

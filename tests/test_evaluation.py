@@ -232,8 +232,12 @@ def test_feature_cache_reused_and_invalidated(tmp_path):
                                        progress=False)
     assert (hit1, hit2, len(calls)) == (False, True, 1)
     np.testing.assert_array_equal(f1, f2)
-    # Another split / data id is another entry.
-    cache.get_or_extract(net, data, "d:test", ckpt, extractor=counting, progress=False)
+    # The same images under another name are the same entry; other images another one.
+    _, _, hit_named = cache.get_or_extract(net, data, "elsewhere:train", ckpt,
+                                           extractor=counting, progress=False)
+    assert hit_named and len(calls) == 1
+    cache.get_or_extract(net, torch.utils.data.Subset(data, range(len(data) - 1)), "d:train",
+                         ckpt, extractor=counting, progress=False)
     assert len(calls) == 2
     # A changed checkpoint file invalidates.
     with torch.no_grad():

@@ -94,6 +94,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_evaluations, comparison_markdown, write_comparison
+    from e2mc.evaluation.answer import print_answer
     from e2mc.evaluation.compare_report import COMPARISON_STEM
     from e2mc.evaluation.comparison_page import write_comparison_page
     from e2mc.training.run import train_unless_done
@@ -149,13 +150,13 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
                                  sections=[diagnostics_section(report, out, settings)])
     stage("done")
     print("\n" + comparison_markdown(comparison, per_seed=False))  # per seed: in the files
-    if settings.check_only:
-        print("\n--quick checks the installation: its runs are too short and its test set too "
-              "small for these verdicts to mean anything; run e2mc demo without --quick for "
-              "the measurement.")
     print(f"\ntables: {', '.join(str(p) for p in table_paths)}")
     print(f"diagnostics: {report}")
-    print(f"the page with the answer (verdicts, table, chart, diagnostics): {page}")
+    # the answer last: the flags, a headline per run (E2MC's last), the page
+    notes = ["--quick checks the installation: its runs are too short and its test set too "
+             "small for these verdicts to mean anything; run e2mc demo without --quick for "
+             "the measurement"] if settings.check_only else []
+    print_answer(comparison, page, last="e2mc", notes=notes)
     return next(p for p in table_paths if p.suffix == ".md")
 
 

@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from e2mc.config import comma_list
+    from e2mc.evaluation.answer import print_answer
     from e2mc.evaluation.compare import compare_evaluations
     from e2mc.evaluation.compare_report import (
         COMPARISON_STEM,
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         write_comparison,
     )
     from e2mc.evaluation.comparison_page import write_comparison_page
+    from e2mc.files import display_name
 
     names = comma_list(args.names) if args.names else None
     if args.out is not None:
@@ -70,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     paths = write_comparison(comp, out / COMPARISON_STEM)
     page = write_comparison_page(comp, out, chart=paths[1])
     print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
-    print("wrote " + ", ".join(str(p) for p in paths))
-    print(f"the page with the verdicts, the table and the chart: {page}")
+    # (a directory whose name is not UTF-8 shown with \xff, never a UnicodeEncodeError)
+    print("wrote " + ", ".join(display_name(p) for p in paths))
+    print_answer(comp, display_name(page))  # the answer last: flags, a headline per run, the page
     return 0
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se
 from e2mc.data.subsets import fraction_label
 from e2mc.errors import InputError
+from e2mc.evaluation.sanity import comparison_flags
 from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -23,6 +24,7 @@ from e2mc.evaluation.significance import (
     paired_permutation_test,
     pooled_permutation_test,
 )
+from e2mc.files import display_name
 
 
 @dataclass
@@ -47,6 +49,9 @@ class Comparison:
     #: ``primaries[column]``: the primary metrics of the column's cells (one unless the runs
     #: were compared with ``allow_mismatch``), for the chart's axis labels.
     primaries: dict[str, list[str]] = field(default_factory=dict)
+    #: What the verdicts rest on, one line each (:func:`e2mc.evaluation.sanity.comparison_flags`):
+    #: a run at chance, two runs of the same weights, a grid's edge, dropped images, the seeds.
+    flags: list[str] = field(default_factory=list)
 
     @property
     def reference(self) -> str:
@@ -79,6 +84,10 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     seeds, :func:`~e2mc.evaluation.significance.pooled_permutation_test` also gives one p-value
     over all of them (``Comparison.pooled``).
 
+    The names (``names``, else the directories' own, :func:`evaluation_names`) are kept as
+    :func:`e2mc.files.display_name` shows them (a byte that is not UTF-8 as ``\\xff``), so the
+    table, the files, the page and the chart all show the same text.
+
     ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
     RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
     first row, ``floor_name``, shown for scale and tested against nothing.
@@ -94,7 +103,9 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
     runs = [EvalDir(d).load() for d in eval_dirs]
-    names = list(names) if names else evaluation_names(eval_dirs)
+    # the names as every output shows them: bytes that are not UTF-8 as \xff, no controls
+    names = [display_name(n) for n in (names or evaluation_names(eval_dirs))]
+    floor_name = display_name(floor_name)
     if len(names) != len(runs):
         raise ValueError(f"{len(names)} names for {len(runs)} runs")
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -169,7 +180,8 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                       mismatches=mismatches,
                       primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
                                                        for e in r.column(c)))
-                                 for c in columns})
+                                 for c in columns},
+                      flags=comparison_flags(*zip(*shown_runs, strict=True)))
 
 
 def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:

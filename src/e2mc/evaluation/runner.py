@@ -27,7 +27,7 @@ from e2mc.data.subsets import (
     read_file_list,
     subset_from_file_list,
 )
-from e2mc.evaluation.features import FeatureCache, extract_features
+from e2mc.evaluation.features import FeatureCache, extract_features, state_dict_digest
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
@@ -197,6 +197,9 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
     from e2mc.data.identity import data_identity
 
     extra_record = dict(extra_record or {})
+    # the weights evaluated, by value: two evaluations of the same weights are flagged by
+    # e2mc compare (e2mc.evaluation.sanity), whatever files they came from
+    extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
     for split, ds in (("train", train_dataset), ("test", test_dataset)):
         if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
             extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)

@@ -49,6 +49,13 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     def steps_per_epoch(self) -> int:
         return self.n // self.global_batch
 
+    def use(self) -> dict[str, int]:
+        """How an epoch uses the images: ``images``, ``batch`` (global), ``steps`` and
+        ``dropped``, the images no batch of the epoch takes (others each epoch)."""
+        steps = self.steps_per_epoch
+        return {"images": self.n, "batch": self.global_batch, "steps": steps,
+                "dropped": self.n - steps * self.global_batch}
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         if not 0 <= start_batch <= self.steps_per_epoch:
             raise ValueError(f"start_batch must be in [0, {self.steps_per_epoch}], "

@@ -104,6 +104,12 @@ class Trainer:
         self.sampler = EpochBatchSampler(len(dataset), self.training_cfg.batch_size,
                                          seed=self.training_cfg.seed, rank=self.runtime.rank,
                                          world_size=self.runtime.world_size)
+        #: how an epoch uses the images (saved in every checkpoint; e2mc compare flags drops)
+        self.epoch_use = use = self.sampler.use()
+        if use["dropped"] and self.runtime.is_main:
+            print(f"note: every epoch leaves {use['dropped']} of the {use['images']} images out "
+                  f"(batch {use['batch']}: {use['steps']} step(s) per epoch; other images each "
+                  "epoch)", file=sys.stderr)
         workers = cfg.data.num_workers
         # data.pipeline=fast / device: the data set hands over 8-bit views (or uint8 crops and
         # their parameters) and names what finishes them on the training device
@@ -188,7 +194,8 @@ class Trainer:
         if self.runtime.is_main:
             save_training_checkpoint(
                 path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
-                step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict())
+                step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict(),
+                epoch_use=self.epoch_use)
 
     def fixed_views(self, n: int) -> list[torch.Tensor]:
         """The views of training images ``0 .. n-1``, image ``i``'s drawn under seed ``i`` (the
@@ -221,6 +228,7 @@ class Trainer:
             cfg=self.cfg, runtime=self.runtime, callbacks=self.callbacks,
             base_epoch=self.base_epoch, run_epoch=run_epoch, step=step,
             batch_in_epoch=batch_in_epoch, skipped=skipped, data=self.data_identity)
+        state["epoch_use"] = self.epoch_use
         path = self.run.checkpoint
         if self.runtime.is_main:
             save_training_checkpoint(path, self.method, **state)

@@ -1,0 +1,151 @@
+"""What a comparison's verdicts rest on, said beside them: the flags of ``e2mc compare`` (in
+the terminal, ``comparison.md`` and the page), one line each.
+
+- **chance**: a run whose accuracy is at or near chance (the most common test class's share):
+  it collapsed or learned nothing, and a difference from it means nothing;
+- **same weights**: two runs whose backbones are the same tensors (their evaluations' backbone
+  SHA-256; for evaluations that predate it, the checkpoint file's): nothing to compare;
+- **grid edge**: probes that chose the smallest or largest learning rate or weight decay of
+  their grid: the best value may lie beyond it;
+- **dropped images**: a run trained with images left out of every epoch (the data set's size
+  is not a multiple of the batch);
+- **seeds**: what the ± and the pooled tests run over: label-subset seeds of one trained model
+  per row, not training seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from e2mc.artifacts import EvalResults
+
+__all__ = ["comparison_flags", "near_chance"]
+
+
+def near_chance(top1: float, chance: float) -> bool:
+    """Within a tenth of the way from chance to 100 %: e.g. at most 19 % with 10 balanced
+    classes (a random-init network scores far above that on every data set we use)."""
+    return top1 <= chance + 0.1 * (100.0 - chance)
+
+
+def _chance(run: EvalResults) -> float | None:
+    """The share (%) of the most common class among the test labels, from the first entry's
+    saved predictions; None when none are saved."""
+    for entry in run.entries:
+        if entry.predictions:
+            try:
+                _, labels = run.predictions(entry)
+            except ValueError:
+                return None
+            if labels.ndim != 1 or not len(labels):
+                return None
+            return 100.0 * float(np.bincount(labels.astype(np.int64)).max()) / len(labels)
+    return None
+
+
+def _chance_flag(name: str, run: EvalResults) -> str | None:
+    chance = _chance(run)
+    if chance is None:
+        return None
+    low = []
+    for column in run.columns():
+        entries = [e for e in run.column(column) if e.primary.startswith("top1")]
+        if entries:
+            mean = float(np.mean([e.value for e in entries]))
+            if near_chance(mean, chance):
+                low.append(f"{column} {mean:.2f} %")
+    if not low:
+        return None
+    return (f"{name} is at or near chance ({', '.join(low)}; chance {chance:.2f} %, the most "
+            "common test class): it collapsed or learned nothing, and a difference from it "
+            "means nothing")
+
+
+def _weights_id(run: EvalResults) -> str | None:
+    stamp = run.info.get("stamp")
+    return run.info.get("backbone_sha256") or (
+        stamp.get("checkpoint_sha256") if isinstance(stamp, dict) else None)
+
+
+def _same_weights_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    groups: dict[str, list[str]] = {}
+    for name, run in zip(names, runs, strict=True):
+        if (weights := _weights_id(run)) is not None:
+            groups.setdefault(weights, []).append(name)
+    return [f"{' and '.join(group)} are the same weights (backbone sha256 {weights[:12]}): "
+            "nothing to compare, their rows differ by nothing but chance"
+            for weights, group in groups.items() if len(group) > 1]
+
+
+def _grid_edge_flag(name: str, run: EvalResults) -> str | None:
+    settings = (run.info.get("settings") or {}).get("linear") or {}
+    edges: dict[str, list[str]] = {}
+    probes = 0
+    for entry in run.entries:
+        config = entry.extra.get("config")  # the chosen lr and weight decay
+        grid_of = settings.get(_fraction_key(entry, settings)) or {}
+        if entry.protocol != "linear" or not isinstance(config, dict):
+            continue
+        probes += 1
+        for key, grid_key in (("lr", "lr_grid"), ("weight_decay", "wd_grid")):
+            grid = [float(v) for v in grid_of.get(grid_key) or []]
+            value = config.get(key)
+            if len(grid) >= 2 and value is not None:
+                side = ("smallest" if np.isclose(value, min(grid)) else
+                        "largest" if np.isclose(value, max(grid)) else None)
+                if side is not None:
+                    edges.setdefault(f"{key} {side}", []).append(entry.column)
+    if not edges:
+        return None
+    said = "; ".join(f"the {what.split()[1]} {what.split()[0]} of the grid in {len(cols)} of "
+                     f"{probes} probes" for what, cols in edges.items())
+    return (f"{name}'s linear probes chose {said}: the best value may lie beyond the grid; "
+            "widen --lr-grid / --wd-grid")
+
+
+def _fraction_key(entry: Any, settings: dict[str, Any]) -> str | None:
+    """The key of ``settings['linear']`` for the entry's label fraction (``1%``, ``100%``)."""
+    from e2mc.data.subsets import fraction_label
+
+    if entry.fraction is None:
+        return None
+    key = fraction_label(entry.fraction)
+    return key if key in settings else None
+
+
+def _dropped_flag(name: str, run: EvalResults) -> str | None:
+    info = run.info.get("checkpoint_info")
+    use = info.get("epoch_use") if isinstance(info, dict) else None
+    if not isinstance(use, dict) or not use.get("dropped"):
+        return None
+    return (f"{name} was trained with {use['dropped']} of its {use['images']} images left out "
+            f"of every epoch (batch {use['batch']}, {use['steps']} step(s) per epoch; others "
+            "each epoch)")
+
+
+def _seeds_flag(runs: Sequence[EvalResults]) -> str | None:
+    seeds = sorted({e.seed for run in runs for e in run.entries
+                    if e.seed is not None and e.protocol != "knn"}, key=str)
+    if len(seeds) < 2:
+        return None
+    return (f"seeds: each row is one trained model; its ± and the pooled tests are over "
+            f"{len(seeds)} label-subset seeds (which labelled images the probes train on), "
+            "not over training seeds")
+
+
+def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    """Every flag of the compared runs (``names[i]`` is ``runs[i]``'s), in the order of the
+    module docstring."""
+    flags = [f for name, run in zip(names, runs, strict=True)
+             if (f := _chance_flag(name, run)) is not None]
+    flags += _same_weights_flags(names, runs)
+    flags += [f for name, run in zip(names, runs, strict=True)
+              if (f := _grid_edge_flag(name, run)) is not None]
+    flags += [f for name, run in zip(names, runs, strict=True)
+              if (f := _dropped_flag(name, run)) is not None]
+    if (seeds := _seeds_flag(runs)) is not None:
+        flags.append(seeds)
+    return flags

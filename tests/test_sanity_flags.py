@@ -1,0 +1,119 @@
+"""Sanity flags in every verdict, and the answer last (issue 41): each flag built from its case
+and asserted as the user sees it, in the last lines ``e2mc compare`` prints (the flags, one
+headline per run, the page) and on the page; a training epoch's dropped images said at the start
+and recorded in the checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from e2mc.artifacts import EvalDir
+from e2mc.cli import main
+from helpers import TINY_RUN, recorded_test_data, tiny_base
+
+N = 200
+
+
+def _eval_dir(root: Path, correct: int, classes: int = 2, seeds: tuple[int, ...] = (0, 1),
+              info: dict | None = None, config: dict | None = None) -> Path:
+    """One linear column, ``correct`` of ``N`` test images right at every label seed."""
+    from e2mc.evaluation.results import save_predictions
+
+    labels = np.arange(N) % classes
+    entries = []
+    for seed in seeds:
+        preds = labels.copy()
+        preds[correct:] = (preds[correct:] + 1) % classes
+        rel = save_predictions(root, f"linear_1_seed{seed}", preds, labels)
+        entries.append({"protocol": "linear", "column": "linear 1%", "primary": "top1",
+                        "metrics": {"top1": 100 * correct / N}, "fraction": 0.01, "seed": seed,
+                        "predictions": rel, **({"config": config} if config else {})})
+    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels),
+                         **(info or {})})
+    return root
+
+
+def _compare(tmp_path: Path, a: Path, b: Path, capsys) -> list[str]:
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "--names", "continued,e2mc", "--out", str(out),
+                 "--resamples", "200"]) == 0
+    return capsys.readouterr().out.rstrip("\n").splitlines()
+
+
+def test_the_answer_is_last_a_headline_per_run_then_the_page(tmp_path: Path, capsys) -> None:
+    a = _eval_dir(tmp_path / "a", 100)
+    b = _eval_dir(tmp_path / "b", 160)
+    lines = _compare(tmp_path, a, b, capsys)
+    assert lines[-1] == f"page: {tmp_path / 'cmp' / 'comparison.html'}"
+    assert lines[-2].startswith("e2mc against continued: BETTER at linear 1% (+30.00 ± 0.00 "
+                                "points, pooled permutation p ")
+    assert lines[-3] == ("flag: seeds: each row is one trained model; its ± and the pooled "
+                         "tests are over 2 label-subset seeds (which labelled images the probes "
+                         "train on), not over training seeds")
+
+
+def test_a_run_at_chance_is_flagged_by_name(tmp_path: Path, capsys) -> None:
+    a = _eval_dir(tmp_path / "a", 150, classes=10, seeds=(0,))
+    b = _eval_dir(tmp_path / "b", 20, classes=10, seeds=(0,))  # 10 % of 10 classes
+    lines = _compare(tmp_path, a, b, capsys)
+    flags = [line for line in lines if line.startswith("flag: ")]
+    assert flags == ["flag: e2mc is at or near chance (linear 1% 10.00 %; chance 10.00 %, the "
+                     "most common test class): it collapsed or learned nothing, and a difference "
+                     "from it means nothing"]
+    assert lines[-2].startswith("e2mc against continued: WORSE at linear 1%")
+
+
+def test_two_runs_of_the_same_weights_are_nothing_to_compare(tmp_path: Path, capsys) -> None:
+    """Two evaluations of one backbone (run_evaluation records its SHA-256) through the real
+    evaluation, and two hand-written ones that predate the record (the checkpoint file's)."""
+    from test_evaluation_cli import tiny_run
+
+    a, b = tiny_run(tmp_path, "a", 0, 0.0), tiny_run(tmp_path, "b", 0, 0.0)
+    flags = [line for line in _compare(tmp_path, a, b, capsys) if "same weights" in line]
+    assert len(flags) == 1 and flags[0].startswith("flag: continued and e2mc are the same "
+                                                   "weights (backbone sha256 ")
+    assert flags[0].endswith("nothing to compare, their rows differ by nothing but chance")
+    other = tiny_run(tmp_path, "c", 1, 1.0)
+    assert not any("same weights" in line for line in _compare(tmp_path, a, other, capsys))
+
+
+def test_a_choice_at_the_edge_of_its_grid_is_flagged(tmp_path: Path, capsys) -> None:
+    grid = {"settings": {"linear": {"1%": {"lr_grid": [0.03, 0.1, 0.3], "wd_grid": []}}}}
+    a = _eval_dir(tmp_path / "a", 120, info=grid, config={"lr": 0.1, "weight_decay": 0.0})
+    b = _eval_dir(tmp_path / "b", 120, info=grid, config={"lr": 0.3, "weight_decay": 0.0})
+    flags = [line for line in _compare(tmp_path, a, b, capsys) if "grid" in line]
+    assert flags == ["flag: e2mc's linear probes chose the largest lr of the grid in 2 of 2 "
+                     "probes: the best value may lie beyond the grid; widen --lr-grid / "
+                     "--wd-grid"]
+
+
+def test_images_an_epoch_drops_are_said_and_flagged(tmp_path: Path, capsys) -> None:
+    base, data = tiny_base(tmp_path)  # 40 training images
+    run = tmp_path / "run"
+    assert main(["continue", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(base),
+                 "--data", str(data), "--run-dir", str(run),
+                 *[a for s in TINY_RUN for a in ("--set", s)], "--set", "training.batch_size=16",
+                 "--set", "training.max_steps=1"]) == 0
+    assert ("note: every epoch leaves 8 of the 40 images out (batch 16: 2 step(s) per epoch; "
+            "other images each epoch)") in capsys.readouterr().err
+    saved = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert saved["epoch_use"] == {"images": 40, "batch": 16, "steps": 2, "dropped": 8}
+    info = {"checkpoint_info": {"epoch_use": saved["epoch_use"]}}
+    a = _eval_dir(tmp_path / "a", 120)
+    b = _eval_dir(tmp_path / "b", 120, info=info)
+    flags = [line for line in _compare(tmp_path, a, b, capsys) if "left out" in line]
+    assert flags == ["flag: e2mc was trained with 8 of its 40 images left out of every epoch "
+                     "(batch 16, 2 step(s) per epoch; others each epoch)"]
+
+
+@pytest.mark.parametrize("seeds", [(0,), (0, 1, 2)])
+def test_the_seeds_flag_only_where_there_are_label_seeds(tmp_path: Path, capsys,
+                                                         seeds: tuple[int, ...]) -> None:
+    a = _eval_dir(tmp_path / "a", 120, seeds=seeds)
+    b = _eval_dir(tmp_path / "b", 120, seeds=seeds)
+    said = [line for line in _compare(tmp_path, a, b, capsys) if line.startswith("flag: seeds")]
+    assert len(said) == (len(seeds) > 1)
