@@ -30,6 +30,7 @@ from e2mc.optim import set_scheduled_lr
 from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
+from e2mc.training.estimate import RunEstimate
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
@@ -72,7 +73,8 @@ class Trainer:
     exists the run resumes from it. ``callbacks`` (:class:`~e2mc.training.callbacks.Callback`)
     see the start, every epoch and step and the end, through the trainer's
     :class:`~e2mc.training.callbacks.TrainerView`; their state is saved in the checkpoint. The
-    epoch copies and the progress bar are callbacks the trainer always runs first.
+    epoch copies, the progress bar and the run's time estimate are callbacks the trainer always
+    runs first.
     """
 
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
@@ -89,7 +91,8 @@ class Trainer:
         self.run = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])  # their states are checkpointed
         self._hooks: list[Callback] = [
-            EpochCopies(), ProgressBar(cfg.monitor.keep_best or "val/knn"), *self.callbacks]
+            EpochCopies(), ProgressBar(cfg.monitor.keep_best or "val/knn"), RunEstimate(),
+            *self.callbacks]
         self.logger: MetricsLogger | None = None
         self._last_logged: dict[str, tuple[int, Any]] = {}
         self.runtime = runtime or init_runtime(self.training_cfg.device)
