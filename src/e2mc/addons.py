@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,10 @@ from torch import nn
 
 from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
 from e2mc.distributed import gather_with_grad
+from e2mc.ranges import Bound, OneOf, above, at_least, check_values
 
 ViewReduction = Literal["mean", "sum"]
+VIEW_REDUCTIONS = ("mean", "sum")
 
 
 def _float32(z: torch.Tensor) -> torch.Tensor:
@@ -42,6 +44,9 @@ class Addon(nn.Module):
     uses_all_views: bool = False
     #: The smallest number of views the add-on can work with.
     min_views: int = 1
+    #: The range of every constructor parameter but the flags (``e2mc.ranges``): checked by the
+    #: configuration (``addon.params``) before anything is built, and by the constructor.
+    param_ranges: ClassVar[dict[str, Bound]] = {}
 
     def __init__(self, gather: bool = True) -> None:
         super().__init__()
@@ -80,6 +85,10 @@ class E2MC(Addon):
     """
 
     min_views = 2
+    param_ranges = {"space": OneOf(("hypercube", "hypersphere")), "beta": at_least(0),
+                    "gamma": at_least(0), "eps": above(0), "view_reduction": OneOf(VIEW_REDUCTIONS),
+                    "m": at_least(1),  # None: round(sqrt(n)); below the batch, checked there
+                    "batch_size_for_cov": at_least(2)}
 
     def __init__(
         self,
@@ -93,10 +102,7 @@ class E2MC(Addon):
         batch_size_for_cov: int | None = None,
     ) -> None:
         super().__init__(gather)
-        if space not in ("hypercube", "hypersphere"):
-            raise ValueError(f"space must be 'hypercube' or 'hypersphere', got {space!r}")
-        if view_reduction not in ("mean", "sum"):
-            raise ValueError(f"view_reduction must be 'mean' or 'sum', got {view_reduction!r}")
+        check_values(self.param_ranges, locals())
         self.space, self.beta, self.gamma, self.eps = space, float(beta), float(gamma), eps
         self.view_reduction, self.m, self.batch_size_for_cov = view_reduction, m, batch_size_for_cov
 
@@ -132,10 +138,12 @@ class VCReg(Addon):
     """
 
     min_views = 2
+    param_ranges = {"mu": at_least(0), "nu": at_least(0), "eps": above(0)}
 
     def __init__(self, mu: float = 0.1, nu: float = 0.001, eps: float = 1e-4,
                  gather: bool = True) -> None:
         super().__init__(gather)
+        check_values(self.param_ranges, locals())
         self.mu, self.nu, self.eps = float(mu), float(nu), eps
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -161,12 +169,12 @@ class Uniformity(Addon):
     """
 
     min_views = 1
+    param_ranges = {"lam": at_least(0), "t": above(0), "view_reduction": OneOf(VIEW_REDUCTIONS)}
 
     def __init__(self, lam: float = 0.5, t: float = 2.0, view_reduction: ViewReduction = "mean",
                  gather: bool = True) -> None:
         super().__init__(gather)
-        if view_reduction not in ("mean", "sum"):
-            raise ValueError(f"view_reduction must be 'mean' or 'sum', got {view_reduction!r}")
+        check_values(self.param_ranges, locals())
         self.lam, self.t, self.view_reduction = float(lam), float(t), view_reduction
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -184,9 +192,11 @@ class MMCR(Addon):
 
     uses_all_views = True
     min_views = 1
+    param_ranges = {"lam": at_least(0)}
 
     def __init__(self, lam: float = 0.005, gather: bool = True) -> None:
         super().__init__(gather)
+        check_values(self.param_ranges, locals())
         self.lam = float(lam)
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -233,20 +233,24 @@ class RunConfig:
 
     def _validate_params(self) -> None:
         """The free-form ``params`` against the signatures of the builders they are handed to
-        (the method's constructor and ``build_optimizer``, the add-on's constructor), so that a
-        value of the wrong type is refused here, before anything is built or trained."""
+        (the method's constructor and ``build_optimizer``, the add-on's constructor) and the
+        ranges those builders declare (``param_ranges``, ``optimizer_ranges``), so that an
+        unknown name, a value of the wrong type or out of its range is refused here, before
+        anything is built or trained."""
         from e2mc.addons import ADDONS
         from e2mc.methods.registry import METHODS
 
         method = METHODS.get(self.method.name)  # an unknown name is build_method's error
         if method is not None:
             check_params(method.__init__, self.method.params, "method.params",
-                         skip=("backbone", "small_images", "in_channels"))
+                         skip=("backbone", "small_images", "in_channels"),
+                         ranges=method.param_ranges)
             check_params(method.build_optimizer, self.optim.params, "optim.params",
-                         skip=("lr", "weight_decay"))
+                         skip=("lr", "weight_decay"), ranges=method.optimizer_ranges)
         addon = ADDONS.get(self.addon.name)
         if addon is not None:
-            check_params(addon.__init__, self.addon.params, "addon.params")
+            check_params(addon.__init__, self.addon.params, "addon.params",
+                         ranges=addon.param_ranges)
 
     def _validate_monitor(self) -> None:
         """The validation split and monitor keys (the metric names: :func:`metric_names`)."""

@@ -15,6 +15,7 @@ from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import barlowtwins_projector, parse_mlp_spec
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
+from e2mc.ranges import Widths, above, at_least, between, check_values
 
 
 def off_diagonal(c: torch.Tensor) -> torch.Tensor:
@@ -51,11 +52,14 @@ class BarlowTwins(SSLMethod):
     name = "barlowtwins"
     view_recipe = "vicreg"  # BYOL's asymmetric augmentations, which VICReg took from Barlow Twins
     compact_space = "hypercube"
+    param_ranges = {"projector": Widths(), "lambd": at_least(0), "feature_dim": at_least(1)}
+    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, projector: str = "8192-8192-8192", lambd: float = 0.0051,
                  feature_dim: int | None = None) -> None:
         super().__init__()
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projector = barlowtwins_projector(self.feature_dim, projector)
@@ -75,5 +79,6 @@ class BarlowTwins(SSLMethod):
         """LARS (momentum 0.9, eta 0.001), biases and BN parameters excluded from weight decay
         and adaptation. The official run gives the biases a learning rate 0.024 / 0.2 of the
         weights'; here they share it."""
+        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
+from e2mc.ranges import Bound
+
 CompactSpace = Literal["hypercube", "hypersphere"]
+#: The view recipes of ``e2mc.data.build_views`` (``e2mc.data.views.RECIPES``; a test keeps the
+#: two equal): the names a method's ``view_recipe`` may take.
+VIEW_RECIPES = ("vicreg", "swav", "simsiam")
 
 
 @dataclass
@@ -55,7 +60,8 @@ class SSLMethod(nn.Module):
 
     Subclasses set ``name``, ``view_recipe`` (the name understood by ``e2mc.data.build_views``)
     and ``compact_space`` (the E2MC transform that suits their embeddings), hold ``backbone``
-    and ``feature_dim``, and implement :meth:`forward` and :meth:`build_optimizer`.
+    and ``feature_dim``, implement :meth:`forward` and :meth:`build_optimizer`, and declare
+    the ranges of their parameters (:attr:`param_ranges`, :attr:`optimizer_ranges`).
     """
 
     name: str = "base"
@@ -68,6 +74,13 @@ class SSLMethod(nn.Module):
     feature_dim: int
 
     collapse: CollapseValue | None = None  # the base loss on a collapsed model, if known
+
+    #: The range of every constructor parameter but the flags and the backbone's own
+    #: (``e2mc.ranges``): checked by the configuration (``method.params``) before anything is
+    #: built, and by the constructor.
+    param_ranges: ClassVar[dict[str, Bound]] = {}
+    #: The same for :meth:`build_optimizer`'s options (``optim.params``).
+    optimizer_ranges: ClassVar[dict[str, Bound]] = {}
 
     @classmethod
     def collapse_value(cls, hparams: Mapping[str, Any] | None = None) -> CollapseValue | None:

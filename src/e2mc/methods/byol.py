@@ -15,6 +15,7 @@ from e2mc.methods.ema import EMAMethod
 from e2mc.methods.heads import byol_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
+from e2mc.ranges import above, at_least, between, check_values
 
 
 def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor
@@ -28,7 +29,9 @@ def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Te
 
 class BYOL(EMAMethod):
     """BYOL: online ``backbone``, ``projector`` and ``predictor`` (Linear, BN, ReLU, Linear;
-    4096 hidden, 256 out), target ``teacher.backbone`` and ``teacher.projector`` following them
+    4096 hidden, 256 out; ``pred_hidden_dim``: the predictor's hidden width when it differs, as
+    in some of solo-learn's runs; ``hidden_bias=False``: no bias in the Linear before the BN, as
+    lightly's heads), target ``teacher.backbone`` and ``teacher.projector`` following them
     with EMA ``momentum`` (constant here; the official run ramps it from 0.996 to 1 by cosine
     over the pre-training). The add-on gets the online projector outputs (before the
     predictor; the loss normalises them: hypersphere)."""
@@ -37,18 +40,27 @@ class BYOL(EMAMethod):
     view_recipe = "vicreg"  # BYOL's own asymmetric augmentations
     compact_space = "hypersphere"
     student_parts = ("backbone", "projector")
+    param_ranges = {"hidden_dim": at_least(1), "dim": at_least(1),
+                    "momentum": between(0, 1),  # 1: a frozen target
+                    "feature_dim": at_least(1),
+                    "pred_hidden_dim": at_least(1)}  # None: hidden_dim
+    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, hidden_dim: int = 4096, dim: int = 256,
-                 momentum: float = 0.996, feature_dim: int | None = None) -> None:
+                 momentum: float = 0.996, feature_dim: int | None = None,
+                 pred_hidden_dim: int | None = None, hidden_bias: bool = True) -> None:
         super().__init__()
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
-        self.projector = byol_mlp(self.feature_dim, hidden_dim, dim)
-        self.predictor = byol_mlp(dim, hidden_dim, dim)
+        pred_hidden = hidden_dim if pred_hidden_dim is None else pred_hidden_dim
+        self.projector = byol_mlp(self.feature_dim, hidden_dim, dim, hidden_bias)
+        self.predictor = byol_mlp(dim, pred_hidden, dim, hidden_bias)
         self.init_teacher(momentum)
         self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden_dim, "dim": dim,
-                                        "momentum": momentum}
+                                        "momentum": momentum, "pred_hidden_dim": pred_hidden,
+                                        "hidden_bias": hidden_bias}
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "BYOL")
@@ -60,5 +72,6 @@ class BYOL(EMAMethod):
                         momentum: float = 0.9) -> torch.optim.Optimizer:
         """LARS (momentum 0.9, eta 0.001) over the online network, biases and BN parameters
         excluded from weight decay and adaptation (BYOL's recipe)."""
+        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)  # the teacher's parameters need no gradient

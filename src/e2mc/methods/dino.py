@@ -18,6 +18,7 @@ from e2mc.methods.ema import EMAMethod
 from e2mc.methods.heads import DINOHead
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
+from e2mc.ranges import OneOf, above, at_least, between, check_values
 
 OPTIMIZERS = ("adamw", "sgd", "lars")
 
@@ -77,6 +78,17 @@ class DINO(EMAMethod):
     view_recipe = "swav"  # multi-crop: 2 global + 6 local crops
     compact_space = "hypersphere"
     student_parts = ("backbone", "head")
+    param_ranges = {
+        "out_dim": at_least(2),  # one prototype: every softmax is 1, the loss 0
+        "hidden_dim": at_least(1), "bottleneck_dim": at_least(1), "nlayers": at_least(1),
+        "momentum": between(0, 1),  # 1: a frozen teacher
+        "teacher_temp": above(0), "warmup_teacher_temp": above(0),
+        "warmup_teacher_temp_epochs": at_least(0), "student_temp": above(0),
+        "center_momentum": between(0, 1), "freeze_last_layer": at_least(0),
+        "clip_grad": at_least(0),  # 0: off
+        "feature_dim": at_least(1)}
+    optimizer_ranges = {"optimizer": OneOf(OPTIMIZERS), "momentum": between(0, 1, high_open=True),
+                        "eta": above(0)}
 
     def __init__(self, backbone: str | nn.Module = "timm:vit_small_patch16_224",
                  small_images: bool = False, in_channels: int = 3, out_dim: int = 65536,
@@ -88,11 +100,7 @@ class DINO(EMAMethod):
                  freeze_last_layer: int = 1, clip_grad: float = 3.0,
                  feature_dim: int | None = None) -> None:
         super().__init__()
-        if min(teacher_temp, warmup_teacher_temp, student_temp) <= 0:
-            raise ValueError("the DINO temperatures must be > 0")
-        if warmup_teacher_temp_epochs < 0 or freeze_last_layer < 0 or clip_grad < 0:
-            raise ValueError("warmup_teacher_temp_epochs, freeze_last_layer and clip_grad "
-                             "must be >= 0")
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.head = DINOHead(self.feature_dim, out_dim, use_bn_in_head, norm_last_layer,
@@ -176,8 +184,7 @@ class DINO(EMAMethod):
                         momentum: float = 0.9, eta: float = 0.001) -> torch.optim.Optimizer:
         """``get_params_groups``: biases and norm parameters (1-D) without weight decay; AdamW
         (the ViT default), SGD with ``momentum`` (the ResNet run) or LARS; the student only."""
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown DINO optimizer {optimizer!r}; choose from {OPTIMIZERS}")
+        check_values(self.optimizer_ranges, locals())
         if optimizer == "lars":
             return LARS(lars_param_groups(self, weight_decay), lr=lr,
                         weight_decay=weight_decay, momentum=momentum, eta=eta)

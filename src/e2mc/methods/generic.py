@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.methods.base import VIEW_RECIPES, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import parse_mlp_spec, simsiam_predictor, vicreg_projector
 from e2mc.methods.simsiam import sgd_with_predictor_group, simsiam_loss
 from e2mc.methods.vicreg import lars_param_groups, vicreg_loss
 from e2mc.optim import LARS
+from e2mc.ranges import OneOf, Widths, above, at_least, between, check_values
 
 LOSSES = ("vicreg", "simsiam")
 
@@ -45,6 +46,13 @@ class Generic(SSLMethod):
     """
 
     name = "generic"
+    param_ranges = {"projector": Widths(),  # or a module
+                    "loss": OneOf(LOSSES), "feature_dim": at_least(1),
+                    "predictor": at_least(1),  # its hidden width, or a module
+                    "sim_coeff": at_least(0), "std_coeff": at_least(0), "cov_coeff": at_least(0),
+                    "predictor_lr": above(0), "view_recipe": OneOf(VIEW_RECIPES)}
+    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True),
+                        "predictor_lr": above(0)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50",
                  projector: str | nn.Module = "2048-2048", loss: str = "vicreg",
@@ -61,6 +69,8 @@ class Generic(SSLMethod):
             raise ValueError("loss='simsiam' needs a predictor (a module or its hidden width)")
         if loss == "vicreg" and predictor is not None:
             raise ValueError("a predictor is only used with loss='simsiam'")
+        check_values(self.param_ranges, {k: v for k, v in locals().items()
+                                         if not isinstance(v, nn.Module)})
         if feature_dim is None and isinstance(backbone, nn.Module) \
                 and isinstance(projector, nn.Module):
             feature_dim = _first_linear_in_features(projector)
@@ -106,19 +116,21 @@ class Generic(SSLMethod):
             terms = {"negative_cosine": loss.detach()}
         return MethodOutput(loss=loss, terms=terms, embeddings=[z1, z2])
 
-    def build_optimizer(self, lr: float, weight_decay: float, **kwargs: Any
+    def build_optimizer(self, lr: float, weight_decay: float, eta: float | None = None,
+                        momentum: float = 0.9, predictor_lr: float | None = None
                         ) -> torch.optim.Optimizer:
-        """VICReg's LARS preset or SimSiam's SGD preset, following ``loss``."""
+        """VICReg's LARS preset (``eta``, default 0.001) or SimSiam's SGD preset
+        (``predictor_lr``), following ``loss``; ``momentum`` 0.9."""
+        check_values(self.optimizer_ranges, locals())
         if self.loss_name == "vicreg":
-            eta, momentum = kwargs.pop("eta", 0.001), kwargs.pop("momentum", 0.9)
-            if kwargs:
-                raise ValueError(f"unknown optimizer options: {sorted(kwargs)}")
+            if predictor_lr is not None:
+                raise ValueError("unknown optimizer options: ['predictor_lr'] (an option of "
+                                 "loss='simsiam')")
             return LARS(lars_param_groups(self, weight_decay), lr=lr, momentum=momentum,
-                        eta=eta)
-        predictor_lr = kwargs.pop("predictor_lr", None) or self.predictor_lr or lr
-        momentum = kwargs.pop("momentum", 0.9)
-        if kwargs:
-            raise ValueError(f"unknown optimizer options: {sorted(kwargs)}")
+                        eta=0.001 if eta is None else eta)
+        if eta is not None:
+            raise ValueError("unknown optimizer options: ['eta'] (an option of loss='vicreg')")
+        predictor_lr = predictor_lr or self.predictor_lr or lr
         assert self.predictor is not None
         encoder = list(self.backbone.parameters()) + list(self.projector.parameters())
         return sgd_with_predictor_group(encoder, list(self.predictor.parameters()), lr,

@@ -6,15 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from e2mc.ranges import Widths, parse_widths
+
 
 def parse_mlp_spec(spec: str) -> list[int]:
     """``"8192-8192-8192"`` -> ``[8192, 8192, 8192]`` with a clear error for bad input."""
-    try:
-        sizes = [int(s) for s in str(spec).split("-")]
-    except ValueError:
-        raise ValueError(f"projector spec must look like '8192-8192-8192', got {spec!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise ValueError(f"projector sizes must be positive integers, got {spec!r}")
+    sizes = parse_widths(spec)
+    if sizes is None:
+        raise ValueError(f"projector must be {Widths().text}, got {spec!r}")
     return sizes
 
 
@@ -72,9 +71,11 @@ def barlowtwins_projector(in_dim: int, spec: str) -> nn.Sequential:
     return _spec_mlp(in_dim, spec, hidden_bias=False)
 
 
-def byol_mlp(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Sequential:
-    """BYOL's projector and predictor MLP: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
-    return _two_layer_mlp(in_dim, hidden_dim, out_dim)
+def byol_mlp(in_dim: int, hidden_dim: int, out_dim: int, hidden_bias: bool = True
+             ) -> nn.Sequential:
+    """BYOL's projector and predictor MLP: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3);
+    ``hidden_bias=False``: the first Linear without bias (lightly's ``BYOLProjectionHead``)."""
+    return _two_layer_mlp(in_dim, hidden_dim, out_dim, hidden_bias)
 
 
 def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int,

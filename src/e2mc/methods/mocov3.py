@@ -17,6 +17,7 @@ from e2mc.methods.ema import EMAMethod
 from e2mc.methods.heads import moco_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
+from e2mc.ranges import Each, OneOf, above, at_least, between, check_values
 
 OPTIMIZERS = ("lars", "adamw")
 
@@ -45,6 +46,13 @@ class MoCoV3(EMAMethod):
     view_recipe = "vicreg"  # BYOL's asymmetric augmentations, as the official runs
     compact_space = "hypersphere"
     student_parts = ("backbone", "projector")
+    param_ranges = {"dim": at_least(1), "mlp_dim": at_least(1), "projector_layers": at_least(1),
+                    "temperature": above(0),
+                    "momentum": between(0, 1),  # 1: a frozen momentum encoder
+                    "feature_dim": at_least(1)}
+    optimizer_ranges = {"optimizer": OneOf(OPTIMIZERS), "eta": above(0),
+                        "momentum": between(0, 1, high_open=True),
+                        "betas": Each(between(0, 1, high_open=True), length=2)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, dim: int = 256, mlp_dim: int = 4096,
@@ -52,8 +60,7 @@ class MoCoV3(EMAMethod):
                  temperature: float = 1.0, momentum: float = 0.99,
                  feature_dim: int | None = None) -> None:
         super().__init__()
-        if temperature <= 0 or projector_layers < 1:
-            raise ValueError("temperature must be > 0 and projector_layers >= 1")
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projector = moco_mlp(projector_layers, self.feature_dim, mlp_dim, dim)
@@ -77,8 +84,7 @@ class MoCoV3(EMAMethod):
         """``lars`` (ResNets: momentum 0.9, eta 0.001, biases and norms excluded from weight decay
         and adaptation) or ``adamw`` (ViTs: every parameter decayed), over the base encoder and
         the predictor."""
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown MoCo v3 optimizer {optimizer!r}; choose from {OPTIMIZERS}")
+        check_values(self.optimizer_ranges, locals())
         if optimizer == "adamw":
             params = [p for p in self.parameters() if p.requires_grad]
             return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay,

@@ -15,6 +15,7 @@ from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import moco_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
+from e2mc.ranges import above, at_least, between, check_values
 
 
 def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
@@ -51,6 +52,9 @@ class SimCLR(SSLMethod):
     name = "simclr"
     view_recipe = "simsiam"  # crop, flip, colour jitter p 0.8, grayscale p 0.2, blur p 0.5
     compact_space = "hypersphere"
+    param_ranges = {"hidden_dim": at_least(1),  # None: the backbone's feature size
+                    "dim": at_least(1), "temperature": above(0), "feature_dim": at_least(1)}
+    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     @classmethod
     def collapse_value(cls, hparams: Any = None) -> CollapseValue | None:
@@ -60,11 +64,10 @@ class SimCLR(SSLMethod):
                  in_channels: int = 3, hidden_dim: int | None = None, dim: int = 128,
                  temperature: float = 0.1, feature_dim: int | None = None) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
-        hidden = hidden_dim or self.feature_dim
+        hidden = self.feature_dim if hidden_dim is None else hidden_dim
         self.projector = moco_mlp(2, self.feature_dim, hidden, dim)
         self.temperature = float(temperature)
         self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden, "dim": dim,
@@ -81,5 +84,6 @@ class SimCLR(SSLMethod):
                         momentum: float = 0.9) -> torch.optim.Optimizer:
         """LARS (momentum 0.9, eta 0.001), biases and BN parameters excluded from weight decay
         and adaptation (SimCLR's ImageNet recipe)."""
+        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)

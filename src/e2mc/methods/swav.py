@@ -15,6 +15,7 @@ from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import swav_projection_head
 from e2mc.optim import LARC, LARC_TRUST
+from e2mc.ranges import Each, IndicesOf, above, at_least, between, check_values
 
 
 @torch.no_grad()
@@ -49,6 +50,16 @@ class SwAV(SSLMethod):
     name = "swav"
     view_recipe = "swav"
     compact_space = "hypersphere"
+    param_ranges = {
+        "hidden_dim": at_least(1), "output_dim": at_least(1),
+        "n_prototypes": at_least(2),  # one prototype: every assignment is 1, the loss 0
+        "temperature": above(0), "epsilon": above(0), "sinkhorn_iterations": at_least(1),
+        "freeze_prototypes_iters": at_least(0), "queue_length": at_least(0),  # 0: no queue
+        "queue_start_epoch": at_least(0), "n_crops": Each(at_least(0), min_sum=2),
+        "crops_for_assign": IndicesOf("n_crops"),  # after n_crops: it indexes its crops
+        "feature_dim": at_least(1)}
+    optimizer_ranges = {"momentum": between(0, 1, high_open=True),
+                        "trust_coefficient": above(0)}
 
     @classmethod
     def collapse_value(cls, hparams: Mapping[str, Any] | None = None) -> CollapseValue:
@@ -66,17 +77,11 @@ class SwAV(SSLMethod):
                  crops_for_assign: Sequence[int] = (0, 1), n_crops: Sequence[int] = (2, 6),
                  feature_dim: int | None = None) -> None:
         super().__init__()
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projection_head = swav_projection_head(self.feature_dim, hidden_dim, output_dim)
         self.prototypes = nn.Linear(output_dim, n_prototypes, bias=False)
-        n_total = sum(n_crops)
-        if not crops_for_assign or any(not 0 <= c < n_total for c in crops_for_assign):
-            raise ValueError(f"crops_for_assign {tuple(crops_for_assign)} must index the "
-                             f"{n_total} crops of n_crops={tuple(n_crops)}")
-        if queue_length < 0 or temperature <= 0 or epsilon <= 0 or sinkhorn_iterations < 1:
-            raise ValueError("queue_length must be >= 0, temperature and epsilon > 0, "
-                             "sinkhorn_iterations >= 1")
         self.temperature, self.epsilon = temperature, epsilon
         self.sinkhorn_iterations = sinkhorn_iterations
         self.freeze_prototypes_iters = freeze_prototypes_iters
@@ -190,5 +195,6 @@ class SwAV(SSLMethod):
         """LARC around SGD (momentum 0.9, trust 0.001, clip off) over all parameters."""
         if kwargs:
             raise ValueError(f"unknown SwAV optimizer options: {sorted(kwargs)}")
+        check_values(self.optimizer_ranges, locals())
         return LARC(self.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay,
                     trust_coefficient=trust_coefficient, clip=clip)

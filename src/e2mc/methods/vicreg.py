@@ -16,6 +16,7 @@ from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import vicreg_projector
 from e2mc.optim import LARS
+from e2mc.ranges import Widths, above, at_least, between, check_values
 
 #: VICReg's ``std = sqrt(var + 1e-4)``: the variance hinge of a constant dimension.
 VICREG_VARIANCE_FLOOR = 1.0 - math.sqrt(1e-4)
@@ -72,12 +73,16 @@ class VICReg(SSLMethod):
     collapse = CollapseValue("base/variance", VICREG_VARIANCE_FLOOR, 0.05,  # a learning run: ~0
                              f"the variance floor {VICREG_VARIANCE_FLOOR:.2f} (every dimension "
                              "constant over the batch)")
+    param_ranges = {"projector": Widths(), "sim_coeff": at_least(0), "std_coeff": at_least(0),
+                    "cov_coeff": at_least(0), "feature_dim": at_least(1)}
+    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, projector: str = "8192-8192-8192",
                  sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
                  feature_dim: int | None = None) -> None:
         super().__init__()
+        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projector = vicreg_projector(self.feature_dim, projector)
@@ -98,5 +103,6 @@ class VICReg(SSLMethod):
         """LARS, eta 0.001, momentum 0.9, 1-D parameters excluded from wd and adaptation."""
         if kwargs:
             raise ValueError(f"unknown VICReg optimizer options: {sorted(kwargs)}")
+        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)
