@@ -3,8 +3,10 @@
 # and mixed precision on CUDA past every callback, every method through the device pipeline,
 # the criterion against the CPU, a kill and resume, a one-process torchrun, evaluation features
 # against the CPU), then the GPU benchmarks (benchmarks/gpu_check.py: training against its compute
-# bound per pipeline, the criterion, feature extraction, the probes). About 6 minutes on one
-# H100 or H200. Writes OUT/gpu-tests.log, OUT/gpu-check.json and OUT/gpu-check.md (the table).
+# bound per pipeline, the criterion, feature extraction, the probes; then the ImageNet protocol's
+# wall time predicted from those rates, benchmarks/time_to_answer.py). About 6 minutes on one
+# H100 or H200. Writes OUT/gpu-tests.log, OUT/gpu-check.json and .md (the table), and
+# OUT/time_to_answer.json and .md.
 #
 #   scripts/gpu-check.sh [OUT [gpu_check.py options]]     (default OUT: gpu-check)
 #
@@ -26,6 +28,9 @@ summary=$(grep -E '(passed|failed|error)' "$out/gpu-tests.log" | tail -1 | tr -d
 python benchmarks/gpu_check.py --out "$out" --tests "${summary:-no summary (exit $tests)}" "$@" \
   2>&1 | tee "$out/gpu-check.log"
 bench=${PIPESTATUS[0]}
+# the ImageNet protocol's wall time, predicted from the rates just measured (+ probes and kNN)
+python benchmarks/time_to_answer.py --from-check "$out/gpu-check.json" --stages probes,knn \
+  --out "$out/time_to_answer.json" 2>&1 | tee "$out/time_to_answer.log"
 echo "gpu-check: $(( $(date +%s) - start )) s; tests exit $tests, benchmarks exit $bench;" \
   "$out/gpu-check.json, $out/gpu-check.md"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
