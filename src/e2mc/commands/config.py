@@ -24,5 +24,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_show(args: argparse.Namespace) -> int:
     from e2mc.config import load_config
 
-    print(load_config(args.config, args.overrides).to_yaml(), end="")
+    cfg = load_config(args.config, args.overrides)
+    print(cfg.to_yaml(), end="")
+    _print_auto(cfg)
     return 0
+
+
+def _print_auto(cfg: object) -> None:
+    """What the keys left to ``auto`` become on this machine, as YAML comments."""
+    import torch
+
+    from e2mc.training.hardware import hardware_choices
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") \
+        if cfg.training.device == "auto" else torch.device(cfg.training.device)
+    choices = hardware_choices(cfg, device)
+    if choices:
+        print(f"# auto on this machine ({device.type}):")
+        for key, choice in choices.items():
+            value = str(choice.value).lower() if isinstance(choice.value, bool) else choice.value
+            print(f"#   {key}: {value}  ({choice.reason})")

@@ -16,10 +16,10 @@ import yaml
 
 from e2mc.config.fields import check_distinct, check_params, resolve_metric, resolve_signals
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
 LR_SCALINGS = ("none", "linear")
-PIPELINES = ("pil", "fast", "device")
+PIPELINES = ("auto", "pil", "fast", "device")
 MODES = ("continue", "pretrain")
 
 
@@ -82,7 +82,10 @@ class DataConfig:
     where the data set has labels, drawn with ``val_seed``, recorded in the run directory.
     ``pipeline``: ``pil`` (``build_views`` on PIL images), ``fast`` (image folders through
     ``e2mc.data.fast_views.FastViews``: the same draws, tensor decoding and augmentations) or
-    ``device`` (the same, with the photometric steps batched on the training device).
+    ``device`` (the same, with the photometric steps batched on the training device);
+    ``auto``, the default, ``device`` for image files on CUDA, ``fast`` for image files on a
+    CPU, ``pil`` for arrays. ``num_workers`` None: the cores the process may use, less one
+    (:mod:`e2mc.training.hardware` says every ``auto`` choice).
     """
 
     dataset: str | None = None
@@ -90,12 +93,12 @@ class DataConfig:
     image_size: int = 224
     channels: int = 3
     recipe: str | None = None
-    num_workers: int = 0
+    num_workers: int | None = None
     skip_corrupt: bool = False
     limit: int | None = None
     val_split: float | None = None
     val_seed: int = 0
-    pipeline: str = "pil"
+    pipeline: str = "auto"
 
 
 @dataclass
@@ -142,12 +145,14 @@ class TrainingConfig:
     (``torch.compile``, in place). ``preempt_signals`` (a list; ``[]`` or ``""`` for none) stop the
     run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
     ``scontrol requeue $SLURM_JOB_ID`` under SLURM after a time-limit signal (``SIGUSR1``,
-    submitit's ``SIGUSR2``; ``e2mc.training.preemption.SIGNAL_TABLE``)."""
+    submitit's ``SIGUSR2``; ``e2mc.training.preemption.SIGNAL_TABLE``). ``precision``
+    ``auto`` (the default): bf16 on CUDA where the GPU has it, else fp16 with its scaler, fp32 on
+    a CPU; ``channels_last`` None: on with CUDA (:mod:`e2mc.training.hardware`)."""
 
     epochs: int = 10
     batch_size: int = 512
     seed: int = 0
-    precision: str = "fp32"
+    precision: str = "auto"
     device: str = "auto"
     log_every: int = 10
     checkpoint_every_steps: int = 0
@@ -155,7 +160,7 @@ class TrainingConfig:
     skip_nonfinite: bool = False
     max_steps: int | None = None
     progress: bool = True
-    channels_last: bool = False
+    channels_last: bool | None = None
     find_unused_parameters: bool = False
     cpu_threads: int | None = None
     compile: bool = False
@@ -226,7 +231,7 @@ class RunConfig:
             raise ValueError("training.checkpoint_every_steps must be >= 0 (0 = off)")
         if self.optim.base_lr <= 0:
             raise ValueError(f"optim.base_lr must be > 0, got {self.optim.base_lr}")
-        if self.data.num_workers < 0:
+        if self.data.num_workers is not None and self.data.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
         self._validate_monitor()
         self._validate_params()

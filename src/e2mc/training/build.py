@@ -106,18 +106,26 @@ def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
 
 
 def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None,
-                        images: tuple[Any, int] | None = None) -> Any:
+                        images: tuple[Any, int] | None = None, device: Any = "cpu") -> Any:
     """The training images with the method's view recipe (or ``data.recipe``); with a
     validation ``split`` (:func:`holdout`) only its training part. ``images``: what
-    :func:`training_images` returned (built here when not given)."""
+    :func:`training_images` returned (built here when not given). ``device``: the training
+    device, which ``data.pipeline=auto`` chooses by (:mod:`e2mc.training.hardware`)."""
+    import torch
+
     from e2mc.data import MultiViewDataset, build_views
+    from e2mc.training.hardware import hardware_choices, is_image_folder
 
     base, skipped = images or training_images(cfg)
+    pipeline = cfg.data.pipeline
+    if pipeline == "auto":
+        pipeline = hardware_choices(cfg, torch.device(device),
+                                    is_image_folder(base))["data.pipeline"].value
     if split is not None:
         base = Subset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
-    if cfg.data.pipeline in ("fast", "device"):
+    if pipeline in ("fast", "device"):
         from e2mc.data.fast_views import (
             DeviceAugment,
             FastViewDataset,
@@ -125,13 +133,13 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
             collate_device_views,
         )
 
-        fast = FastViews(views, mode="cpu" if cfg.data.pipeline == "fast" else "device")
+        fast = FastViews(views, mode="cpu" if pipeline == "fast" else "device")
         dataset = FastViewDataset(base, fast)
         # read by the trainer: "device" hands over uint8 crops and their parameters (the
         # photometric steps run on the training device), "fast" batches of finished 8-bit
         # views (FastViewDataset.collated); the training device normalises both
-        dataset.device_augment = DeviceAugment(fast, photometric=cfg.data.pipeline == "device")
-        if cfg.data.pipeline == "device":
+        dataset.device_augment = DeviceAugment(fast, photometric=pipeline == "device")
+        if pipeline == "device":
             dataset.collate_fn = collate_device_views
     else:
         dataset = MultiViewDataset(base, views)

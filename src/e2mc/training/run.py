@@ -125,6 +125,7 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
     from e2mc.data import collate_views
     from e2mc.data.identity import data_identity
     from e2mc.models import weights_from_checkpoint
+    from e2mc.training.hardware import describe, hardware_choices, is_image_folder
     from e2mc.training.trainer import Trainer
 
     if cfg.training.cpu_threads is not None:
@@ -144,7 +145,8 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
     data_change = check_resume_data(run.root, identity, cfg.to_dict(), override_config,
                                     overridable)
     split = _split(cfg, run, runtime.is_main, images[0])
-    dataset = build_train_dataset(cfg, method, split, images)
+    dataset = build_train_dataset(cfg, method, split, images, runtime.device)
+    choices = hardware_choices(cfg, runtime.device, is_image_folder(images[0]))
     callbacks = build_callbacks(cfg, method, split, images[0])
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
@@ -165,8 +167,11 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
               f"{cfg.training.epochs} epoch(s), run directory {run.root}"
               + (f"; {len(split['val'])} images held out for validation" if split else ""),
               file=sys.stderr)
+        if choices:
+            print(f"auto: {describe(choices)}", file=sys.stderr)
         if start is not None:
             start["data"] = identity
+            start["auto"] = {key: c.value for key, c in choices.items()}
             atomic_write_json(start, run.start)
             print(f"start: {start['from']}, backbone sha256 {start['backbone_sha256'][:16]}",
                   file=sys.stderr)

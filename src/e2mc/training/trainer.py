@@ -31,6 +31,7 @@ from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
 from e2mc.training.estimate import RunEstimate
+from e2mc.training.hardware import Choice, hardware_choices
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
@@ -102,7 +103,13 @@ class Trainer:
         self.start_epoch = 0
         self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
-        if self.training_cfg.precision == "fp16" and self.runtime.device.type != "cuda":
+        chosen = hardware_choices(cfg, self.runtime.device)  # the values of auto keys here
+        #: the precision, memory format and loader workers this invocation runs with
+        self.precision: str = chosen.get("training.precision",
+                                         Choice(self.training_cfg.precision, "")).value
+        self.channels_last: bool = chosen.get("training.channels_last",
+                                              Choice(self.training_cfg.channels_last, "")).value
+        if self.precision == "fp16" and self.runtime.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
         self.sampler = EpochBatchSampler(len(dataset), self.training_cfg.batch_size,
                                          seed=self.training_cfg.seed, rank=self.runtime.rank,
@@ -113,7 +120,7 @@ class Trainer:
             print(f"note: every epoch leaves {use['dropped']} of the {use['images']} images out "
                   f"(batch {use['batch']}: {use['steps']} step(s) per epoch; other images each "
                   "epoch)", file=sys.stderr)
-        workers = cfg.data.num_workers
+        workers = chosen.get("data.num_workers", Choice(cfg.data.num_workers, "")).value
         # data.pipeline=fast / device: the data set hands over 8-bit views (or uint8 crops and
         # their parameters) and names what finishes them on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
@@ -143,7 +150,7 @@ class Trainer:
                       file=sys.stderr)
         method.to(runtime.device)
         self.addon.to(runtime.device)
-        if self.training_cfg.channels_last:
+        if self.channels_last:
             method.to(memory_format=torch.channels_last)
         if self.training_cfg.compile:  # in place: the state-dict keys stay those of the checkpoints
             method.backbone.compile()
@@ -154,7 +161,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         self.scaler = torch.amp.GradScaler(runtime.device.type,
-                                           enabled=self.training_cfg.precision == "fp16")
+                                           enabled=self.precision == "fp16")
         self.model: nn.Module = method
         if runtime.distributed:
             ids = [runtime.device.index] if runtime.device.type == "cuda" else None
@@ -173,9 +180,9 @@ class Trainer:
         return min(total, most) if most is not None else total
 
     def _autocast(self) -> Any:
-        if self.training_cfg.precision == "fp32":
+        if self.precision == "fp32":
             return nullcontext()
-        dtype = torch.bfloat16 if self.training_cfg.precision == "bf16" else torch.float16
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.runtime.device.type, dtype=dtype)
 
     # ------------------------------------------------------------------ what callbacks use
@@ -219,7 +226,7 @@ class Trainer:
             views = self.device_augment(
                 views, batch[1] if self.device_augment.photometric else None,
                 out=self._reused_views if reuse else None)
-        if self.training_cfg.channels_last:
+        if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
 

@@ -1,0 +1,79 @@
+"""What ``auto`` chooses on this machine: the keys a configuration may leave to the hardware
+(``data.pipeline``, ``training.precision``, ``training.channels_last``, ``data.num_workers``),
+each choice with its reason. The configuration keeps ``auto`` (so a run resumes on another
+machine with that machine's choices); every invocation says what it chose (``auto: ...``) and
+``e2mc config show`` what it would choose here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from e2mc.config import RunConfig
+from e2mc.processes import available_cores
+
+__all__ = ["Choice", "describe", "hardware_choices", "is_image_folder"]
+
+#: Loader workers at most (beyond, a GPU's step is the bound on every machine we measured).
+MAX_WORKERS = 32
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: Any
+    reason: str
+
+
+def is_image_folder(dataset: Any) -> bool:
+    """Whether the fast pipelines can read ``dataset``: image files (``samples``), also
+    under a :class:`~torch.utils.data.Subset`."""
+    return hasattr(getattr(dataset, "dataset", dataset), "samples")
+
+
+def hardware_choices(cfg: RunConfig, device: torch.device,
+                     image_folder: bool | None = None) -> dict[str, Choice]:
+    """The value of every key of ``cfg`` left to ``auto`` (``None`` for the flags and counts),
+    on ``device``; ``image_folder`` None: not known yet (both cases said)."""
+    cuda = device.type == "cuda"
+    out: dict[str, Choice] = {}
+    if cfg.data.pipeline == "auto":
+        files = ("device", "image files on CUDA: decoding and crops in the loader workers, "
+                 "the photometric steps on the GPU") if cuda else (
+            "fast", "image files on a CPU: the official recipe's views drawn alike, decoded "
+            "and augmented as tensors")
+        if image_folder is None:
+            out["data.pipeline"] = Choice(f"{files[0]} or pil", f"{files[0]} for {files[1]}; "
+                                          "pil for arrays (.npz, IDX, builtin)")
+        elif image_folder:
+            out["data.pipeline"] = Choice(*files)
+        else:
+            out["data.pipeline"] = Choice("pil", "arrays, not image files: the fast pipelines "
+                                                 "read files")
+    if cfg.training.precision == "auto":
+        if cuda and torch.cuda.is_bf16_supported():
+            out["training.precision"] = Choice("bf16", "CUDA with bfloat16")
+        elif cuda:
+            out["training.precision"] = Choice("fp16", "CUDA without bfloat16: float16 with "
+                                                       "a gradient scaler")
+        else:
+            out["training.precision"] = Choice("fp32", "a CPU")
+    if cfg.training.channels_last is None:
+        out["training.channels_last"] = Choice(
+            cuda, "CUDA: convolutions run on NHWC tensors" if cuda else "a CPU")
+    if cfg.data.num_workers is None:
+        cores = available_cores()
+        out["data.num_workers"] = Choice(
+            max(1, min(cores - 1, MAX_WORKERS)),
+            f"{cores} core(s) this process may use, one left to the training process")
+    return out
+
+
+def describe(choices: dict[str, Choice]) -> str:
+    """``data.pipeline=device (image files on CUDA: ...); ...``."""
+    def shown(value: Any) -> str:
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return "; ".join(f"{key}={shown(c.value)} ({c.reason})" for key, c in choices.items())
