@@ -59,6 +59,18 @@ def set_scheduled_lr(optimizer: Optimizer, step: int, total_steps: int, schedule
     return float(optimizer.param_groups[0]["lr"])
 
 
+def set_scheduled_weight_decay(optimizer: Optimizer, step: int, total_steps: int,
+                               end: float) -> None:
+    """Set the weight decay of every group that has one (``initial_weight_decay`` > 0; the
+    groups of biases and norms stay at 0) by a cosine from its initial value at ``step`` 0 to
+    ``end`` at ``total_steps`` (DINO's official schedule)."""
+    progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    for group in optimizer.param_groups:
+        start = group.setdefault("initial_weight_decay", group.get("weight_decay", 0.0))
+        if start > 0:
+            group["weight_decay"] = end + (start - end) * (math.cos(math.pi * progress) + 1) / 2
+
+
 class LARS(Optimizer):
     """LARS as in VICReg's ``main_vicreg.py``.
 

@@ -60,7 +60,9 @@ class OptimConfig:
     ``lr = base_lr * batch_size / 256`` with ``lr_scaling: linear`` (the authors' rule for VICReg
     and SimSiam), ``lr = base_lr`` with ``none``. ``constant`` is how the continued runs were
     trained; ``cosine`` (with linear warm-up) is for ``pretrain``. Parameter groups flagged
-    ``fix_lr`` by the method (SimSiam's predictor) keep their learning rate.
+    ``fix_lr`` by the method (SimSiam's predictor) keep their learning rate. ``weight_decay_end``
+    (DINO's official 0.04 -> 0.4): the weight decay of the decayed groups follows a cosine from
+    ``weight_decay`` at the run's first step to it at its end; None: constant.
     """
 
     base_lr: float = 0.003
@@ -69,6 +71,7 @@ class OptimConfig:
     schedule: str = "constant"
     warmup_epochs: float = 0.0
     final_lr_fraction: float = 0.0
+    weight_decay_end: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -330,6 +333,7 @@ def _check_ranges(cfg: RunConfig) -> None:
                             ("training.cpu_threads", t.cpu_threads, 1),
                             ("init.base_epoch", cfg.init.base_epoch, 0),
                             ("optim.weight_decay", o.weight_decay, 0),
+                            ("optim.weight_decay_end", o.weight_decay_end, 0),
                             ("optim.warmup_epochs", o.warmup_epochs, 0),
                             ("optim.final_lr_fraction", o.final_lr_fraction, 0)):
         if value is not None and value < low:

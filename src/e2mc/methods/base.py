@@ -99,6 +99,11 @@ class SSLMethod(nn.Module):
     def set_epoch(self, epoch: int) -> None:
         """Called at the start of every epoch (0-based, counting continued epochs too)."""
 
+    def set_run_length(self, first_iteration: int, iterations: int) -> None:
+        """Called once per invocation before its first step: this run's optimisation steps are
+        the global iterations ``first_iteration .. first_iteration + iterations - 1`` (for
+        schedules over the run, e.g. an EMA teacher's cosine momentum)."""
+
     def before_step(self, iteration: int) -> None:
         """Called before the forward pass of every optimisation step (global iteration)."""
 

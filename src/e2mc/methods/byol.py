@@ -11,11 +11,11 @@ from torch import nn
 
 from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
-from e2mc.methods.ema import EMAMethod
+from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import byol_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
-from e2mc.ranges import above, at_least, between, check_values
+from e2mc.ranges import OneOf, above, at_least, between, check_values
 
 
 def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor
@@ -42,6 +42,7 @@ class BYOL(EMAMethod):
     student_parts = ("backbone", "projector")
     param_ranges = {"hidden_dim": at_least(1), "dim": at_least(1),
                     "momentum": between(0, 1),  # 1: a frozen target
+                    "momentum_schedule": OneOf(MOMENTUM_SCHEDULES),
                     "feature_dim": at_least(1),
                     "pred_hidden_dim": at_least(1)}  # None: hidden_dim
     optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
@@ -49,7 +50,8 @@ class BYOL(EMAMethod):
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, hidden_dim: int = 4096, dim: int = 256,
                  momentum: float = 0.996, feature_dim: int | None = None,
-                 pred_hidden_dim: int | None = None, hidden_bias: bool = True) -> None:
+                 pred_hidden_dim: int | None = None, hidden_bias: bool = True,
+                 momentum_schedule: str = "constant") -> None:
         super().__init__()
         check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
@@ -57,10 +59,11 @@ class BYOL(EMAMethod):
         pred_hidden = hidden_dim if pred_hidden_dim is None else pred_hidden_dim
         self.projector = byol_mlp(self.feature_dim, hidden_dim, dim, hidden_bias)
         self.predictor = byol_mlp(dim, pred_hidden, dim, hidden_bias)
-        self.init_teacher(momentum)
+        self.init_teacher(momentum, momentum_schedule)
         self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden_dim, "dim": dim,
                                         "momentum": momentum, "pred_hidden_dim": pred_hidden,
-                                        "hidden_bias": hidden_bias}
+                                        "hidden_bias": hidden_bias,
+                                        "momentum_schedule": momentum_schedule}
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "BYOL")

@@ -14,7 +14,7 @@ from torch import nn
 from e2mc.distributed import all_reduce_sum, world_size
 from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
-from e2mc.methods.ema import EMAMethod
+from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import DINOHead
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
@@ -82,6 +82,7 @@ class DINO(EMAMethod):
         "out_dim": at_least(2),  # one prototype: every softmax is 1, the loss 0
         "hidden_dim": at_least(1), "bottleneck_dim": at_least(1), "nlayers": at_least(1),
         "momentum": between(0, 1),  # 1: a frozen teacher
+        "momentum_schedule": OneOf(MOMENTUM_SCHEDULES),
         "teacher_temp": above(0), "warmup_teacher_temp": above(0),
         "warmup_teacher_temp_epochs": at_least(0), "student_temp": above(0),
         "center_momentum": between(0, 1), "freeze_last_layer": at_least(0),
@@ -98,7 +99,7 @@ class DINO(EMAMethod):
                  warmup_teacher_temp: float = 0.04, warmup_teacher_temp_epochs: int = 0,
                  student_temp: float = 0.1, center_momentum: float = 0.9,
                  freeze_last_layer: int = 1, clip_grad: float = 3.0,
-                 feature_dim: int | None = None) -> None:
+                 feature_dim: int | None = None, momentum_schedule: str = "constant") -> None:
         super().__init__()
         check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
@@ -111,7 +112,7 @@ class DINO(EMAMethod):
         self.student_temp, self.center_momentum = student_temp, center_momentum
         self.freeze_last_layer, self.clip_grad = freeze_last_layer, clip_grad
         self.epoch = 0
-        self.init_teacher(momentum)
+        self.init_teacher(momentum, momentum_schedule)
         self.hparams: dict[str, Any] = {
             **bb_hparams, "out_dim": out_dim, "hidden_dim": hidden_dim,
             "bottleneck_dim": bottleneck_dim, "nlayers": nlayers,
@@ -120,7 +121,8 @@ class DINO(EMAMethod):
             "warmup_teacher_temp": warmup_teacher_temp,
             "warmup_teacher_temp_epochs": warmup_teacher_temp_epochs,
             "student_temp": student_temp, "center_momentum": center_momentum,
-            "freeze_last_layer": freeze_last_layer, "clip_grad": clip_grad}
+            "freeze_last_layer": freeze_last_layer, "clip_grad": clip_grad,
+            "momentum_schedule": momentum_schedule}
 
     # ---- hooks -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:

@@ -16,12 +16,16 @@ gets a teacher equal to its loaded student, and one resumed keeps its own teache
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from e2mc.methods.base import SSLMethod
+
+#: How an EMA teacher's momentum moves over a run.
+MOMENTUM_SCHEDULES = ("constant", "cosine")
 
 
 def frozen_copy(module: nn.Module) -> nn.Module:
@@ -51,12 +55,19 @@ class EMAMethod(SSLMethod):
     momentum: float
     teacher: nn.ModuleDict
 
-    def init_teacher(self, momentum: float) -> None:
+    def init_teacher(self, momentum: float, schedule: str = "constant") -> None:
         """Create the teacher as frozen copies of the student parts (call once, at the end of
-        ``__init__``)."""
+        ``__init__``). ``schedule``: ``constant`` (``momentum`` at every step) or ``cosine``
+        (the official BYOL, MoCo v3 and DINO runs: from ``momentum`` at the run's first step to
+        1 at its end, ``1 - (1 - momentum) (cos(pi t / T) + 1) / 2``, over the run's steps
+        :meth:`set_run_length` gives)."""
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"the EMA momentum must be in [0, 1], got {momentum}")
-        self.momentum = float(momentum)
+        if schedule not in MOMENTUM_SCHEDULES:
+            raise ValueError(f"momentum_schedule must be one of {', '.join(MOMENTUM_SCHEDULES)}, "
+                             f"got {schedule!r}")
+        self.momentum, self.momentum_schedule = float(momentum), schedule
+        self._run: tuple[int, int] | None = None
         self.teacher = nn.ModuleDict({name: frozen_copy(getattr(self, name))
                                       for name in self.student_parts})
         self.register_buffer("teacher_initialized", torch.tensor(False))
@@ -72,10 +83,21 @@ class EMAMethod(SSLMethod):
         self.teacher.load_state_dict(self._student().state_dict())
         self.teacher_initialized.fill_(True)
 
+    def set_run_length(self, first_iteration: int, iterations: int) -> None:
+        self._run = (first_iteration, iterations)
+
+    def momentum_at(self, iteration: int) -> float:
+        """The EMA momentum of the update after ``iteration`` (:meth:`init_teacher`)."""
+        if self.momentum_schedule == "constant" or self._run is None:
+            return self.momentum
+        first, total = self._run
+        progress = min(max((iteration - first) / max(total, 1), 0.0), 1.0)
+        return 1.0 - (1.0 - self.momentum) * (math.cos(math.pi * progress) + 1.0) / 2.0
+
     def after_step(self, iteration: int) -> None:
         """The EMA update of the teacher with the weights the optimizer step just wrote."""
         self.ensure_teacher()
-        ema_update(self.teacher, self._student(), self.momentum)
+        ema_update(self.teacher, self._student(), self.momentum_at(iteration))
 
     def online_and_target(self, views: Sequence[torch.Tensor]
                           ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

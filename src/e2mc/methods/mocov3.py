@@ -13,7 +13,7 @@ from torch import nn
 from e2mc.distributed import gather_with_grad, rank
 from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
-from e2mc.methods.ema import EMAMethod
+from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import moco_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
@@ -49,6 +49,7 @@ class MoCoV3(EMAMethod):
     param_ranges = {"dim": at_least(1), "mlp_dim": at_least(1), "projector_layers": at_least(1),
                     "temperature": above(0),
                     "momentum": between(0, 1),  # 1: a frozen momentum encoder
+                    "momentum_schedule": OneOf(MOMENTUM_SCHEDULES),
                     "feature_dim": at_least(1)}
     optimizer_ranges = {"optimizer": OneOf(OPTIMIZERS), "eta": above(0),
                         "momentum": between(0, 1, high_open=True),
@@ -58,7 +59,7 @@ class MoCoV3(EMAMethod):
                  in_channels: int = 3, dim: int = 256, mlp_dim: int = 4096,
                  projector_layers: int = 2, predictor_last_bn: bool = False,
                  temperature: float = 1.0, momentum: float = 0.99,
-                 feature_dim: int | None = None) -> None:
+                 feature_dim: int | None = None, momentum_schedule: str = "constant") -> None:
         super().__init__()
         check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
@@ -66,11 +67,11 @@ class MoCoV3(EMAMethod):
         self.projector = moco_mlp(projector_layers, self.feature_dim, mlp_dim, dim)
         self.predictor = moco_mlp(2, dim, mlp_dim, dim, last_bn=predictor_last_bn)
         self.temperature = float(temperature)
-        self.init_teacher(momentum)
+        self.init_teacher(momentum, momentum_schedule)
         self.hparams: dict[str, Any] = {
             **bb_hparams, "dim": dim, "mlp_dim": mlp_dim, "projector_layers": projector_layers,
             "predictor_last_bn": predictor_last_bn, "temperature": temperature,
-            "momentum": momentum}
+            "momentum": momentum, "momentum_schedule": momentum_schedule}
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "MoCo v3")

@@ -26,7 +26,7 @@ from e2mc.artifacts import RunDir
 from e2mc.config import RunConfig
 from e2mc.data import collate_views
 from e2mc.distributed import Runtime, init_runtime
-from e2mc.optim import set_scheduled_lr
+from e2mc.optim import set_scheduled_lr, set_scheduled_weight_decay
 from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
@@ -272,9 +272,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _set_lr(self, step: int) -> float:
+        """The learning rate (and, with ``optim.weight_decay_end``, the weight decay) of
+        ``step``."""
         optim, steps_per_epoch = self.cfg.optim, self.steps_per_epoch
-        return set_scheduled_lr(self.optimizer, step, self.training_cfg.epochs * steps_per_epoch,
-                                optim.schedule, round(optim.warmup_epochs * steps_per_epoch),
+        total = self.training_cfg.epochs * steps_per_epoch
+        if optim.weight_decay_end is not None:
+            set_scheduled_weight_decay(self.optimizer, step, total, optim.weight_decay_end)
+        return set_scheduled_lr(self.optimizer, step, total, optim.schedule,
+                                round(optim.warmup_epochs * steps_per_epoch),
                                 optim.final_lr_fraction)
 
     def _forward(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -328,6 +333,8 @@ class Trainer:
         """Train until ``training.epochs`` run epochs are done (or ``training.max_steps``)."""
         training_cfg, runtime, hooks = self.training_cfg, self.runtime, self._hooks
         run_epoch, step, start_batch, skipped = self._resume()
+        # the run's global iterations, for schedules over the run (an EMA teacher's momentum)
+        self.method.set_run_length(self.base_epoch * self.steps_per_epoch, self.total_steps)
         #: (run_epoch, step, batch_in_epoch, skipped) after the last completed step
         self._position: tuple[int, int, int, int] | None = None
         if runtime.is_main:
