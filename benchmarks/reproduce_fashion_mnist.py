@@ -67,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
                                            "cnn5_small; DINO's vit_tiny_p4_28)")
     p.add_argument("--num-workers", type=int, default=0,
                    help="data-loading worker processes of each training run")
+    p.add_argument("--image-size", type=int, help="side of the training and test images "
+                                                  "(default 28, the images' own)")
     p.add_argument("--base-epochs", type=int)
     p.add_argument("--continue-epochs", type=int, help="default: 10%% of --base-epochs")
     p.add_argument("--epochs-factor", type=int, help="epochs stage: x default length (3)")
@@ -101,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> ReproSettings:
     changes = {k: v for k, v in {
         "seeds": args.seeds, "label_seeds": args.label_seeds, "backbone": args.backbone,
+        "image_size": args.image_size,
         "base_epochs": args.base_epochs, "continue_epochs": args.continue_epochs,
         "epochs_factor": args.epochs_factor, "batch_size": args.batch_size,
         "train_limit": args.train_limit, "test_limit": args.test_limit,

@@ -186,3 +186,24 @@ def test_addons_restrict_the_criteria_of_the_continued_runs(tmp_path: Path) -> N
     assert ReproSettings(addons=("mmcr",)).addons_of("vicreg") == ("none",)
     with pytest.raises(ValueError, match="--addons"):
         ReproSettings(out=tmp_path, addons=("byol",)).validate()
+
+
+def test_the_paper_regime_script_makes_a_valid_study(tmp_path) -> None:
+    """scripts/paper-regime.sh (run on a GPU machine; issue 43) prints the study it runs: the
+    harness's own parser takes it, and its settings are the paper's regime."""
+    import shlex
+
+    import reproduce_fashion_mnist as harness
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PAPER_REGIME_DRY": "1", "OUT": str(tmp_path / "out")}
+    done = subprocess.run([str(repo / "scripts" / "paper-regime.sh"), "PATH/TO/fashion-mnist",
+                           "PATH/TO/mnist"], env=env, capture_output=True, text=True, check=True)
+    argv = shlex.split(done.stdout)
+    assert argv[:2] == ["python", "benchmarks/reproduce_fashion_mnist.py"]
+    s = harness.settings_from(harness.parser().parse_args(argv[2:]))
+    assert (s.batch_size, s.image_size, s.backbone, s.device) == (2048, 32, "resnet18", "cuda")
+    assert s.methods == ("vicreg",) and s.transfer_data == "PATH/TO/mnist"
+    assert "method.params.projector=8192-8192-8192" in s.base_overrides
+    assert "method.params.projector=8192-8192-8192" in s.continue_overrides
+    assert (s.seeds, s.label_seeds) == ((0, 1, 2), (0, 1, 2))
