@@ -4,6 +4,7 @@ format (``docs/checkpoints.md``), backbone loading and export."""
 from e2mc.checkpoints.api import (
     PROJECT_FORMAT,
     PROJECT_VERSION,
+    check_exported_start,
     checkpoint_of,
     checkpoint_summary,
     export_backbone,
@@ -12,6 +13,7 @@ from e2mc.checkpoints.api import (
     load_official,
     load_start_model,
     local_checkpoint,
+    read_sidecar,
     recorded_image_size,
     restore_optimizer_state,
     save_checkpoint,
@@ -23,8 +25,8 @@ from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import CheckpointMismatchError
 
 __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
-           "UntrustedCheckpointError", "atomic_save", "checkpoint_of", "checkpoint_summary",
-           "detect", "export_backbone", "fetch", "is_url",
+           "UntrustedCheckpointError", "atomic_save", "check_exported_start", "checkpoint_of",
+           "checkpoint_summary", "detect", "export_backbone", "fetch", "is_url",
            "load_backbone", "load_checkpoint", "load_start_model", "load_official",
-           "local_checkpoint", "recorded_image_size",
+           "local_checkpoint", "read_sidecar", "recorded_image_size",
            "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]

@@ -11,14 +11,27 @@ import torch
 from torch import nn
 
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
-from e2mc.checkpoints.official import METHOD_FORMATS, detect, infer_hparams, infer_resnet
+from e2mc.checkpoints.layouts import load_layout
+from e2mc.checkpoints.official import (
+    LAYOUT_FORMATS,
+    METHOD_FORMATS,
+    Detected,
+    detect,
+    infer_hparams,
+    infer_resnet,
+)
 from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.strict import check_keys, load_strict
 from e2mc.files import atomic_write_json, sha256_file
 from e2mc.methods.base import SSLMethod
 from e2mc.methods.registry import build_method
-from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint
+from e2mc.models import (
+    build_backbone,
+    classifier_keys,
+    parse_backbone_name,
+    weights_from_checkpoint,
+)
 
 PROJECT_FORMAT = "e2mc"
 PROJECT_VERSION = 1
@@ -98,6 +111,8 @@ def _official(obj: Any, source: str | None, method: str | None, new_heads: bool,
     if method is not None and method not in METHOD_FORMATS:
         raise ValueError(f"the file has the official {det.format} layout; a {method} model can "
                          "start from a backbone-only file or an e2mc checkpoint of its own")
+    if det.format in LAYOUT_FORMATS:  # MoCo v3, Barlow Twins, solo-learn, lightly
+        return load_layout(det, source, new_heads, method_hparams)
     state, unmapped = det.mapped()
     hp = {**infer_hparams(det.format, state), **method_hparams}
     model = load_strict(lambda: _rebuild(name, hp), state, det.format, det.to_file_key,
@@ -214,13 +229,16 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
     """The starting model of a run of ``method`` built with ``method_hparams`` (the run's
     configuration): a project checkpoint of that method, loaded strictly into the configured
     model, or an official file (:func:`load_official`; a backbone-only file needs
-    ``new_heads=True``). ``path`` may be a URL.
+    ``new_heads=True``). ``path`` may be a URL. A backbone written by :func:`export_backbone`
+    is built as its sidecar says (a run configured with another architecture is a
+    ``ValueError`` naming both); a plain state dict whose names no layout explains (a
+    torchvision ViT's ``encoder.*``) is taken for a backbone of the configured architecture.
 
     ``info`` holds ``epoch``, ``optimizer`` (a state dict or None), ``source`` and
     ``optimizer_layout``: ``"project"`` (written by this package's optimizer: load it as is) or
     ``"official"`` (apply it with :func:`restore_optimizer_state`).
     """
-    obj, source = _load_obj(path, trust)
+    obj, source, local = _load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         if obj.get("method") != method:
             raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
@@ -230,9 +248,102 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
         info = {k: v for k, v in obj.items() if k != "model"}
         info.update(source=source, optimizer_layout="project")
         return model, info  # type: ignore[return-value]
-    model, info = _official(obj, source, method, new_heads, method_hparams)
+    exported = read_sidecar(local, obj)
+    bare = _bare_backbone(obj)
+    if exported is not None:  # export-backbone's file: its sidecar names the architecture
+        hparams = {**_exported_hparams(exported, method_hparams, source or str(local)),
+                   **method_hparams}
+        model, info = _start_from_backbone(bare, method, hparams, new_heads,  # type: ignore[arg-type]
+                                           source)
+        info["exported"] = exported
+    elif bare is not None and not _known_layout(bare):
+        # a backbone's bare state dict whose names are like a method's (a torchvision ViT's
+        # encoder.*): the run's configuration names its architecture
+        model, info = _start_from_backbone(bare, method, dict(method_hparams), new_heads,
+                                           source)
+    else:
+        model, info = _official(obj, source, method, new_heads, method_hparams)
     info.update(optimizer_layout="official")
     return model, info
+
+
+def check_exported_start(path: str | os.PathLike[str], **method_hparams: Any) -> None:
+    """Refuse (``ValueError``, one line naming both) to start a run configured with
+    ``method_hparams`` (``backbone``, ``small_images``, ``in_channels``) from a backbone that
+    :func:`export_backbone` wrote with another architecture, as :func:`load_start_model`
+    would, but from the sidecar alone: before the data or the checkpoint are read. Anything
+    but a local file with a sidecar passes."""
+    if is_url(path) or not Path(path).is_file():
+        return
+    exported = read_sidecar(path)
+    if exported is not None:
+        _exported_hparams(exported, method_hparams, os.fspath(path))
+
+
+def _start_from_backbone(det: Detected, method: str, method_hparams: dict[str, Any],
+                         new_heads: bool, source: str | None
+                         ) -> tuple[SSLMethod, dict[str, Any]]:
+    """The method ``method`` around the backbone-only state dict ``det`` (new heads), as
+    :func:`load_official` starts from a backbone-only file."""
+    model, dropped, hp, heads = _load_backbone_into_method(det, method, method_hparams,
+                                                           new_heads, source)
+    return model, {"format": "backbone", "epoch": None, "optimizer": None, "source": source,
+                   "hparams": hp, "dropped_keys": dropped, "new_heads": heads}
+
+
+def _exported_hparams(exported: dict[str, Any], method_hparams: dict[str, Any],
+                      where: str) -> dict[str, Any]:
+    """The architecture an export's sidecar records (``backbone``, ``small_images``,
+    ``in_channels``), refused (one line naming both) where the run configures another."""
+    recorded = {"backbone": exported["arch"],
+                "small_images": bool(exported.get("small_images", False)),
+                "in_channels": int(exported.get("in_channels", 3))}
+    options = {"backbone": "--backbone {}", "small_images": "--set model.small_images={}",
+               "in_channels": "--set model.in_channels={}"}
+    for key, value in recorded.items():
+        given = method_hparams.get(key)
+        if given is None:
+            continue
+        same = (_same_architecture(given, value) if key == "backbone"
+                else type(value)(given) == value)
+        if not same:
+            option = options[key].format(str(value).lower() if isinstance(value, bool)
+                                         else value)
+            raise ValueError(f"{where} is a backbone exported with {key}={value} (its "
+                             f"{sidecar_path(where).name} says so), the run's model.{key} is "
+                             f"{given}: start it with {option}")
+    return recorded
+
+
+def _same_architecture(a: Any, b: Any) -> bool:
+    """Whether two backbone names build the same architecture (weights and timm tags aside:
+    ``resnet50`` and ``torchvision:resnet50:IMAGENET1K_V2``)."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        return a == b
+    (sa, ma, _), (sb, mb, _) = parse_backbone_name(a), parse_backbone_name(b)
+    if sa == sb == "timm":
+        ma, mb = ma.split(".", 1)[0], mb.split(".", 1)[0]
+    return (sa, ma) == (sb, mb)
+
+
+def _known_layout(bare: Detected) -> bool:
+    """Whether :func:`detect` tells the layout of a plain state dict (an official method's or
+    a backbone's names), rather than refusing it as ambiguous."""
+    try:
+        detect(bare.state_dict)
+    except ValueError:
+        return False
+    return True
+
+
+def _bare_backbone(obj: Any) -> Detected | None:
+    """``obj`` as the backbone-only layout when it is a plain state dict (a ``module.``
+    prefix on every key dropped), else None."""
+    if not (isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(
+            v, torch.Tensor) for k, v in obj.items())):
+        return None
+    prefix = "module." if all(k.startswith("module.") for k in obj) else ""
+    return Detected("backbone", {k[len(prefix):]: v for k, v in obj.items()}, prefix)
 
 
 def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
@@ -258,6 +369,41 @@ def local_checkpoint(ref: str | os.PathLike[str], last: bool = False) -> str:
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """Where :func:`export_backbone` writes the architecture of ``path``: ``<path>.json``."""
     return Path(f"{os.fspath(path)}.json")
+
+
+#: The ``format`` of :func:`export_backbone`'s sidecar.
+EXPORT_FORMAT = "e2mc-backbone"
+
+
+def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[str, Any] | None:
+    """What :func:`export_backbone` recorded beside the file ``path`` (``<path>.json``: the
+    architecture, ``small_images``, ``in_channels``, the training image size, the file's
+    ``sha256``), or None when there is no sidecar, when it names no architecture (the export
+    of a module of the user's own), or when the loaded ``obj`` given is not a plain state dict
+    (an export is one; any other file's ``.json`` is not a sidecar). A sidecar that cannot be
+    read, or that records the SHA-256 of other bytes (the file was replaced after the export),
+    is a ``ValueError`` saying so."""
+    if path is None or (obj is not None and _bare_backbone(obj) is None):
+        return None
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{side} (the architecture of {path}, written by export-backbone) "
+                         f"cannot be read: {' '.join(str(err).split())}; export the backbone "
+                         "again, or delete it and pass --arch") from None
+    if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
+        return None  # not export-backbone's record: some other file of the user's
+    if not isinstance(meta.get("arch"), str) or not meta["arch"]:
+        return None  # the export of a module of the user's own: no architecture to build
+    recorded = meta.get("sha256")
+    if isinstance(recorded, str) and recorded != sha256_file(path):
+        raise ValueError(f"{side} describes other bytes than {path} (sha256 {recorded[:12]}..., "
+                         "the file was replaced after export-backbone wrote it): export the "
+                         "backbone again, or delete the .json and pass --arch")
+    return meta
 
 
 #: At most this many values (numbers, strings) per entry of :func:`checkpoint_summary`.
@@ -312,9 +458,13 @@ def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] 
 
 def recorded_image_size(info: dict[str, Any]) -> int | None:
     """The image size the model of a loaded checkpoint was trained at, from the configuration a
-    project checkpoint records (``run_config``); ``None`` for official and plain files."""
+    project checkpoint records (``run_config``) or the sidecar of an exported backbone
+    (``image_size``, :func:`load_backbone`'s info); ``None`` for official and plain files."""
     size = ((info.get("run_config") or {}).get("data") or {}).get("image_size")
-    return int(size) if isinstance(size, int) and size > 0 else None
+    if size is None and info.get("format") == "backbone":
+        size = info.get("image_size")
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 \
+        else None
 
 
 def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
@@ -323,25 +473,41 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     """``(backbone, feature_dim, info)`` from a project checkpoint, an official one, or a plain
     backbone state dict (exported, torchvision; a classifier is dropped). For a plain state dict
     the architecture comes from ``arch`` (with ``small_images``, ``in_channels``), else the
-    ``<path>.json`` sidecar of :func:`export_backbone`, else the ResNet read off the shapes.
+    ``<path>.json`` sidecar of :func:`export_backbone` (:func:`read_sidecar`; its
+    ``image_size`` is in ``info``), else the ResNet read off the shapes. With ``arch`` or a
+    sidecar, a plain state dict is the backbone's even where its names look like a method's
+    (a torchvision ViT's ``encoder.*``).
     ``info`` is :func:`checkpoint_summary`'s: metadata without tensors, with the file's
     ``sha256`` and its ``source`` (the URL for a URL)."""
     obj, source, local = _load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         method, info = _from_project(obj, source)
         return method.backbone, method.feature_dim, checkpoint_summary(info, local)
-    det = detect(obj)
+    exported = None if arch is not None else read_sidecar(local, obj)
+    bare = _bare_backbone(obj)
+    if exported is not None:  # export-backbone's file, whatever its names look like
+        det: Detected = bare  # type: ignore[assignment]
+    elif bare is not None and arch is not None and not _known_layout(bare):
+        det = bare  # a backbone whose names are like a method's (a torchvision ViT's encoder.*)
+    else:
+        try:
+            det = detect(obj)
+        except ValueError as err:
+            if bare is None:
+                raise
+            raise ValueError(f"{err}; if it is a backbone's state dict, name its architecture "
+                             "with --arch (arch=), or keep the <file>.json export-backbone "
+                             "wrote beside it") from None
     if det.format != "backbone":
         method, info = _official(obj, source, None, False, {})
         return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     spec: dict[str, Any] | None = None
     if arch is not None:
         spec = {"backbone": arch, "small_images": small_images, "in_channels": in_channels}
-    elif local is not None and sidecar_path(local).exists():
-        meta = json.loads(sidecar_path(local).read_text())
-        if meta.get("arch") is not None:
-            spec = {"backbone": meta["arch"], "small_images": meta.get("small_images", False),
-                    "in_channels": meta.get("in_channels", 3)}
+    elif exported is not None:
+        spec = {"backbone": exported["arch"],
+                "small_images": bool(exported.get("small_images", False)),
+                "in_channels": int(exported.get("in_channels", 3))}
     if spec is None:
         spec = infer_resnet(det.state_dict)
     if spec is None:
@@ -363,6 +529,9 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     feature_dim = dims[-1]
     info = {"format": "backbone", "arch": spec["backbone"], "small_images": spec["small_images"],
             "in_channels": spec["in_channels"], "dropped_keys": dropped, "source": source}
+    if exported is not None:
+        info.update(exported={k: v for k, v in exported.items() if k != "arch"},
+                    image_size=exported.get("image_size"))
     return backbone, feature_dim, checkpoint_summary(info, local)
 
 
@@ -405,21 +574,44 @@ def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.Path
                      "delete the file first")
 
 
+def teacher_backbone(method: nn.Module) -> nn.Module:
+    """The EMA teacher's backbone of ``method`` (DINO's teacher, BYOL's target, MoCo v3's
+    momentum encoder); ``ValueError`` for a method without one, or whose teacher was never set
+    (a model started with new heads: its teacher becomes a copy of the student at the first
+    training step)."""
+    method = _unwrap(method)
+    teacher = getattr(method, "teacher", None)
+    if not isinstance(teacher, nn.ModuleDict) or "backbone" not in teacher:
+        raise ValueError(f"a {getattr(method, 'name', type(method).__name__)} model has no "
+                         "teacher (EMA target): --teacher is for dino, byol and mocov3")
+    if not bool(getattr(method, "teacher_initialized", True)):
+        raise ValueError("this model's teacher was never set (it was started with new heads and "
+                         "not trained: the teacher becomes a copy of the student at the first "
+                         "step); export the student's backbone")
+    return teacher["backbone"]
+
+
 def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str | os.PathLike[str],
-                    trust: bool = False, last: bool = False) -> dict[str, Any]:
+                    trust: bool = False, last: bool = False,
+                    teacher: bool = False) -> dict[str, Any]:
     """Write the backbone's plain state dict to ``out_path`` (atomically) and its architecture to
     ``<out_path>.json``; returns that description.
 
     The names are torchvision's without the classifier: ``torchvision.models.<arch>()`` with
     ``fc = nn.Identity()`` (ResNets; for the others the classifier is replaced as
     :func:`e2mc.models.build_backbone` does) loads it with ``strict=True``. With
-    ``small_images`` or ``in_channels != 3`` it loads into ``build_backbone``'s model.
+    ``small_images`` or ``in_channels != 3`` it loads into ``build_backbone``'s model. The
+    sidecar (:func:`read_sidecar`) also records the image size the checkpoint was trained at
+    and the SHA-256 of ``out_path``: :func:`load_backbone` and :func:`load_start_model` read
+    every architecture back through it.
 
     Refused (``ValueError``, nothing written): an ``out_path`` (or its ``.json``) that is the
     checkpoint being read, and an existing ``out_path`` that holds more than a plain state dict
     (a training, e2mc or official checkpoint); an earlier export is replaced. A run directory
     stands for its model (:func:`checkpoint_of`; ``last``: its last step), and the sidecar
     records under ``model`` which file and step that was and whether it was the kept model.
+    ``teacher``: the EMA teacher's backbone (:func:`teacher_backbone`) instead of the
+    student's, recorded as ``"part": "teacher"``.
     """
     from e2mc.artifacts import run_model
 
@@ -437,14 +629,22 @@ def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str
         method, info = load_checkpoint(method_or_checkpoint, trust=trust)
         source = info.get("source")
     hp = getattr(method, "hparams", {})
-    state = {k: v.detach().cpu().clone() for k, v in method.backbone.state_dict().items()}
-    meta = {"format": "e2mc-backbone", "arch": hp.get("backbone"),
+    backbone = teacher_backbone(method) if teacher else method.backbone
+    state = {k: v.detach().cpu().clone() for k, v in backbone.state_dict().items()}
+    meta = {"format": EXPORT_FORMAT, "arch": hp.get("backbone"),
             "small_images": bool(hp.get("small_images", False)),
             "in_channels": int(hp.get("in_channels", 3)),
             "feature_dim": int(method.feature_dim), "method": getattr(method, "name", None),
-            "source": None if source is None else str(source)}
+            "source": None if source is None else str(source),
+            "image_size": None if isinstance(method_or_checkpoint, nn.Module)
+            else recorded_image_size(info)}
+    if hp.get("backbone") is None and hp.get("backbone_class"):  # a module of the user's
+        meta["backbone_class"] = hp["backbone_class"]
     if model is not None:
         meta["model"] = model.record(info.get("step"))
+    if teacher:
+        meta["part"] = "teacher"
     atomic_save(state, out_path)
+    meta["sha256"] = sha256_file(out_path)  # the sidecar belongs to these bytes only
     atomic_write_json(meta, sidecar_path(out_path))
     return meta

@@ -8,6 +8,21 @@
 - SimSiam ``checkpoint_0099.pth.tar``: ``{"epoch", "arch", "state_dict", "optimizer"}``, keys
   ``module.encoder.<resnet>``, ``module.encoder.fc.*`` (projector), ``module.predictor.*``.
 - Backbone only (VICReg ``resnet50.pth``, torchvision state dicts): torchvision names.
+
+and the training checkpoints of the other families, loaded by :mod:`e2mc.checkpoints.layouts`:
+
+- MoCo v3 (facebookresearch/moco-v3 ``main_moco.py``): ``{"epoch", "arch", "state_dict",
+  "optimizer", "scaler"}``, keys ``module.base_encoder.*`` (the ResNet's projector is its
+  ``fc.*``, the ViT's its ``head.*``), ``module.momentum_encoder.*``, ``module.predictor.*``.
+- Barlow Twins (facebookresearch/barlowtwins ``main.py``): ``{"epoch", "model", "optimizer"}``,
+  keys ``module.backbone.*``, ``module.projector.*`` and ``module.bn.*`` (the non-affine
+  BatchNorm of the loss).
+- solo-learn (a Lightning ``.ckpt``): ``state_dict`` keys ``backbone.*``, ``projector.*``,
+  ``predictor.*``, ``momentum_backbone.*``, ``momentum_projector.*``, ``classifier.*`` (its
+  online linear probe, dropped).
+- lightly: ``backbone.*`` (torchvision names, or the ``nn.Sequential`` of a ResNet's children
+  that lightly's examples build), ``projection_head.layers.*``, ``prediction_head.layers.*``,
+  ``backbone_momentum.*``, ``projection_head_momentum.layers.*``.
 """
 
 from __future__ import annotations
@@ -26,8 +41,31 @@ KEY_RULES: dict[str, list[tuple[str, str]]] = {
     "simsiam": [("encoder.fc.", "projector."), ("encoder.", "backbone."),
                 ("predictor.", "predictor.")],
     "backbone": [("", "backbone.")],
+    "barlowtwins": [("backbone.", "backbone."), ("projector.", "projector."), ("bn.", "bn.")],
+    "mocov3": [("base_encoder.fc.", "projector."), ("base_encoder.", "backbone."),
+               ("momentum_encoder.fc.", "teacher.projector."),
+               ("momentum_encoder.", "teacher.backbone."), ("predictor.", "predictor.")],
+    "solo-learn": [("momentum_backbone.", "teacher.backbone."),
+                   ("momentum_projector.", "teacher.projector."), ("backbone.", "backbone."),
+                   ("projector.", "projector."), ("predictor.", "predictor.")],
+    "lightly": [("backbone_momentum.", "teacher.backbone."),
+                ("projection_head_momentum.layers.", "teacher.projector."),
+                ("backbone.", "backbone."), ("projection_head.layers.", "projector."),
+                ("prediction_head.layers.", "predictor.")],
 }
-METHOD_FORMATS = ("vicreg", "swav", "simsiam")
+#: The methods some layout holds (``method=`` of :func:`detect`; others start from a
+#: backbone-only file or from an e2mc checkpoint).
+METHOD_FORMATS = ("vicreg", "swav", "simsiam", "barlowtwins", "mocov3", "byol", "simclr")
+#: The methods each layout can hold.
+LAYOUT_METHODS: dict[str, tuple[str, ...]] = {
+    "vicreg": ("vicreg",), "swav": ("swav",), "simsiam": ("simsiam",),
+    "barlowtwins": ("barlowtwins",), "mocov3": ("mocov3",),
+    "solo-learn": ("byol", "simclr", "mocov3", "barlowtwins"), "lightly": ("byol", "simclr")}
+#: The layouts :mod:`e2mc.checkpoints.layouts` loads (heads checked, teacher, optimizer order).
+LAYOUT_FORMATS = ("barlowtwins", "mocov3", "solo-learn", "lightly")
+#: Where a ResNet's torchvision names sit in ``nn.Sequential(*list(resnet.children())[:-1])``
+#: (the backbone of lightly's examples): conv1, bn1, relu, maxpool, layer1-4, avgpool.
+_RESNET_CHILDREN = {0: "conv1", 1: "bn1", 4: "layer1", 5: "layer2", 6: "layer3", 7: "layer4"}
 
 
 @dataclass
@@ -40,15 +78,27 @@ class Detected:
     epoch: int | None = None
     optimizer: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the e2mc method the file holds (a layout of several methods: read off the keys or given)
+    method: str | None = None
+    #: this file's key rules when they differ from the format's (MoCo v3's ViT, lightly's
+    #: ``nn.Sequential`` ResNet)
+    rules: list[tuple[str, str]] | None = None
+    #: file keys (without the prefix) that belong to no part of the method (solo-learn's online
+    #: linear classifiers): left out of :meth:`mapped`
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def key_rules(self) -> list[tuple[str, str]]:
+        return self.rules if self.rules is not None else KEY_RULES[self.format]
 
     def to_model_key(self, key: str) -> str | None:
-        for src, dst in KEY_RULES[self.format]:
+        for src, dst in self.key_rules:
             if key.startswith(src):
                 return dst + key[len(src):]
         return None
 
     def to_file_key(self, model_key: str) -> str:
-        for src, dst in KEY_RULES[self.format]:
+        for src, dst in self.key_rules:
             if model_key.startswith(dst):
                 return self.prefix + src + model_key[len(dst):]
         return self.prefix + model_key
@@ -56,7 +106,10 @@ class Detected:
     def mapped(self) -> tuple[dict[str, torch.Tensor], list[str]]:
         """The state dict under model names, and the file keys no rule maps."""
         out, unmapped = {}, []
+        dropped = set(self.dropped)
         for k, v in self.state_dict.items():
+            if k in dropped:
+                continue
             mk = self.to_model_key(k)
             if mk is None:
                 unmapped.append(self.prefix + k)
@@ -78,6 +131,8 @@ def detect(obj: Any, method: str | None = None) -> Detected:
     optimizer = obj.get("optimizer")
     if _is_state_dict(obj.get("model")):
         sd, container = obj["model"], "{'epoch', 'model', 'optimizer'}"
+    elif _is_state_dict(obj.get("state_dict")) and "pytorch-lightning_version" in obj:
+        sd, container, optimizer = obj["state_dict"], "Lightning checkpoint", None
     elif _is_state_dict(obj.get("state_dict")):
         sd, container = obj["state_dict"], "{'epoch', 'state_dict', 'optimizer'}"
     elif _is_state_dict(obj):
@@ -92,8 +147,25 @@ def detect(obj: Any, method: str | None = None) -> Detected:
     def has(p: str) -> bool:
         return any(k.startswith(p) for k in keys)
 
-    if has("projection_head.") or has("prototypes."):
+    lightning = container == "Lightning checkpoint"  # its optimizer_states are not restored
+    guess: str | None = None
+    rules: list[tuple[str, str]] | None = None
+    dropped: list[str] = []
+    if has("base_encoder.") and (has("momentum_encoder.") or has("predictor.")):
+        fmt = "mocov3"
+        if has("base_encoder.head."):  # the ViT's projector is its head
+            rules = [(src.replace(".fc.", ".head."), dst) for src, dst in KEY_RULES[fmt]]
+    elif has("backbone.") and (has("projection_head.layers.") or has("backbone_momentum.")
+                               or has("prediction_head.layers.")):
+        fmt, guess, rules = "lightly", _lightly_method(keys), _lightly_rules(keys)
+    elif has("backbone.") and has("projector.") and (
+            lightning or has("momentum_backbone.") or has("classifier.")):
+        fmt, guess = "solo-learn", _solo_method(keys)
+        dropped = [k for k in keys if k.startswith(("classifier.", "momentum_classifier."))]
+    elif has("projection_head.") or has("prototypes."):
         fmt = "swav"
+    elif has("backbone.") and has("projector.") and has("bn."):
+        fmt = "barlowtwins"
     elif has("backbone.") and has("projector."):
         fmt = "vicreg"
     elif has("encoder.") and has("predictor."):
@@ -105,11 +177,66 @@ def detect(obj: Any, method: str | None = None) -> Detected:
                          f"{sorted({k.split('.')[0] for k in keys})[:10]}")
     if method is not None and method not in METHOD_FORMATS:
         raise ValueError(f"method must be one of {METHOD_FORMATS}, got {method!r}")
-    if method is not None and fmt not in (method, "backbone"):
-        raise ValueError(f"the file has the official {fmt} layout, not {method}")
+    held = None
+    if fmt != "backbone":
+        allowed = LAYOUT_METHODS[fmt]
+        guess = guess or (allowed[0] if len(allowed) == 1 else None)
+        what = f"official {fmt}" if fmt not in ("solo-learn", "lightly") else \
+            f"{fmt} {guess or ''}".rstrip()
+        if method is not None and (method not in allowed or guess not in (None, method)):
+            raise ValueError(f"the file has the {what} layout, not {method}")
+        held = method or guess
+        if held is None:
+            raise ValueError(f"this {container} has the {fmt} layout, whose keys do not say "
+                             f"which method it holds: name it (method=, --method) among "
+                             f"{', '.join(allowed)}")
     extra = {"arch": obj["arch"]} if isinstance(obj.get("arch"), str) else {}
     return Detected(fmt, sd, prefix, epoch if isinstance(epoch, int) else None,
-                    optimizer if isinstance(optimizer, dict) else None, extra)
+                    optimizer if isinstance(optimizer, dict) else None, extra, held, rules,
+                    dropped)
+
+
+def _last_is_batchnorm(keys: list[str], part: str) -> bool:
+    """Whether the last layer of the ``nn.Sequential`` ``part`` (file names) is a BatchNorm."""
+    pat = re.compile(re.escape(part) + r"(\d+)\.")
+    layers = {int(m.group(1)) for k in keys if (m := pat.match(k))}
+    return bool(layers) and f"{part}{max(layers)}.running_mean" in keys
+
+
+def _lightly_method(keys: list[str]) -> str | None:
+    """The method of a lightly model read off its parts: a prediction head and a momentum
+    backbone are BYOL's; a projection head ending in a BatchNorm alone is SimCLR's."""
+    if any(k.startswith("prediction_head.") for k in keys):
+        return "byol" if any(k.startswith("backbone_momentum.") for k in keys) else None
+    if _last_is_batchnorm(keys, "projection_head.layers."):
+        return "simclr"
+    return None
+
+
+def _solo_method(keys: list[str]) -> str | None:
+    """The method of a solo-learn model read off its parts: with a momentum backbone and a
+    predictor, BYOL (biased Linear layers) or MoCo v3 (none); without either, SimCLR when the
+    projector has no BatchNorm (solo-learn's other methods have one: name them)."""
+    momentum = any(k.startswith("momentum_backbone.") for k in keys)
+    predictor = any(k.startswith("predictor.") for k in keys)
+    if momentum and predictor:
+        return "byol" if "projector.0.bias" in keys else "mocov3"
+    if not momentum and not predictor and not any(
+            k.startswith("projector.") and k.endswith(".running_mean") for k in keys):
+        return "simclr"
+    return None
+
+
+def _lightly_rules(keys: list[str]) -> list[tuple[str, str]]:
+    """lightly's rules, with the ``nn.Sequential`` of a ResNet's children (``backbone.0.*`` =
+    ``conv1``, ``backbone.4.*`` = ``layer1``, ...) renamed to torchvision's names."""
+    rules = KEY_RULES["lightly"]
+    if "backbone.0.weight" in keys and "backbone.4.0.conv1.weight" in keys:
+        renamed = [(f"{src}{i}.", f"{dst}{name}.") for src, dst in
+                   (("backbone_momentum.", "teacher.backbone."), ("backbone.", "backbone."))
+                   for i, name in _RESNET_CHILDREN.items()]
+        rules = renamed + rules
+    return rules
 
 
 _RESNET_DEPTHS = {("basic", (2, 2, 2, 2)): "resnet18", ("basic", (3, 4, 6, 3)): "resnet34",

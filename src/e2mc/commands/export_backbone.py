@@ -15,6 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out", help="output state dict (.pt)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow full unpickling (runs code stored in the file; trusted files only)")
+    p.add_argument("--teacher", action="store_true",
+                   help="the EMA teacher's backbone (DINO's teacher, BYOL's target, MoCo v3's "
+                        "momentum encoder) instead of the student's: evaluate it with e2mc eval "
+                        "OUT")
     p.add_argument("--last", action="store_true",
                    help="of a run directory, the last step's checkpoint instead of the kept model "
                         "(best.pt, when the run was trained with e2mc continue --keep-best)")
@@ -29,9 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     model = run_model(args.checkpoint, args.last)
     meta = export_backbone(args.checkpoint, args.out, trust=args.trust_checkpoint,
-                           last=args.last)
+                           last=args.last, teacher=args.teacher)
     if model is not None and model.from_directory:
         print(f"model: {model.describe()}", file=sys.stderr)
-    print(f"{args.checkpoint}: {meta['arch']} backbone ({meta['feature_dim']}-d features) -> "
-          f"{args.out} (+ {sidecar_path(args.out)})")
+    which = "teacher's " if args.teacher else ""
+    print(f"{args.checkpoint}: {which}{meta['arch']} backbone ({meta['feature_dim']}-d "
+          f"features) -> {args.out} (+ {sidecar_path(args.out)})")
     return 0

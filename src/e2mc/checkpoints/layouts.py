@@ -1,0 +1,259 @@
+"""The training checkpoints of MoCo v3, Barlow Twins, and of the PyTorch libraries' BYOL, SimCLR,
+MoCo v3 and Barlow Twins (solo-learn, lightly), loaded strictly into e2mc's methods.
+
+:func:`e2mc.checkpoints.official.detect` tells the layout (``mocov3``, ``barlowtwins``,
+``solo-learn``, ``lightly``) and the method it holds; :func:`load_layout` reads the sizes off the
+shapes, compares the file's heads layer by layer with the heads the method builds (one line
+naming both where they differ: nothing is loaded), loads every tensor strictly (student, heads,
+predictor, momentum encoder as ``teacher.*``), and puts the official optimizer state in the
+order of the model's parameters where the file says which parameter each entry belongs to.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from e2mc.checkpoints.official import Detected, infer_resnet
+from e2mc.checkpoints.strict import CheckpointMismatchError, check_keys, load_strict
+
+#: moco-v3's ViTs (``vits.py``): every one has 12 attention heads; only ``vit_base`` has a timm
+#: twin by name (timm's ``vit_small_patch16_224`` has 6 heads).
+MOCOV3_VIT_HEADS = {"vit_small": 12, "vit_base": 12, "vit_conv_small": 12, "vit_conv_base": 12}
+MOCOV3_VIT_NAMES = {"vit_base": "timm:vit_base_patch16_224"}
+#: The heads compared layer by layer before anything is loaded.
+HEAD_PARTS = ("projector", "predictor", "teacher.projector")
+
+
+class HeadMismatchError(CheckpointMismatchError):
+    """The file's projector or predictor is another architecture than the method's."""
+
+
+def _linears(state: dict[str, torch.Tensor], part: str) -> list[tuple[int, torch.Tensor]]:
+    """``(index, weight)`` of the Linear layers of the ``nn.Sequential`` ``part``."""
+    pat = re.compile(re.escape(part) + r"\.(\d+)\.weight")
+    return sorted((int(m.group(1)), v) for k, v in state.items()
+                  if (m := pat.fullmatch(k)) and v.ndim == 2)
+
+
+def layers(state: dict[str, Any], part: str) -> dict[int, str]:
+    """The layers of the ``nn.Sequential`` ``part`` as its state dict shows them: index ->
+    ``Linear``, ``Linear(bias)``, ``BatchNorm``, ``BatchNorm(no affine)`` (else the tensor
+    names); layers without tensors (ReLU) are not shown."""
+    names: dict[int, set[str]] = {}
+    pat = re.compile(re.escape(part) + r"\.(\d+)\.(.+)")
+    for k in state:
+        if m := pat.fullmatch(k):
+            names.setdefault(int(m.group(1)), set()).add(m.group(2))
+    out = {}
+    for i, held in sorted(names.items()):
+        if "running_mean" in held:
+            out[i] = "BatchNorm" if "weight" in held else "BatchNorm(no affine)"
+        elif "weight" in held and state[f"{part}.{i}.weight"].ndim == 2:
+            out[i] = "Linear(bias)" if "bias" in held else "Linear"
+        else:
+            out[i] = "/".join(sorted(held))
+    return out
+
+
+def describe(state: dict[str, Any], part: str) -> str:
+    """:func:`layers` in words: ``"0:Linear(bias) 1:BatchNorm 3:Linear"``, or ``"(none)"``."""
+    return " ".join(f"{i}:{kind}" for i, kind in layers(state, part).items()) or "(none)"
+
+
+def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The method's constructor arguments read off the shapes (model names)."""
+    hp: dict[str, Any] = dict(infer_resnet(state, "backbone.") or {})
+    if not hp:
+        hp.update(_vit(det, state))
+    proj, pred = _linears(state, "projector"), _linears(state, "predictor")
+    if det.method == "barlowtwins" and proj:
+        hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
+    elif det.method == "mocov3" and proj:
+        hp.update(dim=int(proj[-1][1].shape[0]), projector_layers=len(proj))
+        if len(proj) > 1:
+            hp["mlp_dim"] = int(proj[0][1].shape[0])
+        elif pred:
+            hp["mlp_dim"] = int(pred[0][1].shape[0])
+        if pred:
+            hp["predictor_last_bn"] = f"predictor.{pred[-1][0] + 1}.running_mean" in state
+    elif det.method == "byol" and proj:
+        hp.update(hidden_dim=int(proj[0][1].shape[0]), dim=int(proj[-1][1].shape[0]),
+                  hidden_bias="projector.0.bias" in state)
+        if pred and int(pred[0][1].shape[0]) != hp["hidden_dim"]:
+            hp["pred_hidden_dim"] = int(pred[0][1].shape[0])
+    elif det.method == "simclr" and proj:
+        hp.update(hidden_dim=int(proj[0][1].shape[0]), dim=int(proj[-1][1].shape[0]))
+    return hp
+
+
+def _vit(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The backbone of moco-v3's ``vit_base`` (timm's ``vit_base_patch16_224``), and the input
+    channels of any timm ViT; the other ViTs need ``backbone=``."""
+    proj = state.get("backbone.patch_embed.proj.weight")
+    if proj is None:
+        return {}
+    hp: dict[str, Any] = {"in_channels": int(proj.shape[1])}
+    depth = len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
+    name = MOCOV3_VIT_NAMES.get(det.extra.get("arch", ""))
+    if det.format == "mocov3" and name and (int(proj.shape[0]), int(proj.shape[-1]),
+                                            depth) == (768, 16, 12):
+        hp["backbone"] = name
+    return hp
+
+
+def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> None:
+    """Refuse (one line) a backbone that the shapes do not name and no argument names."""
+    arch = det.extra.get("arch")
+    if det.format == "mocov3" and isinstance(arch, str) and arch.startswith("vit_conv"):
+        raise ValueError(f"{source or 'the checkpoint'} holds moco-v3's {arch}, a ViT with a "
+                         "convolutional stem that no e2mc backbone has")
+    if "backbone" in hp:
+        return
+    what = f"moco-v3's {arch}" if det.format == "mocov3" and arch else "its backbone"
+    hint = (" (timm's vit_small_patch16_224 has 6 attention heads, moco-v3's vit_small 12)"
+            if arch == "vit_small" else "")
+    raise ValueError(f"{source or 'the checkpoint'}: cannot tell the architecture of {what} "
+                     f"from its keys{hint}: name it (backbone=, --backbone, model.backbone)")
+
+
+def _check_vit_heads(det: Detected, model: nn.Module) -> None:
+    """moco-v3's ViTs have 12 attention heads: refuse a backbone with another number."""
+    want = MOCOV3_VIT_HEADS.get(det.extra.get("arch", "")) if det.format == "mocov3" else None
+    blocks = getattr(getattr(model, "backbone", None), "blocks", None)
+    if want is None or blocks is None or len(blocks) == 0:
+        return
+    got = getattr(getattr(blocks[0], "attn", None), "num_heads", None)
+    if got is not None and got != want:
+        raise HeadMismatchError(f"the file holds moco-v3's {det.extra['arch']} ({want} attention "
+                                f"heads) and the backbone {model.hparams.get('backbone')} has "
+                                f"{got}: the same shapes, another model; nothing was loaded")
+
+
+def _file_part(det: Detected, part: str) -> str:
+    """The file's name of a model part (``projector`` -> ``module.base_encoder.fc``)."""
+    return det.to_file_key(part + ".").rstrip(".")
+
+
+def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Tensor]
+                      ) -> list[str]:
+    """The heads whose layers differ between the file and the model, in words."""
+    expected = model.state_dict()
+    out = []
+    for part in HEAD_PARTS:
+        mine, theirs = layers(expected, part), layers(state, part)
+        if all(mine.get(i) == kind for i, kind in theirs.items()):
+            continue  # the same, or layers missing (a strict key error, not an architecture)
+        out.append(f"the file's {_file_part(det, part)} is [{describe(state, part)}], "
+                   f"e2mc's {det.method} {part} [{describe(expected, part)}]")
+    return out
+
+
+def _build(name: str, hp: dict[str, Any]) -> Any:
+    from e2mc.methods.registry import build_method
+    from e2mc.models import weights_from_checkpoint
+
+    with weights_from_checkpoint():
+        return build_method(name, **hp)
+
+
+def load_layout(det: Detected, source: str | None, new_heads: bool,
+                method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The method ``det.method`` loaded strictly from the file ``det`` (a layout of
+    :data:`e2mc.checkpoints.official.LAYOUT_FORMATS`); ``method_hparams`` override what the
+    shapes say and must still match the file. Heads of another architecture than the method's
+    are refused (:class:`HeadMismatchError`, one line), or with ``new_heads`` the backbone alone
+    is loaded and the heads start from random weights (``info["new_heads"]``)."""
+    name = det.method
+    assert name is not None  # detect names it or refuses
+    state, unmapped = det.mapped()
+    hp = {**infer_layout_hparams(det, state), **method_hparams}
+    _backbone_known(det, hp, source)
+    if det.format == "solo-learn" and hp.get("small_images"):
+        warnings.warn("solo-learn's CIFAR stem pads its 3x3 conv1 by 2 pixels, e2mc's "
+                      "small-image stem by 1: the weights load, and e2mc's feature maps are 2 "
+                      "pixels smaller (32 instead of 34 on CIFAR)", stacklevel=2)
+    try:
+        with torch.device("meta"):
+            probe = _build(name, hp)
+    except NotImplementedError:  # a constructor that computes on tensors: built for real
+        probe = _build(name, hp)
+    _check_vit_heads(det, probe)
+    label = f"{det.format} ({name})"
+    differences = _head_differences(det, probe, state)
+    info: dict[str, Any] = {"format": det.format, "method": name, "epoch": det.epoch,
+                            "optimizer": None, "source": source,
+                            "dropped_keys": [det.prefix + k for k in det.dropped], **det.extra}
+    if differences and not new_heads:
+        raise HeadMismatchError(f"{source or 'the checkpoint'} ({det.format} layout): "
+                                f"{'; '.join(differences)}: the heads differ, nothing was loaded "
+                                "(--new-heads / new_heads=True starts from its backbone alone, "
+                                "with new heads)")
+    if differences:
+        return _backbone_alone(det, name, hp, state, info)
+    teacher = any(k.startswith("teacher.") for k in state)
+    names = {}
+    if teacher and "teacher_initialized" in probe.state_dict():
+        state["teacher_initialized"] = torch.tensor(True)
+        names["teacher_initialized"] = "(the file's momentum encoder)"
+    model = load_strict(lambda: _build(name, hp), state, label,
+                        lambda k: names.get(k) or det.to_file_key(k), unmapped)
+    info.update(hparams=model.hparams, optimizer=_optimizer_in_model_order(det, model))
+    return model, info
+
+
+def _backbone_alone(det: Detected, name: str, hp: dict[str, Any],
+                    state: dict[str, torch.Tensor], info: dict[str, Any]
+                    ) -> tuple[Any, dict[str, Any]]:
+    """``new_heads``: the file's student backbone in a new model (random heads; an EMA teacher
+    is copied from the student at the first training step)."""
+    model = _build(name, hp)
+    sd = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    check_keys(model.backbone.state_dict(), sd, f"{det.format} backbone",
+               lambda k: det.to_file_key("backbone." + k))
+    model.backbone.load_state_dict(sd, strict=True)
+    heads = sorted(n for n, m in model.named_children()
+                   if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
+    info.update(hparams=model.hparams, new_heads=heads)
+    return model, info
+
+
+def _official_parameter_order(det: Detected, model: nn.Module) -> list[str] | None:
+    """The model names of the parameters the official optimizer lists, in its order: MoCo v3's
+    ``model.parameters()`` (its state dict's order), Barlow Twins' weights then biases
+    (``ndim == 1``) of ``model.parameters()``; None for the libraries' files."""
+    if det.format not in ("mocov3", "barlowtwins"):
+        return None
+    params = dict(model.named_parameters())
+    order = [mk for k in det.state_dict if (mk := det.to_model_key(k)) in params]
+    if det.format == "barlowtwins":
+        order = ([k for k in order if params[k].ndim != 1]
+                 + [k for k in order if params[k].ndim == 1])
+    return order
+
+
+def _optimizer_in_model_order(det: Detected, model: nn.Module) -> dict[str, Any] | None:
+    """The official optimizer state re-indexed so that its ``k``-th parameter is the ``k``-th
+    of ``model.parameters()`` (what :func:`e2mc.checkpoints.restore_optimizer_state` reads),
+    one group with the first group's settings; None where the order is not known or the state
+    does not cover the model's parameters."""
+    state, order = det.optimizer, _official_parameter_order(det, model)
+    if state is None or order is None:
+        return None
+    try:
+        saved = [i for g in state["param_groups"] for i in g["params"]]
+        per_param = state["state"]
+        settings = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
+    except (KeyError, TypeError, IndexError):
+        return None
+    names = [n for n, _ in model.named_parameters()]
+    if len(saved) != len(order) or sorted(order) != sorted(names):
+        return None
+    where = dict(zip(order, saved, strict=True))
+    return {"state": {j: per_param[where[n]] for j, n in enumerate(names)
+                      if where[n] in per_param},
+            "param_groups": [{**settings, "params": list(range(len(names)))}]}
