@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns its exit code (see :mod:`e2mc.errors`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _print_unencodable_as_text()
     debug = "--debug" in argv or os.environ.get("E2MC_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
@@ -64,6 +65,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, message = describe(error)
         print(f"e2mc {args.command}: error: {message}", file=sys.stderr)
         return code
+
+
+def _print_unencodable_as_text() -> None:
+    """Let the terminal show a name or path that is not UTF-8 (a byte Python carries as a lone
+    surrogate, ``os.fsdecode``) as ``\\xff``, as the files do (:func:`e2mc.files.display_name`),
+    instead of ending a finished command with a ``UnicodeEncodeError``."""
+    import contextlib
+
+    from e2mc.files import UNENCODABLE_AS_TEXT
+
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:  # (a TextIOWrapper; not a test's capture)
+            with contextlib.suppress(ValueError, OSError):  # (a closed or detached stream)
+                reconfigure(errors=UNENCODABLE_AS_TEXT)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ file's content. No torch: checkpoints are written through
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import hashlib
@@ -79,6 +80,63 @@ def safe_name(name: str, what: str = "name") -> str:
     return name
 
 
+#: Characters shown as escapes wherever a user's name is displayed: C0 and C1 controls, DEL,
+#: and the bidirectional controls that reorder what a reader sees.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+#: The codec error handler that writes a character UTF-8 cannot encode (a lone surrogate) as
+#: text: the byte a surrogate escape stands for (``os.fsdecode``: a byte of a name that is not
+#: UTF-8) as ``\xff``, any other surrogate as ``\udXXX``.
+UNENCODABLE_AS_TEXT = "e2mc.unencodable-as-text"
+
+
+def _unencodable_as_text(err: UnicodeError) -> tuple[str, int]:
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    bad = err.object[err.start:err.end]
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF
+                   else f"\\u{ord(c):04x}" for c in bad), err.end
+
+
+codecs.register_error(UNENCODABLE_AS_TEXT, _unencodable_as_text)
+
+
+def display_name(text: object) -> str:
+    r"""``text`` (a user's name: a run, directory, trial or column name) as it can be shown in
+    the terminal and written into any text file or figure: bytes that are not UTF-8 (a name from
+    ``argv`` or a file name, which Python carries as surrogate escapes, ``os.fsdecode``) as
+    ``\xff``, control characters as ``\n``, ``\x1b``, ``\u202e``; everything else as it is."""
+    shown = str(text).encode("utf-8", UNENCODABLE_AS_TEXT).decode("utf-8")
+    return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), shown)
+
+
+#: What a Markdown viewer would read as markup in a name: inline marks (emphasis, code,
+#: links and images, strikethrough, math, table cells); ``_`` counts between word characters
+#: only (:func:`markdown_text`).
+_MARKDOWN_INLINE = re.compile(r"[`*\[\]~|$]|\\(?=[\x21-\x2f\x3a-\x40\x5b-\x60\x7b-\x7e]|$)"
+                              r"|(?<![^\W_])_|_(?![^\W_])")
+#: A block mark at the start of a name: a heading, a list item, a quote, a numbered item.
+_MARKDOWN_BLOCK = re.compile(r"^(\s*)([#+\-=]|\d+[.)])")
+
+
+def markdown_text(text: object) -> str:
+    r"""``text`` (a user's name, or a sentence with names) as plain text in a Markdown file
+    that e2mc writes (``comparison.md``, ``search.md``, ``confirm.md``): shown as
+    :func:`display_name` shows it, one line; ``<``, ``>`` and ``&`` as HTML entities (no raw
+    HTML such as ``<script>`` or ``<img>``); the marks a viewer would act on backslash-escaped:
+    ``[`` and ``]`` (no link, no remote image: ``![x](http://...)`` stays text), ``*``,
+    ``_`` at a word's edge, `````, ``~``, ``$``, ``|`` (which would end a table cell), a ``\``
+    before punctuation, and a heading, list or quote mark at its start. A viewer shows the
+    name as it was given."""
+    import html
+
+    out = html.escape(display_name(text), quote=False)
+    out = _MARKDOWN_INLINE.sub(lambda m: "\\" + m.group(), out)
+    return _MARKDOWN_BLOCK.sub(lambda m: f"{m.group(1)}{m.group(2)[:-1]}\\{m.group(2)[-1]}", out,
+                               count=1)
+
+
 def open_append(path: str | os.PathLike[str]) -> Any:
     """Open the text file ``path`` for appending (created with the umask's mode), never
     through a symbolic link (:func:`refuse_link`); returns the file object."""
@@ -105,7 +163,10 @@ def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> 
     failed: list[OSError] = []  # what the file system said, under a writer that rewraps it
     try:
         os.fchmod(fd, file_mode)
-        with os.fdopen(fd, mode) as f:
+        # text as UTF-8; a character that cannot be written (a lone surrogate: a byte of a
+        # path that is not UTF-8) as text, \xff as display_name shows it, never an error
+        text = {} if "b" in mode else {"encoding": "utf-8", "errors": UNENCODABLE_AS_TEXT}
+        with os.fdopen(fd, mode, **text) as f:
             write(_Recording(f, failed))
             f.flush()
             os.fsync(f.fileno())

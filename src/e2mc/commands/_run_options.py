@@ -123,7 +123,24 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
     if seed is not None and cfg.training.seed != seed:
         raise InputError(f"--seed {seed} and --set training.seed={cfg.training.seed} disagree; "
                          "give the training seed once")
+    check_model_input(cfg)
     return cfg
+
+
+def check_model_input(cfg: RunConfig) -> None:
+    """The configured backbone takes images of ``data.image_size`` (a ViT's patch size divides
+    it, a fixed-size ViT is given its size, a CNN does not shrink them to nothing), and is the
+    architecture of a starting backbone that export-backbone wrote (its sidecar): else refused
+    (exit 2, one line naming both) before the data or any checkpoint is read."""
+    from e2mc.checkpoints import check_exported_start
+    from e2mc.models import check_backbone_input
+
+    check_backbone_input(cfg.model.backbone, cfg.data.image_size, cfg.model.in_channels,
+                         cfg.model.small_images, option="--set data.image_size=N")
+    if cfg.init.checkpoint is not None:
+        check_exported_start(cfg.init.checkpoint, backbone=cfg.model.backbone,
+                             small_images=cfg.model.small_images,
+                             in_channels=cfg.model.in_channels)
 
 
 def run_command(args: argparse.Namespace, mode: str) -> int:

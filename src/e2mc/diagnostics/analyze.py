@@ -47,8 +47,8 @@ from e2mc.diagnostics.figures import (
 )
 from e2mc.diagnostics.report import RunDiagnostics, loss_change, write_report
 from e2mc.evaluation.features import features_and_embeddings
-from e2mc.files import atomic_write, safe_name
-from e2mc.models import input_channels
+from e2mc.files import atomic_write, display_name, safe_name
+from e2mc.models import check_input_size, fixed_image_size, input_channels
 
 FEATURES = "backbone features"
 EMBEDDINGS = "projector embeddings"
@@ -77,7 +77,7 @@ def resolve_run(path: str | Path, last: bool = False) -> RunSource:
     the per-epoch checkpoints), a checkpoint file or a shipped one (``builtin:NAME``)."""
     path = builtin_checkpoint(path) or Path(path)
     if path.is_file():
-        return RunSource(path.stem, path, model=run_model(path))
+        return RunSource(display_name(path.stem), path, model=run_model(path))
     if not path.is_dir():
         raise ValueError(f"{path} is neither a run directory nor a checkpoint file")
     run = RunDir(path)
@@ -88,8 +88,8 @@ def resolve_run(path: str | Path, last: bool = False) -> RunSource:
     print(f"model: {model.describe()}", file=sys.stderr)
     metrics = run.metrics if run.metrics.is_file() else None
     monitor = run.monitor_plot if run.monitor_plot.is_file() else None
-    return RunSource(path.resolve().name, model.path, metrics, run.epoch_checkpoints(), model,
-                     monitor)
+    return RunSource(display_name(path.resolve().name), model.path, metrics,
+                     run.epoch_checkpoints(), model, monitor)
 
 
 def _unique_names(sources: Sequence[RunSource]) -> None:
@@ -104,12 +104,17 @@ def _unique_names(sources: Sequence[RunSource]) -> None:
 def default_loader(trust: bool = False) -> Loader:
     """Load a full method with :func:`e2mc.checkpoints.load_checkpoint`; files that hold only a
     backbone fall back to :func:`e2mc.checkpoints.load_backbone` (features only)."""
-    from e2mc.checkpoints import load_backbone, load_checkpoint
+    from e2mc.checkpoints import load_backbone, load_checkpoint, read_sidecar
     from e2mc.checkpoints.io import UntrustedCheckpointError
     from e2mc.checkpoints.strict import CheckpointMismatchError
     from e2mc.errors import CorruptFileError
 
     def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
+        if read_sidecar(path) is not None:  # export-backbone's file: a backbone, no method
+            print(f"note: {path}: an exported backbone; analysing backbone features only",
+                  file=sys.stderr)
+            backbone, _, info = load_backbone(path, trust=trust)
+            return backbone, None, dict(info)
         try:
             method, info = load_checkpoint(path, trust=trust)
             return method.backbone, method, dict(info)
@@ -239,7 +244,8 @@ def analyze(
             raise ValueError(f"--names needs {len(sources)} distinct names, one per run; got "
                              f"{', '.join(names) or 'none'}")
         for src, name in zip(sources, names, strict=True):
-            src.name = safe_name(name, "--names: run name")  # it names the run's figures
+            # it names the run's figures; shown (figures, report) as display_name shows it
+            src.name = display_name(safe_name(name, "--names: run name"))
     _unique_names(sources)
     load = loader or default_loader()
     out = Path(out_dir)
@@ -247,11 +253,16 @@ def analyze(
 
     loaded = [load(src.checkpoint) for src in sources]
     channels = input_channels(loaded[0][0])
-    if image_size is None:  # the size the first model was trained at, else the images' own
-        image_size = recorded_image_size(loaded[0][2])
-    if image_size is None:
+    if image_size is None:  # the size the first model was trained at (or the one it takes),
+        image_size = recorded_image_size(loaded[0][2]) or fixed_image_size(loaded[0][0])
+    if image_size is None:  # else the images' own
         first = build_dataset(data, split)[0][0]
         image_size = min(first.size) if max(first.size) <= 64 else 224
+    for src, (backbone, _, info) in zip(sources, loaded, strict=True):  # before extracting
+        arch = info.get("arch") or (info.get("hparams") or {}).get("backbone")
+        check_input_size(backbone, image_size, channels,
+                         f"{arch} ({src.name})" if isinstance(arch, str) else src.name,
+                         "--image-size")
     dataset = _sample(build_dataset(data, split, eval_transform(image_size, channels)),
                       num_samples, seed)
     if len(dataset) <= knn_k:  # type: ignore[arg-type]

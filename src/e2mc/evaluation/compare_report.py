@@ -11,6 +11,7 @@ from typing import Any
 
 from e2mc.artifacts import mean_se
 from e2mc.evaluation.compare import ALPHA, BETTER, WORSE, Comparison
+from e2mc.files import markdown_text
 
 
 def _cell_text(cell: tuple[float, float | None, str] | None, untested: bool = False) -> str:
@@ -74,34 +75,23 @@ def verdicts(comp: Comparison) -> list[str]:
             for r in verdict_rows(comp)]
 
 
-def md_text(text: object, cell: bool = False) -> str:
-    """``text`` (a user-given name) safe in the comparison's markdown: ``<``, ``>`` and ``&``
-    as HTML entities (no raw HTML such as ``<script>``), one line; in a table ``cell`` also
-    ``|`` escaped (``\\|``), which would otherwise end the cell."""
-    import html
-
-    out = html.escape(str(text), quote=False).replace("\r", " ").replace("\n", " ")
-    return out.replace("|", "\\|") if cell else out
-
-
 def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
     """The verdicts (:func:`verdicts`) first, then the Table-1-style markdown table with its
     legend, the pooled tests and (``per_seed``) the per-seed tests. Names are escaped
-    (:func:`md_text`)."""
+    (:func:`e2mc.files.markdown_text`)."""
     found = verdicts(comp)
-    ref = md_text(comp.reference)
+    ref = markdown_text(comp.reference)
     lines = ([f"Verdict against {ref} (significance: McNemar and the paired "
-              f"permutation test, p < {ALPHA:g}):", "", *[f"- {md_text(v)}" for v in found], ""]
-             if found else [])
-    lines += ["| run | " + " | ".join(md_text(c, True) for c in comp.columns) + " |",
+              f"permutation test, p < {ALPHA:g}):", "",
+              *[f"- {markdown_text(v)}" for v in found], ""] if found else [])
+    lines += ["| run | " + " | ".join(markdown_text(c) for c in comp.columns) + " |",
               "|---|" + "---|" * len(comp.columns)]
     for run in comp.runs:
         untested = comp.untested.get(run, {})
-        lines.append(f"| {md_text(run, True)} | " + " | ".join(_cell_text(comp.cells[run].get(c),
-                                                           c in untested)
-                                                for c in comp.columns) + " |")
+        lines.append(f"| {markdown_text(run)} | " + " | ".join(
+            _cell_text(comp.cells[run].get(c), c in untested) for c in comp.columns) + " |")
     lines += ["", "Mean ± standard error over seeds (percent). Metrics: "
-              f"{md_text(comp.metric_note)}.",
+              f"{markdown_text(comp.metric_note)}.",
               f"{BETTER} better, {WORSE} worse than {ref}: p < 0.05 ({BETTER * 2} / "
               f"{WORSE * 2}: p < 0.01) at every seed under both McNemar and the paired "
               "permutation test."]
@@ -109,18 +99,18 @@ def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
     for run, reasons in comp.untested.items():
         for column, reason in reasons.items():
             by_reason.setdefault(reason, []).append(f"{run} at {column}")
-    lines += [md_text(f"† no paired test ({reason}): {', '.join(cells)}.")
+    lines += [markdown_text(f"† no paired test ({reason}): {', '.join(cells)}.")
               for reason, cells in by_reason.items()]
-    lines += [md_text(f"Not evaluated alike, compared anyway (--allow-mismatch): {m}.")
+    lines += [markdown_text(f"Not evaluated alike, compared anyway (--allow-mismatch): {m}.")
               for m in comp.mismatches]
     if comp.floor is not None:
-        lines.append(f"{md_text(comp.floor)}: the floor, a random-init model of the same "
+        lines.append(f"{markdown_text(comp.floor)}: the floor, a random-init model of the same "
                      "architecture (not tested).")
     if comp.pooled:
         lines += ["", "Pooled over seeds (each image's difference averaged over the matched "
                   "seeds, then the paired permutation test on the images):", "",
                   "| run | column | seeds | diff | permutation p |", "|---|---|---|---|---|"]
-        lines += [f"| {md_text(t['run'], True)} | {md_text(t['column'], True)} | {t['seeds']} | "
+        lines += [f"| {markdown_text(t['run'])} | {markdown_text(t['column'])} | {t['seeds']} | "
                   f"{t['difference']:+.2f} | "
                   f"{t['permutation_p']:.3g} |" for t in comp.pooled]
     if comp.tests and per_seed:
@@ -128,7 +118,7 @@ def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
                   "Cohen's d | 95% CI |", "|---|---|---|---|---|---|---|---|---|---|"]
         for t in comp.tests:
             lines.append(
-                f"| {md_text(t['run'], True)} | {md_text(t['column'], True)} | {t['seed']} | "
+                f"| {markdown_text(t['run'])} | {markdown_text(t['column'])} | {t['seed']} | "
                 f"{t['difference']:+.2f} | "
                 f"{t['n10']} | {t['n01']} | {t['mcnemar_p']:.3g} ({t['mcnemar_method']}) | "
                 f"{t['permutation_p']:.3g} | {t['cohens_d']:.3f} | "

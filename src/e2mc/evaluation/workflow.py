@@ -121,6 +121,7 @@ class _Loaded:
 def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int | None,
           log: Callable[[str], None]) -> _Loaded:
     from e2mc.checkpoints import is_url, load_backbone, local_checkpoint, recorded_image_size
+    from e2mc.models import check_input_size, fixed_image_size
 
     named = os.fspath(checkpoint)
     chosen = run_model(named, model.last)
@@ -134,10 +135,19 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
     channels = _model_channels(backbone, model, path, info, log)
     size = image_size or recorded_image_size(info)
     if size is None:
-        size = 32 if model.small_images else 224
+        size = fixed_image_size(backbone) or (32 if model.small_images else 224)
         log(f"note: {path} records no training image size; evaluating at {size} px "
             "(--image-size sets it)")
+    # before any image is read: a size the model cannot take (a ViT's patch size that does
+    # not divide it, a fixed-size ViT, a CNN that shrinks it to nothing) is one error line
+    check_input_size(backbone, size, channels, _architecture(info) or path, "--image-size")
     return _Loaded(named, chosen, path, backbone, feature_dim, info, channels, size)
+
+
+def _architecture(info: dict[str, Any]) -> str | None:
+    """The backbone's name a loaded checkpoint's info records (None for a module of its own)."""
+    name = info.get("arch") or (info.get("hparams") or {}).get("backbone")
+    return name if isinstance(name, str) else None
 
 
 def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,

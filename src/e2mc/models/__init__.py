@@ -355,25 +355,158 @@ def classifier_keys(name: str) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=32)
 def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
-    with torch.device("meta"):
-        if source == "timm":
-            try:
-                import timm
-            except ImportError:
-                return frozenset()
-            if not timm.is_model(model_name.split(".", 1)[0]):
-                raise _unknown("timm model", model_name, list(timm.list_models()))
-            full = set(timm.create_model(model_name, pretrained=False).state_dict())
-            kept = set(timm.create_model(model_name, pretrained=False,
-                                         num_classes=0).state_dict())
-        else:
-            import torchvision.models as tvm
+    try:
+        with torch.device("meta"):  # no memory, no initialisation
+            return _built_classifier_keys(source, model_name)
+    except NotImplementedError:  # a constructor that computes on tensors (RegNets): built
+        return _built_classifier_keys(source, model_name)
 
-            if model_name not in torchvision_names():
-                return frozenset()
-            full = set(tvm.get_model(model_name, weights=None).state_dict())
-            kept = set(_torchvision_backbone(model_name, None, False, 3)[0].state_dict())
+
+def _built_classifier_keys(source: str, model_name: str) -> frozenset[str]:
+    """:func:`classifier_keys` of the full model built on the current default device."""
+    if source == "timm":
+        try:
+            import timm
+        except ImportError:
+            return frozenset()
+        if not timm.is_model(model_name.split(".", 1)[0]):
+            raise _unknown("timm model", model_name, list(timm.list_models()))
+        full = set(timm.create_model(model_name, pretrained=False).state_dict())
+        kept = set(timm.create_model(model_name, pretrained=False,
+                                     num_classes=0).state_dict())
+    else:
+        import torchvision.models as tvm
+
+        if model_name not in torchvision_names():
+            return frozenset()
+        full = set(tvm.get_model(model_name, weights=None).state_dict())
+        kept = set(_torchvision_backbone(model_name, None, False, 3)[0].state_dict())
     return frozenset(full - kept)
+
+
+def fixed_image_size(module: nn.Module) -> int | None:
+    """The one image size ``module`` takes, where it declares one: a torchvision
+    ``VisionTransformer`` (:data:`SMALL_VITS` included; its position embeddings are fixed) or a
+    timm patch embedding with a strict size; else ``None`` (any size its layers allow)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    for m in module.modules():
+        if isinstance(m, VisionTransformer):
+            return int(m.image_size)
+        if _is_timm_patch_embed(m):
+            size = getattr(m, "img_size", None)
+            if getattr(m, "strict_img_size", False) and size is not None and size[0] == size[1]:
+                return int(size[0])
+            return None
+    return None
+
+
+def _is_timm_patch_embed(m: nn.Module) -> bool:
+    return type(m).__name__ == "PatchEmbed" and hasattr(m, "patch_size") \
+        and hasattr(m, "strict_img_size")
+
+
+def _declared_size_problem(module: nn.Module, size: int) -> str | None:
+    """What the layers ``module`` is made of say about the image size (a ViT's fixed size, a
+    patch size that must divide it), without running anything; None when nothing is declared."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    for m in module.modules():
+        if isinstance(m, VisionTransformer):
+            if int(m.image_size) != size:
+                return (f"it takes {m.image_size} px images only (a vision transformer with "
+                        f"{m.patch_size} px patches and position embeddings of that size)")
+            return None
+        if _is_timm_patch_embed(m):
+            fixed = getattr(m, "img_size", None)
+            if getattr(m, "strict_img_size", False) and fixed is not None \
+                    and tuple(fixed) != (size, size):
+                return f"it takes {fixed[0]}x{fixed[1]} px images only"
+            patch = tuple(int(p) for p in m.patch_size)
+            if not getattr(m, "dynamic_img_pad", False) and any(size % p for p in patch):
+                shown = patch[0] if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}"
+                return (f"its patch size {shown} does not divide the image size {size} (a "
+                        f"multiple of {shown} does, e.g. {_multiple(size, max(patch))})")
+            return None
+    return None
+
+
+def _multiple(size: int, step: int) -> int:
+    """The multiple of ``step`` nearest to ``size`` (at least ``step``)."""
+    return max(step, round(size / step) * step)
+
+
+def _meta_forward_error(module: nn.Module, size: int, channels: int) -> BaseException | None:
+    """The error of ``module``'s forward pass on ``[2, channels, size, size]`` images, run on
+    the meta device (shapes only: no memory, no arithmetic; the module's own tensors are left
+    alone), or None when it passes."""
+    from torch.func import functional_call
+
+    tensors = {n: torch.empty_like(t, device="meta")
+               for n, t in [*module.named_parameters(remove_duplicate=False),
+                            *module.named_buffers(remove_duplicate=False)]}
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            functional_call(module, tensors,
+                            (torch.empty(2, channels, size, size, device="meta"),))
+    except Exception as err:  # (what a forward pass at this size raises: the answer)
+        return err
+    finally:
+        module.train(was_training)
+    return None
+
+
+#: The image size every backbone whose size is not declared is expected to take.
+_USUAL_SIZE = 224
+
+
+def input_size_problem(module: nn.Module, image_size: int, channels: int) -> str | None:
+    """Why ``module`` cannot take ``[N, channels, image_size, image_size]`` images, in words,
+    or None when it can (or when that cannot be told without running it). The layers' declared
+    sizes first (:func:`fixed_image_size`, a timm patch size that must divide the size), then a
+    forward pass on the meta device: a failure there counts only when the usual 224 px pass
+    (of the same channels) does not fail too, so that an operation the meta device lacks is
+    never taken for a wrong size."""
+    declared = _declared_size_problem(module, image_size)
+    if declared is not None or fixed_image_size(module) is not None:
+        return declared
+    err = _meta_forward_error(module, image_size, channels)
+    if err is None or isinstance(err, NotImplementedError):
+        return None
+    if image_size != _USUAL_SIZE and _meta_forward_error(module, _USUAL_SIZE, channels) is not None:
+        return None
+    reason = " ".join(str(err).split()) or type(err).__name__
+    return f"its forward pass fails at this size ({type(err).__name__}: {reason[:200]})"
+
+
+def check_input_size(module: nn.Module, image_size: int, channels: int, name: str,
+                     option: str = "--image-size") -> None:
+    """Raise ``ValueError`` (one line naming the backbone ``name`` and ``image_size``) when
+    ``module`` cannot take images of that size (:func:`input_size_problem`); ``option`` is how
+    the user sets the size."""
+    problem = input_size_problem(module, image_size, channels)
+    if problem is not None:
+        raise ValueError(f"image size {image_size} px does not fit the backbone {name}: "
+                         f"{problem}; set another size with {option}")
+
+
+def check_backbone_input(name: str, image_size: int, in_channels: int = 3,
+                         small_images: bool = False, option: str = "data.image_size") -> None:
+    """:func:`check_input_size` of the backbone ``name``, built on the meta device without
+    weights (nothing downloaded, no memory), before any work starts: a configuration whose
+    images the model cannot take is refused at once, not after the data are read. A name
+    that cannot be built here (a Hugging Face repository, a missing extra, a model whose
+    constructor computes on its tensors) is left to the run, which reports it."""
+    if parse_backbone_name(name)[0] == "hf":
+        return
+    try:
+        with weights_from_checkpoint(), torch.device("meta"):
+            module, _ = build_backbone(name, small_images, in_channels)
+    except Exception:  # (the run builds it again and says what is wrong)
+        return
+    check_input_size(module, image_size, in_channels, name, option)
 
 
 def describe(name: str) -> dict[str, Any]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from e2mc.files import display_name, markdown_text
+
 
 def search_markdown(record: dict[str, Any]) -> str:
     """search.md: the rule, every trial against its control, the selection; names escaped
-    (:func:`e2mc.evaluation.compare_report.md_text`)."""
-    from e2mc.evaluation.compare_report import md_text
-
+    (:func:`e2mc.files.markdown_text`)."""
     spec = record["spec"]
-    lines = [f"# Search: {md_text(spec['config'])}", "",
+    lines = [f"# Search: {markdown_text(spec['config'])}", "",
              f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
              f"training images (seed {spec['seed']}); the test split is never read.", "",
              f"Selection rule (declared before the first run): {spec['rule']}.", "",
@@ -22,13 +22,14 @@ def search_markdown(record: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     for t in record["trials"]:
         if t.get("difference") is None:
-            lines.append(f"| {md_text(t['name'], True)} | – | – | – | – | – |")
+            lines.append(f"| {markdown_text(t['name'])} | – | – | – | – | – |")
             continue
         mark = " **selected**" if t["name"] == record["selected"] else ""
-        lines.append(f"| {md_text(t['name'], True)}{mark} | {t['steps']} | "
+        lines.append(f"| {markdown_text(t['name'])}{mark} | {t['steps']} | "
                      f"{t['start_value']:.2f} | {t['control_value']:.2f} | {t['value']:.2f} | "
                      f"{t['difference']:+.2f} |")
-    lines += ["", ("Selected: **" + md_text(record["selected"]) + "**." if record["selected"] else
+    selected = record["selected"]
+    lines += ["", ("Selected: **" + markdown_text(selected) + "**." if selected else
                    "No trial beat its control: nothing is selected, and the starting model "
                    "stays the better choice."), "", "![trajectories](search.png)", ""]
     return "\n".join(lines)
@@ -62,11 +63,12 @@ def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
         if t["trajectory"]:
             steps, values = zip(*t["trajectory"], strict=True)
             ax.plot(steps, values, "-", color=colors[i % len(colors)], marker="o", ms=4,
-                    label=t["name"])
+                    label=display_name(t["name"]))
     controls = control_lines(record)
     for j, (names, points) in enumerate(controls):
         steps, values = zip(*points, strict=True)
         shade = str(0.15 + 0.5 * j / max(len(controls) - 1, 1))
+        names = [display_name(n) for n in names]
         label = "control of " + (", ".join(names) if len(names) <= 3
                                  else f"{names[0]} and {len(names) - 1} others (the same run)")
         ax.plot(steps, values, linestyle=(0, (4, 2 + j)), color=shade, marker="s", ms=5,
@@ -109,7 +111,9 @@ def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, A
 
 
 def confirm_markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Confirmation of {result['trial']} on the test split", "",
+    """confirm.md: the paired tests of the selected trial against its control per column;
+    names escaped (:func:`e2mc.files.markdown_text`)."""
+    lines = [f"# Confirmation of {markdown_text(result['trial'])} on the test split", "",
              f"Training seeds {', '.join(map(str, result['seeds']))}; each trained as the trial "
              "and as its control (no add-on), both evaluated on the test split.", "",
              "| column | trial − control | significantly better | significantly worse | "
@@ -118,8 +122,9 @@ def confirm_markdown(result: dict[str, Any]) -> str:
         d = c["difference"]
         se = f" ± {d['se']:.2f}" if d["se"] is not None else ""
         pooled = f"{c['pooled_p']:.3g}" if c["pooled_p"] is not None else "–"
-        lines.append(f"| {column} | {d['mean']:+.2f}{se} | {c['significant_better']}/"
-                     f"{c['pairs']} | {c['significant_worse']}/{c['pairs']} | {pooled} |")
+        lines.append(f"| {markdown_text(column)} | {d['mean']:+.2f}{se} | "
+                     f"{c['significant_better']}/{c['pairs']} | "
+                     f"{c['significant_worse']}/{c['pairs']} | {pooled} |")
     lines += ["", "Difference in top-1 points, mean ± SE over training seeds (each the mean over "
               "label seeds); a pair is significant when both McNemar's test and the paired "
               "permutation test give p < 0.05; pooled p: the permutation test on each test "

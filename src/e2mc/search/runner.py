@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.artifacts import EvalDir, RunDir, SearchDir, writer_lock
-from e2mc.files import atomic_write_text
+from e2mc.files import atomic_write_text, display_name
 from e2mc.jobs import ExecutorOptions, JobRunner, JobStopped, TrainJob, Work, evaluation_work
 from e2mc.search.report import confirm_markdown, confirmation, plot_trajectories, search_markdown
 from e2mc.search.spec import CONTROL_ADDON, SearchSpec, Trial, run_dir_name, select
@@ -224,7 +224,7 @@ class Search:
                                                 self.controls[trial.name]),
                                                self.run_dirs(trial), strict=True)], "train")
         for trial in self.spec.trials:
-            self.log(f"trial {trial.name}")
+            self.log(f"trial {display_name(trial.name)}")
             run, control = self.run_dirs(trial)
             ours = self._train(self.configs[trial.name], run)
             theirs = self._train(self.controls[trial.name], control, control=True)
@@ -255,8 +255,8 @@ class Search:
             self.log(f"no trial beat its control on {self.spec.metric}: nothing selected")
         else:
             row = next(t for t in record["trials"] if t["name"] == chosen)
-            self.log(f"selected: {chosen} ({self.spec.metric} {row['difference']:+.2f} against "
-                     "its control on the validation split)")
+            self.log(f"selected: {display_name(chosen)} ({self.spec.metric} "
+                     f"{row['difference']:+.2f} against its control on the validation split)")
         self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
                  f"{self.files.plot}")
 
@@ -293,7 +293,7 @@ class Search:
                                              for seed in seeds for kind, _ in kinds)], "eval")
         pairs = []
         for seed in seeds:
-            self.log(f"confirm {chosen}, training seed {seed}")
+            self.log(f"confirm {display_name(chosen)}, training seed {seed}")
             evals = {}
             for kind, control in (("run", False), ("control", True)):
                 overrides = trial.control_overrides if control else trial.overrides
