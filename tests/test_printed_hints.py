@@ -53,20 +53,39 @@ class Encoder(nn.Module):
         return self.net(x)
 
 
-@pytest.mark.slow  # a 4-step run: a few seconds on 2 cores
-def test_continue_module_hint_gives_python_calls_that_load_the_kept_model(
-        tmp_path: Path, capsys) -> None:
-    from e2mc.methods import build_method
+@pytest.mark.slow  # two 4-step runs, their evaluations, a comparison and an analysis
+def test_your_own_module_from_the_hint_to_a_comparison_page(tmp_path: Path, capsys,
+                                                             monkeypatch) -> None:
+    """The documented path of a continue_module run (issue 41): the hint's Python calls as
+    printed (with the encoder's class and a tiny evaluation), then e2mc compare of the two
+    runs (with and without E2MC) to its page, and the analysis through module_loader."""
+    from e2mc.evaluation import EvalOptions
     from e2mc.training import continue_module
 
     _, data = tiny_base(tmp_path)
+    monkeypatch.chdir(tmp_path)
     overrides = [o for o in TINY_RUN if not o.startswith(("model.backbone", "method.params"))]
-    continue_module(Encoder(), "fmnist-vicreg-continue-e2mc", tmp_path / "mine",
-                    [*overrides, f"data.dataset={data}", "method.params={projector: 32-32}",
-                     *KEEP])
-    hint = _hint(capsys.readouterr().err)
-    assert "e2mc eval" not in hint and "export-backbone" not in hint
-    assert "Encoder" in hint and "build_method('vicreg'" in hint
-    best = re.search(r"torch\.load\('([^']+)'", hint).group(1)
-    method = build_method("vicreg", backbone=Encoder(), feature_dim=8, projector="32-32")
-    method.load_state_dict(torch.load(best, weights_only=True)["model"])  # strict
+    tiny = EvalOptions(protocols=("linear", "knn"), fractions=(1.0,), seeds=(0, 1),
+                       knn_k=(3,), linear_overrides={"epochs": 2}, progress=False,
+                       device="cpu")
+    for name, preset in (("mine-continued", "fmnist-vicreg-continue"),
+                         ("mine", "fmnist-vicreg-continue-e2mc")):
+        continue_module(Encoder(), preset, name, [*overrides, f"data.dataset={data}",
+                                                  "method.params={projector: 32-32}", *KEEP])
+        hint = _hint(capsys.readouterr().err)
+        assert "Encoder" in hint and "e2mc eval" not in hint
+        evaluate = re.search(r"(evaluate_module\(.+?\)); compare", hint).group(1)
+        analyse = re.search(r"(analyze\(.+\))$", hint).group(1)
+        namespace = {"Encoder": Encoder}
+        exec("from e2mc.evaluation import evaluate_module", namespace)
+        exec(evaluate[:-1] + ", options=tiny)", {**namespace, "tiny": tiny})  # as printed
+    assert main(["compare", "mine-continued-eval", "mine-eval", "--names", "continued,e2mc",
+                 "--out", "cmp"]) == 0
+    assert (tmp_path / "cmp" / "comparison.html").is_file()
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert out[-1] == "page: cmp/comparison.html"
+    assert out[-2].startswith("e2mc against continued: ")
+    namespace = {"Encoder": Encoder}
+    exec("from e2mc.diagnostics.analyze import analyze, module_loader", namespace)
+    exec(analyse[:-1] + ", num_samples=32, knn_k=5, progress=False)", namespace)
+    assert (tmp_path / "mine-analysis" / "report.html").is_file()

@@ -129,6 +129,20 @@ def default_loader(trust: bool = False) -> Loader:
     return load
 
 
+def module_loader(module: nn.Module, trust: bool = False) -> Loader:
+    """The ``loader`` of :func:`analyze` for runs of ``e2mc.training.continue_module``: each
+    checkpoint's method rebuilt around a copy of your backbone ``module``
+    (:func:`e2mc.checkpoints.user_module.method_around`), so its embeddings and collapse checks
+    are analysed as for a model built by name."""
+    from e2mc.checkpoints.user_module import method_around
+
+    def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
+        method, info = method_around(path, module, trust)
+        return method.backbone, method, dict(info)
+
+    return load
+
+
 def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
     n = len(dataset)  # type: ignore[arg-type]
     if num_samples is None or num_samples >= n:

@@ -24,6 +24,7 @@ from e2mc.evaluation.probe_settings import (
     finetune_settings,
     linear_settings,
 )
+from e2mc.evaluation.runner import EvalOptions
 from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -34,12 +35,15 @@ from e2mc.evaluation.significance import (
 )
 from e2mc.evaluation.svm import VOC07_COSTS, SVMResult, svm_transfer
 from e2mc.evaluation.sweep import SweepEntry, linear_protocol, linear_sweep, validation_split
+from e2mc.evaluation.workflow import EvalData, evaluate_module
 
 __all__ = [
-    "VOC07_COSTS", "FeatureCache", "FinetuneConfig", "HeadSpec", "KNNResult",
+    "VOC07_COSTS", "EvalData", "EvalOptions", "FeatureCache", "FinetuneConfig", "HeadSpec",
+    "KNNResult",
     "LinearProbeConfig", "ProbeResult", "SVMResult", "SweepEntry", "bootstrap_difference_ci",
     "cohens_d_paired",
-    "compare_predictions", "compare_evaluations", "comparison_markdown", "extract_features",
+    "compare_predictions", "compare_evaluations", "comparison_markdown", "evaluate_module",
+    "extract_features",
     "finetune", "finetune_settings", "knn_classify", "linear_settings", "linear_protocol",
     "linear_sweep",
     "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",

@@ -91,13 +91,17 @@ class ModelSpec:
     """How to read a checkpoint whose file does not record its architecture: ``arch``,
     ``small_images``, ``in_channels`` (checked against the model's first layer when given),
     ``trust`` (``torch.load(weights_only=False)``) and, of a run directory, ``last`` (the last
-    step instead of the kept model)."""
+    step instead of the kept model). ``module``: your own backbone ``nn.Module``, the one a run
+    of ``e2mc.training.continue_module`` was built around: the run's weights are loaded into a
+    copy of it (:func:`e2mc.checkpoints.user_module.load_into_module`; see
+    :func:`evaluate_module`)."""
 
     arch: str | None = None
     small_images: bool = False
     in_channels: int | None = None
     trust: bool = False
     last: bool = False
+    module: Any = None
 
 
 def _stderr(message: str) -> None:
@@ -129,9 +133,16 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
         log(f"model: {chosen.describe()}")
     # the file read: the run directory's model, the file named, or a URL's local copy
     path = str(chosen.path) if chosen is not None else local_checkpoint(named)
-    backbone, feature_dim, info = load_backbone(
-        named if is_url(named) else path, arch=model.arch, small_images=model.small_images,
-        in_channels=model.in_channels or 3, trust=model.trust)
+    if model.module is not None:  # a run built around the caller's own module
+        from e2mc.checkpoints import checkpoint_summary
+        from e2mc.checkpoints.user_module import load_into_module
+
+        backbone, feature_dim, info = load_into_module(path, model.module, model.trust)
+        info = checkpoint_summary(info, path)
+    else:
+        backbone, feature_dim, info = load_backbone(
+            named if is_url(named) else path, arch=model.arch, small_images=model.small_images,
+            in_channels=model.in_channels or 3, trust=model.trust)
     channels = _model_channels(backbone, model, path, info, log)
     size = image_size or recorded_image_size(info)
     if size is None:
@@ -282,3 +293,19 @@ def default_cache_dir() -> Path:
     """The feature cache of ``e2mc eval``: ``$E2MC_CACHE`` or ``~/.cache/e2mc/features``."""
     return Path(os.environ.get("E2MC_CACHE") or Path.home() / ".cache" / "e2mc" / "features")
 
+
+
+def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | str,
+                    out: str | os.PathLike[str], options: EvalOptions | None = None, *,
+                    image_size: int | None = None, last: bool = False,
+                    cache: FeatureCache | str | os.PathLike[str] | None = None
+                    ) -> EvalResults | None:
+    """Evaluate a run of :func:`e2mc.training.continue_module` (or one of its checkpoint
+    files), which the commands cannot rebuild: ``module`` is your backbone (any weights: the
+    run's are loaded into a copy of it), ``data`` a data set spec (``builtin``, a folder, an
+    ``.npz``) or an :class:`EvalData`, ``out`` the evaluation directory, as ``e2mc eval`` writes
+    it (``e2mc compare`` and ``e2mc analyze --names`` read it). ``image_size`` None: the size
+    the run was trained at."""
+    return evaluate_checkpoint(run, out, data if isinstance(data, EvalData) else EvalData(data),
+                               options or EvalOptions(), model=ModelSpec(module=module, last=last),
+                               image_size=image_size, cache=cache)

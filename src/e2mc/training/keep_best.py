@@ -141,18 +141,22 @@ class KeepBest(Callback):
 def next_steps(trainer: TrainerView) -> str:
     """What to do with the kept model, as commands that work for this run: ``e2mc eval`` and
     ``e2mc export-backbone`` for a model built by name; for one built around your own module
-    (``continue_module``: the CLI cannot rebuild it, exit 2) the Python calls."""
+    (``continue_module``: the CLI cannot rebuild it) the Python calls that evaluate and
+    analyse it (``evaluate_module``, ``module_loader``) and the command that compares it."""
     import shlex
 
     run, data = trainer.run.root, trainer.cfg.data
     hparams = getattr(trainer.method, "hparams", {}) or {}
     if "backbone_class" in hparams or hparams.get("backbone", "") is None:
+        cls, where = hparams.get("backbone_class", "YourModule"), str(run)
         return (f"the run's answer is {trainer.run.best}. Its model is built around your own "
-                f"module ({hparams.get('backbone_class', 'a module')}), which the e2mc "
-                "commands cannot rebuild; load it in Python: method = build_method("
-                f"{trainer.cfg.method.name!r}, backbone=YourModule(), ...); method."
-                f"load_state_dict(torch.load({str(trainer.run.best)!r}, weights_only=True)"
-                "['model']); then method.backbone is the continued encoder.")
+                f"module ({cls}), which the e2mc commands cannot rebuild; evaluate it in "
+                "Python: from e2mc.evaluation import evaluate_module; evaluate_module("
+                f"{cls}(), {where!r}, {str(data.dataset)!r}, {where + '-eval'!r}); compare it: "
+                f"e2mc compare OTHER-EVAL {shlex.quote(where + '-eval')}; analyse it: from "
+                "e2mc.diagnostics.analyze import analyze, module_loader; analyze(["
+                f"{where!r}], {str(data.dataset)!r}, {where + '-analysis'!r}, "
+                f"loader=module_loader({cls}()))")
     q = shlex.quote
     return (f"the run's answer is {trainer.run.best}; commands given {run} use it (--last: "
             f"the last step). Evaluate it: e2mc eval {q(str(run))} --data "

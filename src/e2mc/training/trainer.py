@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,34 +34,11 @@ from e2mc.training.hardware import Choice, hardware_choices
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
+from e2mc.training.result import TrainResult
 from e2mc.training.resume import checkpoint_state, resume
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
-__all__ = ["TrainResult", "Trainer"]
-
-
-@dataclass
-class TrainResult:
-    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method."""
-
-    run_epoch: int
-    step: int
-    skipped_steps: int
-    completed: bool
-    checkpoint: Path | None
-    last_metrics: dict[str, float]
-    method: nn.Module | None = None
-    stop_reason: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether the run reached the end its configuration sets: every epoch, or
-        ``training.max_steps``, or a callback's deliberate stop (keep-best's patience). A
-        pre-empted run is not finished: running it again resumes it."""
-        from e2mc.training.preemption import is_preemption
-
-        return self.completed or (self.stop_reason is not None
-                                  and not is_preemption(self.stop_reason))
+__all__ = ["TrainResult", "Trainer"]  # TrainResult: e2mc.training.result
 
 
 class Trainer:

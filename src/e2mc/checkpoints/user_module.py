@@ -1,0 +1,60 @@
+"""Checkpoints of runs built around your own backbone module (``e2mc.training.continue_module``):
+their files record the module's class name, not a way to build it, so the module is handed in
+and the run's weights are loaded into a copy of it, strictly.
+
+:func:`load_into_module` gives the backbone (for evaluation, ``evaluate_module``);
+:func:`method_around` the whole method rebuilt around the module (for ``analyze``, whose
+collapse checks and embeddings need the heads).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+from torch import nn
+
+from e2mc.checkpoints.io import torch_load
+from e2mc.checkpoints.strict import load_strict
+from e2mc.errors import InputError
+from e2mc.methods.registry import build_method
+
+__all__ = ["load_into_module", "method_around"]
+
+
+def _project_file(path: str | os.PathLike[str], trust: bool) -> dict[str, Any]:
+    obj = torch_load(path, trust=trust)
+    if not (isinstance(obj, dict) and obj.get("format") == "e2mc" and "hparams" in obj):
+        raise InputError(f"{path} is not an e2mc checkpoint of a run (continue_module writes "
+                         "them): a module's weights load from the run directory's checkpoints")
+    if "projector_class" in obj["hparams"]:
+        raise InputError(f"{path} was built around your own projector too "
+                         f"({obj['hparams']['projector_class']}): rebuild it in code")
+    return obj
+
+
+def method_around(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
+                  ) -> tuple[nn.Module, dict[str, Any]]:
+    """The method of the checkpoint at ``path`` rebuilt around a copy of ``module`` (the
+    backbone the run was trained from, any weights) with every tensor from the file (strict:
+    a module of another shape is one error naming the keys). Returns ``(method, info)``,
+    ``info`` being the file's other entries."""
+    obj = _project_file(path, trust)
+    hparams = {k: v for k, v in obj["hparams"].items() if k != "backbone_class"}
+    recorded = obj["hparams"].get("backbone_class")
+    if recorded is not None and recorded != type(module).__name__:
+        raise InputError(f"{path} was trained around a {recorded}, not a "
+                         f"{type(module).__name__}: hand in the module the run was built with")
+    hparams["backbone"] = copy.deepcopy(module)
+    method = load_strict(lambda: build_method(obj["method"], **hparams), obj["model"],
+                         f"e2mc ({obj['method']} around {type(module).__name__})")
+    return method, {k: v for k, v in obj.items() if k != "model"}
+
+
+def load_into_module(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
+                     ) -> tuple[nn.Module, int, dict[str, Any]]:
+    """``(backbone, feature_dim, info)``: a copy of ``module`` with the run's backbone weights
+    (:func:`method_around`)."""
+    method, info = method_around(path, module, trust)
+    return method.backbone, int(method.feature_dim), info

@@ -1,0 +1,32 @@
+"""What :meth:`e2mc.training.trainer.Trainer.fit` did: the position reached and how it ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method."""
+
+    run_epoch: int
+    step: int
+    skipped_steps: int
+    completed: bool
+    checkpoint: Path | None
+    last_metrics: dict[str, float]
+    method: nn.Module | None = None
+    stop_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run reached the end its configuration sets: every epoch, or
+        ``training.max_steps``, or a callback's deliberate stop (keep-best's patience). A
+        pre-empted run is not finished: running it again resumes it."""
+        from e2mc.training.preemption import is_preemption
+
+        return self.completed or (self.stop_reason is not None
+                                  and not is_preemption(self.stop_reason))
