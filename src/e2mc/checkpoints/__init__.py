@@ -4,25 +4,25 @@ format (``docs/checkpoints.md``), backbone loading and export."""
 from e2mc.checkpoints.api import (
     PROJECT_FORMAT,
     PROJECT_VERSION,
-    check_exported_start,
-    checkpoint_of,
-    checkpoint_summary,
-    export_backbone,
-    load_backbone,
     load_checkpoint,
     load_official,
-    load_start_model,
-    local_checkpoint,
-    read_sidecar,
-    recorded_image_size,
-    restore_optimizer_state,
     save_checkpoint,
+)
+from e2mc.checkpoints.backbone import load_backbone
+from e2mc.checkpoints.export import (
+    check_exported_start,
+    export_backbone,
+    read_sidecar,
     sidecar_path,
 )
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import detect
+from e2mc.checkpoints.optimizer_state import restore_optimizer_state
 from e2mc.checkpoints.remote import fetch, is_url
+from e2mc.checkpoints.sources import checkpoint_of, local_checkpoint
+from e2mc.checkpoints.start import load_start_model
 from e2mc.checkpoints.strict import CheckpointMismatchError
+from e2mc.checkpoints.summary import checkpoint_summary, recorded_image_size
 
 __all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
            "UntrustedCheckpointError", "atomic_save", "check_exported_start", "checkpoint_of",

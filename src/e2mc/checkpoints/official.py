@@ -196,6 +196,26 @@ def detect(obj: Any, method: str | None = None) -> Detected:
                     dropped)
 
 
+def bare_backbone(obj: Any) -> Detected | None:
+    """``obj`` as the backbone-only layout when it is a plain state dict (a ``module.``
+    prefix on every key dropped), else None."""
+    if not (isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(
+            v, torch.Tensor) for k, v in obj.items())):
+        return None
+    prefix = "module." if all(k.startswith("module.") for k in obj) else ""
+    return Detected("backbone", {k[len(prefix):]: v for k, v in obj.items()}, prefix)
+
+
+def known_layout(bare: Detected) -> bool:
+    """Whether :func:`detect` tells the layout of a plain state dict (an official method's or
+    a backbone's names), rather than refusing it as ambiguous."""
+    try:
+        detect(bare.state_dict)
+    except ValueError:
+        return False
+    return True
+
+
 def _last_is_batchnorm(keys: list[str], part: str) -> bool:
     """Whether the last layer of the ``nn.Sequential`` ``part`` (file names) is a BatchNorm."""
     pat = re.compile(re.escape(part) + r"(\d+)\.")

@@ -1,0 +1,227 @@
+"""The exported backbone: :func:`export_backbone` writes a backbone's plain state dict and its
+sidecar (``<file>.json``: the architecture, the training image size, the file's SHA-256), the
+EMA teacher's instead with ``teacher``; :func:`read_sidecar` reads the sidecar back and
+:func:`check_exported_start` checks it against a run's configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from e2mc.checkpoints.api import PROJECT_FORMAT, load_checkpoint, unwrap
+from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
+from e2mc.checkpoints.official import bare_backbone
+from e2mc.checkpoints.remote import is_url
+from e2mc.checkpoints.sources import PathOrState, local_checkpoint
+from e2mc.checkpoints.summary import recorded_image_size
+from e2mc.files import atomic_write_json, sha256_file
+from e2mc.methods.base import SSLMethod
+from e2mc.models import parse_backbone_name
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
+    """Where :func:`export_backbone` writes the architecture of ``path``: ``<path>.json``."""
+    return Path(f"{os.fspath(path)}.json")
+
+
+#: The ``format`` of :func:`export_backbone`'s sidecar.
+EXPORT_FORMAT = "e2mc-backbone"
+
+
+def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[str, Any] | None:
+    """What :func:`export_backbone` recorded beside the file ``path`` (``<path>.json``: the
+    architecture, ``small_images``, ``in_channels``, the training image size, the file's
+    ``sha256``), or None when there is no sidecar, when it names no architecture (the export
+    of a module of the user's own), or when the loaded ``obj`` given is not a plain state dict
+    (an export is one; any other file's ``.json`` is not a sidecar). A sidecar that cannot be
+    read, or that records the SHA-256 of other bytes (the file was replaced after the export),
+    is a ``ValueError`` saying so."""
+    if path is None or (obj is not None and bare_backbone(obj) is None):
+        return None
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{side} (the architecture of {path}, written by export-backbone) "
+                         f"cannot be read: {' '.join(str(err).split())}; export the backbone "
+                         "again, or delete it and pass --arch") from None
+    if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
+        return None  # not export-backbone's record: some other file of the user's
+    if not isinstance(meta.get("arch"), str) or not meta["arch"]:
+        return None  # the export of a module of the user's own: no architecture to build
+    recorded = meta.get("sha256")
+    if isinstance(recorded, str) and recorded != sha256_file(path):
+        raise ValueError(f"{side} describes other bytes than {path} (sha256 {recorded[:12]}..., "
+                         "the file was replaced after export-backbone wrote it): export the "
+                         "backbone again, or delete the .json and pass --arch")
+    return meta
+
+
+def check_exported_start(path: str | os.PathLike[str], **method_hparams: Any) -> None:
+    """Refuse (``ValueError``, one line naming both) to start a run configured with
+    ``method_hparams`` (``backbone``, ``small_images``, ``in_channels``) from a backbone that
+    :func:`export_backbone` wrote with another architecture, as :func:`load_start_model`
+    would, but from the sidecar alone: before the data or the checkpoint are read. Anything
+    but a local file with a sidecar passes."""
+    if is_url(path) or not Path(path).is_file():
+        return
+    exported = read_sidecar(path)
+    if exported is not None:
+        exported_hparams(exported, method_hparams, os.fspath(path))
+
+
+def exported_hparams(exported: dict[str, Any], method_hparams: dict[str, Any],
+                     where: str) -> dict[str, Any]:
+    """The architecture an export's sidecar records (``backbone``, ``small_images``,
+    ``in_channels``), refused (one line naming both) where the run configures another."""
+    recorded = {"backbone": exported["arch"],
+                "small_images": bool(exported.get("small_images", False)),
+                "in_channels": int(exported.get("in_channels", 3))}
+    options = {"backbone": "--backbone {}", "small_images": "--set model.small_images={}",
+               "in_channels": "--set model.in_channels={}"}
+    for key, value in recorded.items():
+        given = method_hparams.get(key)
+        if given is None:
+            continue
+        same = (_same_architecture(given, value) if key == "backbone"
+                else type(value)(given) == value)
+        if not same:
+            option = options[key].format(str(value).lower() if isinstance(value, bool)
+                                         else value)
+            raise ValueError(f"{where} is a backbone exported with {key}={value} (its "
+                             f"{sidecar_path(where).name} says so), the run's model.{key} is "
+                             f"{given}: start it with {option}")
+    return recorded
+
+
+def _same_architecture(a: Any, b: Any) -> bool:
+    """Whether two backbone names build the same architecture (weights and timm tags aside:
+    ``resnet50`` and ``torchvision:resnet50:IMAGENET1K_V2``)."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        return a == b
+    (sa, ma, _), (sb, mb, _) = parse_backbone_name(a), parse_backbone_name(b)
+    if sa == sb == "timm":
+        ma, mb = ma.split(".", 1)[0], mb.split(".", 1)[0]
+    return (sa, ma) == (sb, mb)
+
+
+def teacher_backbone(method: nn.Module) -> nn.Module:
+    """The EMA teacher's backbone of ``method`` (DINO's teacher, BYOL's target, MoCo v3's
+    momentum encoder); ``ValueError`` for a method without one, or whose teacher was never set
+    (a model started with new heads: its teacher becomes a copy of the student at the first
+    training step)."""
+    method = unwrap(method)
+    teacher = getattr(method, "teacher", None)
+    if not isinstance(teacher, nn.ModuleDict) or "backbone" not in teacher:
+        raise ValueError(f"a {getattr(method, 'name', type(method).__name__)} model has no "
+                         "teacher (EMA target): --teacher is for dino, byol and mocov3")
+    if not bool(getattr(method, "teacher_initialized", True)):
+        raise ValueError("this model's teacher was never set (it was started with new heads and "
+                         "not trained: the teacher becomes a copy of the student at the first "
+                         "step); export the student's backbone")
+    return teacher["backbone"]
+
+
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.PathLike[str]
+                         ) -> None:
+    """Refuse an export that would overwrite its input or another checkpoint (see
+    :func:`export_backbone`)."""
+    out = Path(out_path)
+    if checkpoint is not None and not isinstance(checkpoint, dict):
+        source = local_checkpoint(checkpoint)
+        for target in (out, sidecar_path(out)):
+            if _same_file(source, target):
+                raise ValueError(f"{target} is the checkpoint it reads ({checkpoint}): the export "
+                                 "would overwrite it; give another output path")
+    if not out.is_file():
+        return
+    try:
+        existing = torch_load(out)
+    except UntrustedCheckpointError:
+        existing = None
+    except Exception:  # not a checkpoint (an unreadable or text file): the user's to replace
+        return
+    if isinstance(existing, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                          for k, v in existing.items()):
+        return  # a plain state dict (an earlier export): replaced
+    if isinstance(existing, dict) and existing.get("format") == PROJECT_FORMAT:
+        step = f", step {existing['step']}" if "step" in existing else ""
+        what = f"an e2mc checkpoint ({existing.get('method')}{step})"
+    else:
+        what = "a checkpoint with more than a plain state dict"
+    raise ValueError(f"{out} already exists and is {what}, not an exported backbone: "
+                     "export-backbone does not overwrite it; give another output path or "
+                     "delete the file first")
+
+
+def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str | os.PathLike[str],
+                    trust: bool = False, last: bool = False,
+                    teacher: bool = False) -> dict[str, Any]:
+    """Write the backbone's plain state dict to ``out_path`` (atomically) and its architecture to
+    ``<out_path>.json``; returns that description.
+
+    The names are torchvision's without the classifier: ``torchvision.models.<arch>()`` with
+    ``fc = nn.Identity()`` (ResNets; for the others the classifier is replaced as
+    :func:`e2mc.models.build_backbone` does) loads it with ``strict=True``. With
+    ``small_images`` or ``in_channels != 3`` it loads into ``build_backbone``'s model. The
+    sidecar (:func:`read_sidecar`) also records the image size the checkpoint was trained at
+    and the SHA-256 of ``out_path``: :func:`load_backbone` and :func:`load_start_model` read
+    every architecture back through it.
+
+    Refused (``ValueError``, nothing written): an ``out_path`` (or its ``.json``) that is the
+    checkpoint being read, and an existing ``out_path`` that holds more than a plain state dict
+    (a training, e2mc or official checkpoint); an earlier export is replaced. A run directory
+    stands for its model (:func:`checkpoint_of`; ``last``: its last step), and the sidecar
+    records under ``model`` which file and step that was and whether it was the kept model.
+    ``teacher``: the EMA teacher's backbone (:func:`teacher_backbone`) instead of the
+    student's, recorded as ``"part": "teacher"``.
+    """
+    from e2mc.artifacts import run_model
+
+    model = None
+    if isinstance(method_or_checkpoint, nn.Module):
+        _check_export_target(None, out_path)
+        method = unwrap(method_or_checkpoint)
+        source = None
+    else:
+        if not isinstance(method_or_checkpoint, dict):
+            model = run_model(method_or_checkpoint, last)
+            if model is not None:
+                method_or_checkpoint = model.path
+        _check_export_target(method_or_checkpoint, out_path)
+        method, info = load_checkpoint(method_or_checkpoint, trust=trust)
+        source = info.get("source")
+    hp = getattr(method, "hparams", {})
+    backbone = teacher_backbone(method) if teacher else method.backbone
+    state = {k: v.detach().cpu().clone() for k, v in backbone.state_dict().items()}
+    meta = {"format": EXPORT_FORMAT, "arch": hp.get("backbone"),
+            "small_images": bool(hp.get("small_images", False)),
+            "in_channels": int(hp.get("in_channels", 3)),
+            "feature_dim": int(method.feature_dim), "method": getattr(method, "name", None),
+            "source": None if source is None else str(source),
+            "image_size": None if isinstance(method_or_checkpoint, nn.Module)
+            else recorded_image_size(info)}
+    if hp.get("backbone") is None and hp.get("backbone_class"):  # a module of the user's
+        meta["backbone_class"] = hp["backbone_class"]
+    if model is not None:
+        meta["model"] = model.record(info.get("step"))
+    if teacher:
+        meta["part"] = "teacher"
+    atomic_save(state, out_path)
+    meta["sha256"] = sha256_file(out_path)  # the sidecar belongs to these bytes only
+    atomic_write_json(meta, sidecar_path(out_path))
+    return meta

@@ -1,0 +1,71 @@
+"""What identifies a loaded checkpoint in a result: :func:`checkpoint_summary` (the ``info``
+of a loader without tensors, the file's SHA-256) and :func:`recorded_image_size`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from e2mc.files import sha256_file
+
+#: At most this many values (numbers, strings) per entry of :func:`checkpoint_summary`.
+SUMMARY_MAX_VALUES = 256
+
+
+def _plain_values(value: Any) -> tuple[Any, int] | None:
+    """``(value as dicts, lists and scalars, number of values)``; None when it holds a tensor.
+    Objects of other types become their ``repr``."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, dict):
+        out, count = {}, 0
+        for k, v in value.items():
+            plain = _plain_values(v)
+            if plain is None:
+                return None
+            out[str(k)], n = plain
+            count += n
+        return out, count
+    if isinstance(value, (list, tuple)):
+        items = [_plain_values(v) for v in value]
+        if any(item is None for item in items):
+            return None
+        return [item[0] for item in items], sum(item[1] for item in items)  # type: ignore[index]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value, 1
+    return repr(value), 1
+
+
+def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] | None = None
+                       ) -> dict[str, Any]:
+    """What identifies a loaded checkpoint, small enough to record with a result (the
+    ``checkpoint_info`` of ``results.json``): the entries of a loader's ``info`` that hold no
+    tensor and at most :data:`SUMMARY_MAX_VALUES` values (the optimizer state, generator states
+    and state dicts of a training checkpoint are left out and named under ``omitted``), and the
+    ``sha256`` of the file read."""
+    out: dict[str, Any] = {}
+    omitted = []
+    for key, value in info.items():
+        plain = _plain_values(value)
+        if plain is None or plain[1] > SUMMARY_MAX_VALUES:
+            omitted.append(str(key))
+        else:
+            out[str(key)] = plain[0]
+    if omitted:
+        out["omitted"] = sorted(omitted)
+    if local_file is not None:
+        out["sha256"] = sha256_file(local_file)
+    return out
+
+
+def recorded_image_size(info: dict[str, Any]) -> int | None:
+    """The image size the model of a loaded checkpoint was trained at, from the configuration a
+    project checkpoint records (``run_config``) or the sidecar of an exported backbone
+    (``image_size``, :func:`load_backbone`'s info); ``None`` for official and plain files."""
+    size = ((info.get("run_config") or {}).get("data") or {}).get("image_size")
+    if size is None and info.get("format") == "backbone":
+        size = info.get("image_size")
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 \
+        else None

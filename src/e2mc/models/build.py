@@ -1,0 +1,232 @@
+"""Building a backbone by name (:func:`build_backbone`): a torchvision, timm or Hugging Face
+model, or one of the package's small models, without its classifier; and the keys of the
+classifier it drops (:func:`classifier_keys`)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+from torch import nn
+
+from e2mc.models.names import missing_extra, parse_backbone_name, unknown_error
+from e2mc.models.pretrained import (
+    fetch_failed,
+    hf_cache,
+    pretrained_skipped,
+    timm_cache,
+    torchvision_weights,
+)
+from e2mc.models.small import SMALL_CNNS, SMALL_VITS, SmallConvNet, small_vit
+from e2mc.models.surgery import replace_first_conv, strip_classifier
+
+#: Backbones whose pooled feature is unambiguous: classifier attribute and how to reach it.
+#: ResNets end in ``fc`` after global average pooling; the others below end in ``classifier``
+#: (a Sequential whose Linear layers are dropped) after their own pooling.
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2",
+           "resnext50_32x4d")
+OTHERS = ("convnext_tiny", "efficientnet_b0", "mobilenet_v3_small", "mobilenet_v3_large",
+          "regnet_y_400mf", "densenet121")
+SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS) + tuple(SMALL_VITS)
+
+
+def build_backbone(
+    name: str, small_images: bool = False, in_channels: int = 3
+) -> tuple[nn.Module, int]:
+    """Return ``(backbone, feature_dim)``: the model ``name`` (see :mod:`e2mc.models`) without
+    its classifier, mapping ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features.
+
+    ``small_images=True`` (ResNets only) replaces the stem with a 3x3 stride-1 convolution and no
+    max-pool, for 28-32 px images. ``in_channels`` changes the first convolution (1 = grayscale).
+    The parameter names are the library's own (torchvision's for official checkpoints, which
+    load strictly). The ``cnn5`` family (:class:`SmallConvNet`) is built for small images already.
+    An unknown name is a ``ValueError`` listing the close matches.
+    """
+    if in_channels < 1:
+        raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+    source, model_name, weights = parse_backbone_name(name)
+    if source == "timm":
+        return _timm_backbone(model_name, small_images, in_channels)
+    if source == "hf":
+        return _hf_backbone(model_name, small_images, in_channels)
+    if model_name in SMALL_CNNS and weights is None:
+        return SmallConvNet(SMALL_CNNS[model_name], in_channels), SMALL_CNNS[model_name][-1]
+    if model_name in SMALL_VITS and weights is None:
+        return small_vit(model_name, small_images, in_channels)
+    return _torchvision_backbone(model_name, weights, small_images, in_channels)
+
+
+@functools.lru_cache(maxsize=1)
+def torchvision_names() -> tuple[str, ...]:
+    """Names of torchvision's image classification models (``torchvision.models``)."""
+    import torchvision.models as tvm
+
+    return tuple(tvm.list_models(module=tvm))
+
+
+def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
+                          in_channels: int) -> tuple[nn.Module, int]:
+    import torchvision.models as tvm
+
+    known = [*torchvision_names(), *SMALL_CNNS, *SMALL_VITS]
+    if name not in known:
+        raise unknown_error("backbone", name, known,
+                            f"; supported: {', '.join(SUPPORTED_BACKBONES)}, "
+                            "any torchvision classification model, timm:NAME or hf:REPO_ID")
+    if small_images and name not in RESNETS:
+        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
+    weight_enum = None
+    if weights is not None:
+        weight_enum = torchvision_weights(name, weights, tvm)
+        if in_channels != 3 or small_images:
+            raise ValueError(f"the {name} {weights} weights expect 3-channel images and the "
+                             "standard stem: drop small_images / in_channels, or the weights")
+    model = tvm.get_model(name, weights=None)
+    if weight_enum is not None and not pretrained_skipped():
+        # torch.hub's download and cache, with the hash check of the file name's hash prefix
+        try:
+            state = weight_enum.get_state_dict(progress=True, check_hash=True)
+        except OSError as err:  # URLError (offline), HTTP errors, disk errors
+            raise fetch_failed(f"torchvision:{name}:{weights}", err) from None
+        model.load_state_dict(state)
+    if name in RESNETS:
+        feature_dim = model.fc.in_features
+        model.fc = nn.Identity()
+        if small_images or in_channels != 3:
+            kernel, stride, padding = (3, 1, 1) if small_images else (7, 2, 3)
+            model.conv1 = nn.Conv2d(in_channels, model.conv1.out_channels, kernel, stride,
+                                    padding, bias=False)
+            nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+        if small_images:
+            model.maxpool = nn.Identity()
+        return model, feature_dim
+    feature_dim = strip_classifier(model)
+    if in_channels != 3:
+        replace_first_conv(model, in_channels)
+    return model, feature_dim
+
+
+def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+    try:
+        import timm
+    except ImportError:
+        raise missing_extra("timm", "timm", f"timm:{name}") from None
+    if small_images:
+        raise ValueError("small_images=True is only supported for torchvision ResNets, "
+                         f"not timm:{name}")
+    architecture = name.split(".", 1)[0]
+    if not timm.is_model(architecture):  # (with a tag: the close ARCH.TAG names)
+        raise unknown_error("timm model", name,
+                            list(timm.list_pretrained() if "." in name else timm.list_models()))
+    pretrained = "." in name and not pretrained_skipped()  # ARCH.TAG: that tag's weights
+    if pretrained:
+        timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
+    from e2mc.hub import cache_if_offline
+
+    # any image size for a ViT (position embedding resampled): DINOv2's 518 px models on 224 px
+    extra = {"dynamic_img_size": True} if architecture in _timm_vits() else {}
+    with cache_if_offline() if pretrained else contextlib.nullcontext() as offline:
+        try:
+            model = timm.create_model(name, pretrained=pretrained, num_classes=0,
+                                      in_chans=in_channels, **extra)
+        except OSError as err:  # not in the hub's cache (LocalEntryNotFoundError), URLError
+            raise fetch_failed(f"timm:{name}", err, offline) from None
+    return model, int(model.num_features)
+
+
+@functools.lru_cache(maxsize=1)
+def _timm_vits() -> frozenset[str]:
+    """timm's ``VisionTransformer`` architectures (``dynamic_img_size`` is theirs)."""
+    import timm
+
+    return frozenset(timm.list_models(module="vision_transformer"))
+
+
+class HFBackbone(nn.Module):
+    """A Hugging Face vision model as a pooled-feature extractor: its ``pooler_output`` when it
+    has one, else the mean of ``last_hidden_state`` over tokens (or over the spatial grid)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(pixel_values=x)
+        pooled = getattr(out, "pooler_output", None)
+        if pooled is None:
+            hidden = out.last_hidden_state
+            pooled = hidden.mean(dim=1) if hidden.ndim == 3 else hidden.mean(dim=(2, 3))
+        return pooled.flatten(1)
+
+
+def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+    try:
+        import transformers
+    except ImportError:
+        raise missing_extra("transformers", "hf", f"hf:{repo}") from None
+    if small_images:
+        raise ValueError(f"small_images=True is only supported for torchvision ResNets, "
+                         f"not hf:{repo}")
+    from e2mc.hub import cache_if_offline
+
+    local = os.path.isdir(repo)
+    with contextlib.nullcontext() if local else cache_if_offline() as offline:
+        try:
+            config = transformers.AutoConfig.from_pretrained(repo, num_channels=in_channels)
+            if pretrained_skipped():
+                model = transformers.AutoModel.from_config(config)
+            else:
+                model = transformers.AutoModel.from_pretrained(repo, config=config)
+        except OSError as err:  # not a folder, not on the hub (or offline): the library's say
+            unreachable = f"; the hub is unreachable ({offline})" if offline else ""
+            raise ValueError(f"cannot load Hugging Face model {repo!r} (cache {hf_cache()})"
+                             f"{unreachable}: {' '.join(str(err).split())}") from None
+    dim = getattr(config, "hidden_size", None)
+    if dim is None and getattr(config, "hidden_sizes", None):
+        dim = config.hidden_sizes[-1]
+    if dim is None:
+        raise ValueError(f"hf:{repo}: cannot tell the feature size from its configuration")
+    return HFBackbone(model), int(dim)
+
+
+def classifier_keys(name: str) -> frozenset[str]:
+    """State-dict keys of the full classification model ``name`` that :func:`build_backbone`
+    drops (its classifier): a checkpoint of the full model loads into the backbone without them.
+    Empty for the package's own backbones and for Hugging Face models."""
+    source, model_name, _ = parse_backbone_name(name)
+    if source == "hf" or model_name in SMALL_CNNS or model_name in SMALL_VITS:
+        return frozenset()
+    return _classifier_keys(source, model_name)
+
+
+@functools.lru_cache(maxsize=32)
+def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
+    try:
+        with torch.device("meta"):  # no memory, no initialisation
+            return _built_classifier_keys(source, model_name)
+    except NotImplementedError:  # a constructor that computes on tensors (RegNets): built
+        return _built_classifier_keys(source, model_name)
+
+
+def _built_classifier_keys(source: str, model_name: str) -> frozenset[str]:
+    """:func:`classifier_keys` of the full model built on the current default device."""
+    if source == "timm":
+        try:
+            import timm
+        except ImportError:
+            return frozenset()
+        if not timm.is_model(model_name.split(".", 1)[0]):
+            raise unknown_error("timm model", model_name, list(timm.list_models()))
+        full = set(timm.create_model(model_name, pretrained=False).state_dict())
+        kept = set(timm.create_model(model_name, pretrained=False,
+                                     num_classes=0).state_dict())
+    else:
+        import torchvision.models as tvm
+
+        if model_name not in torchvision_names():
+            return frozenset()
+        full = set(tvm.get_model(model_name, weights=None).state_dict())
+        kept = set(_torchvision_backbone(model_name, None, False, 3)[0].state_dict())
+    return frozenset(full - kept)

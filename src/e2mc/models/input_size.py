@@ -1,0 +1,136 @@
+"""What image sizes a backbone takes, checked before any work starts: a size a vision
+transformer fixes, a patch size that must divide it, else a forward pass on the meta device."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from e2mc.models.build import build_backbone
+from e2mc.models.names import parse_backbone_name
+from e2mc.models.pretrained import weights_from_checkpoint
+
+
+def fixed_image_size(module: nn.Module) -> int | None:
+    """The one image size ``module`` takes, where it declares one: a torchvision
+    ``VisionTransformer`` (:data:`SMALL_VITS` included; its position embeddings are fixed) or a
+    timm patch embedding with a strict size; else ``None`` (any size its layers allow)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    for m in module.modules():
+        if isinstance(m, VisionTransformer):
+            return int(m.image_size)
+        if _is_timm_patch_embed(m):
+            size = getattr(m, "img_size", None)
+            if getattr(m, "strict_img_size", False) and size is not None and size[0] == size[1]:
+                return int(size[0])
+            return None
+    return None
+
+
+def _is_timm_patch_embed(m: nn.Module) -> bool:
+    return type(m).__name__ == "PatchEmbed" and hasattr(m, "patch_size") \
+        and hasattr(m, "strict_img_size")
+
+
+def _declared_size_problem(module: nn.Module, size: int) -> str | None:
+    """What the layers ``module`` is made of say about the image size (a ViT's fixed size, a
+    patch size that must divide it), without running anything; None when nothing is declared."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    for m in module.modules():
+        if isinstance(m, VisionTransformer):
+            if int(m.image_size) != size:
+                return (f"it takes {m.image_size} px images only (a vision transformer with "
+                        f"{m.patch_size} px patches and position embeddings of that size)")
+            return None
+        if _is_timm_patch_embed(m):
+            fixed = getattr(m, "img_size", None)
+            if getattr(m, "strict_img_size", False) and fixed is not None \
+                    and tuple(fixed) != (size, size):
+                return f"it takes {fixed[0]}x{fixed[1]} px images only"
+            patch = tuple(int(p) for p in m.patch_size)
+            if not getattr(m, "dynamic_img_pad", False) and any(size % p for p in patch):
+                shown = patch[0] if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}"
+                return (f"its patch size {shown} does not divide the image size {size} (a "
+                        f"multiple of {shown} does, e.g. {_multiple(size, max(patch))})")
+            return None
+    return None
+
+
+def _multiple(size: int, step: int) -> int:
+    """The multiple of ``step`` nearest to ``size`` (at least ``step``)."""
+    return max(step, round(size / step) * step)
+
+
+def _meta_forward_error(module: nn.Module, size: int, channels: int) -> BaseException | None:
+    """The error of ``module``'s forward pass on ``[2, channels, size, size]`` images, run on
+    the meta device (shapes only: no memory, no arithmetic; the module's own tensors are left
+    alone), or None when it passes."""
+    from torch.func import functional_call
+
+    tensors = {n: torch.empty_like(t, device="meta")
+               for n, t in [*module.named_parameters(remove_duplicate=False),
+                            *module.named_buffers(remove_duplicate=False)]}
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            functional_call(module, tensors,
+                            (torch.empty(2, channels, size, size, device="meta"),))
+    except Exception as err:  # (what a forward pass at this size raises: the answer)
+        return err
+    finally:
+        module.train(was_training)
+    return None
+
+
+#: The image size every backbone whose size is not declared is expected to take.
+_USUAL_SIZE = 224
+
+
+def input_size_problem(module: nn.Module, image_size: int, channels: int) -> str | None:
+    """Why ``module`` cannot take ``[N, channels, image_size, image_size]`` images, in words,
+    or None when it can (or when that cannot be told without running it). The layers' declared
+    sizes first (:func:`fixed_image_size`, a timm patch size that must divide the size), then a
+    forward pass on the meta device: a failure there counts only when the usual 224 px pass
+    (of the same channels) does not fail too, so that an operation the meta device lacks is
+    never taken for a wrong size."""
+    declared = _declared_size_problem(module, image_size)
+    if declared is not None or fixed_image_size(module) is not None:
+        return declared
+    err = _meta_forward_error(module, image_size, channels)
+    if err is None or isinstance(err, NotImplementedError):
+        return None
+    if image_size != _USUAL_SIZE and _meta_forward_error(module, _USUAL_SIZE, channels) is not None:
+        return None
+    reason = " ".join(str(err).split()) or type(err).__name__
+    return f"its forward pass fails at this size ({type(err).__name__}: {reason[:200]})"
+
+
+def check_input_size(module: nn.Module, image_size: int, channels: int, name: str,
+                     option: str = "--image-size") -> None:
+    """Raise ``ValueError`` (one line naming the backbone ``name`` and ``image_size``) when
+    ``module`` cannot take images of that size (:func:`input_size_problem`); ``option`` is how
+    the user sets the size."""
+    problem = input_size_problem(module, image_size, channels)
+    if problem is not None:
+        raise ValueError(f"image size {image_size} px does not fit the backbone {name}: "
+                         f"{problem}; set another size with {option}")
+
+
+def check_backbone_input(name: str, image_size: int, in_channels: int = 3,
+                         small_images: bool = False, option: str = "data.image_size") -> None:
+    """:func:`check_input_size` of the backbone ``name``, built on the meta device without
+    weights (nothing downloaded, no memory), before any work starts: a configuration whose
+    images the model cannot take is refused at once, not after the data are read. A name
+    that cannot be built here (a Hugging Face repository, a missing extra, a model whose
+    constructor computes on its tensors) is left to the run, which reports it."""
+    if parse_backbone_name(name)[0] == "hf":
+        return
+    try:
+        with weights_from_checkpoint(), torch.device("meta"):
+            module, _ = build_backbone(name, small_images, in_channels)
+    except Exception:  # (the run builds it again and says what is wrong)
+        return
+    check_input_size(module, image_size, in_channels, name, option)

@@ -1,0 +1,50 @@
+"""Backbone names (``resnet50``, ``torchvision:resnet50:WEIGHTS``, ``timm:NAME``, ``hf:REPO``):
+what a name says, and the errors of a name that is not known or needs a missing extra."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+#: Prefixes of backbone names and the optional extra each needs.
+SOURCES = {"torchvision": None, "timm": "timm", "hf": "hf"}
+
+
+def parse_backbone_name(name: str) -> tuple[str, str, str | None]:
+    """``(source, model, weights)`` of a backbone name: ``"resnet50"`` and
+    ``"torchvision:resnet50"`` -> ``("torchvision", "resnet50", None)``,
+    ``"torchvision:resnet50:IMAGENET1K_V2"`` -> ``(..., "IMAGENET1K_V2")``, ``"timm:NAME"``,
+    ``"hf:REPO_ID"`` (a repository id or a local folder, kept whole)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a backbone name must be a non-empty string, got {name!r}")
+    source, sep, rest = name.partition(":")
+    if not sep:
+        return "torchvision", name, None
+    if source not in SOURCES:
+        close = difflib.get_close_matches(source, list(SOURCES), n=1)
+        hint = f" (did you mean {close[0]}:{rest}?)" if close else ""
+        raise ValueError(f"unknown backbone source {source!r} in {name!r}{hint}; names look like "
+                         "resnet50, torchvision:resnet50[:WEIGHTS], timm:NAME or hf:REPO_ID")
+    if not rest:
+        raise ValueError(f"backbone name {name!r} names no model after {source}:")
+    if source == "torchvision":
+        model, _, weights = rest.partition(":")
+        return source, model, weights or None
+    return source, rest, None
+
+
+def describe(name: str) -> dict[str, Any]:
+    """``{"source", "model", "weights"}`` of a backbone name (for messages and run records)."""
+    source, model, weights = parse_backbone_name(name)
+    return {"source": source, "model": model, "weights": weights}
+
+
+def unknown_error(kind: str, name: str, known: list[str], extra: str = "") -> ValueError:
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ValueError(f"unknown {kind} {name!r}{hint}{extra}")
+
+
+def missing_extra(package: str, extra: str, name: str) -> ValueError:
+    return ValueError(f"backbone {name!r} needs the {package} package: "
+                      f"pip install 'e2mc[{extra}]' (or pip install {package})")
