@@ -98,7 +98,7 @@ def test_a_significantly_worse_row_is_marked_and_called_worse(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("Verdict against continued")
     assert out[2].startswith("- e2mc, linear 1%: WORSE than continued (-30.00 ± 0.00 points "
-                             "over 2 seed(s); 0 significantly better, 2 worse;")
+                             "over 2 label-subset seed(s); 0 significantly better, 2 worse;")
     assert out[3].startswith("- other, linear 1%: BETTER than continued (+20.00")
     assert "| e2mc | 45.00 ± 0.00▼▼ |" in out
 

@@ -65,6 +65,9 @@ def test_a_run_at_chance_is_flagged_by_name(tmp_path: Path, capsys) -> None:
                      "most common test class): it collapsed or learned nothing, and a difference "
                      "from it means nothing"]
     assert lines[-2].startswith("e2mc against continued: WORSE at linear 1%")
+    page = (tmp_path / "cmp" / "comparison.html").read_text()  # on the page and in the .md
+    assert '<div class="flags"><ul><li>&#9873; e2mc is at or near chance' in page
+    assert "- flag: e2mc is at or near chance" in (tmp_path / "cmp" / "comparison.md").read_text()
 
 
 def test_two_runs_of_the_same_weights_are_nothing_to_compare(tmp_path: Path, capsys) -> None:
@@ -73,19 +76,23 @@ def test_two_runs_of_the_same_weights_are_nothing_to_compare(tmp_path: Path, cap
     from test_evaluation_cli import tiny_run
 
     a, b = tiny_run(tmp_path, "a", 0, 0.0), tiny_run(tmp_path, "b", 0, 0.0)
-    flags = [line for line in _compare(tmp_path, a, b, capsys) if "same weights" in line]
+    flags = [line for line in _compare(tmp_path, a, b, capsys)
+             if line.startswith("flag: ") and "same weights" in line]
     assert len(flags) == 1 and flags[0].startswith("flag: continued and e2mc are the same "
                                                    "weights (backbone sha256 ")
     assert flags[0].endswith("nothing to compare, their rows differ by nothing but chance")
     other = tiny_run(tmp_path, "c", 1, 1.0)
     assert not any("same weights" in line for line in _compare(tmp_path, a, other, capsys))
+    md = (tmp_path / "cmp" / "comparison.md").read_text()  # the last comparison: no flag
+    assert "same weights" not in md
 
 
 def test_a_choice_at_the_edge_of_its_grid_is_flagged(tmp_path: Path, capsys) -> None:
     grid = {"settings": {"linear": {"1%": {"lr_grid": [0.03, 0.1, 0.3], "wd_grid": []}}}}
     a = _eval_dir(tmp_path / "a", 120, info=grid, config={"lr": 0.1, "weight_decay": 0.0})
     b = _eval_dir(tmp_path / "b", 120, info=grid, config={"lr": 0.3, "weight_decay": 0.0})
-    flags = [line for line in _compare(tmp_path, a, b, capsys) if "grid" in line]
+    flags = [line for line in _compare(tmp_path, a, b, capsys)
+             if line.startswith("flag: ") and "grid" in line]
     assert flags == ["flag: e2mc's linear probes chose the largest lr of the grid in 2 of 2 "
                      "probes: the best value may lie beyond the grid; widen --lr-grid / "
                      "--wd-grid"]
@@ -105,9 +112,15 @@ def test_images_an_epoch_drops_are_said_and_flagged(tmp_path: Path, capsys) -> N
     info = {"checkpoint_info": {"epoch_use": saved["epoch_use"]}}
     a = _eval_dir(tmp_path / "a", 120)
     b = _eval_dir(tmp_path / "b", 120, info=info)
-    flags = [line for line in _compare(tmp_path, a, b, capsys) if "left out" in line]
+    flags = [line for line in _compare(tmp_path, a, b, capsys)
+             if line.startswith("flag: ") and "left out" in line]
     assert flags == ["flag: e2mc was trained with 8 of its 40 images left out of every epoch "
                      "(batch 16, 2 step(s) per epoch; others each epoch)"]
+    both = _eval_dir(tmp_path / "a2", 120, info=info)  # two runs trained alike: one line
+    flags = [line for line in _compare(tmp_path, both, b, capsys)
+             if line.startswith("flag: ") and "left out" in line]
+    assert flags == ["flag: continued and e2mc were trained with 8 of their 40 images left out "
+                     "of every epoch (batch 16, 2 step(s) per epoch; others each epoch)"]
 
 
 @pytest.mark.parametrize("seeds", [(0,), (0, 1, 2)])

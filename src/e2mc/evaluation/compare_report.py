@@ -60,9 +60,11 @@ def verdict_rows(comp: Comparison) -> list[dict[str, Any]]:
 
 def verdict_numbers(row: dict[str, Any]) -> str:
     """The numbers of a :func:`verdict_rows` row, in words: ``+0.87 ± 0.50 points over 3
-    seed(s); 1 significantly better, 0 worse; pooled permutation p 0.042``."""
+    label-subset seed(s); 1 significantly better, 0 worse; pooled permutation p 0.042`` (the
+    seeds of a comparison are label-subset seeds of one trained model per row)."""
     spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
-    return (f"{row['mean']:+.2f}{spread} points over {row['seeds']} seed(s); {row['better']} "
+    return (f"{row['mean']:+.2f}{spread} points over {row['seeds']} label-subset seed(s); "
+            f"{row['better']} "
             f"significantly better, {row['worse']} worse; {row['basis']} {row['p']:.2g}")
 
 
@@ -84,6 +86,9 @@ def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
     lines = ([f"Verdict against {ref} (significance: McNemar and the paired "
               f"permutation test, p < {ALPHA:g}):", "",
               *[f"- {markdown_text(v)}" for v in found], ""] if found else [])
+    if comp.flags:  # what the verdicts rest on (e2mc.evaluation.sanity)
+        lines += ["What the verdicts rest on:", "",
+                  *[f"- flag: {markdown_text(f)}" for f in comp.flags], ""]
     lines += ["| run | " + " | ".join(markdown_text(c) for c in comp.columns) + " |",
               "|---|" + "---|" * len(comp.columns)]
     for run in comp.runs:

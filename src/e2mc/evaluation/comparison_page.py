@@ -32,6 +32,8 @@ th:first-child,td:first-child{text-align:left}
 .answer{border:2px solid #888;padding:0.6em 1em;margin:0.8em 0;font-size:17px;
         background:#fafafa}
 .answer li{margin:0.25em 0}
+.flags{border-left:4px solid #c77700;background:#fff8ec;padding:0.3em 1em;margin:0.6em 0}
+.flags li{margin:0.2em 0}
 .better{color:#0a6b2b;font-weight:bold}.worse{color:#b00;font-weight:bold}
 .same{color:#555}.note{color:#555;font-size:13px}
 img{max-width:100%}summary{cursor:pointer}
@@ -167,6 +169,9 @@ def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
     else:
         body.append(f'<div class="answer">No run was tested against {_e(comp.reference)} '
                     "(one run, or no paired predictions): the table only.</div>")
+    if comp.flags:  # what the verdicts rest on (e2mc.evaluation.sanity)
+        body.append('<div class="flags"><ul>' + "".join(
+            f"<li>&#9873; {_e(f)}</li>" for f in comp.flags) + "</ul></div>")
     body.append(_table(comp))
     body.append(f'<p class="note">{BETTER} / {WORSE}: significantly better / worse than '
                 f"{_e(comp.reference)} at every seed; † no paired test; the rules are below "

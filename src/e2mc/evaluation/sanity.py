@@ -116,14 +116,19 @@ def _fraction_key(entry: Any, settings: dict[str, Any]) -> str | None:
     return key if key in settings else None
 
 
-def _dropped_flag(name: str, run: EvalResults) -> str | None:
-    info = run.info.get("checkpoint_info")
-    use = info.get("epoch_use") if isinstance(info, dict) else None
-    if not isinstance(use, dict) or not use.get("dropped"):
-        return None
-    return (f"{name} was trained with {use['dropped']} of its {use['images']} images left out "
-            f"of every epoch (batch {use['batch']}, {use['steps']} step(s) per epoch; others "
-            "each epoch)")
+def _dropped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    """One line per way of dropping images (runs trained alike share it)."""
+    alike: dict[tuple, list[str]] = {}
+    for name, run in zip(names, runs, strict=True):
+        info = run.info.get("checkpoint_info")
+        use = info.get("epoch_use") if isinstance(info, dict) else None
+        if isinstance(use, dict) and use.get("dropped"):
+            key = tuple(use.get(k) for k in ("dropped", "images", "batch", "steps"))
+            alike.setdefault(key, []).append(name)
+    return [f"{' and '.join(who)} {'was' if len(who) == 1 else 'were'} trained with {dropped} "
+            f"of {'its' if len(who) == 1 else 'their'} {images} images left out of every epoch "
+            f"(batch {batch}, {steps} step(s) per epoch; others each epoch)"
+            for (dropped, images, batch, steps), who in alike.items()]
 
 
 def _seeds_flag(runs: Sequence[EvalResults]) -> str | None:
@@ -144,8 +149,7 @@ def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[
     flags += _same_weights_flags(names, runs)
     flags += [f for name, run in zip(names, runs, strict=True)
               if (f := _grid_edge_flag(name, run)) is not None]
-    flags += [f for name, run in zip(names, runs, strict=True)
-              if (f := _dropped_flag(name, run)) is not None]
+    flags += _dropped_flags(names, runs)
     if (seeds := _seeds_flag(runs)) is not None:
         flags.append(seeds)
     return flags
