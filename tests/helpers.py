@@ -173,3 +173,46 @@ def child_processes():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(CHILD_PRELOAD)
     return ctx
+
+
+def one_column_eval_dir(root, correct: int, n: int = 200, classes: int = 2,
+                        seeds: tuple[int, ...] = (0, 1), column: str = "linear 10%",
+                        fraction: float = 0.1, info: dict | None = None,
+                        config: dict | None = None):
+    """An evaluation directory written by hand: one linear column, ``correct`` of ``n`` test
+    images (labels ``i % classes``) right at every label seed; ``info``: more top-level fields
+    of results.json, ``config``: the probes' chosen settings."""
+    import numpy as np
+
+    from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import save_predictions
+
+    labels = np.arange(n) % classes
+    entries = []
+    for seed in seeds:
+        preds = labels.copy()
+        preds[correct:] = (preds[correct:] + 1) % classes
+        rel = save_predictions(root, f"linear_{fraction:g}_seed{seed}", preds, labels)
+        entries.append({"protocol": "linear", "column": column, "primary": "top1",
+                        "metrics": {"top1": 100 * correct / n}, "fraction": fraction,
+                        "seed": seed, "predictions": rel,
+                        **({"config": config} if config else {})})
+    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels),
+                         **(info or {})})
+    return root
+
+
+def distinct_tensors(model):
+    """Every tensor of ``model`` random (positive running variances, counts of batches
+    nonzero), a teacher's other than its student's, so that a test sees where each lands."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            if v.is_floating_point():
+                r = torch.randn(v.shape, generator=g)
+                v.copy_(r.abs() + 0.5 if k.endswith("running_var") else r)
+            elif k.endswith("num_batches_tracked"):
+                v.fill_(int(torch.randint(1, 100, (), generator=g)))
+    return model

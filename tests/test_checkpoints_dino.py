@@ -15,18 +15,9 @@ from e2mc.checkpoints import load_checkpoint, load_official, load_start_model
 from e2mc.checkpoints.strict import CheckpointMismatchError
 from e2mc.cli import main
 from e2mc.methods import build_method
+from helpers import distinct_tensors
 
 HEAD = {"out_dim": 40, "hidden_dim": 32, "bottleneck_dim": 16}
-
-
-def _distinct(model):
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if v.is_floating_point():
-                r = torch.randn(v.shape, generator=g)
-                v.copy_(r.abs() + 0.5 if k.endswith("running_var") else r)
-    return model
 
 
 def _official(model, teacher_prefix=""):
@@ -57,7 +48,7 @@ def _assert_loaded(loaded, model):
 def test_official_vit_checkpoint_loads_student_teacher_and_centre(tmp_path: Path) -> None:
     pytest.importorskip("timm", reason="the [timm] extra is not installed")
     torch.manual_seed(0)
-    model = _distinct(build_method("dino", backbone="timm:test_vit", norm_last_layer=False,
+    model = distinct_tensors(build_method("dino", backbone="timm:test_vit", norm_last_layer=False,
                                    **HEAD))
     path = tmp_path / "dino_full_checkpoint.pth"
     torch.save(_official(model), path)  # teacher without module. (a ViT has no BatchNorm)
@@ -80,7 +71,7 @@ def test_official_vit_checkpoint_loads_student_teacher_and_centre(tmp_path: Path
 
 def test_official_resnet_checkpoint_needs_no_arguments(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = _distinct(build_method("dino", backbone="resnet18", **HEAD))
+    model = distinct_tensors(build_method("dino", backbone="resnet18", **HEAD))
     path = tmp_path / "dino_resnet.pth"
     torch.save(_official(model, teacher_prefix="module."), path)  # DDP-wrapped teacher
     loaded, info = load_checkpoint(path)  # architecture and head read off the file
@@ -90,7 +81,7 @@ def test_official_resnet_checkpoint_needs_no_arguments(tmp_path: Path) -> None:
 
 def test_backbone_only_file_gets_new_heads_and_a_teacher_equal_to_it(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    trained = _distinct(build_method("dino", backbone="resnet18", **HEAD))
+    trained = distinct_tensors(build_method("dino", backbone="resnet18", **HEAD))
     path = tmp_path / "dino_resnet18_pretrain.pth"  # the teacher's backbone, bare names
     torch.save({k[len("teacher.backbone."):]: v for k, v in trained.state_dict().items()
                 if k.startswith("teacher.backbone.")}, path)

@@ -28,22 +28,9 @@ from e2mc.checkpoints import (
 from e2mc.checkpoints.layouts import HeadMismatchError
 from e2mc.cli import main
 from e2mc.methods import build_method
+from helpers import distinct_tensors
 
 SMALL = {"backbone": "resnet18", "small_images": True, "in_channels": 1}
-
-
-def _distinct(model: nn.Module) -> nn.Module:
-    """Every tensor of ``model`` random (positive running variances), the teacher's other than
-    the student's, so that every tensor's destination is checked."""
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if v.is_floating_point():
-                r = torch.randn(v.shape, generator=g)
-                v.copy_(r.abs() + 0.5 if k.endswith("running_var") else r)
-            elif k.endswith("num_batches_tracked"):
-                v.fill_(int(torch.randint(1, 100, (), generator=g)))
-    return model
 
 
 def _renamed(sd: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
@@ -130,7 +117,7 @@ def _mocov3_file(model: nn.Module, arch: str, rules: list[tuple[str, str]]) -> d
 
 def test_mocov3_resnet_training_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     torch.manual_seed(0)
-    model = _distinct(build_method("mocov3", **SMALL, dim=16, mlp_dim=32))
+    model = distinct_tensors(build_method("mocov3", **SMALL, dim=16, mlp_dim=32))
     path = tmp_path / "checkpoint_0099.pth.tar"
     torch.save(_mocov3_file(model, "resnet18", MOCO_RESNET), path)
     assert main(["convert", str(path), str(tmp_path / "m.pt"), "--method", "mocov3"]) == 0
@@ -171,7 +158,7 @@ def test_mocov3_vit_training_checkpoint(tmp_path: Path) -> None:
     pytest.importorskip("timm", reason="the [timm] extra is not installed")
     torch.manual_seed(0)
     # MoCo_ViT: a 3-layer projector (base_encoder.head) and a predictor ending in a BatchNorm
-    model = _distinct(build_method("mocov3", backbone="timm:test_vit", dim=16, mlp_dim=32,
+    model = distinct_tensors(build_method("mocov3", backbone="timm:test_vit", dim=16, mlp_dim=32,
                                    projector_layers=3, predictor_last_bn=True))
     file = _mocov3_file(model, "vit_test", MOCO_VIT)
     assert "module.base_encoder.head.6.weight" in file["state_dict"]
@@ -197,7 +184,7 @@ def test_mocov3_vit_training_checkpoint(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ Barlow Twins
 def test_barlowtwins_training_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     torch.manual_seed(0)
-    model = _distinct(build_method("barlowtwins", **SMALL, projector="32-32-16"))
+    model = distinct_tensors(build_method("barlowtwins", **SMALL, projector="32-32-16"))
     sd = {f"module.{k}": v.clone() for k, v in model.state_dict().items()}
     assert "module.bn.running_mean" in sd and "module.bn.weight" not in sd  # non-affine
     # main.py's LARS: the weights, then the biases and norms (ndim 1), of model.parameters()
@@ -251,7 +238,8 @@ def test_solo_learn_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     torch.manual_seed(0)
     # solo-learn's BYOL: Linear (bias), BN, ReLU, Linear (bias) heads; a predictor wider than
     # the projector (pred_hidden_dim 8192 vs proj_hidden_dim 4096 in its ImageNet-100 runs)
-    model = _distinct(build_method("byol", **SMALL, hidden_dim=32, dim=16, pred_hidden_dim=48))
+    model = distinct_tensors(build_method("byol", **SMALL, hidden_dim=32, dim=16,
+                                          pred_hidden_dim=48))
     path = tmp_path / "byol-solo.ckpt"
     torch.save(_lightning(_renamed(model.state_dict(), SOLO)), path)
     with pytest.warns(UserWarning, match="pads its 3x3 conv1 by 2 pixels"):
@@ -275,7 +263,7 @@ def test_solo_learn_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
 def test_solo_learn_simclr_head_is_refused_in_one_line(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture) -> None:
     torch.manual_seed(0)
-    backbone = _distinct(build_method("simclr", **SMALL, hidden_dim=32, dim=16)).backbone
+    backbone = distinct_tensors(build_method("simclr", **SMALL, hidden_dim=32, dim=16)).backbone
     # solo-learn's SimCLR projector: Linear (bias), ReLU, Linear (bias); e2mc's has BatchNorms
     head = nn.Sequential(nn.Linear(512, 32), nn.ReLU(), nn.Linear(32, 16))
     sd = {**{f"backbone.{k}": v for k, v in backbone.state_dict().items()},
@@ -354,7 +342,7 @@ class _LightlyBYOL(nn.Module):
 
 def test_lightly_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     torch.manual_seed(0)
-    lightly = _distinct(_LightlyBYOL())  # the momentum copies other than the online network
+    lightly = distinct_tensors(_LightlyBYOL())  # the momentum copies other than the online network
     sd = lightly.state_dict()
     assert "backbone.4.0.conv1.weight" in sd and "projection_head.layers.0.bias" not in sd
     path = tmp_path / "byol_lightly.pt"
@@ -395,7 +383,7 @@ def test_lightly_simclr_head_is_refused(tmp_path: Path) -> None:
     # SimCLRProjectionHead(512, 32, 16): the last BatchNorm has affine parameters, e2mc's not
     model.projection_head = _simclr_head(512, 32, 16)
     path = tmp_path / "simclr_lightly.pt"
-    torch.save(_distinct(model).state_dict(), path)
+    torch.save(distinct_tensors(model).state_dict(), path)
     with pytest.raises(HeadMismatchError, match=r"the file's projection_head\.layers is "
                        r"\[0:Linear 1:BatchNorm 3:Linear 4:BatchNorm\]"):
         load_official(path, method="simclr")
@@ -413,8 +401,8 @@ def test_teacher_backbone_is_exported_and_evaluated(tmp_path: Path, tiny_data: P
     from test_checkpoints_dino import _official as dino_file
 
     torch.manual_seed(0)
-    dino = _distinct(build_method("dino", **SMALL, **HEAD))
-    mocov3 = _distinct(build_method("mocov3", **SMALL, dim=16, mlp_dim=32))
+    dino = distinct_tensors(build_method("dino", **SMALL, **HEAD))
+    mocov3 = distinct_tensors(build_method("mocov3", **SMALL, dim=16, mlp_dim=32))
     files = {"dino": (tmp_path / "dino.pth", dino), "mocov3": (tmp_path / "moco.pth", mocov3)}
     torch.save(dino_file(dino, teacher_prefix="module."), files["dino"][0])
     torch.save(_mocov3_file(mocov3, "resnet18", MOCO_RESNET), files["mocov3"][0])

@@ -9,37 +9,17 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from e2mc.artifacts import EvalDir
 from e2mc.cli import main
-from helpers import recorded_test_data
-
-
-def _eval_dir(root: Path, correct: int, n: int = 200) -> Path:
-    """Two label seeds of one column, ``correct`` of ``n`` test images right at each."""
-    from e2mc.evaluation.results import save_predictions
-
-    labels = np.arange(n) % 2
-    entries = []
-    for seed in (0, 1):
-        preds = labels.copy()
-        preds[correct:] = 1 - preds[correct:]
-        rel = save_predictions(root, f"linear_10_seed{seed}", preds, labels)
-        entries.append({"protocol": "linear", "column": "linear 10%", "primary": "top1",
-                        "metrics": {"top1": 100 * correct / n}, "fraction": 0.1, "seed": seed,
-                        "predictions": rel})
-    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels)})
-    return root
-
+from helpers import one_column_eval_dir
 
 HOSTILE = "<script>alert(1)</script>"
 
 
 def _compare(tmp_path: Path, names: str) -> Path:
-    a = _eval_dir(tmp_path / "a", 100)
-    b = _eval_dir(tmp_path / "b", 160)
+    a = one_column_eval_dir(tmp_path / "a", 100)
+    b = one_column_eval_dir(tmp_path / "b", 160)
     out = tmp_path / "cmp"
     assert main(["compare", str(a), str(b), "--names", names, "--out", str(out),
                  "--resamples", "200"]) == 0

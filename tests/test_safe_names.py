@@ -11,12 +11,11 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from e2mc.cli import main
 from e2mc.files import display_name, markdown_text
-from helpers import recorded_test_data
+from helpers import one_column_eval_dir
 
 INJECTION = "![x](http://a.invalid/p.png)"
 NOT_UTF8 = os.fsdecode(b"run\xff")  # 'run\udcff'
@@ -71,24 +70,6 @@ def test_a_viewer_shows_the_name_and_loads_nothing() -> None:
         assert html.escape(name, quote=False) in rendered.replace("&quot;", '"'), rendered
 
 
-def _eval_dir(root: Path, correct: int, n: int = 200) -> Path:
-    """Two label seeds of one column, ``correct`` of ``n`` test images right at each."""
-    from e2mc.artifacts import EvalDir
-    from e2mc.evaluation.results import save_predictions
-
-    labels = np.arange(n) % 2
-    entries = []
-    for seed in (0, 1):
-        preds = labels.copy()
-        preds[correct:] = 1 - preds[correct:]
-        rel = save_predictions(root, f"linear_10_seed{seed}", preds, labels)
-        entries.append({"protocol": "linear", "column": "linear 10%", "primary": "top1",
-                        "metrics": {"top1": 100 * correct / n}, "fraction": 0.1, "seed": seed,
-                        "predictions": rel})
-    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels)})
-    return root
-
-
 @pytest.fixture
 def figure_texts(monkeypatch) -> list[str]:
     """Every text of every figure e2mc saves (titles, labels, legends), collected as it is
@@ -108,8 +89,8 @@ def figure_texts(monkeypatch) -> list[str]:
 
 
 def test_a_markdown_name_through_compare(tmp_path: Path, capsys) -> None:
-    a = _eval_dir(tmp_path / "a", 100)
-    b = _eval_dir(tmp_path / "b", 160)
+    a = one_column_eval_dir(tmp_path / "a", 100)
+    b = one_column_eval_dir(tmp_path / "b", 160)
     out = tmp_path / "cmp"
     assert main(["compare", str(a), str(b), "--names", f"{INJECTION},b", "--out", str(out),
                  "--resamples", "200"]) == 0
@@ -127,8 +108,8 @@ def test_a_markdown_name_through_compare(tmp_path: Path, capsys) -> None:
 
 def test_a_name_that_is_not_utf8_through_compare(tmp_path: Path, capsys,
                                                   figure_texts: list[str]) -> None:
-    a = _eval_dir(tmp_path / "a", 100)
-    b = _eval_dir(tmp_path / NOT_UTF8, 160)  # the directory's own name: not UTF-8
+    a = one_column_eval_dir(tmp_path / "a", 100)
+    b = one_column_eval_dir(tmp_path / NOT_UTF8, 160)  # the directory's own name: not UTF-8
     out = tmp_path / "cmp"
     capsys.readouterr()
     assert main(["compare", str(a), str(b), "--out", str(out), "--resamples", "200"]) == 0

@@ -7,34 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from e2mc.artifacts import EvalDir
 from e2mc.cli import main
-from helpers import TINY_RUN, recorded_test_data, tiny_base
+from helpers import TINY_RUN, one_column_eval_dir, tiny_base
 
 N = 200
 
 
-def _eval_dir(root: Path, correct: int, classes: int = 2, seeds: tuple[int, ...] = (0, 1),
-              info: dict | None = None, config: dict | None = None) -> Path:
-    """One linear column, ``correct`` of ``N`` test images right at every label seed."""
-    from e2mc.evaluation.results import save_predictions
-
-    labels = np.arange(N) % classes
-    entries = []
-    for seed in seeds:
-        preds = labels.copy()
-        preds[correct:] = (preds[correct:] + 1) % classes
-        rel = save_predictions(root, f"linear_1_seed{seed}", preds, labels)
-        entries.append({"protocol": "linear", "column": "linear 1%", "primary": "top1",
-                        "metrics": {"top1": 100 * correct / N}, "fraction": 0.01, "seed": seed,
-                        "predictions": rel, **({"config": config} if config else {})})
-    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels),
-                         **(info or {})})
-    return root
+def _eval_dir(root: Path, correct: int, **kw) -> Path:
+    """One "linear 1%" column of N test images (:func:`helpers.one_column_eval_dir`)."""
+    return one_column_eval_dir(root, correct, N, column="linear 1%", fraction=0.01, **kw)
 
 
 def _compare(tmp_path: Path, a: Path, b: Path, capsys) -> list[str]:
