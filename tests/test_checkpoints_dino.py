@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from e2mc.checkpoints import load_checkpoint, load_official, load_start_model
+from e2mc.checkpoints import load_backbone, load_checkpoint, load_official, load_start_model
 from e2mc.checkpoints.strict import CheckpointMismatchError
 from e2mc.cli import main
 from e2mc.methods import build_method
@@ -77,6 +77,11 @@ def test_official_resnet_checkpoint_needs_no_arguments(tmp_path: Path) -> None:
     loaded, info = load_checkpoint(path)  # architecture and head read off the file
     assert loaded.hparams["backbone"] == "resnet18" and info["format"] == "dino"
     _assert_loaded(loaded, model)
+    # what e2mc eval reads of it: the student's backbone
+    backbone, dim, info = load_backbone(path)
+    assert dim == model.feature_dim and info["format"] == "dino"
+    for key, value in model.backbone.state_dict().items():
+        assert torch.equal(backbone.state_dict()[key], value), key
 
 
 def test_backbone_only_file_gets_new_heads_and_a_teacher_equal_to_it(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 from e2mc.checkpoints.api import PROJECT_FORMAT, official_from_object, project_from_object
 from e2mc.checkpoints.export import read_sidecar
 from e2mc.checkpoints.official import Detected, bare_backbone, detect, infer_resnet, known_layout
+from e2mc.checkpoints.official_dino import is_dino_checkpoint
 from e2mc.checkpoints.sources import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict
 from e2mc.checkpoints.summary import checkpoint_summary
@@ -31,6 +32,9 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     obj, source, local = load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         method, info = project_from_object(obj, source)
+        return method.backbone, method.feature_dim, checkpoint_summary(info, local)
+    if is_dino_checkpoint(obj):  # DINO's training checkpoint (student, teacher, loss, args)
+        method, info = official_from_object(obj, source, None, False, {})
         return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     exported = None if arch is not None else read_sidecar(local, obj)
     bare = bare_backbone(obj)
