@@ -29,29 +29,9 @@ from e2mc.checkpoints.layouts import HeadMismatchError
 from e2mc.cli import main
 from e2mc.methods import build_method
 from helpers import distinct_tensors
+from official_files import MOCO_RESNET, assert_same_tensors, mocov3_file, official_order, renamed
 
 SMALL = {"backbone": "resnet18", "small_images": True, "in_channels": 1}
-
-
-def _renamed(sd: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
-    """The file's state dict: for each ``(model prefix, file name prefix)`` in order, the model's
-    tensors under that prefix (so the file lists them in the official module order)."""
-    out: dict[str, torch.Tensor] = {}
-    for src, dst in rules:
-        for k, v in sd.items():
-            if k.startswith(src):
-                out[dst + k[len(src):]] = v.clone()
-    return out
-
-
-def _assert_equal(loaded: nn.Module, model: nn.Module) -> None:
-    want, got = model.state_dict(), loaded.state_dict()
-    assert sorted(got) == sorted(want)
-    for k, v in want.items():
-        if k != "teacher_initialized":
-            assert torch.equal(got[k], v), k
-    if "teacher_initialized" in got:
-        assert bool(got["teacher_initialized"])  # the file's momentum encoder is kept
 
 
 def _momenta(optimizer: torch.optim.Optimizer, method: nn.Module) -> dict[str, float]:
@@ -88,41 +68,14 @@ def _continue(tmp_path: Path, data: Path, preset: str, checkpoint: Path, params:
 
 
 # --------------------------------------------------------------------------- MoCo v3 (ResNet)
-MOCO_RESNET = [("backbone.", "module.base_encoder."), ("projector.", "module.base_encoder.fc."),
-               ("teacher.backbone.", "module.momentum_encoder."),
-               ("teacher.projector.", "module.momentum_encoder.fc."),
-               ("predictor.", "module.predictor.")]
-
-
-def _official_order(model: nn.Module, rules: list[tuple[str, str]]) -> list[str]:
-    """The model names of ``model.parameters()`` of the official module, in its order."""
-    names = [n for n, _ in model.named_parameters()]
-    return [n for src, _ in rules for n in names if n.startswith(src)]
-
-
-def _mocov3_file(model: nn.Module, arch: str, rules: list[tuple[str, str]]) -> dict:
-    """What main_moco.py saves: the LARS state of ``model.parameters()`` (one group; the
-    momentum encoder gets no gradient, so no state), the momentum of official parameter ``i``
-    a constant ``i``."""
-    order = _official_order(model, rules)
-    params = dict(model.named_parameters())
-    state = {i: {"mu": torch.full_like(params[n], float(i))} for i, n in enumerate(order)
-             if not n.startswith("teacher.")}
-    optimizer = {"state": state, "param_groups": [{"params": list(range(len(order))),
-                                                   "lr": 4.8, "weight_decay": 1e-6,
-                                                   "momentum": 0.9, "trust_coefficient": 0.001}]}
-    return {"epoch": 100, "arch": arch, "state_dict": _renamed(model.state_dict(), rules),
-            "optimizer": optimizer, "scaler": {"scale": 65536.0, "_growth_tracker": 0}}
-
-
 def test_mocov3_resnet_training_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     torch.manual_seed(0)
     model = distinct_tensors(build_method("mocov3", **SMALL, dim=16, mlp_dim=32))
     path = tmp_path / "checkpoint_0099.pth.tar"
-    torch.save(_mocov3_file(model, "resnet18", MOCO_RESNET), path)
+    torch.save(mocov3_file(model, "resnet18", MOCO_RESNET), path)
     assert main(["convert", str(path), str(tmp_path / "m.pt"), "--method", "mocov3"]) == 0
     loaded, info = load_checkpoint(tmp_path / "m.pt")
-    _assert_equal(loaded, model)
+    assert_same_tensors(loaded, model)
     assert info["source_format"] == "mocov3" and info["epoch"] == 100
     hp = loaded.hparams  # read off the shapes: ResNet-18 small stem, 2-layer projector
     assert (hp["backbone"], hp["small_images"], hp["in_channels"]) == ("resnet18", True, 1)
@@ -131,16 +84,16 @@ def test_mocov3_resnet_training_checkpoint(tmp_path: Path, tiny_data: Path) -> N
     # the official LARS state, re-ordered into the model's parameters
     optimizer = loaded.build_optimizer(lr=0.1, weight_decay=0.0)
     restore_optimizer_state(optimizer, loaded, info["official_optimizer"])
-    order = _official_order(model, MOCO_RESNET)
+    order = official_order(model, MOCO_RESNET)
     want = {n: float(i) for i, n in enumerate(order) if not n.startswith("teacher.")}
     assert _momenta(optimizer, loaded) == want
     # no --method: the layout is unambiguous
     same, info = load_official(path)
     assert info["format"] == "mocov3" and same.name == "mocov3"
-    _assert_equal(same, model)
+    assert_same_tensors(same, model)
     with pytest.raises(ValueError, match="official mocov3 layout, not byol"):
         load_official(path, method="byol")
-    bad = _mocov3_file(model, "resnet18", MOCO_RESNET)
+    bad = mocov3_file(model, "resnet18", MOCO_RESNET)
     del bad["state_dict"]["module.momentum_encoder.fc.0.weight"]
     torch.save(bad, tmp_path / "bad.pth.tar")
     with pytest.raises(CheckpointMismatchError, match=r"1 missing keys: module\.momentum_enc"
@@ -148,37 +101,6 @@ def test_mocov3_resnet_training_checkpoint(tmp_path: Path, tiny_data: Path) -> N
         load_official(tmp_path / "bad.pth.tar")
     assert _continue(tmp_path, tiny_data, "fmnist-mocov3-continue", path,
                      "{dim: 16, mlp_dim: 32}") == 0
-
-
-# ------------------------------------------------------------------------------ MoCo v3 (ViT)
-MOCO_VIT = [(src, dst.replace(".fc.", ".head.")) for src, dst in MOCO_RESNET]
-
-
-def test_mocov3_vit_training_checkpoint(tmp_path: Path) -> None:
-    pytest.importorskip("timm", reason="the [timm] extra is not installed")
-    torch.manual_seed(0)
-    # MoCo_ViT: a 3-layer projector (base_encoder.head) and a predictor ending in a BatchNorm
-    model = distinct_tensors(build_method("mocov3", backbone="timm:test_vit", dim=16, mlp_dim=32,
-                                   projector_layers=3, predictor_last_bn=True))
-    file = _mocov3_file(model, "vit_test", MOCO_VIT)
-    assert "module.base_encoder.head.6.weight" in file["state_dict"]
-    assert "module.predictor.4.running_mean" in file["state_dict"]
-    path = tmp_path / "vit_checkpoint.pth.tar"
-    torch.save(file, path)
-    with pytest.raises(ValueError, match="cannot tell the architecture"):
-        load_official(path)  # a ViT's keys do not say its depth and heads
-    out = tmp_path / "v.pt"
-    assert main(["convert", str(path), str(out), "--backbone", "timm:test_vit"]) == 0
-    loaded, _ = load_checkpoint(out)
-    _assert_equal(loaded, model)
-    assert (loaded.hparams["projector_layers"], loaded.hparams["predictor_last_bn"]) == (3, True)
-    # moco-v3's vit_small has 12 attention heads; the same shapes with 2 heads are refused
-    file["arch"] = "vit_small"
-    torch.save(file, tmp_path / "vit_small.pth.tar")
-    with pytest.raises(HeadMismatchError, match="12 attention heads"):
-        load_official(tmp_path / "vit_small.pth.tar", backbone="timm:test_vit")
-    with pytest.raises(ValueError, match="vit_small_patch16_224 has 6 attention heads"):
-        load_official(tmp_path / "vit_small.pth.tar")
 
 
 # ------------------------------------------------------------------------------ Barlow Twins
@@ -203,12 +125,12 @@ def test_barlowtwins_training_checkpoint(tmp_path: Path, tiny_data: Path) -> Non
     loaded, info = load_official(path)  # not taken for VICReg: the bn.* keys are Barlow Twins'
     assert info["format"] == "barlowtwins" and loaded.name == "barlowtwins"
     assert loaded.hparams["projector"] == "32-32-16"
-    _assert_equal(loaded, model)
+    assert_same_tensors(loaded, model)
     opt = loaded.build_optimizer(lr=0.1, weight_decay=0.0)
     restore_optimizer_state(opt, loaded, info["optimizer"])
     assert _momenta(opt, loaded) == {n: float(i) for i, n in enumerate(order)}
     assert main(["convert", str(path), str(tmp_path / "b.pt"), "--method", "barlowtwins"]) == 0
-    _assert_equal(load_checkpoint(tmp_path / "b.pt")[0], model)
+    assert_same_tensors(load_checkpoint(tmp_path / "b.pt")[0], model)
     with pytest.raises(ValueError, match="official barlowtwins layout, not vicreg"):
         load_official(path, method="vicreg")
     assert _continue(tmp_path, tiny_data, "fmnist-barlowtwins-continue", path,
@@ -241,7 +163,7 @@ def test_solo_learn_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     model = distinct_tensors(build_method("byol", **SMALL, hidden_dim=32, dim=16,
                                           pred_hidden_dim=48))
     path = tmp_path / "byol-solo.ckpt"
-    torch.save(_lightning(_renamed(model.state_dict(), SOLO)), path)
+    torch.save(_lightning(renamed(model.state_dict(), SOLO)), path)
     with pytest.warns(UserWarning, match="pads its 3x3 conv1 by 2 pixels"):
         loaded, info = load_official(path)  # (its CIFAR stem; e2mc's pads by 1)
     assert info["format"] == "solo-learn" and loaded.name == "byol" and info["epoch"] == 399
@@ -250,9 +172,9 @@ def test_solo_learn_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     hp = loaded.hparams
     assert (hp["hidden_dim"], hp["pred_hidden_dim"], hp["dim"], hp["hidden_bias"]) == \
         (32, 48, 16, True)
-    _assert_equal(loaded, model)
+    assert_same_tensors(loaded, model)
     assert main(["convert", str(path), str(tmp_path / "s.pt"), "--method", "byol"]) == 0
-    _assert_equal(load_checkpoint(tmp_path / "s.pt")[0], model)
+    assert_same_tensors(load_checkpoint(tmp_path / "s.pt")[0], model)
     with pytest.raises(ValueError, match="solo-learn byol layout, not mocov3"):
         load_official(path, method="mocov3")
     assert _continue(tmp_path, tiny_data, "fmnist-byol-continue", path,
@@ -405,7 +327,7 @@ def test_teacher_backbone_is_exported_and_evaluated(tmp_path: Path, tiny_data: P
     mocov3 = distinct_tensors(build_method("mocov3", **SMALL, dim=16, mlp_dim=32))
     files = {"dino": (tmp_path / "dino.pth", dino), "mocov3": (tmp_path / "moco.pth", mocov3)}
     torch.save(dino_file(dino, teacher_prefix="module."), files["dino"][0])
-    torch.save(_mocov3_file(mocov3, "resnet18", MOCO_RESNET), files["mocov3"][0])
+    torch.save(mocov3_file(mocov3, "resnet18", MOCO_RESNET), files["mocov3"][0])
     for name, (path, model) in files.items():
         out = tmp_path / f"{name}_teacher.pt"
         assert main(["export-backbone", str(path), str(out), "--teacher"]) == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,20 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def loader_start_method(num_workers: int) -> str | None:
+    """How a ``DataLoader`` of ``num_workers`` starts them (its ``multiprocessing_context``):
+    ``None`` (the default, and without workers) unless the default is
+    ``forkserver`` (Python 3.14 on Linux, or a program that chose it), then ``fork`` on Linux,
+    else ``spawn``. torch's workers stop when their parent pid changes; a forkserver's workers
+    have the server as parent, so the workers of a trainer that was killed (SIGKILL, the OOM
+    killer) would wait forever, each holding its memory."""
+    import multiprocessing
+
+    if num_workers <= 0 or multiprocessing.get_start_method() != "forkserver":
+        return None
+    return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 def lock_held(path: str | os.PathLike[str]) -> bool | None:

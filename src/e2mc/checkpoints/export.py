@@ -21,7 +21,7 @@ from e2mc.checkpoints.sources import PathOrState, local_checkpoint
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, sha256_file
 from e2mc.methods.base import SSLMethod
-from e2mc.models import parse_backbone_name
+from e2mc.models import parse_backbone_name, timm_parts
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
@@ -107,8 +107,9 @@ def _same_architecture(a: Any, b: Any) -> bool:
     if not isinstance(a, str) or not isinstance(b, str):
         return a == b
     (sa, ma, _), (sb, mb, _) = parse_backbone_name(a), parse_backbone_name(b)
-    if sa == sb == "timm":
-        ma, mb = ma.split(".", 1)[0], mb.split(".", 1)[0]
+    if sa == sb == "timm":  # the tag aside, the arguments kept
+        (aa, _, ka), (ab, _, kb) = timm_parts(ma), timm_parts(mb)
+        return (aa, ka) == (ab, kb)
     return (sa, ma) == (sb, mb)
 
 

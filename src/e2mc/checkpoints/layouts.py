@@ -21,10 +21,12 @@ from torch import nn
 from e2mc.checkpoints.official import Detected, infer_resnet
 from e2mc.checkpoints.strict import CheckpointMismatchError, check_keys, load_strict
 
-#: moco-v3's ViTs (``vits.py``): every one has 12 attention heads; only ``vit_base`` has a timm
-#: twin by name (timm's ``vit_small_patch16_224`` has 6 heads).
+#: moco-v3's ViTs (``vits.py``): every one has 12 attention heads; ``vit_base`` is timm's
+#: ``vit_base_patch16_224``, ``vit_small`` timm's ``vit_small_patch16_224`` with 12 heads, not 6.
 MOCOV3_VIT_HEADS = {"vit_small": 12, "vit_base": 12, "vit_conv_small": 12, "vit_conv_base": 12}
-MOCOV3_VIT_NAMES = {"vit_base": "timm:vit_base_patch16_224"}
+#: arch -> (the e2mc backbone, its (width, patch, depth)).
+MOCOV3_VIT_NAMES = {"vit_base": ("timm:vit_base_patch16_224", (768, 16, 12)),
+                    "vit_small": ("timm:vit_small_patch16_224(num_heads=12)", (384, 16, 12))}
 #: The heads compared layer by layer before anything is loaded.
 HEAD_PARTS = ("projector", "predictor", "teacher.projector")
 
@@ -92,16 +94,16 @@ def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[
 
 
 def _vit(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The backbone of moco-v3's ``vit_base`` (timm's ``vit_base_patch16_224``), and the input
-    channels of any timm ViT; the other ViTs need ``backbone=``."""
+    """The backbone of moco-v3's ``vit_base`` and ``vit_small`` (:data:`MOCOV3_VIT_NAMES`), and
+    the input channels of any timm ViT; the other ViTs need ``backbone=``."""
     proj = state.get("backbone.patch_embed.proj.weight")
     if proj is None:
         return {}
     hp: dict[str, Any] = {"in_channels": int(proj.shape[1])}
     depth = len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
-    name = MOCOV3_VIT_NAMES.get(det.extra.get("arch", ""))
+    name, shape = MOCOV3_VIT_NAMES.get(det.extra.get("arch", ""), (None, None))
     if det.format == "mocov3" and name and (int(proj.shape[0]), int(proj.shape[-1]),
-                                            depth) == (768, 16, 12):
+                                            depth) == shape:
         hp["backbone"] = name
     return hp
 
@@ -115,10 +117,8 @@ def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> No
     if "backbone" in hp:
         return
     what = f"moco-v3's {arch}" if det.format == "mocov3" and arch else "its backbone"
-    hint = (" (timm's vit_small_patch16_224 has 6 attention heads, moco-v3's vit_small 12)"
-            if arch == "vit_small" else "")
     raise ValueError(f"{source or 'the checkpoint'}: cannot tell the architecture of {what} "
-                     f"from its keys{hint}: name it (backbone=, --backbone, model.backbone)")
+                     "from its keys: name it (backbone=, --backbone, model.backbone)")
 
 
 def _check_vit_heads(det: Detected, model: nn.Module) -> None:

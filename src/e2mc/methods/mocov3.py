@@ -34,13 +34,29 @@ def mocov3_loss(q: torch.Tensor, k: torch.Tensor, temperature: float = 1.0) -> t
         return F.cross_entropy(q @ k.T / temperature, labels) * (2 * temperature)
 
 
+def freeze_patch_embedding(backbone: nn.Module) -> None:
+    """No gradient for a timm ViT's patch projection and position embedding (moco-v3's
+    ``stop_grad_conv1`` and fixed sin-cos embedding); ``ValueError`` for another backbone."""
+    proj = getattr(getattr(backbone, "patch_embed", None), "proj", None)
+    pos = getattr(backbone, "pos_embed", None)
+    if not isinstance(proj, nn.Module) or not isinstance(pos, nn.Parameter):
+        raise ValueError("method.params.frozen_patch_embedding needs a ViT backbone (a patch "
+                         f"projection and a position embedding); {type(backbone).__name__} "
+                         "has none")
+    proj.requires_grad_(False)
+    pos.requires_grad_(False)
+
+
 class MoCoV3(EMAMethod):
     """MoCo v3: base encoder (``backbone`` + ``projector``), ``predictor``, and the momentum
     encoder ``teacher.backbone`` + ``teacher.projector`` (EMA ``momentum``, constant here; the
     official runs ramp it from 0.99 to 1 by cosine). ``projector_layers`` 2 and
     ``predictor_last_bn`` false for ResNets, 3 and true for ViTs (the official ``MoCo_ResNet`` and
     ``MoCo_ViT``). Loss ``ctr(q1, k2) + ctr(q2, k1)``. The add-on gets the base encoder's
-    projector outputs (before the predictor; the loss normalises them: hypersphere)."""
+    projector outputs (before the predictor; the loss normalises them: hypersphere).
+    ``frozen_patch_embedding`` (a ViT backbone only) keeps the patch projection and the position
+    embedding as they are, as the official ViTs do (``stop_grad_conv1``, a fixed 2-D sin-cos
+    position embedding): the optimizer does not get them."""
 
     name = "mocov3"
     view_recipe = "vicreg"  # BYOL's asymmetric augmentations, as the official runs
@@ -59,11 +75,14 @@ class MoCoV3(EMAMethod):
                  in_channels: int = 3, dim: int = 256, mlp_dim: int = 4096,
                  projector_layers: int = 2, predictor_last_bn: bool = False,
                  temperature: float = 1.0, momentum: float = 0.99,
-                 feature_dim: int | None = None, momentum_schedule: str = "constant") -> None:
+                 feature_dim: int | None = None, momentum_schedule: str = "constant",
+                 frozen_patch_embedding: bool = False) -> None:
         super().__init__()
         check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
+        if frozen_patch_embedding:
+            freeze_patch_embedding(self.backbone)
         self.projector = moco_mlp(projector_layers, self.feature_dim, mlp_dim, dim)
         self.predictor = moco_mlp(2, dim, mlp_dim, dim, last_bn=predictor_last_bn)
         self.temperature = float(temperature)
@@ -71,7 +90,8 @@ class MoCoV3(EMAMethod):
         self.hparams: dict[str, Any] = {
             **bb_hparams, "dim": dim, "mlp_dim": mlp_dim, "projector_layers": projector_layers,
             "predictor_last_bn": predictor_last_bn, "temperature": temperature,
-            "momentum": momentum, "momentum_schedule": momentum_schedule}
+            "momentum": momentum, "momentum_schedule": momentum_schedule,
+            "frozen_patch_embedding": frozen_patch_embedding}
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "MoCo v3")

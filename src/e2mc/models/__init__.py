@@ -8,7 +8,8 @@ Names (``model.backbone`` in a config, ``--backbone`` on the command line):
 * ``timm:resnet50``: a timm model (the ``[timm]`` extra), randomly initialised;
   ``timm:resnet50.a1_in1k`` (a pretrained tag after the dot) loads that tag's pretrained weights
   (``timm.create_model(..., pretrained=True)``: the Hugging Face hub's cache, or torch.hub's
-  for the tags timm downloads by URL);
+  for the tags timm downloads by URL); ``timm:vit_small_patch16_224(num_heads=12)`` passes
+  keyword arguments (Python literals) to ``timm.create_model`` (moco-v3's ViT-S, 12 heads);
 * ``hf:<repo id or local folder>``: a Hugging Face vision model (the ``[hf]`` extra) with its
   weights (``from_pretrained``, the Hugging Face hub's cache);
 * ``cnn5`` / ``cnn5_small``: the package's small CNNs for 28-32 px images on a CPU;
@@ -42,7 +43,7 @@ from e2mc.models.input_size import (
     fixed_image_size,
     input_size_problem,
 )
-from e2mc.models.names import SOURCES, describe, parse_backbone_name
+from e2mc.models.names import SOURCES, describe, parse_backbone_name, timm_parts
 from e2mc.models.pretrained import pretrained_weights, weights_from_checkpoint
 from e2mc.models.small import SMALL_CNNS, SMALL_VITS, SmallConvNet, small_vit
 from e2mc.models.surgery import input_channels, replace_first_conv, strip_classifier
@@ -51,5 +52,5 @@ __all__ = ["OTHERS", "RESNETS", "SMALL_CNNS", "SMALL_VITS", "SOURCES", "SUPPORTE
            "HFBackbone", "SmallConvNet", "build_backbone", "check_backbone_input",
            "check_input_size", "classifier_keys", "describe", "fixed_image_size",
            "input_channels", "input_size_problem", "parse_backbone_name", "pretrained_weights",
-           "replace_first_conv", "small_vit", "strip_classifier", "torchvision_names",
-           "weights_from_checkpoint"]
+           "replace_first_conv", "small_vit", "strip_classifier", "timm_parts",
+           "torchvision_names", "weights_from_checkpoint"]

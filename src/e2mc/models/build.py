@@ -11,7 +11,7 @@ import os
 import torch
 from torch import nn
 
-from e2mc.models.names import missing_extra, parse_backbone_name, unknown_error
+from e2mc.models.names import missing_extra, parse_backbone_name, timm_parts, unknown_error
 from e2mc.models.pretrained import (
     fetch_failed,
     hf_cache,
@@ -116,23 +116,27 @@ def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.
     if small_images:
         raise ValueError("small_images=True is only supported for torchvision ResNets, "
                          f"not timm:{name}")
-    architecture = name.split(".", 1)[0]
+    architecture, tag, arguments = timm_parts(name)
     if not timm.is_model(architecture):  # (with a tag: the close ARCH.TAG names)
         raise unknown_error("timm model", name,
-                            list(timm.list_pretrained() if "." in name else timm.list_models()))
-    pretrained = "." in name and not pretrained_skipped()  # ARCH.TAG: that tag's weights
+                            list(timm.list_pretrained() if tag else timm.list_models()))
+    pretrained = tag is not None and not pretrained_skipped()  # ARCH.TAG: that tag's weights
     if pretrained:
         timm_cache(f"timm:{name}")  # an unknown tag: the error lists the known ones
     from e2mc.hub import cache_if_offline
 
     # any image size for a ViT (position embedding resampled): DINOv2's 518 px models on 224 px
     extra = {"dynamic_img_size": True} if architecture in _timm_vits() else {}
+    extra.update(arguments)
+    create = f"{architecture}.{tag}" if tag else architecture
     with cache_if_offline() if pretrained else contextlib.nullcontext() as offline:
         try:
-            model = timm.create_model(name, pretrained=pretrained, num_classes=0,
+            model = timm.create_model(create, pretrained=pretrained, num_classes=0,
                                       in_chans=in_channels, **extra)
         except OSError as err:  # not in the hub's cache (LocalEntryNotFoundError), URLError
             raise fetch_failed(f"timm:{name}", err, offline) from None
+        except TypeError as err:  # an argument the model does not take
+            raise ValueError(f"timm:{name}: {err}") from None
     return model, int(model.num_features)
 
 
@@ -217,11 +221,12 @@ def _built_classifier_keys(source: str, model_name: str) -> frozenset[str]:
             import timm
         except ImportError:
             return frozenset()
-        if not timm.is_model(model_name.split(".", 1)[0]):
+        architecture, _, arguments = timm_parts(model_name)
+        if not timm.is_model(architecture):
             raise unknown_error("timm model", model_name, list(timm.list_models()))
-        full = set(timm.create_model(model_name, pretrained=False).state_dict())
-        kept = set(timm.create_model(model_name, pretrained=False,
-                                     num_classes=0).state_dict())
+        full = set(timm.create_model(architecture, pretrained=False, **arguments).state_dict())
+        kept = set(timm.create_model(architecture, pretrained=False, num_classes=0,
+                                     **arguments).state_dict())
     else:
         import torchvision.models as tvm
 

@@ -48,3 +48,42 @@ def unknown_error(kind: str, name: str, known: list[str], extra: str = "") -> Va
 def missing_extra(package: str, extra: str, name: str) -> ValueError:
     return ValueError(f"backbone {name!r} needs the {package} package: "
                       f"pip install 'e2mc[{extra}]' (or pip install {package})")
+
+
+def timm_parts(model: str) -> tuple[str, str | None, dict[str, Any]]:
+    """``(architecture, tag, arguments)`` of a timm model name:
+    ``"vit_small_patch16_224.augreg_in1k"`` -> ``("vit_small_patch16_224", "augreg_in1k", {})``,
+    ``"vit_small_patch16_224(num_heads=12)"`` -> ``("vit_small_patch16_224", None,
+    {"num_heads": 12})``: keyword arguments of ``timm.create_model`` in parentheses (Python
+    literals only), for the models that differ from timm's by an argument (moco-v3's ViT-S has 12
+    attention heads where timm's has 6). A malformed list is a ``ValueError``."""
+    head, paren, rest = model.partition("(")
+    arguments: dict[str, Any] = {}
+    if paren:
+        if not rest.endswith(")"):
+            raise ValueError(f"timm:{model}: the arguments end in ')', e.g. "
+                             "timm:vit_small_patch16_224(num_heads=12)")
+        arguments = _keyword_literals(model, rest[:-1])
+    architecture, dot, tag = head.partition(".")
+    if not architecture or (dot and not tag):
+        raise ValueError(f"timm:{model}: names no model (timm:ARCH, timm:ARCH.TAG or "
+                         "timm:ARCH(KEY=VALUE, ...))")
+    return architecture, tag or None, arguments
+
+
+def _keyword_literals(model: str, text: str) -> dict[str, Any]:
+    """``{"num_heads": 12}`` of ``"num_heads=12"``: keyword arguments whose values are literals."""
+    import ast
+
+    problem = f"timm:{model}: the arguments are KEY=VALUE pairs of Python literals"
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError:
+        raise ValueError(problem) from None
+    assert isinstance(call, ast.Call)
+    if call.args or any(k.arg is None for k in call.keywords) or not call.keywords:
+        raise ValueError(problem)
+    try:
+        return {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+    except ValueError:
+        raise ValueError(problem) from None

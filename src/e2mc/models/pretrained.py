@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from e2mc.models.names import missing_extra, parse_backbone_name, unknown_error
+from e2mc.models.names import missing_extra, parse_backbone_name, timm_parts, unknown_error
 
 _SKIP_PRETRAINED: contextvars.ContextVar[bool] = contextvars.ContextVar("e2mc_skip_pretrained",
                                                                         default=False)
@@ -52,9 +52,12 @@ def pretrained_weights(name: str) -> dict[str, Any] | None:
                 "cache": os.path.join(torch.hub.get_dir(), "checkpoints"),
                 "file": os.path.basename(url)}
     if source == "timm":
-        if "." not in model_name:
+        architecture, tag, _ = timm_parts(model_name)
+        if tag is None:
             return None
-        return {"backbone": name, "library": "timm", "weights": model_name, **timm_cache(name)}
+        tagged = f"{architecture}.{tag}"
+        return {"backbone": name, "library": "timm", "weights": tagged,
+                **timm_cache(f"timm:{tagged}")}
     return {"backbone": name, "library": "transformers", "weights": model_name,
             "cache": hf_cache(), "file": None}
 
@@ -76,13 +79,14 @@ def timm_cache(name: str) -> dict[str, Any]:
         import timm
     except ImportError:
         raise missing_extra("timm", "timm", name) from None
-    tagged = name.partition(":")[2]
+    architecture, tag, _ = timm_parts(name.partition(":")[2])
+    tagged = f"{architecture}.{tag}" if tag else architecture
     try:
         cfg = timm.models.get_pretrained_cfg(tagged)
     except RuntimeError:  # timm's "Invalid pretrained tag"
         cfg = None
     if cfg is None:
-        same_arch = timm.list_pretrained(f"{tagged.split('.', 1)[0]}.*")
+        same_arch = timm.list_pretrained(f"{architecture}.*")
         raise unknown_error("timm pretrained tag", tagged,
                             list(same_arch or timm.list_pretrained()),
                             "; timm:ARCH without a tag is randomly initialised")

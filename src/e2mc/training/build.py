@@ -209,7 +209,7 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
     ``init.load_optimizer`` is true.
     """
     from e2mc.checkpoints import load_start_model, restore_optimizer_state
-    from e2mc.models import parse_backbone_name, pretrained_weights
+    from e2mc.models import parse_backbone_name, pretrained_weights, timm_parts
     from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters
 
     weights = None if backbone is not None else pretrained_weights(cfg.model.backbone)
@@ -228,7 +228,7 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
                          "first)")
     if weights is not None and weights["library"] != "transformers":  # hf:REPO: architecture
         source, model, _ = parse_backbone_name(cfg.model.backbone)
-        plain = model if source == "torchvision" else f"timm:{model.split('.', 1)[0]}"
+        plain = model if source == "torchvision" else f"timm:{timm_parts(model)[0]}"
         raise ValueError(f"--backbone {cfg.model.backbone} names pretrained weights and --from "
                          f"{cfg.init.checkpoint} names a checkpoint: give one (the "
                          f"architecture without weights is --backbone {plain})")
