@@ -43,10 +43,14 @@ HERE = Path(__file__).resolve().parent
 FULL = {"preset": "vicreg-e2mc", "image_size": 224, "batch": 256, "steps": 30, "warmup": 8,
         "jpeg": (500, 375), "distinct": 512, "criterion_shapes": None,
         "probe_args": ["--random-features", "2048", "--epochs", "10", "--repeats", "2"]}
+#: The same model and images on a CPU: fewer steps of a smaller batch (a ResNet-50 step of 256
+#: images takes minutes on a few cores); the rates are per image all the same.
+CPU = {**FULL, "batch": 32, "steps": 4, "warmup": 1, "distinct": 128}
 QUICK = {"preset": "fmnist-vicreg-continue-e2mc", "image_size": 28, "batch": 16, "steps": 6,
          "warmup": 2, "jpeg": (36, 32), "distinct": 16, "criterion_shapes": {"tiny": (64, 32)},
          "probe_args": ["--random-features", "16", "--epochs", "1", "--repeats", "1",
                         "--lr-multipliers", "1"]}
+SIZES = {"full": FULL, "cpu": CPU, "quick": QUICK}
 
 
 def _sync(device: torch.device) -> None:
@@ -287,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="small sizes (the CPU test)")
+    parser.add_argument("--size", choices=sorted(SIZES), default=None,
+                        help="full (a GPU), cpu (the same model, a smaller batch, fewer steps) "
+                             "or quick (toy sizes); default: full on CUDA, else cpu")
+    parser.add_argument("--quick", action="store_true", help="--size quick (the CPU test)")
     parser.add_argument("--precision", default=None,
                         help="bf16 where the GPU has it, else fp16 on CUDA; fp32 on the CPU")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None)
@@ -310,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         args.channels_last = device.type == "cuda"
     if args.workers is None:
         args.workers = max(1, available_cores() - 1)
-    size = QUICK if args.quick else FULL
+    size_name = "quick" if args.quick else args.size or (
+        "full" if device.type == "cuda" else "cpu")
+    size = SIZES[size_name]
     stages = args.stages.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    result: dict[str, Any] = {"device": device_info(device), "quick": args.quick}
+    result: dict[str, Any] = {"device": device_info(device), "quick": size_name == "quick",
+                              "size": size_name}
     with tempfile.TemporaryDirectory(prefix="e2mc-gpu-check-") as tmp:
         work = Path(tmp)
         data = work / "jpegs"

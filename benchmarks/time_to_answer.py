@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/time_to_answer.json"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--size", choices=("full", "cpu"), default=None,
+                        help="the training and extraction sizes of gpu_check.py (default: full "
+                             "on CUDA, else cpu)")
     parser.add_argument("--pipeline", default=None,
                         help="the training pipeline (default: device on CUDA, else fast)")
     parser.add_argument("--workers", type=int, default=None)
@@ -191,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                   ",".join(s for s in ("training", "extraction") if s in stages)]
     if args.quick:
         check_args.append("--quick")
+    elif args.size is not None:
+        check_args += ["--size", args.size]
     if args.workers is not None:
         check_args += ["--workers", str(args.workers)]
     result: dict[str, Any] = {"device": gpu_check.device_info(device), "quick": args.quick,

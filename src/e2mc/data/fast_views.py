@@ -163,8 +163,12 @@ class FastViews:
             y0, x0 = round(top * scale_y), round(left * scale_x)
             y1 = min(max(round((top + h) * scale_y), y0 + 1), image.shape[-2])
             x1 = min(max(round((left + w) * scale_x), x0 + 1), image.shape[-1])
-            crops.append(TF.resize(image[:, y0:y1, x0:x1], [s.size, s.size],
-                                   interpolation=s.interpolation, antialias=True))
+            # the crop made a contiguous channels-last batch of one: torch's antialiased uint8
+            # resize takes its vectorised path only for that (a strided crop of the decoded
+            # image took the generic one: 1.2-2.2x the time for the same pixels)
+            crop = image[None, :, y0:y1, x0:x1].contiguous(memory_format=torch.channels_last)
+            crops.append(TF.resize(crop, [s.size, s.size], interpolation=s.interpolation,
+                                   antialias=True)[0])
         return crops, params
 
     def __call__(self, path: str | Path, out: Sequence[torch.Tensor] | None = None) -> Any:

@@ -50,8 +50,9 @@ def decode_rgb_hwc(data: bytes, width: int, height: int) -> np.ndarray | None:
     """An RGB JPEG decoded by OpenCV's libjpeg-turbo into ``height x width x 3`` uint8 (the
     same pixels as PIL and ``torchvision.io.decode_jpeg``; EXIF orientation ignored, as they
     do), or None when OpenCV is absent or the result does not have the header's size. The
-    interleaved layout makes the crops' antialiased resize take torch's channels-last path
-    (about 2x faster on uint8) and feeds the OpenCV photometric steps without a copy."""
+    interleaved layout makes each crop's channels-last copy (which torch's vectorised uint8
+    antialiased resize needs) a copy of rows, and the resized views feed the OpenCV photometric
+    steps without an interleaving copy."""
     if cv2 is None:
         return None
     _one_thread()
