@@ -1,6 +1,6 @@
 """The fast view pipeline in a DataLoader: batches collated in place (the views of the item
-path, through workers' shared memory, under each sample's seeding), corrupt files mid-epoch,
-and training through the CLI."""
+path, through workers' shared memory, under each sample's seeding), crops resized as the
+strided crop would be, corrupt files mid-epoch, and training through the CLI."""
 
 from __future__ import annotations
 
@@ -8,15 +8,39 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from e2mc.data import SafeImageFolder, ViewBatch, collate_views, photometric_cv2
 from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews
 from e2mc.data.synthetic import write_jpeg_folder
+from e2mc.data.view_specs import draw_view_params
 from e2mc.errors import CorruptImageError
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
+
+
+# ----------------------------------------------------------------------------- crops
+@pytest.mark.parametrize("recipe", ["vicreg", "swav"])  # bilinear and bicubic, 2 sizes
+def test_crops_are_the_strided_crops_resized(tmp_path: Path, recipe: str) -> None:
+    """Each crop is resized from a contiguous channels-last copy (torch's vectorised uint8
+    path): bit-identical to resizing the strided crop of the decoded image."""
+    path = write_jpeg_folder(tmp_path / "jpegs", 1, (200, 150), 90)[0]
+    fast = FastViews.from_recipe(recipe, 64, draft=False)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        crops, params = fast._crops(path)
+        torch.manual_seed(seed)
+        again = [draw_view_params(s, 200, 150) for s in fast.specs]
+        image = fast._decode(path.read_bytes(), Image.open(path), 1)
+        for crop, p, q, spec in zip(crops, params, again, fast.specs, strict=True):
+            assert torch.equal(p, q)
+            top, left, h, w = (round(float(v)) for v in p[:4])
+            want = TF.resize(image[:, top:top + h, left:left + w], [spec.size, spec.size],
+                             interpolation=spec.interpolation, antialias=True)
+            assert torch.equal(crop, want)
 
 
 # ----------------------------------------------------------------------------- batches
