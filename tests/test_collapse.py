@@ -15,8 +15,10 @@ import torch
 
 import e2mc
 from e2mc.diagnostics.collapse import (
+    chance_signal,
     check_run,
     collapse_value,
+    leave_one_out_top1,
     loss_signal,
     rank_signal,
     read_term,
@@ -208,6 +210,45 @@ def test_analyze_flags_the_collapsed_run_and_not_the_shipped_base(tmp_path: Path
     assert runs["demo_base_vicreg"]["collapse"] == []
     assert sorted(c["kind"] for c in runs["collapsed"]["collapse"]) == ["loss", "rank"]
     assert "Possible collapse" in html_path.read_text()
+
+
+def test_leave_one_out_top1_and_the_chance_signal_on_known_neighbours() -> None:
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    same = torch.tensor([[1, 2], [0, 3], [3, 4], [2, 4], [2, 3]])  # ties: the smaller label
+    assert leave_one_out_top1(labels, same) == 100.0
+    other = torch.tensor([[2, 3], [3, 4], [0, 1], [0, 1], [0, 1]])
+    assert leave_one_out_top1(labels, other) == 0.0
+    assert leave_one_out_top1(labels, torch.tensor([[1, 2]] * 5)) == 40.0  # 0 for everyone
+    # chance is the most common label's share (60 % here): 100 % is far from it, 40 % at it
+    assert chance_signal(labels, same) is None
+    found = chance_signal(labels, other)
+    assert found is not None and found.kind == "chance"
+    assert (found.value, found.threshold) == (0.0, 60.0)
+    assert "0.00 %, at or near chance (60.00 %" in found.message
+    assert chance_signal(torch.zeros(5, dtype=torch.long), other) is None  # one class
+
+
+def test_analyze_names_the_run_whose_features_are_at_chance(tmp_path: Path) -> None:
+    """A model whose backbone ignores its input (every weight zero: one feature vector for
+    every image) is flagged, by name, beside the shipped base, which is not."""
+    from e2mc.checkpoints import load_checkpoint, save_checkpoint
+    from e2mc.diagnostics.analyze import analyze
+
+    method, _ = load_checkpoint(ASSET)
+    with torch.no_grad():
+        for p in method.backbone.parameters():
+            p.zero_()
+    save_checkpoint(tmp_path / "blind.pt", method, epoch=1)
+    json_path, html_path = analyze([str(ASSET), str(tmp_path / "blind.pt")], "builtin",
+                                   tmp_path / "out", num_samples=200, knn_k=20, progress=False)
+    runs = {r["name"]: r for r in json.loads(json_path.read_text())["runs"]}
+    assert runs["demo_base_vicreg"]["collapse"] == []
+    chance = [c for c in runs["blind"]["collapse"] if c["kind"] == "chance"]
+    assert len(chance) == 1 and chance[0]["value"] <= chance[0]["threshold"] + 9.0
+    page = html_path.read_text()
+    heading = page[page.index("Possible collapse"):page.index("</ul>", page.index(
+        "Possible collapse"))]
+    assert "<b>blind</b> (chance signal)" in heading and "demo_base_vicreg" not in heading
 
 
 # ----------------------------------------------------------------------------- e2mc continue

@@ -114,3 +114,60 @@ def test_the_seeds_flag_only_where_there_are_label_seeds(tmp_path: Path, capsys,
     b = _eval_dir(tmp_path / "b", 120, seeds=seeds)
     said = [line for line in _compare(tmp_path, a, b, capsys) if line.startswith("flag: seeds")]
     assert len(said) == (len(seeds) > 1)
+
+
+def _with_knn(root: Path, correct: int, k: int, num_train: int, classes: int = 10) -> Path:
+    """Add a "knn k=K" column (``correct`` of N right) and the training bank's size."""
+    import json
+
+    import numpy as np
+
+    from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import save_predictions
+
+    labels = np.arange(N) % classes
+    preds = labels.copy()
+    preds[correct:] = (preds[correct:] + 1) % classes
+    record = json.loads((root / "results.json").read_text())
+    record["entries"].append({
+        "protocol": "knn", "column": f"knn k={k}", "primary": "top1", "fraction": 1.0,
+        "seed": 0, "metrics": {"k": k, "top1": 100 * correct / N},
+        "predictions": save_predictions(root, f"knn_k{k}", preds, labels)})
+    record["num_train"] = num_train
+    EvalDir(root).write(record)
+    return root
+
+
+def test_probes_at_chance_beside_a_knn_above_it_are_the_probes(tmp_path: Path, capsys) -> None:
+    """A run whose kNN is far above chance and whose linear probe is at it: the probe learned
+    nothing, not the model; a run at chance everywhere: the model."""
+    a = _with_knn(_eval_dir(tmp_path / "a", 150, classes=10, seeds=(0,)), 150, 20, 4000)
+    b = _with_knn(_eval_dir(tmp_path / "b", 20, classes=10, seeds=(0,)), 140, 20, 4000)
+    flags = [line for line in _compare(tmp_path, a, b, capsys) if line.startswith("flag: ")]
+    assert flags == ["flag: e2mc's linear 1% at or near chance (linear 1% 10.00 %; chance "
+                     "10.00 %, the most common test class) while its knn k=20 70.00 % is above "
+                     "it: those probes learned next to nothing (their settings, or too few "
+                     "labels), and a difference there means nothing"]
+    c = _with_knn(_eval_dir(tmp_path / "c", 20, classes=10, seeds=(0,)), 24, 20, 4000)
+    flags = [line for line in _compare(tmp_path, a, c, capsys) if line.startswith("flag: ")]
+    assert flags[0].startswith("flag: e2mc is at or near chance (linear 1% 10.00 %, knn k=20 "
+                               "12.00 %;") and flags[0].endswith("it collapsed or learned "
+                                                                 "nothing, and a difference "
+                                                                 "from it means nothing")
+
+
+def test_a_knn_k_beyond_a_class_of_the_bank_is_flagged(tmp_path: Path, capsys) -> None:
+    """k = 200 over 400 training images of 10 classes (40 a class) is flagged, once for the
+    runs evaluated alike; k = 20 of the same bank, or k = 200 of 4,000 images, is not."""
+    def run(name: str, k: int, train: int) -> Path:
+        return _with_knn(_eval_dir(tmp_path / name, 150, classes=10, seeds=(0,)), 150, k, train)
+
+    flags = [line for line in _compare(tmp_path, run("a", 200, 400), run("b", 200, 400), capsys)
+             if line.startswith("flag: ")]
+    assert flags == ["flag: continued and e2mc: knn k=200 votes over 200 of 400 training "
+                     "images, more than the 40 a class has on average (10 classes): the vote "
+                     "leans to the class frequencies, whatever the neighbours"]
+    for k, train in ((20, 400), (200, 4000)):
+        lines = _compare(tmp_path, run(f"a{k}{train}", k, train), run(f"b{k}{train}", k, train),
+                         capsys)
+        assert not any("votes over" in line for line in lines)

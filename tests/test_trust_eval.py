@@ -283,3 +283,36 @@ def test_compare_says_which_rows_have_no_paired_test(tmp_path: Path,
     assert rows[0] == "run,column,mean,se,marker,no_paired_test"
     assert rows[1:] == ["a,linear 10%,60.5000,0.5000,,reference",
                         "b,linear 10%,92.5000,0.5000,,no common seed"]
+
+
+def test_compare_refuses_probes_trained_with_other_settings(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """The same column computed another way (another --method probe preset: another learning
+    rate, weight decay and standardisation) is not a paired comparison of the models: refused,
+    naming what differs; kNN's k list only says which columns exist."""
+    def settings(lr: float, standardize: bool, ks: list[int]) -> dict:
+        probe = {"epochs": 100, "lr": lr, "weight_decay": 1e-6, "standardize": standardize,
+                 "lr_grid": []}
+        return {"linear": {"10%": probe},
+                "knn": {"k": ks, "temperature": 0.07, "similarity": "cosine"}}
+
+    a, b = synthetic(tmp_path / "a"), synthetic(tmp_path / "b", right=70)
+    for root, preset, lr, standardize, ks in ((a, "generic", 0.1, True, [20, 200]),
+                                              (b, "vicreg", 0.02, False, [20])):
+        record = json.loads((root / "results.json").read_text())
+        record.update(method_preset=preset, settings=settings(lr, standardize, ks))
+        EvalDir(root).write(record)
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("e2mc compare: error: cannot pair b with a")
+    assert ("probe preset, --method (a: generic; b: vicreg); settings of linear 10% (a: lr 0.1, "
+            "standardize true; b: lr 0.02, standardize false)") in err
+    assert "knn" not in err
+    assert not (tmp_path / "c" / "comparison.md").exists()
+    # the same settings (the k list aside): compared
+    record = json.loads((b / "results.json").read_text())
+    record.update(method_preset="generic", settings=settings(0.1, True, [20]))
+    EvalDir(b).write(record)
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c"), "--resamples",
+                 "50"]) == 0

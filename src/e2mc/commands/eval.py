@@ -270,14 +270,7 @@ def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
 
 
 def _print(results: object) -> None:
-    from e2mc.artifacts import mean_se
+    from e2mc.evaluation.results import result_lines
 
-    for column in results.columns():
-        entries = results.column(column)
-        mean, se = mean_se(results.values(column))
-        spread = f" ± {se:.2f}" if se is not None else ""
-        print(f"{column:>20}: {entries[0].primary} {mean:.2f}{spread} (n={len(entries)})")
-        if any("selection" in e.extra for e in entries):
-            chosen = ", ".join(f"seed {e.seed}: lr {e.extra['config']['lr']:g} wd "
-                               f"{e.extra['config']['weight_decay']:g}" for e in entries)
-            print(f"{column:>20}: chosen on validation: {chosen}")
+    for line in result_lines(results):  # type: ignore[arg-type]
+        print(line)

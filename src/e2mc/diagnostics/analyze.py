@@ -36,6 +36,7 @@ from e2mc.diagnostics.embedding_stats import (
     embedding_statistics,
     marginal_values,
     nearest_neighbor_distances,
+    nearest_neighbors,
 )
 from e2mc.diagnostics.figures import (
     is_monitor_term,
@@ -151,18 +152,36 @@ def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
     return Subset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values.tolist())
 
 
-def _collapse_signals(src: RunSource, method: nn.Module | None,
-                      embeddings: torch.Tensor | None) -> list[dict[str, Any]]:
-    """:func:`e2mc.diagnostics.collapse.check_run` on the run's logged base loss (last 20
-    records of ``metrics.jsonl``) and its projector embeddings; each signal also printed."""
-    from e2mc.diagnostics.collapse import check_run, collapse_value, read_term
+def _sample_labels(dataset: Dataset) -> torch.Tensor | None:
+    """The class labels of the analysed images (a :func:`_sample` of a labelled data set), or
+    ``None`` where the data set has none."""
+    from e2mc.data.subsets import dataset_labels
 
-    if method is None:
-        return []
-    name, hparams = getattr(method, "name", ""), getattr(method, "hparams", {})
-    target = collapse_value(name, hparams)
-    losses = read_term(src.metrics, target.term) if target and src.metrics else None
-    signals = check_run(name, hparams, losses, embeddings)
+    base, indices = (dataset.dataset, list(dataset.indices)) if isinstance(dataset, Subset) \
+        else (dataset, None)
+    labels = dataset_labels(base, required=False)
+    if labels is None:
+        return None
+    return torch.from_numpy(labels if indices is None else labels[indices])
+
+
+def _collapse_signals(src: RunSource, method: nn.Module | None,
+                      embeddings: torch.Tensor | None, labels: torch.Tensor | None,
+                      neighbors: torch.Tensor) -> list[dict[str, Any]]:
+    """:func:`e2mc.diagnostics.collapse.check_run` on the run's logged base loss (last 20
+    records of ``metrics.jsonl``) and its projector embeddings, and the chance signal of its
+    backbone features' ``neighbors`` among the analysed images (with ``labels``); each signal
+    also printed."""
+    from e2mc.diagnostics.collapse import chance_signal, check_run, collapse_value, read_term
+
+    signals = []
+    if method is not None:
+        name, hparams = getattr(method, "name", ""), getattr(method, "hparams", {})
+        target = collapse_value(name, hparams)
+        losses = read_term(src.metrics, target.term) if target and src.metrics else None
+        signals = check_run(name, hparams, losses, embeddings)
+    if labels is not None and (found := chance_signal(labels, neighbors)) is not None:
+        signals.append(found)
     for signal in signals:
         print(f"warning: {src.name}: possible collapse ({signal.kind} signal): "
               f"{signal.message}", file=sys.stderr)
@@ -283,13 +302,15 @@ def analyze(
         raise ValueError(f"{len(dataset)} samples are too few for the {knn_k}-th neighbour; "
                          "use more --num-samples or a smaller --knn-k")
 
+    labels = _sample_labels(dataset)
     reports: list[RunDiagnostics] = []
     compact, standardized, nn_feat, nn_emb = {}, {}, {}, {}
     for src, (backbone, method, info) in zip(sources, loaded, strict=True):
         feats, embs = features_and_embeddings(backbone, method, dataset, batch_size, device,
                                               progress, desc=src.name)
         stats = {}
-        nn_f = nearest_neighbor_distances(feats, knn_k)
+        distances, neighbors = nearest_neighbors(feats, knn_k)
+        nn_f = distances[:, 0], distances[:, -1]
         stats[FEATURES] = embedding_statistics(feats, "standardized", k=knn_k, seed=seed,
                                                nn_distances=nn_f)
         nn_feat[src.name] = nn_f
@@ -309,7 +330,7 @@ def analyze(
         run = RunDiagnostics(src.name, str(src.checkpoint), stats, info)
         if isinstance(run_config, dict):
             run.config_diff = config_differences(run_config)
-        run.collapse = _collapse_signals(src, method, embs)
+        run.collapse = _collapse_signals(src, method, embs, labels, neighbors)
         records = read_jsonl(src.metrics, partial_last_line=True) if src.metrics else []
         _training_curves(run, src, records, out)
         reports.append(run)

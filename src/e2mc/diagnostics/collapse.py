@@ -14,6 +14,12 @@ Two signals, both pure functions of numbers the run already has:
   - SimSiam ``base/negative_cosine`` at ``-1``: the two views' predictions and projections
     coincide, which a constant output gets for free.
 
+* **features at chance** (:func:`chance_signal`, ``e2mc analyze`` only, where the images have
+  labels): the leave-one-out kNN top-1 within the analysed images (each image's majority class
+  among its ``k`` nearest other images, cosine) is at or near chance
+  (:func:`e2mc.evaluation.sanity.near_chance`): whatever the loss and the rank say, the features
+  hold next to nothing of the labels.
+
 * **effective rank below a threshold** (:func:`rank_signal`): the effective rank
   (:func:`e2mc.diagnostics.embedding_stats.effective_rank`) of the embeddings of a batch is below
   ``max(min_rank, rank_fraction * dim)`` (defaults 2 and 1%): a constant output has rank 0, a
@@ -36,13 +42,15 @@ import torch
 
 from e2mc.artifacts import read_jsonl
 from e2mc.diagnostics.embedding_stats import effective_rank
+from e2mc.evaluation.sanity import near_chance
 from e2mc.methods import METHODS
 from e2mc.methods.base import CollapseValue
 
 
 @dataclass(frozen=True)
 class CollapseSignal:
-    """One fired signal: ``kind`` is ``"loss"`` or ``"rank"``; ``message`` names it."""
+    """One fired signal: ``kind`` is ``"loss"``, ``"rank"`` or ``"chance"``; ``message`` names
+    it."""
 
     kind: str
     message: str
@@ -126,3 +134,32 @@ def check_run(method: str, hparams: Mapping[str, Any] | None, losses: Sequence[f
         if found is not None:
             signals.append(found)
     return signals
+
+
+def leave_one_out_top1(labels: torch.Tensor, neighbors: torch.Tensor) -> float:
+    """Top-1 (%) of each row's majority label among its neighbours (``neighbors``: ``[n, k]``
+    row indices, e.g. of :func:`~e2mc.diagnostics.embedding_stats.nearest_neighbors`; ties to
+    the smallest label)."""
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    votes = torch.zeros(len(labels), int(labels.max()) + 1, dtype=torch.long)
+    votes.scatter_add_(1, labels[neighbors], torch.ones_like(neighbors))
+    return 100.0 * float((votes.argmax(1) == labels).double().mean())
+
+
+def chance_signal(labels: torch.Tensor, neighbors: torch.Tensor) -> CollapseSignal | None:
+    """The chance signal when :func:`leave_one_out_top1` is at or near chance, the most common
+    label's share (``None`` otherwise, or with a single class)."""
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    counts = torch.bincount(labels)
+    if int((counts > 0).sum()) < 2:
+        return None
+    chance = 100.0 * float(counts.max()) / len(labels)
+    top1 = leave_one_out_top1(labels, neighbors)
+    if not near_chance(top1, chance):
+        return None
+    return CollapseSignal(
+        "chance", f"the kNN top-1 of the features within the {len(labels)} analysed images "
+                  f"(each one's majority class among its {neighbors.shape[1]} nearest others) "
+                  f"is {top1:.2f} %, at or near chance ({chance:.2f} %, the most common "
+                  "class's share): the features hold next to nothing of the labels",
+        top1, chance)

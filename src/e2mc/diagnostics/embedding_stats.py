@@ -156,9 +156,10 @@ def auh_uniformity(x: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> f
     return (torch.logsumexp(torch.stack(parts), dim=0) - log_pairs).item()
 
 
-def nearest_neighbor_distances(x: torch.Tensor, k: int = 100, normalize: bool = True,
-                               chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact distances of every row to its 1st and ``k``-th nearest other row (``[n]`` each).
+def nearest_neighbors(x: torch.Tensor, k: int = 100, normalize: bool = True,
+                      chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact distances ``[n, k]`` (ascending) of every row to its ``k`` nearest other rows, and
+    their row indices ``[n, k]``.
 
     Rows are L2-normalised first when ``normalize`` (the cosine geometry of kNN evaluation and
     of the uniformity). Computed in float64 (the matrix-product path of :func:`torch.cdist` loses
@@ -171,16 +172,24 @@ def nearest_neighbor_distances(x: torch.Tensor, k: int = 100, normalize: bool = 
         raise ValueError(f"k must be in [1, n-1] = [1, {n - 1}] for n={n} points, got {k}")
     if normalize:
         x = torch.nn.functional.normalize(x, dim=1)
-    first, kth = [], []
+    distances, indices = [], []
     for start in range(0, n, chunk_size):
         q = x[start:start + chunk_size]
         dist = torch.cdist(q, x)
         rows = torch.arange(q.shape[0])
         dist[rows, rows + start] = float("inf")
-        near = torch.topk(dist, k, dim=1, largest=False, sorted=True).values
-        first.append(near[:, 0])
-        kth.append(near[:, k - 1])
-    return torch.cat(first), torch.cat(kth)
+        near = torch.topk(dist, k, dim=1, largest=False, sorted=True)
+        distances.append(near.values)
+        indices.append(near.indices)
+    return torch.cat(distances), torch.cat(indices)
+
+
+def nearest_neighbor_distances(x: torch.Tensor, k: int = 100, normalize: bool = True,
+                               chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distances of every row to its 1st and ``k``-th nearest other row (``[n]`` each), of
+    :func:`nearest_neighbors`."""
+    distances, _ = nearest_neighbors(x, k, normalize, chunk_size)
+    return distances[:, 0], distances[:, k - 1]
 
 
 def nn_overlap(first: torch.Tensor, kth: torch.Tensor, atol: float = 1e-6) -> float:

@@ -239,7 +239,48 @@ def _differences(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -
         if seeds[0] != seeds[1]:
             out.append(f"label seeds of {column!r} ({ref_name}: {listed(seeds[0])}; "
                        f"{name}: {listed(seeds[1])})")
+    return out + _setting_differences(ref_name, ref, name, run)
+
+
+#: Settings that say which columns exist, not how a common column is computed.
+_COLUMN_SETTINGS = {"knn": ("k", "weightings")}
+
+
+def _setting_differences(ref_name: str, ref: EvalResults, name: str,
+                         run: EvalResults) -> list[str]:
+    """The protocols' recorded settings (``results.json`` ``settings``: a probe's epochs,
+    learning rate, weight decay, standardisation, grids per label fraction; kNN's temperature
+    and similarity) where both runs have the protocol (and, for a probe, the fraction) and they
+    differ: the same column computed another way (another ``--method`` probe preset, another
+    grid) is not a paired comparison of the models."""
+    a_all, b_all = ref.info.get("settings") or {}, run.info.get("settings") or {}
+    out = []
+    for protocol in (p for p in a_all if p in b_all):
+        a, b = a_all[protocol], b_all[protocol]
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            continue
+        nested = all(isinstance(v, dict) for v in (*a.values(), *b.values()))
+        pairs = ([(f"{protocol} {k}", a[k], b[k]) for k in a if k in b] if nested
+                 else [(protocol, a, b)])
+        for label, x, y in pairs:
+            keys = [k for k in dict.fromkeys([*x, *y])
+                    if k not in _COLUMN_SETTINGS.get(protocol, ()) and x.get(k) != y.get(k)]
+            if keys:
+                shown = [", ".join(f"{k} {_setting(r.get(k))}" for k in keys) for r in (x, y)]
+                out.append(f"settings of {label} ({ref_name}: {shown[0]}; {name}: {shown[1]})")
+    presets = ref.info.get("method_preset"), run.info.get("method_preset")
+    if out and presets[0] != presets[1]:
+        out.insert(0, f"probe preset, --method ({ref_name}: {_setting(presets[0])}; {name}: "
+                      f"{_setting(presets[1])})")
     return out
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(_setting(v) for v in value) + "]"
+    return "-" if value is None else str(value)
 
 
 def _why_untested(base: EvalResults, run: EvalResults, column: str, base_name: str) -> str:

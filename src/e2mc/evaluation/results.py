@@ -66,3 +66,18 @@ def load_evaluation(eval_dir: str | os.PathLike[str]) -> EvalResults:
     return EvalDir(eval_dir).load()
 
 
+def result_lines(results: EvalResults) -> list[str]:
+    """What ``e2mc eval`` prints of an evaluation: per column its primary metric's mean ± SE
+    over the label seeds, and the settings chosen on validation where a grid chose them."""
+    lines = []
+    for column in results.columns():
+        entries = results.column(column)
+        mean, se = mean_se(results.values(column))
+        spread = f" ± {se:.2f}" if se is not None else ""
+        lines.append(f"{column:>20}: {entries[0].primary} {mean:.2f}{spread} "
+                     f"(n={len(entries)})")
+        if any("selection" in e.extra for e in entries):
+            chosen = ", ".join(f"seed {e.seed}: lr {e.extra['config']['lr']:g} wd "
+                               f"{e.extra['config']['weight_decay']:g}" for e in entries)
+            lines.append(f"{column:>20}: chosen on validation: {chosen}")
+    return lines

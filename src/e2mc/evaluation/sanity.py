@@ -2,11 +2,14 @@
 the terminal, ``comparison.md`` and the page), one line each.
 
 - **chance**: a run whose accuracy is at or near chance (the most common test class's share):
-  it collapsed or learned nothing, and a difference from it means nothing;
+  it collapsed or learned nothing, and a difference from it means nothing; where other columns
+  of the run are above chance, the columns at chance are probes that learned nothing;
 - **same weights**: two runs whose backbones are the same tensors (their evaluations' backbone
   SHA-256; for evaluations that predate it, the checkpoint file's): nothing to compare;
 - **grid edge**: probes that chose the smallest or largest learning rate or weight decay of
   their grid: the best value may lie beyond it;
+- **kNN bank**: a kNN column whose ``k`` exceeds the training images a class has on average:
+  the vote leans to the class frequencies;
 - **dropped images**: a run trained with images left out of every epoch (the data set's size
   is not a multiple of the batch);
 - **seeds**: what the ± and the pooled tests run over: label-subset seeds of one trained model
@@ -31,9 +34,8 @@ def near_chance(top1: float, chance: float) -> bool:
     return top1 <= chance + 0.1 * (100.0 - chance)
 
 
-def _chance(run: EvalResults) -> float | None:
-    """The share (%) of the most common class among the test labels, from the first entry's
-    saved predictions; None when none are saved."""
+def _test_labels(run: EvalResults) -> np.ndarray | None:
+    """The test labels, from the first entry's saved predictions; None when none are saved."""
     for entry in run.entries:
         if entry.predictions:
             try:
@@ -42,26 +44,58 @@ def _chance(run: EvalResults) -> float | None:
                 return None
             if labels.ndim != 1 or not len(labels):
                 return None
-            return 100.0 * float(np.bincount(labels.astype(np.int64)).max()) / len(labels)
+            return labels.astype(np.int64)
     return None
+
+
+def _chance(run: EvalResults) -> float | None:
+    """The share (%) of the most common class among the test labels; None without them."""
+    labels = _test_labels(run)
+    return None if labels is None else 100.0 * float(np.bincount(labels).max()) / len(labels)
 
 
 def _chance_flag(name: str, run: EvalResults) -> str | None:
     chance = _chance(run)
     if chance is None:
         return None
-    low = []
+    low, learned = [], []
     for column in run.columns():
         entries = [e for e in run.column(column) if e.primary.startswith("top1")]
         if entries:
             mean = float(np.mean([e.value for e in entries]))
-            if near_chance(mean, chance):
-                low.append(f"{column} {mean:.2f} %")
+            (low if near_chance(mean, chance) else learned).append(f"{column} {mean:.2f} %")
     if not low:
         return None
-    return (f"{name} is at or near chance ({', '.join(low)}; chance {chance:.2f} %, the most "
-            "common test class): it collapsed or learned nothing, and a difference from it "
-            "means nothing")
+    where = f"({', '.join(low)}; chance {chance:.2f} %, the most common test class)"
+    if learned:  # the features hold the labels: those probes learned nothing, not the model
+        return (f"{name}'s {', '.join(c.rsplit(' ', 2)[0] for c in low)} at or near chance "
+                f"{where} while its {', '.join(learned)} {'is' if len(learned) == 1 else 'are'} "
+                "above it: those probes learned next to "
+                "nothing (their settings, or too few labels), and a difference there means "
+                "nothing")
+    return (f"{name} is at or near chance {where}: it collapsed or learned nothing, and a "
+            "difference from it means nothing")
+
+
+def _knn_bank_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    """kNN columns whose k exceeds the training images a class has on average: the vote then
+    leans to the class frequencies, whatever the neighbours (runs evaluated alike share a
+    line)."""
+    alike: dict[tuple[int, int, int], list[str]] = {}
+    for name, run in zip(names, runs, strict=True):
+        train, labels = run.info.get("num_train"), _test_labels(run)
+        if not isinstance(train, int) or labels is None:
+            continue
+        classes = len(np.unique(labels))
+        ks = sorted({int(e.metrics["k"]) for e in run.entries
+                     if e.protocol == "knn" and isinstance(e.metrics.get("k"), int | float)})
+        for k in ks:
+            if classes >= 2 and k > train / classes:
+                alike.setdefault((k, train, classes), []).append(name)
+    return [f"{' and '.join(who)}: knn k={k} votes over {k} of {train} training images, more "
+            f"than the {train / classes:.0f} a class has on average ({classes} classes): the "
+            "vote leans to the class frequencies, whatever the neighbours"
+            for (k, train, classes), who in alike.items()]
 
 
 def _weights_id(run: EvalResults) -> str | None:
@@ -149,6 +183,7 @@ def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[
     flags += _same_weights_flags(names, runs)
     flags += [f for name, run in zip(names, runs, strict=True)
               if (f := _grid_edge_flag(name, run)) is not None]
+    flags += _knn_bank_flags(names, runs)
     flags += _dropped_flags(names, runs)
     if (seeds := _seeds_flag(runs)) is not None:
         flags.append(seeds)

@@ -305,7 +305,15 @@ def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | s
     run's are loaded into a copy of it), ``data`` a data set spec (``builtin``, a folder, an
     ``.npz``) or an :class:`EvalData`, ``out`` the evaluation directory, as ``e2mc eval`` writes
     it (``e2mc compare`` and ``e2mc analyze --names`` read it). ``image_size`` None: the size
-    the run was trained at."""
-    return evaluate_checkpoint(run, out, data if isinstance(data, EvalData) else EvalData(data),
-                               options or EvalOptions(), model=ModelSpec(module=module, last=last),
-                               image_size=image_size, cache=cache)
+    the run was trained at. Prints what ``e2mc eval`` prints (the columns' means, then the
+    directory), and returns the results."""
+    from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import result_lines
+
+    results = evaluate_checkpoint(run, out, data if isinstance(data, EvalData)
+                                  else EvalData(data), options or EvalOptions(),
+                                  model=ModelSpec(module=module, last=last),
+                                  image_size=image_size, cache=cache)
+    if results is not None:
+        print("\n".join([*result_lines(results), f"wrote {EvalDir(out).results}"]))
+    return results
