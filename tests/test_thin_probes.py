@@ -33,10 +33,20 @@ def test_a_small_split_asks_for_a_larger_one():
     """60 held out: 30 probe-train images (3 per class), too few for every metric."""
     warning = thin_probes_warning(_data(60, 800), MonitorConfig())
     assert warning is not None
-    assert "val/linear_1% (10 labels), val/linear_100% (30 labels) train on fewer than 5" in warning
+    assert ("val/linear_1% (10 labels), val/linear_100% (30 labels), val/knn (30 labels) train "
+            "on fewer than 5") in warning
     assert "would serve" not in warning and "keep-best" not in warning
     assert warning.endswith("hold out at least 100 images (--val-split 100): the probes train "
                             "on half of the 60 held out")
+
+
+def test_a_knn_bank_too_small_for_keep_best_is_said():
+    """keep-best on val/knn with 40 held out: a bank of 20 images, 2 per class."""
+    warning = thin_probes_warning(_data(40, 800, classes=10),
+                                  MonitorConfig(keep_best="val/knn", fractions=(1.0,)))
+    assert warning is not None and warning.startswith(
+        "warning: the monitor's val/linear_100% (20 labels), val/knn (20 labels) train on fewer "
+        "than 5 labels per class (10 classes) (keep-best selects on it)")
 
 
 @pytest.mark.parametrize("n_val,train_size", [(2000, 60000), (100, 5000)])
@@ -65,6 +75,7 @@ def test_every_command_with_a_monitor_prints_it_once(tmp_path: Path, capsys):
     lines = [x for x in capsys.readouterr().err.splitlines() if "labels per class" in x]
     # 8 held out of 40: a probe-train half of 4 images, one per class
     assert lines == ["warning: the monitor's val/linear_1% (4 labels), val/linear_100% (4 "
-                     "labels) train on fewer than 5 labels per class (4 classes), so their "
+                     "labels), val/knn (4 labels) train on fewer than 5 labels per class (4 "
+                     "classes), so their "
                      "values are mostly the draw of those labels; hold out at least 40 images "
                      "(--val-split 40): the probes train on half of the 8 held out"]

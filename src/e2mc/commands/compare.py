@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     page = write_comparison_page(comp, out, chart=paths[1])
     print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
     # (a directory whose name is not UTF-8 shown with \xff, never a UnicodeEncodeError)
-    print("wrote " + ", ".join(display_name(p) for p in paths))
+    print("wrote " + ", ".join(display_name(p) for p in [*paths, page]))
     print_answer(comp, display_name(page))  # the answer last: flags, a headline per run, the page
     return 0
 

@@ -101,13 +101,13 @@ def thin_probes_warning(data: ValidationData, cfg: MonitorConfig) -> str | None:
 
     classes = len(np.unique(data.labels))
     need = MIN_LABELS_PER_CLASS * classes
+    half = len(data.probe_train)
     counts = {f"val/linear_{fraction_label(f)}": probe_labels(data, f) for f in cfg.fractions}
+    counts["val/knn"] = half  # its bank: the probe-train half
     thin = {name: n for name, n in counts.items() if n < need}
     if not thin:
         return None
-    half = len(data.probe_train)
     serve = [name for name, n in counts.items() if n >= need]
-    serve += ["val/knn"] if half >= need else []
     added = next((f for f in _NICE_FRACTIONS if f"val/linear_{fraction_label(f)}" not in counts
                   and probe_labels(data, f) >= need), None)
     options = []

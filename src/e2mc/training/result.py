@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
@@ -18,7 +18,7 @@ class TrainResult:
     completed: bool
     checkpoint: Path | None
     last_metrics: dict[str, float]
-    method: nn.Module | None = None
+    method: nn.Module | None = field(default=None, repr=False)  # (printed: pages of layers)
     stop_reason: str | None = None
 
     @property
