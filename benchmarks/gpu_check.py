@@ -173,7 +173,7 @@ def extraction(args: argparse.Namespace, size: dict[str, Any], data: Path) -> di
     """``extract_features`` over the JPEGs (the evaluation transform, the loader, the
     accelerator's default bf16) against the same backbone's forward on random tensors."""
     from e2mc.data import build_dataset, eval_transform
-    from e2mc.evaluation.features import extract_features
+    from e2mc.evaluation.features import cpu_channels_last, extract_features
     from e2mc.training.build import build_method_from_config
 
     cfg = _config(args, size, None)
@@ -188,15 +188,18 @@ def extraction(args: argparse.Namespace, size: dict[str, Any], data: Path) -> di
                                    progress=False, num_workers=args.workers)
     seconds = time.perf_counter() - start
     x = torch.randn(batch, 3, size["image_size"], size["image_size"], device=device)
+    runner = cpu_channels_last(backbone, device)  # what extract_features runs (a CPU: NHWC)
+    if runner is not backbone:
+        x = x.contiguous(memory_format=torch.channels_last)
     autocast = device.type != "cpu"
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
         for _ in range(3):
-            backbone(x)
+            runner(x)
         _sync(device)
         start = time.perf_counter()
         reps = max(3, -(-len(dataset) // batch))
         for _ in range(reps):
-            backbone(x)
+            runner(x)
         _sync(device)
     bound = reps * batch / (time.perf_counter() - start)
     return {"images_per_s": len(dataset) / seconds, "bound_images_per_s": bound,
