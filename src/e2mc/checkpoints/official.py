@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from e2mc.checkpoints.converted import is_simclr_v2, simclr_v2_backbone
+
 #: (file prefix, model prefix) rules per format, first match wins.
 KEY_RULES: dict[str, list[tuple[str, str]]] = {
     "vicreg": [("backbone.", "backbone."), ("projector.", "projector.")],
@@ -129,7 +131,9 @@ def detect(obj: Any, method: str | None = None) -> Detected:
         raise ValueError(f"a checkpoint must be a dict, got {type(obj).__name__}")
     epoch = obj.get("epoch")
     optimizer = obj.get("optimizer")
-    if _is_state_dict(obj.get("model")):
+    if is_simclr_v2(obj):  # SimCLR v2 converted from TensorFlow: its ResNet, torchvision's names
+        sd, container = simclr_v2_backbone(obj), "SimCLR v2 file {'resnet', 'head'}"
+    elif _is_state_dict(obj.get("model")):
         sd, container = obj["model"], "{'epoch', 'model', 'optimizer'}"
     elif _is_state_dict(obj.get("state_dict")) and "pytorch-lightning_version" in obj:
         sd, container, optimizer = obj["state_dict"], "Lightning checkpoint", None
