@@ -88,3 +88,44 @@ def test_small_cnn_backbone_exports_and_reloads(tmp_path) -> None:
     method.backbone.eval()
     backbone.eval()
     torch.testing.assert_close(backbone(x), method.backbone(x))
+
+
+@pytest.mark.parametrize("name,small,channels,size,want", [
+    ("resnet18", False, 3, 28, (1, 1)),   # 32x reduction: one pixel
+    ("resnet18", True, 1, 28, (4, 4)),    # the small-image stem: 8x
+    ("resnet18", False, 3, 64, (2, 2)),
+    ("cnn5_small", False, 1, 28, (7, 7)),
+    ("vit_tiny_p4_28", False, 1, 28, (7, 7)),  # a ViT: its patch grid
+])
+def test_the_last_feature_map_and_the_one_pixel_note(name, small, channels, size, want) -> None:
+    from e2mc.models.input_size import last_feature_map, one_pixel_note
+
+    module, _ = build_backbone(name, small, channels)
+    assert last_feature_map(module, size, channels) == want
+    note = one_pixel_note(module, size, channels, name)
+    assert (note is not None) == (want == (1, 1))
+    if note is not None:
+        assert note.startswith(f"note: at {size} px the last feature map of {name} is 1 x 1 "
+                               "pixel: its last stages see no spatial structure")
+
+
+def test_a_fresh_run_says_its_one_pixel_feature_map_once(tmp_path, capsys) -> None:
+    import numpy as np
+
+    from e2mc.cli import main
+
+    data = tmp_path / "d.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x_train=rng.integers(0, 256, (16, 16, 16), dtype=np.uint8),
+             y_train=np.arange(16) % 4)
+    args = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data), "--out",
+            str(tmp_path / "r"), *[a for s in ("model.backbone=resnet18", "model.in_channels=1",
+                                              "data.image_size=16", "training.batch_size=8",
+                                              "training.progress=false", "data.num_workers=0",
+                                              "method.params={projector: 16-16}")
+                                   for a in ("--set", s)]]
+    assert main([*args, "--set", "training.max_steps=1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("note: at 16 px the last feature map of resnet18 is 1 x 1 pixel") == 1
+    assert main([*args, "--set", "training.max_steps=2"]) == 0  # resumed: said at its start
+    assert "last feature map" not in capsys.readouterr().err

@@ -63,15 +63,20 @@ def _multiple(size: int, step: int) -> int:
     return max(step, round(size / step) * step)
 
 
-def _meta_forward_error(module: nn.Module, size: int, channels: int) -> BaseException | None:
+def _meta_forward_error(module: nn.Module, size: int, channels: int,
+                        seen: list[tuple[int, ...]] | None = None) -> BaseException | None:
     """The error of ``module``'s forward pass on ``[2, channels, size, size]`` images, run on
     the meta device (shapes only: no memory, no arithmetic; the module's own tensors are left
-    alone), or None when it passes."""
+    alone), or None when it passes. ``seen``: the output shape of every convolution, in the
+    order of the pass, appended to it."""
     from torch.func import functional_call
 
     tensors = {n: torch.empty_like(t, device="meta")
                for n, t in [*module.named_parameters(remove_duplicate=False),
                             *module.named_buffers(remove_duplicate=False)]}
+    hooks = [] if seen is None else [m.register_forward_hook(
+        lambda _m, _i, out: seen.append(tuple(out.shape))) for m in module.modules()
+        if isinstance(m, nn.Conv2d)]
     was_training = module.training
     module.eval()
     try:
@@ -82,7 +87,20 @@ def _meta_forward_error(module: nn.Module, size: int, channels: int) -> BaseExce
         return err
     finally:
         module.train(was_training)
+        for hook in hooks:
+            hook.remove()
     return None
+
+
+def last_feature_map(module: nn.Module, image_size: int, channels: int) -> tuple[int, int] | None:
+    """Height and width of the last convolution's output of ``module`` on images of
+    ``image_size`` (a CNN's last stage, which its pooling averages; a ViT's patch grid), from
+    a pass on the meta device; None for a model without a convolution or a pass that fails."""
+    seen: list[tuple[int, ...]] = []
+    if _meta_forward_error(module, image_size, channels, seen) is not None:
+        return None
+    maps = [shape for shape in seen if len(shape) == 4]
+    return (maps[-1][2], maps[-1][3]) if maps else None
 
 
 #: The image size every backbone whose size is not declared is expected to take.
@@ -117,6 +135,17 @@ def check_input_size(module: nn.Module, image_size: int, channels: int, name: st
     if problem is not None:
         raise ValueError(f"image size {image_size} px does not fit the backbone {name}: "
                          f"{problem}; set another size with {option}")
+
+
+def one_pixel_note(module: nn.Module, image_size: int, channels: int, name: str) -> str | None:
+    """A note when the last feature map of ``module`` on ``image_size`` px images is a single
+    pixel: its last stages see no spatial structure (a ResNet's 32x reduction on 28 px)."""
+    hw = last_feature_map(module, image_size, channels)
+    if hw is None or hw[0] * hw[1] != 1 or image_size <= 1:
+        return None
+    return (f"note: at {image_size} px the last feature map of {name} is 1 x 1 pixel: its "
+            "last stages see no spatial structure; it was made for larger images "
+            "(data.image_size, with data of that size)")
 
 
 def check_backbone_input(name: str, image_size: int, in_channels: int = 3,

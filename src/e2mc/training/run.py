@@ -14,6 +14,7 @@ from typing import Any
 from e2mc.artifacts import RunDir, writer_lock
 from e2mc.config import RunConfig
 from e2mc.files import atomic_write_json, atomic_write_text
+from e2mc.models.input_size import one_pixel_note
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -175,6 +176,10 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
             atomic_write_json(start, run.start)
             print(f"start: {start['from']}, backbone sha256 {start['backbone_sha256'][:16]}",
                   file=sys.stderr)
+            note = one_pixel_note(method.backbone, cfg.data.image_size,
+                                  cfg.data.channels, start.get("module") or cfg.model.backbone)
+            if note is not None:  # (a fresh run's; a resumed one said it at its start)
+                print(note, file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
                       base_epoch=base_epoch, collate_fn=collate_views,
                       prepare_optimizer=prepare, callbacks=callbacks, data_identity=identity)
