@@ -213,12 +213,15 @@ def test_pretrain_with_out_seed_and_quiet_prints_no_progress(
                  "--set", "training.max_steps=2"]) == 0
     err = capfd.readouterr().err
     assert "\r" not in err and "step/s" not in err and "epoch 1/1" not in err
-    # what the run is, what auto chose, where it started (start.json), where it stopped;
-    # nothing between
+    # what the run is, what auto chose, where it started (start.json), that its backbone
+    # sees 1 x 1 pixel at the end (mobilenet_v3_small at 16 px), where it stopped; nothing
+    # between
     lines = err.strip().splitlines()
-    assert len(lines) == 4 and lines[0].startswith("pretrain fmnist-vicreg-pretrain: vicreg")
+    assert len(lines) == 5 and lines[0].startswith("pretrain fmnist-vicreg-pretrain: vicreg")
     assert lines[1].startswith("auto: data.pipeline=pil (arrays, not image files")
     assert lines[2].startswith("start: ")
+    assert lines[3].startswith("note: at 16 px the last feature map of mobilenet_v3_small is 1 "
+                               "x 1 pixel")
     assert lines[-1].startswith("stopped (training.max_steps=2): epoch 0/1, "
                                                    "step 2")
     cfg = read_yaml(run / "config.yaml")
