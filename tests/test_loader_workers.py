@@ -99,6 +99,11 @@ def test_the_start_method_of_loader_workers() -> None:
         assert loader_start_method(2) is None
     code = ("import multiprocessing; multiprocessing.set_start_method('forkserver');"
             "from e2mc.processes import loader_start_method as f; print(f(0), f(2))")
+    # asking leaves the program free to choose its start method afterwards
+    free = ("import multiprocessing; from e2mc.processes import loader_start_method as f; "
+            "f(2); multiprocessing.set_start_method('spawn'); print('free')")
+    assert subprocess.run([sys.executable, "-c", free], capture_output=True, text=True,
+                          check=True).stdout.split() == ["free"]
     if "forkserver" in multiprocessing.get_all_start_methods():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True).stdout.split()

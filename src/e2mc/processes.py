@@ -35,7 +35,11 @@ def loader_start_method(num_workers: int) -> str | None:
     killer) would wait forever, each holding its memory."""
     import multiprocessing
 
-    if num_workers <= 0 or multiprocessing.get_start_method() != "forkserver":
+    # the method set, else the platform's default (the first listed), without fixing it: a
+    # program may still choose its own after this
+    method = (multiprocessing.get_start_method(allow_none=True)
+              or multiprocessing.get_all_start_methods()[0])
+    if num_workers <= 0 or method != "forkserver":
         return None
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
