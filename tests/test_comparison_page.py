@@ -18,8 +18,8 @@ HOSTILE = "<script>alert(1)</script>"
 
 
 def _compare(tmp_path: Path, names: str) -> Path:
-    a = one_column_eval_dir(tmp_path / "a", 100)
-    b = one_column_eval_dir(tmp_path / "b", 160)
+    a = one_column_eval_dir(tmp_path / "a", 150)  # 75 %: above the chance of 2 classes
+    b = one_column_eval_dir(tmp_path / "b", 190)
     out = tmp_path / "cmp"
     assert main(["compare", str(a), str(b), "--names", names, "--out", str(out),
                  "--resamples", "200"]) == 0
@@ -54,9 +54,9 @@ def test_the_page_opens_on_the_answer_then_the_table_then_the_rules(tmp_path: Pa
     out = _compare(tmp_path, "continued,e2mc")
     page = (out / "comparison.html").read_text()
     answer = page[page.index('<div class="answer">'):page.index("<table>")]
-    # 160 against 100 of 200 images right at both seeds: better, pooled over the two seeds
+    # 190 against 150 of 200 images right at both seeds: better, pooled over the two seeds
     assert re.sub(r"<[^>]+>", "", answer).startswith(
-        "e2mc BETTER than continued at linear 10% (+30.00 ± 0.00 points, pooled permutation p")
+        "e2mc BETTER than continued at linear 10% (+20.00 ± 0.00 points, pooled permutation p")
     rules = page.index("What the marks mean")
     assert page.index("<table>") < page.index("data:image/png;base64,") < rules
     assert "1 verdict(s) are tested at p &lt; 0.05" in page[rules:]

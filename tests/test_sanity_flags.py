@@ -29,11 +29,11 @@ def _compare(tmp_path: Path, a: Path, b: Path, capsys) -> list[str]:
 
 
 def test_the_answer_is_last_a_headline_per_run_then_the_page(tmp_path: Path, capsys) -> None:
-    a = _eval_dir(tmp_path / "a", 100)
-    b = _eval_dir(tmp_path / "b", 160)
+    a = _eval_dir(tmp_path / "a", 150)  # 75 %, above the chance of 2 classes
+    b = _eval_dir(tmp_path / "b", 190)
     lines = _compare(tmp_path, a, b, capsys)
     assert lines[-1] == f"page: {tmp_path / 'cmp' / 'comparison.html'}"
-    assert lines[-2].startswith("e2mc against continued: BETTER at linear 1% (+30.00 ± 0.00 "
+    assert lines[-2].startswith("e2mc against continued: BETTER at linear 1% (+20.00 ± 0.00 "
                                 "points, pooled permutation p ")
     assert lines[-3] == ("flag: seeds: each row is one trained model; its ± and the pooled "
                          "tests are over 2 label-subset seeds (which labelled images the probes "
@@ -48,8 +48,15 @@ def test_a_run_at_chance_is_flagged_by_name(tmp_path: Path, capsys) -> None:
     assert flags == ["flag: e2mc is at or near chance (linear 1% 10.00 %; chance 10.00 %, the "
                      "most common test class): it collapsed or learned nothing, and a difference "
                      "from it means nothing"]
-    assert lines[-2].startswith("e2mc against continued: WORSE at linear 1%")
+    # no direction where a row is at chance: the headline, the .md and the page say so
+    assert lines[-2] == ("e2mc against continued: not judged at linear 1% (at or near chance: "
+                         "the flag above)")
     page = (tmp_path / "cmp" / "comparison.html").read_text()  # on the page and in the .md
+    assert "<b>e2mc</b>: <span class=\"same\">not judged</span> at <b>linear 1%</b>" in page
+    assert ("e2mc, linear 1%: <span class=\"unjudged\">not judged (at or near chance) "
+            "against") in page
+    assert "e2mc, linear 1%: not judged (at or near chance) against continued" in (
+        tmp_path / "cmp" / "comparison.md").read_text()
     assert '<div class="flags"><ul><li>&#9873; e2mc is at or near chance' in page
     assert "- flag: e2mc is at or near chance" in (tmp_path / "cmp" / "comparison.md").read_text()
 
@@ -171,3 +178,17 @@ def test_a_knn_k_beyond_a_class_of_the_bank_is_flagged(tmp_path: Path, capsys) -
         lines = _compare(tmp_path, run(f"a{k}{train}", k, train), run(f"b{k}{train}", k, train),
                          capsys)
         assert not any("votes over" in line for line in lines)
+
+
+def test_a_kept_starting_model_is_flagged(tmp_path: Path, capsys) -> None:
+    """keep-best handed the start back (the evaluated model is step 0): the row is the weights
+    the run started from, said by name."""
+    kept = {"model": {"file": "runs/continued/best.pt", "step": 0, "kept_model": True}}
+    a = _eval_dir(tmp_path / "a", 120, info=kept)
+    b = _eval_dir(tmp_path / "b", 130, info={"model": {"file": "runs/e2mc/best.pt",
+                                                       "step": 20, "kept_model": True}})
+    flags = [line for line in _compare(tmp_path, a, b, capsys)
+             if line.startswith("flag: ") and "starting model" in line]
+    assert flags == ["flag: continued is its run's starting model, step 0 (keep-best kept it: "
+                     "no step beat the start on its metric): its row is the weights the run "
+                     "started from, not trained ones"]

@@ -117,12 +117,15 @@ def test_the_bar_shows_the_training_record_and_the_latest_validation_value(
     class Bar:
         def __init__(self, total: int, initial: int, desc: str) -> None:
             self.args, self.updates, self.fields, self.closed = (total, initial, desc), 0, [], 0
+            self.events: list[str] = []
 
-        def update(self, n: int) -> None:
+        def update(self, n: int) -> None:  # tqdm draws the line here
             self.updates += n
+            self.events.append("draw")
 
         def set_postfix(self, fields: dict[str, str], refresh: bool) -> None:
             self.fields.append(dict(fields))
+            self.events.append("fields")
 
         def close(self) -> None:
             self.closed += 1
@@ -142,6 +145,8 @@ def test_the_bar_shows_the_training_record_and_the_latest_validation_value(
     assert bar.updates == 2
     assert bar.fields == [{"img/s": "120", "loss": "1.5", "base": "1", "addon": "0.5",
                            "val": "41.00"}]
+    # the fields of step 5 are set before the update that draws step 5's line
+    assert bar.events == ["fields", "draw", "draw"]
     cb.on_epoch_end(view, 2, 10)
     cb.on_fit_end(view, None)  # type: ignore[arg-type]
     assert bar.closed == 1 and cb.bar is None

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from e2mc.evaluation.compare import Comparison
-from e2mc.evaluation.compare_report import verdict_rows
+from e2mc.evaluation.compare_report import UNJUDGED, verdict_rows
 
 __all__ = ["answer_lines", "headlines", "print_answer"]
 
@@ -31,9 +31,13 @@ def headlines(comp: Comparison, last: str | None = None) -> list[str]:
                 spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
                 said.append(f"{row['word'].split()[0]} at {row['column']} ({row['mean']:+.2f}"
                             f"{spread} points, {row['basis']} {row['p']:.2g})")
-        flat = [r["column"] for r in rows if not r["word"].startswith(("BETTER", "WORSE"))]
+        flat = [r["column"] for r in rows if r["word"].startswith("no significant")]
         if flat:
             said.append(f"no significant difference at {', '.join(flat)}")
+        unjudged = [r["column"] for r in rows if r["word"] == UNJUDGED]
+        if unjudged:
+            said.append(f"not judged at {', '.join(unjudged)} (at or near chance: the flag "
+                        "above)")
         lines.append(f"{run} against {comp.reference}: {'; '.join(said)}")
     return lines
 

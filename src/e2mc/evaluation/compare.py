@@ -16,7 +16,7 @@ import numpy as np
 from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se
 from e2mc.data.subsets import fraction_label
 from e2mc.errors import InputError
-from e2mc.evaluation.sanity import comparison_flags
+from e2mc.evaluation.sanity import chance_columns, comparison_flags
 from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
     cohens_d_paired,
@@ -52,6 +52,9 @@ class Comparison:
     #: What the verdicts rest on, one line each (:func:`e2mc.evaluation.sanity.comparison_flags`):
     #: a run at chance, two runs of the same weights, a grid's edge, dropped images, the seeds.
     flags: list[str] = field(default_factory=list)
+    #: ``at_chance[run]``: the run's columns at or near chance
+    #: (:func:`e2mc.evaluation.sanity.chance_columns`): no verdict is given there.
+    at_chance: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def reference(self) -> str:
@@ -181,7 +184,9 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                       primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
                                                        for e in r.column(c)))
                                  for c in columns},
-                      flags=comparison_flags(*zip(*shown_runs, strict=True)))
+                      flags=comparison_flags(*zip(*shown_runs, strict=True)),
+                      at_chance={name: cols for name, run in shown_runs
+                                 if (cols := chance_columns(run))})
 
 
 def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:

@@ -32,9 +32,14 @@ def _verdict_p(comp: Comparison, run: str, column: str, rows: list[dict[str, Any
     return max(rows[0]["mcnemar_p"], rows[0]["permutation_p"]), "p"
 
 
+#: The word of a column where the run or the reference is at or near chance.
+UNJUDGED = "not judged (at or near chance) against"
+
+
 def verdict_rows(comp: Comparison) -> list[dict[str, Any]]:
     """One dict per (run, column) tested against the reference: ``run``, ``column``, ``word``
-    (``BETTER than`` / ``WORSE than`` / ``no significant difference from``), ``mean`` and
+    (``BETTER than`` / ``WORSE than`` / ``no significant difference from``, or
+    :data:`UNJUDGED` where the run or the reference is at or near chance), ``mean`` and
     ``se`` of the paired difference over seeds, ``seeds``, ``better`` / ``worse`` (seeds
     significant under both tests), ``p`` and its ``basis`` (:func:`_verdict_p`)."""
     rows_out = []
@@ -52,6 +57,9 @@ def verdict_rows(comp: Comparison) -> list[dict[str, Any]]:
             p, basis = _verdict_p(comp, run, column, rows)
             word = (("BETTER than" if mean > 0 else "WORSE than") if p < ALPHA
                     else "no significant difference from")
+            if column in comp.at_chance.get(run, ()) or \
+                    column in comp.at_chance.get(comp.reference, ()):
+                word = UNJUDGED  # a difference from a probe at chance means nothing
             rows_out.append({"run": run, "column": column, "word": word, "mean": mean, "se": se,
                              "seeds": len(rows), "better": better, "worse": worse, "p": p,
                              "basis": basis})

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.evaluation.compare import ALPHA, BETTER, WORSE, Comparison
-from e2mc.evaluation.compare_report import verdict_numbers, verdict_rows
+from e2mc.evaluation.compare_report import UNJUDGED, verdict_numbers, verdict_rows
 
 #: The page's file name in the comparison's directory (beside comparison.md, .png, .csv).
 PAGE = "comparison.html"
@@ -35,7 +35,7 @@ th:first-child,td:first-child{text-align:left}
 .flags{border-left:4px solid #c77700;background:#fff8ec;padding:0.3em 1em;margin:0.6em 0}
 .flags li{margin:0.2em 0}
 .better{color:#0a6b2b;font-weight:bold}.worse{color:#b00;font-weight:bold}
-.same{color:#555}.note{color:#555;font-size:13px}
+.same,.unjudged{color:#555}.note{color:#555;font-size:13px}
 img{max-width:100%}summary{cursor:pointer}
 """
 
@@ -46,7 +46,7 @@ def _e(text: Any) -> str:
 
 def _word_class(word: str) -> str:
     return "better" if word.startswith("BETTER") else "worse" if word.startswith(
-        "WORSE") else "same"
+        "WORSE") else "unjudged" if word == UNJUDGED else "same"
 
 
 def answer_lines(comp: Comparison) -> list[str]:
@@ -57,17 +57,21 @@ def answer_lines(comp: Comparison) -> list[str]:
     lines = []
     for run in dict.fromkeys(r["run"] for r in rows):
         mine = [r for r in rows if r["run"] == run]
-        found = [r for r in mine if _word_class(r["word"]) != "same"]
+        found = [r for r in mine if _word_class(r["word"]) in ("better", "worse")]
+        unjudged = [r["column"] for r in mine if _word_class(r["word"]) == "unjudged"]
+        if unjudged:
+            lines.append(f'<b>{_e(run)}</b>: <span class="same">not judged</span> at '
+                         f'<b>{_e(", ".join(unjudged))}</b> (at or near chance: see the flags)')
         for r in found:
             spread = f" ± {r['se']:.2f}" if r["se"] is not None else ""
             lines.append(f'<b>{_e(run)}</b> <span class="{_word_class(r["word"])}">'
                          f'{_e(r["word"])}</span> <b>{_e(comp.reference)}</b> at '
                          f'<b>{_e(r["column"])}</b> ({r["mean"]:+.2f}{spread} points, '
                          f'{_e(r["basis"])} {r["p"]:.2g})')
-        if not found:
+        if not found and len(unjudged) < len(mine):
             lines.append(f'<b>{_e(run)}</b>: <span class="same">no significant difference '
-                         f'from</span> <b>{_e(comp.reference)}</b> in any of its {len(mine)} '
-                         "tested column(s)")
+                         f'from</span> <b>{_e(comp.reference)}</b> in any of its '
+                         f'{len(mine) - len(unjudged)} tested column(s)')
     return lines
 
 

@@ -4,6 +4,8 @@ the terminal, ``comparison.md`` and the page), one line each.
 - **chance**: a run whose accuracy is at or near chance (the most common test class's share):
   it collapsed or learned nothing, and a difference from it means nothing; where other columns
   of the run are above chance, the columns at chance are probes that learned nothing;
+- **starting model**: a run whose evaluated model is its step 0 (keep-best handed the start
+  back): its row is the weights it started from;
 - **same weights**: two runs whose backbones are the same tensors (their evaluations' backbone
   SHA-256; for evaluations that predate it, the checkpoint file's): nothing to compare;
 - **grid edge**: probes that chose the smallest or largest learning rate or weight decay of
@@ -25,7 +27,7 @@ import numpy as np
 
 from e2mc.artifacts import EvalResults
 
-__all__ = ["comparison_flags", "near_chance"]
+__all__ = ["chance_columns", "comparison_flags", "near_chance"]
 
 
 def near_chance(top1: float, chance: float) -> bool:
@@ -49,9 +51,31 @@ def _test_labels(run: EvalResults) -> np.ndarray | None:
 
 
 def _chance(run: EvalResults) -> float | None:
-    """The share (%) of the most common class among the test labels; None without them."""
+    """The share (%) of the most common class among the test labels; None without them, or
+    with a single class (nothing to tell apart)."""
     labels = _test_labels(run)
-    return None if labels is None else 100.0 * float(np.bincount(labels).max()) / len(labels)
+    if labels is None or len(np.unique(labels)) < 2:
+        return None
+    return 100.0 * float(np.bincount(labels).max()) / len(labels)
+
+
+def _column_means(run: EvalResults) -> dict[str, float]:
+    """Each top-1 column's mean over its entries."""
+    out = {}
+    for column in run.columns():
+        entries = [e for e in run.column(column) if e.primary.startswith("top1")]
+        if entries:
+            out[column] = float(np.mean([e.value for e in entries]))
+    return out
+
+
+def chance_columns(run: EvalResults) -> list[str]:
+    """The run's top-1 columns at or near chance (:func:`near_chance`): a difference there
+    means nothing, and the verdicts say so instead of a direction."""
+    chance = _chance(run)
+    if chance is None:
+        return []
+    return [c for c, mean in _column_means(run).items() if near_chance(mean, chance)]
 
 
 def _chance_flag(name: str, run: EvalResults) -> str | None:
@@ -59,11 +83,8 @@ def _chance_flag(name: str, run: EvalResults) -> str | None:
     if chance is None:
         return None
     low, learned = [], []
-    for column in run.columns():
-        entries = [e for e in run.column(column) if e.primary.startswith("top1")]
-        if entries:
-            mean = float(np.mean([e.value for e in entries]))
-            (low if near_chance(mean, chance) else learned).append(f"{column} {mean:.2f} %")
+    for column, mean in _column_means(run).items():
+        (low if near_chance(mean, chance) else learned).append(f"{column} {mean:.2f} %")
     if not low:
         return None
     where = f"({', '.join(low)}; chance {chance:.2f} %, the most common test class)"
@@ -96,6 +117,20 @@ def _knn_bank_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[s
             f"than the {train / classes:.0f} a class has on average ({classes} classes): the "
             "vote leans to the class frequencies, whatever the neighbours"
             for (k, train, classes), who in alike.items()]
+
+
+def _start_model_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    """Runs whose evaluated model is their step 0: the weights they started from (keep-best
+    hands the start back when no step beat it), not trained ones."""
+    out = []
+    for name, run in zip(names, runs, strict=True):
+        model = run.info.get("model")
+        if isinstance(model, dict) and model.get("step") == 0:
+            why = (" (keep-best kept it: no step beat the start on its metric)"
+                   if model.get("kept_model") else "")
+            out.append(f"{name} is its run's starting model, step 0{why}: its row is the "
+                       "weights the run started from, not trained ones")
+    return out
 
 
 def _weights_id(run: EvalResults) -> str | None:
@@ -180,6 +215,7 @@ def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[
     module docstring."""
     flags = [f for name, run in zip(names, runs, strict=True)
              if (f := _chance_flag(name, run)) is not None]
+    flags += _start_model_flags(names, runs)
     flags += _same_weights_flags(names, runs)
     flags += [f for name, run in zip(names, runs, strict=True)
               if (f := _grid_edge_flag(name, run)) is not None]

@@ -43,13 +43,13 @@ class ProgressBar(Callback):
     def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int, terms: Any) -> None:
         if self.bar is None:
             return
-        self.bar.update(1)
         logged = trainer.last_logged
         if logged.get("loss", (None,))[0] == step:  # the trainer logged this step
             fields = postfix({k: v for k, (s, v) in logged.items() if s == step})
             if self.val_metric in logged:
                 fields["val"] = f"{logged[self.val_metric][1]:.2f}"
-            self.bar.set_postfix(fields, refresh=False)
+            self.bar.set_postfix(fields, refresh=False)  # before the update that draws it:
+        self.bar.update(1)  # the line that says step N shows step N's values
 
     def on_epoch_end(self, trainer: TrainerView, run_epoch: int, step: int) -> None:
         self._close()
