@@ -165,7 +165,10 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
               f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "
               f"batch {cfg.training.batch_size} over "
               f"{runtime.world_size} process(es) on {runtime.device}, lr {cfg.lr:g}, "
-              f"{cfg.training.epochs} epoch(s), run directory {run.root}"
+              f"{cfg.training.epochs} epoch(s)"
+              + (f" (training.max_steps={cfg.training.max_steps}: it stops at that step)"
+                 if cfg.training.max_steps is not None else "")
+              + f", run directory {run.root}"
               + (f"; {len(split['val'])} images held out for validation" if split else ""),
               file=sys.stderr)
         if choices:
