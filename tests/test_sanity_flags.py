@@ -55,8 +55,9 @@ def test_a_run_at_chance_is_flagged_by_name(tmp_path: Path, capsys) -> None:
     assert "<b>e2mc</b>: <span class=\"same\">not judged</span> at <b>linear 1%</b>" in page
     assert ("e2mc, linear 1%: <span class=\"unjudged\">not judged (at or near chance) "
             "against") in page
-    assert "e2mc, linear 1%: not judged (at or near chance) against continued" in (
-        tmp_path / "cmp" / "comparison.md").read_text()
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "e2mc, linear 1%: not judged (at or near chance) against continued" in md
+    assert "| e2mc | 10.00 |" in md  # and no ▼ in its cell
     assert '<div class="flags"><ul><li>&#9873; e2mc is at or near chance' in page
     assert "- flag: e2mc is at or near chance" in (tmp_path / "cmp" / "comparison.md").read_text()
 

@@ -167,6 +167,13 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
             cells[name][column] = (mean, se, _marker(worst_p, shift) if worst_p is not None
                                    else "")
     shown_runs = list(zip(names, runs, strict=True))
+    # no mark where the run or the reference is at or near chance: no verdict there either
+    at_chance = {name: cols for name, run in shown_runs if (cols := chance_columns(run))}
+    for name in names[1:]:
+        for column in {*at_chance.get(name, ()), *at_chance.get(names[0], ())}:
+            if column in cells[name]:
+                mean, se, _ = cells[name][column]
+                cells[name][column] = (mean, se, "")
     if floor_run is not None:
         floor_cells = {}
         for column in columns:
@@ -185,8 +192,7 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                                                        for e in r.column(c)))
                                  for c in columns},
                       flags=comparison_flags(*zip(*shown_runs, strict=True)),
-                      at_chance={name: cols for name, run in shown_runs
-                                 if (cols := chance_columns(run))})
+                      at_chance=at_chance)
 
 
 def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:
