@@ -92,6 +92,40 @@ def test_a_killed_run_leaves_no_loader_worker_behind(method: str, tmp_path: Path
             trainer.kill()
 
 
+#: A loader made with e2mc's options whose process is killed while its spawned workers still
+#: start (0.3 s: they are importing torch).
+RACE = ("import multiprocessing, os, sys, time\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "from e2mc.processes import loader_options\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.set_start_method('spawn')\n"
+        "    loader = DataLoader(TensorDataset(torch.zeros(64, 3)), batch_size=4, num_workers=2,\n"
+        "                        persistent_workers=True, **loader_options(2))\n"
+        "    iterator = iter(loader)\n"
+        "    time.sleep(0.3)\n"
+        "    os.kill(os.getpid(), 9)\n")
+
+
+@pytest.mark.skipif("spawn" not in multiprocessing.get_all_start_methods(), reason="no spawn")
+def test_workers_that_start_after_their_trainer_died_end(tmp_path: Path) -> None:
+    """torch's watchdog takes the parent pid a worker finds when it starts: a spawned worker
+    that starts after the trainer was killed took init for its trainer and waited forever
+    (2 workers and the resource tracker, still there after a minute, before
+    ``processes.exit_if_orphaned``)."""
+    script = tmp_path / "race.py"
+    script.write_text(RACE)
+    trainer = subprocess.Popen([sys.executable, str(script)], start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        trainer.wait(60)
+        assert trainer.returncode == -signal.SIGKILL
+        assert _wait(lambda: not _session(trainer.pid), 60), sorted(_session(trainer.pid))
+    finally:
+        for pid in _session(trainer.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_the_start_method_of_loader_workers() -> None:
     """Without workers: none; under the default of this program (not forkserver): the default;
     the forkserver default: fork on Linux, spawn elsewhere (a program that is not this one)."""

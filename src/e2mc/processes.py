@@ -44,6 +44,27 @@ def loader_start_method(num_workers: int) -> str | None:
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
+def exit_if_orphaned(parent: int, worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``: end the worker at once when its parent is no
+    longer ``parent`` (the process that made the loader). torch's watchdog compares the parent
+    pid with the one the worker finds when it starts, so a worker that starts after its trainer
+    was killed (spawn, a loaded machine: a worker still importing) would wait forever."""
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def loader_options(num_workers: int) -> dict[str, Any]:
+    """The ``DataLoader`` arguments of its worker processes: how they start
+    (:func:`loader_start_method`) and :func:`exit_if_orphaned` of this process; none without
+    workers."""
+    if num_workers <= 0:
+        return {}
+    import functools
+
+    return {"multiprocessing_context": loader_start_method(num_workers),
+            "worker_init_fn": functools.partial(exit_if_orphaned, os.getpid())}
+
+
 def lock_held(path: str | os.PathLike[str]) -> bool | None:
     """Whether a process holds the POSIX lock of ``path`` (``F_GETLK``, without taking it);
     ``None`` where that cannot be asked."""

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 import e2mc.files as files
 from e2mc.data.identity import content_digest
-from e2mc.processes import available_cores, loader_start_method
+from e2mc.processes import available_cores, loader_options
 
 
 def default_num_workers() -> int:
@@ -86,7 +86,7 @@ def extract_features(
     runner = cpu_channels_last(backbone, device)
     loader = _array_batches(part, batch_size) or DataLoader(
         part, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-        pin_memory=device.type == "cuda", multiprocessing_context=loader_start_method(num_workers))
+        pin_memory=device.type == "cuda", **loader_options(num_workers))
     feats: list[list[torch.Tensor]] = []  # one list per output of the backbone
     labels: list[torch.Tensor] = []
     several = False

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from e2mc.evaluation.linear import EpochTracker, ProbeResult, init_head, random_resized_crop_flip
 from e2mc.evaluation.probe_settings import FinetuneConfig
 from e2mc.optim import cosine_factor
-from e2mc.processes import loader_start_method
+from e2mc.processes import loader_options
 
 
 @torch.no_grad()
@@ -68,10 +68,10 @@ def finetune(
     pin = device.type == "cuda"
     train_loader = DataLoader(train_dataset, batch_size=config.batch_size, shuffle=True,
                               generator=gen, num_workers=num_workers, pin_memory=pin,
-                              multiprocessing_context=loader_start_method(num_workers))
+                              **loader_options(num_workers))
     test_loader = DataLoader(test_dataset, batch_size=max(config.batch_size, 256),
                              num_workers=num_workers, pin_memory=pin,
-                             multiprocessing_context=loader_start_method(num_workers))
+                             **loader_options(num_workers))
     loss_fn = nn.CrossEntropyLoss()
     tracker: EpochTracker | None = None
     for _ in progress_bar(range(config.epochs), desc="fine-tune", unit="epoch",

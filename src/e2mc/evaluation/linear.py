@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from e2mc.evaluation.probe_settings import LinearProbeConfig
 from e2mc.optim import cosine_factor
-from e2mc.processes import loader_start_method
+from e2mc.processes import loader_options
 
 
 @dataclass
@@ -263,7 +263,7 @@ def train_augmented_linear_probe(
     loader = DataLoader(train_dataset, batch_size=config.batch_size, shuffle=True,
                         num_workers=num_workers, generator=gen, drop_last=False,
                         pin_memory=device.type == "cuda",
-                        multiprocessing_context=loader_start_method(num_workers))
+                        **loader_options(num_workers))
     tx = torch.as_tensor(test_features, dtype=torch.float32, device=device)
     ty = torch.as_tensor(np.asarray(test_labels), dtype=torch.long, device=device)
     trainer = _LinearTrainer(tx.shape[1], num_classes, config, device)

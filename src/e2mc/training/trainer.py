@@ -26,7 +26,7 @@ from e2mc.config import RunConfig
 from e2mc.data import collate_views
 from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import set_scheduled_lr, set_scheduled_weight_decay
-from e2mc.processes import loader_start_method
+from e2mc.processes import loader_options
 from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
@@ -113,7 +113,7 @@ class Trainer:
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
             collate_fn=collate_fn or collate_views, pin_memory=self.runtime.device.type == "cuda",
             persistent_workers=workers > 0,
-            multiprocessing_context=loader_start_method(workers))
+            **loader_options(workers))
         self._setup_model()
         self.guard = NonFiniteGuard(self.method, self.optimizer, self.scaler, self.runtime)
 
