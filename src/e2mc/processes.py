@@ -10,6 +10,7 @@ Imports nothing from e2mc (and neither torch nor numpy).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -59,8 +60,6 @@ def loader_options(num_workers: int) -> dict[str, Any]:
     workers."""
     if num_workers <= 0:
         return {}
-    import functools
-
     return {"multiprocessing_context": loader_start_method(num_workers),
             "worker_init_fn": functools.partial(exit_if_orphaned, os.getpid())}
 

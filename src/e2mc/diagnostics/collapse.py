@@ -42,7 +42,7 @@ import torch
 
 from e2mc.artifacts import read_jsonl
 from e2mc.diagnostics.embedding_stats import effective_rank
-from e2mc.evaluation.sanity import near_chance
+from e2mc.evaluation.sanity import chance_level, near_chance
 from e2mc.methods import METHODS
 from e2mc.methods.base import CollapseValue
 
@@ -150,10 +150,9 @@ def chance_signal(labels: torch.Tensor, neighbors: torch.Tensor) -> CollapseSign
     """The chance signal when :func:`leave_one_out_top1` is at or near chance, the most common
     label's share (``None`` otherwise, or with a single class)."""
     labels = torch.as_tensor(labels, dtype=torch.long)
-    counts = torch.bincount(labels)
-    if int((counts > 0).sum()) < 2:
+    chance = chance_level(labels.numpy())
+    if chance is None:
         return None
-    chance = 100.0 * float(counts.max()) / len(labels)
     top1 = leave_one_out_top1(labels, neighbors)
     if not near_chance(top1, chance):
         return None

@@ -52,9 +52,9 @@ class Comparison:
     #: What the verdicts rest on, one line each (:func:`e2mc.evaluation.sanity.comparison_flags`):
     #: a run at chance, two runs of the same weights, a grid's edge, dropped images, the seeds.
     flags: list[str] = field(default_factory=list)
-    #: ``at_chance[run]``: the run's columns at or near chance
-    #: (:func:`e2mc.evaluation.sanity.chance_columns`): no verdict is given there.
-    at_chance: dict[str, list[str]] = field(default_factory=dict)
+    #: ``unjudged[run]``: the columns where the run or the reference is at or near chance
+    #: (:func:`e2mc.evaluation.sanity.chance_columns`): no verdict and no mark there.
+    unjudged: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def reference(self) -> str:
@@ -168,12 +168,14 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                                    else "")
     shown_runs = list(zip(names, runs, strict=True))
     # no mark where the run or the reference is at or near chance: no verdict there either
-    at_chance = {name: cols for name, run in shown_runs if (cols := chance_columns(run))}
-    for name in names[1:]:
-        for column in {*at_chance.get(name, ()), *at_chance.get(names[0], ())}:
-            if column in cells[name]:
-                mean, se, _ = cells[name][column]
-                cells[name][column] = (mean, se, "")
+    at_chance = [chance_columns(run) for run in runs]
+    unjudged = {name: cols for name, own in zip(names[1:], at_chance[1:], strict=True)
+                if (cols := [c for c in columns if c in cells[name]
+                             and (c in own or c in at_chance[0])])}
+    for name, cols in unjudged.items():
+        for column in cols:
+            mean, se, _ = cells[name][column]
+            cells[name][column] = (mean, se, "")
     if floor_run is not None:
         floor_cells = {}
         for column in columns:
@@ -192,7 +194,7 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                                                        for e in r.column(c)))
                                  for c in columns},
                       flags=comparison_flags(*zip(*shown_runs, strict=True)),
-                      at_chance=at_chance)
+                      unjudged=unjudged)
 
 
 def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:

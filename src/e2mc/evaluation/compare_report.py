@@ -57,8 +57,7 @@ def verdict_rows(comp: Comparison) -> list[dict[str, Any]]:
             p, basis = _verdict_p(comp, run, column, rows)
             word = (("BETTER than" if mean > 0 else "WORSE than") if p < ALPHA
                     else "no significant difference from")
-            if column in comp.at_chance.get(run, ()) or \
-                    column in comp.at_chance.get(comp.reference, ()):
+            if column in comp.unjudged.get(run, ()):
                 word = UNJUDGED  # a difference from a probe at chance means nothing
             rows_out.append({"run": run, "column": column, "word": word, "mean": mean, "se": se,
                              "seeds": len(rows), "better": better, "worse": worse, "p": p,

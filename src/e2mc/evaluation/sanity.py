@@ -27,7 +27,7 @@ import numpy as np
 
 from e2mc.artifacts import EvalResults
 
-__all__ = ["chance_columns", "comparison_flags", "near_chance"]
+__all__ = ["chance_columns", "chance_level", "comparison_flags", "near_chance"]
 
 
 def near_chance(top1: float, chance: float) -> bool:
@@ -50,13 +50,19 @@ def _test_labels(run: EvalResults) -> np.ndarray | None:
     return None
 
 
-def _chance(run: EvalResults) -> float | None:
-    """The share (%) of the most common class among the test labels; None without them, or
+def chance_level(labels: np.ndarray) -> float | None:
+    """Chance (%): the share of the most common class among ``labels`` (class indices); None
     with a single class (nothing to tell apart)."""
-    labels = _test_labels(run)
-    if labels is None or len(np.unique(labels)) < 2:
+    counts = np.bincount(np.asarray(labels, dtype=np.int64))
+    if np.count_nonzero(counts) < 2:
         return None
-    return 100.0 * float(np.bincount(labels).max()) / len(labels)
+    return 100.0 * float(counts.max()) / int(counts.sum())
+
+
+def _chance(run: EvalResults) -> float | None:
+    """:func:`chance_level` of the test labels; None without them."""
+    labels = _test_labels(run)
+    return None if labels is None else chance_level(labels)
 
 
 def _column_means(run: EvalResults) -> dict[str, float]:
