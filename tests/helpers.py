@@ -155,8 +155,11 @@ def fake_slurm_commands(monkeypatch, folder) -> None:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-#: Modules the processes of :func:`child_processes` start with (imported once, in the server).
-CHILD_PRELOAD = ["torch", "numpy", "e2mc.cli", "e2mc.training.trainer"]
+#: Modules the processes of :func:`child_processes` start with (imported once, in the server):
+#: what a training run, a search and an evaluation import (scipy.stats and matplotlib are
+#: seconds of a child's start otherwise).
+CHILD_PRELOAD = ["torch", "numpy", "e2mc.cli", "e2mc.training.trainer", "e2mc.training.run",
+                 "e2mc.commands.search", "e2mc.search", "e2mc.evaluation", "e2mc.diagnostics"]
 
 
 def child_processes():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from e2mc.checkpoints import checkpoint_summary, load_checkpoint
 from e2mc.cli import main
 from helpers import TINY_RUN, one_column_eval_dir, tiny_base
 
@@ -90,7 +91,8 @@ def test_a_choice_at_the_edge_of_its_grid_is_flagged(tmp_path: Path, capsys) -> 
                      "--wd-grid"]
 
 
-def test_images_an_epoch_drops_are_said_and_flagged(tmp_path: Path, capsys) -> None:
+def test_images_an_epoch_drops_and_a_stop_inside_an_epoch_are_flagged(tmp_path: Path,
+                                                                       capsys) -> None:
     base, data = tiny_base(tmp_path)  # 40 training images
     run = tmp_path / "run"
     assert main(["continue", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(base),
@@ -101,13 +103,18 @@ def test_images_an_epoch_drops_are_said_and_flagged(tmp_path: Path, capsys) -> N
             "other images each epoch)") in capsys.readouterr().err
     saved = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
     assert saved["epoch_use"] == {"images": 40, "batch": 16, "steps": 2, "dropped": 8}
-    info = {"checkpoint_info": {"epoch_use": saved["epoch_use"]}}
+    _, loaded = load_checkpoint(run)  # what an evaluation of the run records
+    info = {"checkpoint_info": checkpoint_summary(loaded, run / "checkpoint.pt")}
     a = _eval_dir(tmp_path / "a", 120)
     b = _eval_dir(tmp_path / "b", 120, info=info)
-    flags = [line for line in _compare(tmp_path, a, b, capsys)
-             if line.startswith("flag: ") and "left out" in line]
+    lines = _compare(tmp_path, a, b, capsys)
+    flags = [line for line in lines if line.startswith("flag: ") and "left out" in line]
     assert flags == ["flag: e2mc was trained with 8 of its 40 images left out of every epoch "
                      "(batch 16, 2 step(s) per epoch; others each epoch)"]
+    # training.max_steps=1 stopped it inside its first epoch of 2 steps
+    assert [line for line in lines if line.startswith("flag: ") and "max_steps" in line] == [
+        "flag: e2mc was stopped by training.max_steps=1 inside an epoch: 0.50 of 1 epoch(s) "
+        "of 2 steps; its last epoch saw 16 of the 40 images"]
     both = _eval_dir(tmp_path / "a2", 120, info=info)  # two runs trained alike: one line
     flags = [line for line in _compare(tmp_path, both, b, capsys)
              if line.startswith("flag: ") and "left out" in line]

@@ -325,41 +325,58 @@ def _search_killed(base: tuple[Path, Path], out: Path, target: str, nth: int,
                           "training.epochs=2"), target, nth, sig)
 
 
-@pytest.mark.slow  # 12 killed and resumed searches: about 25 s on 2 cores
+#: Every file a search writes through the atomic writer (the reference search's writes by name;
+#: a test below fails when a new kind appears, so that it gets its kill scenario here).
+SEARCH_WRITES = ["search.json", "val_split.json", "config.yaml", "start.json", "checkpoint.pt",
+                 "monitor.png", "done.json", "search.md", "search.png"]
+
+
+def test_every_kind_of_search_write_has_its_kill_scenario(
+        reference_search: tuple[Path, list[str]]) -> None:
+    _, writes = reference_search
+    names = list(dict.fromkeys(Path(w).name for w in writes))
+    assert sorted(names) == sorted(SEARCH_WRITES)
+    assert any(w.startswith("trials/control-") and w.endswith("checkpoint.pt")
+               and "/run/" not in w for w in writes)  # the control's own run files
+
+
+def _kill_scenarios() -> list:
+    """``(file, nth write, signal)``: SIGKILL during the first write of every kind of file, a
+    trial's second checkpoint write (the control's first: ``nth`` is counted at run time) and
+    the second done marker; SIGTERM (a pre-emption) during a trial's checkpoint write, the
+    first done marker and the first search.json."""
+    import signal
+
+    kill, term = signal.SIGKILL, signal.SIGTERM
+    return ([pytest.param(n, 1, kill, id=f"kill-{n}") for n in SEARCH_WRITES]
+            + [pytest.param("checkpoint.pt", "control", kill, id="kill-control-checkpoint"),
+               pytest.param("done.json", 2, kill, id="kill-second-done"),
+               pytest.param("checkpoint.pt", 2, term, id="term-checkpoint"),
+               pytest.param("done.json", 1, term, id="term-done"),
+               pytest.param("search.json", 1, term, id="term-search-json")])
+
+
+@pytest.mark.slow  # a killed and a resumed search each: about 10 s on 2 cores
 @pytest.mark.skipif(child_processes() is None, reason="needs forkserver (POSIX)")
+@pytest.mark.parametrize("target,nth,sig", _kill_scenarios())
 def test_a_search_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
         base: tuple[Path, Path], reference_search: tuple[Path, list[str]],
-        tmp_path: Path) -> None:
-    """SIGKILL during the first write of every file a search writes (and the first of the
-    control's run files), then the same command again: the same search.json numbers as the
-    uninterrupted search, no temporary file, no lock left."""
+        tmp_path: Path, target: str, nth: int | str, sig: int) -> None:
+    """A signal during a write of a file a search writes (SIGKILL halfway through it, SIGTERM
+    before it), then the same command again: the same search.json numbers as the uninterrupted
+    search, no temporary file, no lock left; a pre-empted search exits 75 (or 0 when it had
+    nothing left to do)."""
     import signal
 
     ref, writes = reference_search
-    names = list(dict.fromkeys(Path(w).name for w in writes))
-    assert {"checkpoint.pt", "done.json", "search.json", "search.md", "search.png",
-            "val_split.json", "monitor.png"} <= set(names)
-    control_first = sum(1 for w in writes if w.startswith("trials/control-")
-                        and w.endswith("checkpoint.pt") and "/run/" not in w)
-    trial_ckpts = sum(1 for w in writes if w.endswith("/run/checkpoint.pt"))
-    scenarios = [(n, 1) for n in names] + [("checkpoint.pt", trial_ckpts + 1),
-                                           ("done.json", 2)]
-    assert control_first > 0
-    for i, (target, nth) in enumerate(scenarios):
-        out = tmp_path / f"k{i}"
-        assert _search_killed(base, out, target, nth) == -signal.SIGKILL, (target, nth)
-        assert _search(base, out, "--grid", "addon.params.beta=1",
-                       "--set", "training.epochs=2") == 0, (target, nth)
-        _same_search(out, ref)
-    # SIGTERM (a pre-emption) during a trial's checkpoint write, the first done marker and the
-    # first search.json: exit 75 (or 0 when the search had nothing left to do), then resumed
-    for i, (target, nth) in enumerate([("checkpoint.pt", 2), ("done.json", 1),
-                                       ("search.json", 1)]):
-        out = tmp_path / f"t{i}"
-        assert _search_killed(base, out, target, nth, signal.SIGTERM) == 75, target
-        assert _search(base, out, "--grid", "addon.params.beta=1",
-                       "--set", "training.epochs=2") == 0, target
-        _same_search(out, ref)
+    if nth == "control":  # the first write of the control's checkpoint, after the trial's
+        nth = sum(1 for w in writes if w.endswith("/run/checkpoint.pt")) + 1
+    out = tmp_path / "s"
+    code = _search_killed(base, out, target, int(nth), sig)
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 75), (target, nth, code)
+    assert _search(base, out, "--grid", "addon.params.beta=1",
+                   "--set", "training.epochs=2") == 0, (target, nth)
+    _same_search(out, ref)
 
 
 def _run_and_confirm(base: tuple[Path, Path], out: Path) -> int:
@@ -387,10 +404,34 @@ def _confirm_killed(base: tuple[Path, Path], out: Path, target: str, sig: int) -
                                 under=str(out))
 
 
-@pytest.mark.slow  # 7 killed and resumed confirmations: about 40 s on 2 cores
+@pytest.fixture(scope="module")
+def reference_confirmation(base: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+                           ) -> dict:
+    """confirm.json of an uninterrupted confirmation."""
+    from e2mc.artifacts import SearchDir
+
+    ref = tmp_path_factory.mktemp("reference-confirmation") / "ref"
+    assert _run_and_confirm(base, ref) == 0
+    return json.loads(SearchDir(ref).confirm_json.read_text())
+
+
+def _confirm_scenarios() -> list:
+    import signal
+
+    kill, term = signal.SIGKILL, signal.SIGTERM
+    return ([pytest.param(t, kill, id=f"kill-{t}") for t in ("checkpoint.pt", "done.json",
+                                                             ".npz", "results.json",
+                                                             "confirm.json", "confirm.md")]
+            + [pytest.param(t, term, id=f"term-{t}") for t in ("checkpoint.pt",
+                                                               "results.json")])
+
+
+@pytest.mark.slow  # a killed and a resumed confirmation each: about 10 s on 2 cores
 @pytest.mark.skipif(child_processes() is None, reason="needs forkserver (POSIX)")
+@pytest.mark.parametrize("target,sig", _confirm_scenarios())
 def test_a_confirmation_killed_at_every_kind_of_write_resumes_to_the_same_numbers(
-        base: tuple[Path, Path], tmp_path: Path) -> None:
+        base: tuple[Path, Path], reference_confirmation: dict, tmp_path: Path, target: str,
+        sig: int) -> None:
     """SIGKILL during the first write of each file of a confirmation (its runs' checkpoints and
     done markers, its evaluations' predictions and results.json, confirm.json and confirm.md)
     and SIGTERM during a run's checkpoint and an evaluation's results.json, then the same
@@ -400,23 +441,16 @@ def test_a_confirmation_killed_at_every_kind_of_write_resumes_to_the_same_number
 
     from e2mc.artifacts import EvalDir, SearchDir
 
-    ref = tmp_path / "ref"
-    assert _run_and_confirm(base, ref) == 0
-    expected = json.loads(SearchDir(ref).confirm_json.read_text())
-    cases = [(t, signal.SIGKILL) for t in ("checkpoint.pt", "done.json", ".npz", "results.json",
-                                           "confirm.json", "confirm.md")]
-    cases += [("checkpoint.pt", signal.SIGTERM), ("results.json", signal.SIGTERM)]
-    for i, (target, sig) in enumerate(cases):
-        out = tmp_path / f"k{i}"
-        code = _confirm_killed(base, out, target, sig)
-        assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 75), (target, sig, code)
-        assert _run_and_confirm(base, out) == 0, (target, sig)
-        assert json.loads(SearchDir(out).confirm_json.read_text()) == expected, (target, sig)
-        for kind in ("run", "control"):
-            results = EvalDir(out / "confirm" / "seed0" / f"{kind}-eval").load()
-            for entry in results.entries:  # each predictions file is the one results.json names
-                results.predictions(entry)
-        assert [p.name for p in out.rglob("*.tmp")] == [] and not list(out.rglob(".e2mc.lock"))
+    out = tmp_path / "k"
+    code = _confirm_killed(base, out, target, sig)
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 75), (target, sig, code)
+    assert _run_and_confirm(base, out) == 0, (target, sig)
+    assert json.loads(SearchDir(out).confirm_json.read_text()) == reference_confirmation
+    for kind in ("run", "control"):
+        results = EvalDir(out / "confirm" / "seed0" / f"{kind}-eval").load()
+        for entry in results.entries:  # each predictions file is the one results.json names
+            results.predictions(entry)
+    assert [p.name for p in out.rglob("*.tmp")] == [] and not list(out.rglob(".e2mc.lock"))
 
 
 def test_controls_that_trained_the_same_are_one_line_named_after_their_trials() -> None:

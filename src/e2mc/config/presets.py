@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -16,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from e2mc.config.fields import comma_list, load_yaml_text, number_value
@@ -83,6 +84,14 @@ def _refuse_missing(key: str, value: Any) -> None:
                 _refuse_missing(f"{key}.{k}", v)
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """OmegaConf's structured config of :class:`RunConfig`, made once (tens of milliseconds
+    each time; a config is built several times per command): ``OmegaConf.merge`` copies its
+    first argument, so this one is never changed."""
+    return OmegaConf.structured(RunConfig)
+
+
 def _build(data: Mapping[str, Any], missing_ok: bool = False) -> RunConfig:
     """The defaults with ``data`` laid over them: OmegaConf's structured config of
     :class:`RunConfig` converts the values to the field types and refuses unknown keys; a
@@ -92,7 +101,7 @@ def _build(data: Mapping[str, Any], missing_ok: bool = False) -> RunConfig:
         prepared = _prepared(data, RunConfig, missing_ok=missing_ok)
         if missing_ok:  # checked for the rest; ??? stays in the data for the final build
             prepared = _without_missing(prepared)
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), _literal(prepared))
+        merged = OmegaConf.merge(_schema(), _literal(prepared))
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ValueError(f"config key {err.full_key!r}: {str(err.msg).splitlines()[0]}") from None

@@ -14,6 +14,8 @@ the terminal, ``comparison.md`` and the page), one line each.
   the vote leans to the class frequencies;
 - **dropped images**: a run trained with images left out of every epoch (the data set's size
   is not a multiple of the batch);
+- **stopped mid-epoch**: a run that ``training.max_steps`` stopped inside an epoch: its last
+  epoch saw part of the images, and its length is not the epochs it names;
 - **seeds**: what the ± and the pooled tests run over: label-subset seeds of one trained model
   per row, not training seeds.
 """
@@ -206,6 +208,33 @@ def _dropped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[st
             for (dropped, images, batch, steps), who in alike.items()]
 
 
+def _stopped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    """Runs whose ``training.max_steps`` (recorded in the checkpoint's run configuration)
+    stopped them inside an epoch; runs stopped alike share a line."""
+    alike: dict[tuple, list[str]] = {}
+    for name, run in zip(names, runs, strict=True):
+        info = run.info.get("checkpoint_info")
+        info = info if isinstance(info, dict) else {}
+        use, cfg = info.get("epoch_use"), info.get("run_config")
+        training = cfg.get("training") if isinstance(cfg, dict) else None
+        if not isinstance(use, dict) or not isinstance(training, dict):
+            continue
+        most, epochs, steps = training.get("max_steps"), training.get("epochs"), use.get("steps")
+        if not all(isinstance(v, int) and v > 0 for v in (most, epochs, steps)):
+            continue
+        if most < epochs * steps and most % steps:
+            key = (most, epochs, steps, use.get("images"), use.get("batch"))
+            alike.setdefault(key, []).append(name)
+    out = []
+    for (most, epochs, steps, images, batch), who in alike.items():
+        seen = (f"; its last epoch saw {(most % steps) * batch} of the {images} images"
+                if isinstance(batch, int) and isinstance(images, int) else "")
+        out.append(f"{' and '.join(who)} {'was' if len(who) == 1 else 'were'} stopped by "
+                   f"training.max_steps={most} inside an epoch: {most / steps:.2f} of "
+                   f"{epochs} epoch(s) of {steps} steps{seen}")
+    return out
+
+
 def _seeds_flag(runs: Sequence[EvalResults]) -> str | None:
     seeds = sorted({e.seed for run in runs for e in run.entries
                     if e.seed is not None and e.protocol != "knn"}, key=str)
@@ -227,6 +256,7 @@ def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[
               if (f := _grid_edge_flag(name, run)) is not None]
     flags += _knn_bank_flags(names, runs)
     flags += _dropped_flags(names, runs)
+    flags += _stopped_flags(names, runs)
     if (seeds := _seeds_flag(runs)) is not None:
         flags.append(seeds)
     return flags
