@@ -10,11 +10,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 # the table of image-file hashes (e2mc.data.file_hashes) of the tests' own images: one per test
 # process and the processes it starts, never the user's
+# (removed when the process that made it ends)
 if "E2MC_HASH_CACHE" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
-    os.environ["E2MC_HASH_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="e2mc-test-hashes-"),
-                                                 "file-hashes.sqlite3")
+    _hashes = tempfile.mkdtemp(prefix="e2mc-test-hashes-")
+    atexit.register(shutil.rmtree, _hashes, ignore_errors=True)
+    os.environ["E2MC_HASH_CACHE"] = os.path.join(_hashes, "file-hashes.sqlite3")
 
 import torch  # noqa: E402
 
