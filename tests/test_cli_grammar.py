@@ -210,6 +210,7 @@ def test_pretrain_with_out_seed_and_quiet_prints_no_progress(
     run = tmp_path / "run"
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--out", str(run), "--data",
                  str(data), "--seed", "3", "--quiet", *sets,
+                 "--set", "model.backbone=mobilenet_v3_small",
                  "--set", "training.max_steps=2"]) == 0
     err = capfd.readouterr().err
     assert "\r" not in err and "step/s" not in err and "epoch 1/1" not in err

@@ -106,7 +106,7 @@ def test_the_table_records_the_bytes_stat_it_read(tmp_path: Path, monkeypatch) -
 
 
 # ----------------------------------------------------------------------------- through the CLI
-TINY = ["--set", "model.backbone=mobilenet_v3_small", "--set", "model.in_channels=1",
+TINY = ["--set", "model.backbone=cnn5_small", "--set", "model.in_channels=1",
         "--set", "data.image_size=16", "--set", "data.channels=1",
         "--set", "training.batch_size=4", "--set", "training.log_every=1",
         "--set", "training.progress=false", "--set", "training.device=cpu",

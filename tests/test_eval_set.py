@@ -11,11 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from e2mc.artifacts import EvalDir, EvalSetDir, evaluation_set_names
 from e2mc.cli import main
-from helpers import tiny_base
+from helpers import other_weights, tiny_base
 
 EVAL = ["--protocol", "knn,linear", "--fractions", "1", "--seeds", "0", "--epochs", "2",
         "--knn-k", "3", "--knn-weighting", "weighted", "--image-size", "16", "--no-cache", "-q"]
@@ -26,12 +25,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
     """Two checkpoints with other weights (a tiny base and a changed copy) and their data."""
     root = tmp_path_factory.mktemp("eval-set")
     checkpoint, data = tiny_base(root)
-    other = root / "other" / "base.pt"
-    other.parent.mkdir()
-    state = torch.load(checkpoint, weights_only=False)
-    key = next(k for k in state["model"] if k.endswith("weight"))
-    state["model"][key] = state["model"][key] * 0.5
-    torch.save(state, other)
+    other = other_weights(checkpoint, root / "other" / "base.pt")
     return [str(checkpoint), str(other)], data
 
 

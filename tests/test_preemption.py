@@ -115,7 +115,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -
 
 # ----------------------------------------------------------------------------- a real run
 ARGS = ["--config", "fmnist-vicreg-pretrain", "--epochs", "3",
-        "--set", "model.backbone=mobilenet_v3_small", "--set", "model.small_images=false",
+        "--set", "model.backbone=cnn5_small", "--set", "model.small_images=false",
         "--set", "model.in_channels=1", "--set", "data.image_size=32",
         "--set", "data.channels=1", "--set", "training.batch_size=8",
         "--set", "training.log_every=1", "--set", "training.progress=false",

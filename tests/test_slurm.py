@@ -31,7 +31,7 @@ import pytest
 
 from e2mc.artifacts import SEARCH_JSON
 from e2mc.cli import main
-from helpers import TINY_RUN, free_port, tiny_base
+from helpers import TINY_RUN, free_port, other_weights, tiny_base
 
 
 def _cluster() -> str | None:
@@ -226,17 +226,11 @@ def test_a_time_limit_and_a_preemption_requeue_once_and_end_as_uninterrupted(
 
 
 def test_an_evaluation_set_gives_the_inline_numbers(tmp_path: Path) -> None:
-    import torch
 
     from e2mc.artifacts import EvalDir, EvalSetDir
 
     checkpoint, data = tiny_base(tmp_path)
-    other = tmp_path / "other" / "base.pt"  # other weights
-    other.parent.mkdir()
-    state = torch.load(checkpoint, weights_only=False)
-    key = next(k for k in state["model"] if k.endswith("weight"))
-    state["model"][key] = state["model"][key] * 0.5
-    torch.save(state, other)
+    other = other_weights(checkpoint, tmp_path / "other" / "base.pt")
     args = ["eval", str(checkpoint), str(other), "--data", str(data), "--protocol", "knn,linear",
             "--fractions", "1", "--seeds", "0", "--epochs", "2", "--knn-k", "3",
             "--image-size", "16", "--no-cache", "-q"]

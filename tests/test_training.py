@@ -147,7 +147,7 @@ def test_skip_nonfinite_counts_and_leaves_weights_alone(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- real CLI
-TINY_MODEL = ["--set", "model.backbone=mobilenet_v3_small", "--set", "model.small_images=false",
+TINY_MODEL = ["--set", "model.backbone=cnn5_small", "--set", "model.small_images=false",
               "--set", "model.in_channels=1", "--set", "data.image_size=16",
               "--set", "data.channels=1", "--set", "training.batch_size=8",
               "--set", "training.log_every=1", "--set", "training.progress=false",
@@ -182,7 +182,7 @@ def _base_checkpoint(tmp_path: Path, method: str, epoch: int = 3) -> Path:
     from e2mc.methods import build_method
 
     torch.manual_seed(1)
-    model = build_method(method, backbone="mobilenet_v3_small", in_channels=1,
+    model = build_method(method, backbone="cnn5_small", in_channels=1,
                          **METHOD_HPARAMS[method])
     path = tmp_path / f"{method}_base.pt"
     save_checkpoint(path, model, epoch=epoch)
@@ -250,7 +250,7 @@ def test_checkpoint_of_another_method_gives_the_loaders_error(
         tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from e2mc.methods import build_method
 
-    vicreg = build_method("vicreg", backbone="mobilenet_v3_small", in_channels=1, projector="32-32")
+    vicreg = build_method("vicreg", backbone="cnn5_small", in_channels=1, projector="32-32")
     official = tmp_path / "vicreg_official.pth"  # the official VICReg layout
     torch.save({"epoch": 5, "model": {f"module.{k}": v for k, v in vicreg.state_dict().items()}},
                official)

@@ -54,7 +54,7 @@ def test_two_gloo_processes_hold_identical_weights(tmp_path: Path) -> None:
     from e2mc.methods import build_method
 
     torch.manual_seed(0)  # the run's initialisation (training.seed = 0), rebuilt here
-    init = build_method("vicreg", backbone="mobilenet_v3_small", small_images=False,
+    init = build_method("vicreg", backbone="cnn5_small", small_images=False,
                         in_channels=1, projector="32-32").state_dict()
     changed = [k for k in w0 if not torch.equal(init[k], w0[k])]
     assert any(k.startswith("backbone.") for k in changed)

@@ -179,7 +179,7 @@ def _scripted_run(tmp_path: Path, run: Path, values: str, kill_at: int = 0
     start = tmp_path / "start.pt"
     if not start.exists():
         torch.manual_seed(0)
-        save_checkpoint(start, build_method("vicreg", backbone="mobilenet_v3_small",
+        save_checkpoint(start, build_method("vicreg", backbone="cnn5_small",
                                             in_channels=1, projector="32-32"))
     weights = tmp_path / f"weights-{run.name}"
     weights.mkdir(exist_ok=True)
