@@ -138,12 +138,15 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # integration: a few seconds on 2 cores
-def test_bad_arguments_are_reported(tmp_path: Path) -> None:
-    proc = _run(["--quick", "--methods", "moco", "--out", str(tmp_path / "x"),
-                 "--stages", "report"])
-    assert proc.returncode == 2 and "unknown method" in proc.stderr
-    proc = _run(["--quick", "--stages", "bases,train", "--out", str(tmp_path / "x")])
-    assert proc.returncode == 2 and "unknown stage" in proc.stderr
+def test_bad_arguments_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from reproduce_fashion_mnist import main  # the script's entry point, in this process
+
+    assert main(["--quick", "--methods", "moco", "--out", str(tmp_path / "x"),
+                 "--stages", "report"]) == 2
+    assert "unknown method" in capsys.readouterr().err
+    assert main(["--quick", "--stages", "bases,train", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown stage" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_method_beyond_the_paper_runs_with_the_generic_probes(tmp_path: Path) -> None:
