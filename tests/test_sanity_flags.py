@@ -41,6 +41,22 @@ def test_the_answer_is_last_a_headline_per_run_then_the_page(tmp_path: Path, cap
                          "train on), not over training seeds")
 
 
+def test_a_headline_without_significance_still_gives_sizes_and_p_values(tmp_path: Path,
+                                                                        capsys) -> None:
+    """"No significant difference" says how large the difference is and its p-value, the ones
+    of the verdict lines above it: +1 point at p 0.06 is not -0.02 at p 1."""
+    import re
+
+    a = _eval_dir(tmp_path / "a", 150)
+    b = _eval_dir(tmp_path / "b", 152)  # +1 point, not significant on 200 images
+    lines = _compare(tmp_path, a, b, capsys)
+    verdict = next(line for line in lines if line.startswith("- e2mc, linear 1%: "))
+    p = re.search(r"pooled permutation p ([0-9.e-]+)\)$", verdict).group(1)
+    assert "no significant difference from continued (+1.00 ± 0.00 points" in verdict
+    assert lines[-2] == ("e2mc against continued: no significant difference at linear 1% "
+                         f"(+1.00 ± 0.00, p {p})")
+
+
 def test_a_run_at_chance_is_flagged_by_name(tmp_path: Path, capsys) -> None:
     a = _eval_dir(tmp_path / "a", 150, classes=10, seeds=(0,))
     b = _eval_dir(tmp_path / "b", 20, classes=10, seeds=(0,))  # 10 % of 10 classes

@@ -17,7 +17,8 @@ __all__ = ["answer_lines", "headlines", "print_answer"]
 def headlines(comp: Comparison, last: str | None = None) -> list[str]:
     """One line per run tested against the reference, its significant columns first:
     ``e2mc against continued: BETTER at linear 1% (+1.15 ± 0.29 points, pooled permutation p
-    0.0081); no significant difference at linear 10%, knn k=20``; run ``last``'s last."""
+    0.0081); no significant difference at linear 10% (-0.48 ± 0.16, p 0.3), knn k=20 (+0.50,
+    p 0.47)``; run ``last``'s last."""
     by_run: dict[str, list[dict]] = {}
     for row in verdict_rows(comp):
         by_run.setdefault(row["run"], []).append(row)
@@ -28,11 +29,11 @@ def headlines(comp: Comparison, last: str | None = None) -> list[str]:
         said = []
         for row in rows:
             if row["word"].startswith(("BETTER", "WORSE")):
-                spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
-                said.append(f"{row['word'].split()[0]} at {row['column']} ({row['mean']:+.2f}"
-                            f"{spread} points, {row['basis']} {row['p']:.2g})")
-        flat = [r["column"] for r in rows if r["word"].startswith("no significant")]
-        if flat:
+                said.append(f"{row['word'].split()[0]} at {row['column']} ({_size(row)} "
+                            f"points, {row['basis']} {row['p']:.2g})")
+        flat = [f"{r['column']} ({_size(r)}, p {r['p']:.2g})" for r in rows
+                if r["word"].startswith("no significant")]
+        if flat:  # with their sizes and p-values: +0.8 at p 0.06 is not -0.02 at p 1
             said.append(f"no significant difference at {', '.join(flat)}")
         unjudged = [r["column"] for r in rows if r["word"] == UNJUDGED]
         if unjudged:
@@ -40,6 +41,12 @@ def headlines(comp: Comparison, last: str | None = None) -> list[str]:
                         "above)")
         lines.append(f"{run} against {comp.reference}: {'; '.join(said)}")
     return lines
+
+
+def _size(row: dict) -> str:
+    """The paired difference's mean over seeds, ``± se`` where there are several."""
+    spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
+    return f"{row['mean']:+.2f}{spread}"
 
 
 def answer_lines(comp: Comparison, page: str | Path | None = None, last: str | None = None,
