@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from e2mc.evaluation.compare import Comparison
-from e2mc.evaluation.compare_report import UNJUDGED, verdict_rows
+from e2mc.evaluation.compare_report import UNJUDGED, difference_text, verdict_rows
 
 __all__ = ["answer_lines", "headlines", "print_answer"]
 
@@ -29,9 +29,9 @@ def headlines(comp: Comparison, last: str | None = None) -> list[str]:
         said = []
         for row in rows:
             if row["word"].startswith(("BETTER", "WORSE")):
-                said.append(f"{row['word'].split()[0]} at {row['column']} ({_size(row)} "
+                said.append(f"{row['word'].split()[0]} at {row['column']} ({difference_text(row)} "
                             f"points, {row['basis']} {row['p']:.2g})")
-        flat = [f"{r['column']} ({_size(r)}, p {r['p']:.2g})" for r in rows
+        flat = [f"{r['column']} ({difference_text(r)}, p {r['p']:.2g})" for r in rows
                 if r["word"].startswith("no significant")]
         if flat:  # with their sizes and p-values: +0.8 at p 0.06 is not -0.02 at p 1
             said.append(f"no significant difference at {', '.join(flat)}")
@@ -41,12 +41,6 @@ def headlines(comp: Comparison, last: str | None = None) -> list[str]:
                         "above)")
         lines.append(f"{run} against {comp.reference}: {'; '.join(said)}")
     return lines
-
-
-def _size(row: dict) -> str:
-    """The paired difference's mean over seeds, ``± se`` where there are several."""
-    spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
-    return f"{row['mean']:+.2f}{spread}"
 
 
 def answer_lines(comp: Comparison, page: str | Path | None = None, last: str | None = None,

@@ -65,12 +65,18 @@ def verdict_rows(comp: Comparison) -> list[dict[str, Any]]:
     return rows_out
 
 
+def difference_text(row: dict[str, Any]) -> str:
+    """The paired difference of a :func:`verdict_rows` row: its mean over seeds, signed, with
+    ``± se`` where there are several (``+0.87 ± 0.50``)."""
+    spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
+    return f"{row['mean']:+.2f}{spread}"
+
+
 def verdict_numbers(row: dict[str, Any]) -> str:
     """The numbers of a :func:`verdict_rows` row, in words: ``+0.87 ± 0.50 points over 3
     label-subset seed(s); 1 significantly better, 0 worse; pooled permutation p 0.042`` (the
     seeds of a comparison are label-subset seeds of one trained model per row)."""
-    spread = f" ± {row['se']:.2f}" if row["se"] is not None else ""
-    return (f"{row['mean']:+.2f}{spread} points over {row['seeds']} label-subset seed(s); "
+    return (f"{difference_text(row)} points over {row['seeds']} label-subset seed(s); "
             f"{row['better']} "
             f"significantly better, {row['worse']} worse; {row['basis']} {row['p']:.2g}")
 

@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from e2mc.evaluation.compare import ALPHA, BETTER, WORSE, Comparison
-from e2mc.evaluation.compare_report import UNJUDGED, verdict_numbers, verdict_rows
+from e2mc.evaluation.compare_report import (
+    UNJUDGED,
+    difference_text,
+    verdict_numbers,
+    verdict_rows,
+)
 
 #: The page's file name in the comparison's directory (beside comparison.md, .png, .csv).
 PAGE = "comparison.html"
@@ -63,10 +68,9 @@ def answer_lines(comp: Comparison) -> list[str]:
             lines.append(f'<b>{_e(run)}</b>: <span class="same">not judged</span> at '
                          f'<b>{_e(", ".join(unjudged))}</b> (at or near chance: see the flags)')
         for r in found:
-            spread = f" ± {r['se']:.2f}" if r["se"] is not None else ""
             lines.append(f'<b>{_e(run)}</b> <span class="{_word_class(r["word"])}">'
                          f'{_e(r["word"])}</span> <b>{_e(comp.reference)}</b> at '
-                         f'<b>{_e(r["column"])}</b> ({r["mean"]:+.2f}{spread} points, '
+                         f'<b>{_e(r["column"])}</b> ({difference_text(r)} points, '
                          f'{_e(r["basis"])} {r["p"]:.2g})')
         if not found and len(unjudged) < len(mine):
             lines.append(f'<b>{_e(run)}</b>: <span class="same">no significant difference '

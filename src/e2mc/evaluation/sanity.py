@@ -193,12 +193,18 @@ def _fraction_key(entry: Any, settings: dict[str, Any]) -> str | None:
     return key if key in settings else None
 
 
+def _checkpoint_info(run: EvalResults) -> dict[str, Any]:
+    """What the evaluation recorded of its checkpoint (``checkpoint_info``: the training
+    run's configuration, how its epochs used the images); empty when nothing was."""
+    info = run.info.get("checkpoint_info")
+    return info if isinstance(info, dict) else {}
+
+
 def _dropped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
     """One line per way of dropping images (runs trained alike share it)."""
     alike: dict[tuple, list[str]] = {}
     for name, run in zip(names, runs, strict=True):
-        info = run.info.get("checkpoint_info")
-        use = info.get("epoch_use") if isinstance(info, dict) else None
+        use = _checkpoint_info(run).get("epoch_use")
         if isinstance(use, dict) and use.get("dropped"):
             key = tuple(use.get(k) for k in ("dropped", "images", "batch", "steps"))
             alike.setdefault(key, []).append(name)
@@ -213,8 +219,7 @@ def _stopped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[st
     stopped them inside an epoch; runs stopped alike share a line."""
     alike: dict[tuple, list[str]] = {}
     for name, run in zip(names, runs, strict=True):
-        info = run.info.get("checkpoint_info")
-        info = info if isinstance(info, dict) else {}
+        info = _checkpoint_info(run)
         use, cfg = info.get("epoch_use"), info.get("run_config")
         training = cfg.get("training") if isinstance(cfg, dict) else None
         if not isinstance(use, dict) or not isinstance(training, dict):
