@@ -46,7 +46,7 @@ FULL = {"preset": "vicreg-e2mc", "image_size": 224, "batch": 256, "steps": 30, "
 #: The same model and images on a CPU: fewer steps of a smaller batch (a ResNet-50 step of 256
 #: images takes minutes on a few cores); the rates are per image all the same.
 CPU = {**FULL, "batch": 32, "steps": 4, "warmup": 1, "distinct": 128}
-QUICK = {"preset": "fmnist-vicreg-continue-e2mc", "image_size": 28, "batch": 16, "steps": 6,
+QUICK = {"preset": "fmnist-vicreg-e2mc", "image_size": 28, "batch": 16, "steps": 6,
          "warmup": 2, "jpeg": (36, 32), "distinct": 16, "criterion_shapes": {"tiny": (64, 32)},
          "probe_args": ["--random-features", "16", "--epochs", "1", "--repeats", "1",
                         "--lr-multipliers", "1"]}

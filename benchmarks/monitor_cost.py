@@ -48,7 +48,7 @@ def timed_run(preset: str, data: str, epochs: int, monitor: bool, every: int | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="fmnist-vicreg-continue-e2mc")
+    parser.add_argument("--preset", default="fmnist-vicreg-e2mc")
     parser.add_argument("--data", default="builtin")
     parser.add_argument("--epochs", type=int, default=5, help="the preset's length: 5")
     parser.add_argument("--plain-runs", type=int, default=2, choices=(0, 1, 2),

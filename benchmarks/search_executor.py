@@ -53,7 +53,7 @@ def numbers(out: Path) -> tuple[list[dict], str | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="fmnist-vicreg-continue-e2mc")
+    parser.add_argument("--preset", default="fmnist-vicreg-e2mc")
     parser.add_argument("--data", default="builtin")
     parser.add_argument("--rates", default="0.003,0.01", help="the grid: 2 trials")
     parser.add_argument("--steps", default="15,90",

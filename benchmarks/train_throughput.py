@@ -28,9 +28,9 @@ from e2mc.training.build import build_method_from_config
 from e2mc.training.logging import read_metrics
 from e2mc.training.run import run_training
 
-PRESETS = {"vicreg": ("fmnist-vicreg-continue", "fmnist-vicreg-continue-e2mc"),
-           "swav": ("fmnist-swav-continue", "fmnist-swav-continue-e2mc"),
-           "simsiam": ("fmnist-simsiam-continue", "fmnist-simsiam-continue-e2mc")}
+PRESETS = {"vicreg": ("fmnist-vicreg-continued", "fmnist-vicreg-e2mc"),
+           "swav": ("fmnist-swav-continued", "fmnist-swav-e2mc"),
+           "simsiam": ("fmnist-simsiam-continued", "fmnist-simsiam-e2mc")}
 
 
 def measure(preset: str, base: Path, work: Path, args: argparse.Namespace, tag: str) -> list[float]:

@@ -247,7 +247,7 @@ def test_timm_backbone_generic_run_and_every_subcommand(tmp_path, capsys):
     weights = tmp_path / "resnet18_timm.pt"
     torch.save(timm.create_model("resnet18", num_classes=10, in_chans=1).state_dict(), weights)
     run = tmp_path / "run"
-    args = ["continue", "--config", "fmnist-vicreg-continue", "--backbone", "timm:resnet18",
+    args = ["continue", "--config", "fmnist-vicreg-continued", "--backbone", "timm:resnet18",
             "--from", str(weights), "--data", "builtin", "--run-dir", str(run),
             "--set", "method.name=generic", "--set", "method.params.projector=32-32",
             "--set", "data.limit=64", "--set", "training.batch_size=16",

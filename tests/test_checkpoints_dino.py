@@ -125,7 +125,7 @@ def test_dinov2_backbone_by_timm_name_starts_a_dino_run(tmp_path: Path, monkeypa
             "method.params={out_dim: 40, hidden_dim: 32, bottleneck_dim: 16}",
             "training.batch_size=8", "training.max_steps=2", "training.progress=false",
             "data.num_workers=0", "training.device=cpu", "training.log_every=1"]
-    rc = main(["continue", "--config", "fmnist-dino-continue", "--backbone", f"timm:{tag}",
+    rc = main(["continue", "--config", "fmnist-dino-continued", "--backbone", f"timm:{tag}",
                "--data", str(data), "--run-dir", str(run),
                *[a for s in sets for a in ("--set", s)]])
     assert rc == 0

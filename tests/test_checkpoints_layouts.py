@@ -99,7 +99,7 @@ def test_mocov3_resnet_training_checkpoint(tmp_path: Path, tiny_data: Path) -> N
     with pytest.raises(CheckpointMismatchError, match=r"1 missing keys: module\.momentum_enc"
                        r"oder\.fc\.0\.weight"):
         load_official(tmp_path / "bad.pth.tar")
-    assert _continue(tmp_path, tiny_data, "fmnist-mocov3-continue", path,
+    assert _continue(tmp_path, tiny_data, "fmnist-mocov3-continued", path,
                      "{dim: 16, mlp_dim: 32}") == 0
 
 
@@ -133,7 +133,7 @@ def test_barlowtwins_training_checkpoint(tmp_path: Path, tiny_data: Path) -> Non
     assert_same_tensors(load_checkpoint(tmp_path / "b.pt")[0], model)
     with pytest.raises(ValueError, match="official barlowtwins layout, not vicreg"):
         load_official(path, method="vicreg")
-    assert _continue(tmp_path, tiny_data, "fmnist-barlowtwins-continue", path,
+    assert _continue(tmp_path, tiny_data, "fmnist-barlowtwins-continued", path,
                      "{projector: 32-32-16}") == 0
 
 
@@ -177,7 +177,7 @@ def test_solo_learn_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     assert_same_tensors(load_checkpoint(tmp_path / "s.pt")[0], model)
     with pytest.raises(ValueError, match="solo-learn byol layout, not mocov3"):
         load_official(path, method="mocov3")
-    assert _continue(tmp_path, tiny_data, "fmnist-byol-continue", path,
+    assert _continue(tmp_path, tiny_data, "fmnist-byol-continued", path,
                      "{hidden_dim: 32, dim: 16, pred_hidden_dim: 48}") == 0
 
 
@@ -292,7 +292,7 @@ def test_lightly_byol_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     backbone, dim, _ = load_backbone(path)
     assert dim == 512
     assert torch.equal(backbone.layer1[0].conv1.weight, sd["backbone.4.0.conv1.weight"])
-    assert _continue(tmp_path, tiny_data, "fmnist-byol-continue", path,
+    assert _continue(tmp_path, tiny_data, "fmnist-byol-continued", path,
                      "{hidden_dim: 32, dim: 16, hidden_bias: false}") == 0
 
 

@@ -42,8 +42,8 @@ def _cases(f: dict[str, Path]) -> dict[str, list[tuple[list[str], str]]]:
     corrupt file and an out-of-range value."""
     r, base, m, c = f["root"], str(BASE_CHECKPOINT), str(f["missing"]), str(f["corrupt"])
     run = ["--data", "builtin", "--run-dir", str(r / "run")]
-    cont = ["continue", "--config", "fmnist-vicreg-continue", *run]
-    search = ["search", "--config", "fmnist-vicreg-continue-e2mc", "--data", "builtin"]
+    cont = ["continue", "--config", "fmnist-vicreg-continued", *run]
+    search = ["search", "--config", "fmnist-vicreg-e2mc", "--data", "builtin"]
     return {
         "continue": [([*cont, "--from", m], "missing.pt"), ([*cont, "--from", c], "corrupt.pt"),
                      ([*cont, "--from", base, "--set", "training.cpu_threads=0"],
@@ -76,7 +76,7 @@ def _cases(f: dict[str, Path]) -> dict[str, list[tuple[list[str], str]]]:
         "presets": [(["presets", "--markdown", "extra"], "unrecognized arguments")],
         "config": [(["config", "show", str(r / "none.yaml")], "none.yaml"),
                    (["config", "show", str(f["yaml"])], "not valid YAML"),
-                   (["config", "show", "fmnist-vicreg-continue", "--set", "training.seed=-1"],
+                   (["config", "show", "fmnist-vicreg-continued", "--set", "training.seed=-1"],
                     "training.seed")],
         "search": [([*search, "--out", str(r / "s1"), "--from", m, "--grid",
                      "optim.base_lr=0.1"], "missing.pt"),
@@ -180,7 +180,7 @@ def test_atomic_writes_follow_the_umask(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- training runs
-TINY = ["--config", "fmnist-vicreg-continue", "--from", str(BASE_CHECKPOINT), "--data",
+TINY = ["--config", "fmnist-vicreg-continued", "--from", str(BASE_CHECKPOINT), "--data",
         "builtin", "--set", "data.limit=32", "--set", "training.batch_size=16", "--set",
         "training.progress=false", "--set", "training.log_every=1", "--set",
         "data.num_workers=0", "--set", "training.cpu_threads=1", "--set", "training.device=cpu"]
@@ -249,7 +249,7 @@ def test_nan_learning_rate_is_refused_naming_the_key(capsys: pytest.CaptureFixtu
                           ("training.max_steps=0", "training.max_steps"),
                           ("optim.warmup_epochs=-3", "optim.warmup_epochs")):
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            load_config("fmnist-vicreg-continue", [override])
+            load_config("fmnist-vicreg-continued", [override])
 
 
 def test_disk_full_during_a_checkpoint_write_keeps_the_previous_one(

@@ -26,8 +26,8 @@ def _parse(*argv: str) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- --out
 @pytest.mark.parametrize("command", ["continue", "pretrain"])
 def test_out_and_the_old_run_dir_are_one_option(command: str) -> None:
-    new = _parse(command, "--config", "fmnist-vicreg-continue", "--out", "R")
-    old = _parse(command, "--config", "fmnist-vicreg-continue", "--run-dir", "R")
+    new = _parse(command, "--config", "fmnist-vicreg-continued", "--out", "R")
+    old = _parse(command, "--config", "fmnist-vicreg-continued", "--run-dir", "R")
     assert new.run_dir == old.run_dir == Path("R")
 
 
@@ -57,21 +57,21 @@ def test_analyze_no_progress_is_the_old_spelling_of_quiet() -> None:
 def test_continue_quiet_and_seed_reach_the_config() -> None:
     from e2mc.commands._run_options import config_from_args
 
-    args = _parse("continue", "--config", "fmnist-vicreg-continue", "--out", "R", "-q",
+    args = _parse("continue", "--config", "fmnist-vicreg-continued", "--out", "R", "-q",
                   "--seed", "7")
     cfg = config_from_args(args, "continue")
     assert cfg.training.progress is False and cfg.training.seed == 7
-    plain = config_from_args(_parse("continue", "--config", "fmnist-vicreg-continue",
+    plain = config_from_args(_parse("continue", "--config", "fmnist-vicreg-continued",
                                     "--out", "R"), "continue")
     assert plain.training.progress is True and plain.training.seed == 0
-    same = _parse("continue", "--config", "fmnist-vicreg-continue", "--out", "R", "--seed", "7",
+    same = _parse("continue", "--config", "fmnist-vicreg-continued", "--out", "R", "--seed", "7",
                   "--set", "training.seed=7")
     assert config_from_args(same, "continue").training.seed == 7
 
 
 def test_seed_and_a_different_set_training_seed_is_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["continue", "--config", "fmnist-vicreg-continue", "--out", str(tmp_path / "r"),
+    code = main(["continue", "--config", "fmnist-vicreg-continued", "--out", str(tmp_path / "r"),
                  "--seed", "1", "--set", "training.seed=2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_INPUT
@@ -85,7 +85,7 @@ def test_search_quiet_turns_off_its_runs_progress_but_not_their_identity(tmp_pat
 
     ckpt = tmp_path / "base.pt"
     ckpt.write_bytes(b"x")
-    spec = SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
+    spec = SearchSpec(config="fmnist-vicreg-e2mc", checkpoint=str(ckpt),
                       checkpoint_sha256="0" * 64, data="builtin", val_split=0.2, seed=0,
                       metric="val/knn", common=list(TINY_RUN[:-1]),
                       trials=grid_trials(["addon.params.beta=1,2"]))
@@ -182,19 +182,19 @@ def test_tensorboard_note_only_when_asked_and_once(
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
     monkeypatch.setattr(run_logging, "_NOTED", set())
-    default = load_config("fmnist-vicreg-continue")
+    default = load_config("fmnist-vicreg-continued")
     assert default.logging.tensorboard is None
     with MetricsLogger(tmp_path / "a", config=default) as logger:
         logger.log(1, {"loss": 1.0})
     assert capsys.readouterr().err == ""
-    asked = load_config("fmnist-vicreg-continue", ["logging.tensorboard=true"])
+    asked = load_config("fmnist-vicreg-continued", ["logging.tensorboard=true"])
     for run in ("b", "c"):
         with MetricsLogger(tmp_path / run, config=asked) as logger:
             logger.log(1, {"loss": 1.0})
     err = capsys.readouterr().err
     assert err.count("note: tensorboard is not installed") == 1
     assert not (tmp_path / "b" / "tensorboard").exists()
-    off = load_config("fmnist-vicreg-continue", ["logging.tensorboard=false"])
+    off = load_config("fmnist-vicreg-continued", ["logging.tensorboard=false"])
     assert off.logging.tensorboard is False
 
 

@@ -263,7 +263,7 @@ def test_continue_from_a_collapsed_checkpoint_warns_once(tmp_path: Path,
 
     start = tmp_path / "collapsed.pt"
     save_checkpoint(start, _collapsed_swav(rank_one=False), epoch=4)
-    cfg = load_config("fmnist-swav-continue", [
+    cfg = load_config("fmnist-swav-continued", [
         f"init.checkpoint={start}", "method.params.hidden_dim=32",
         "method.params.output_dim=16", "method.params.n_prototypes=10",
         "method.params.freeze_prototypes_iters=10000", "method.params.queue_length=0",

@@ -157,8 +157,8 @@ def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = os.getcwd()
     os.chdir(folder)
     try:
-        for preset, out in (("fmnist-vicreg-continue-e2mc", "runs/vicreg-e2mc"),
-                            ("fmnist-vicreg-continue", "runs/vicreg-continued")):
+        for preset, out in (("fmnist-vicreg-e2mc", "runs/vicreg-e2mc"),
+                            ("fmnist-vicreg-continued", "runs/vicreg-continued")):
             assert main(small(["continue", "--config", preset, "--from", "builtin:demo-vicreg",
                                "--out", out])) == 0
         if importlib.util.find_spec("timm") is not None:  # checkpoints.md: your timm weights
@@ -167,7 +167,7 @@ def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
             torch.save(timm.create_model("resnet18").state_dict(), "resnet18_timm.pt")
         with contextlib.redirect_stdout(io.StringIO()) as shown:
-            assert main(["config", "show", "fmnist-vicreg-continue"]) == 0
+            assert main(["config", "show", "fmnist-vicreg-continued"]) == 0
         (folder / "my-run.yaml").write_text(shown.getvalue())
     finally:
         os.chdir(cwd)

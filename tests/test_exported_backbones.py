@@ -111,7 +111,7 @@ def test_an_exported_backbone_evaluates_and_continues(tmp_path: Path, arch: str,
     assert results.info["checkpoint_info"]["arch"] == arch
 
     run = tmp_path / "run"
-    assert main(["continue", "--config", "fmnist-vicreg-continue", "--backbone", arch,
+    assert main(["continue", "--config", "fmnist-vicreg-continued", "--backbone", arch,
                  "--from", str(bb), "--new-heads", "--data", str(data), "--run-dir", str(run),
                  *_sets([*ONE_STEP, f"data.image_size={size}",
                          f"model.small_images={str(small).lower()}",
@@ -150,7 +150,7 @@ def test_a_dino_vit_run_exports_evaluates_and_continues(tmp_path: Path, capsys) 
 
     cont = tmp_path / "cont"
     capsys.readouterr()
-    assert main(["continue", "--config", "fmnist-dino-continue", "--from", str(bb),
+    assert main(["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
                  "--new-heads", "--data", "builtin", "--run-dir", str(cont),
                  *_sets(["data.limit=8", "training.batch_size=8", "training.max_steps=1",
                          "data.num_workers=0", "training.progress=false",
@@ -160,7 +160,7 @@ def test_a_dino_vit_run_exports_evaluates_and_continues(tmp_path: Path, capsys) 
 
     # the run's model must be the exported architecture: one line naming both
     capsys.readouterr()
-    assert main(["continue", "--config", "fmnist-dino-continue", "--from", str(bb),
+    assert main(["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
                  "--new-heads", "--backbone", "cnn5", "--data", "builtin",
                  "--run-dir", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip()
@@ -194,7 +194,7 @@ def test_a_vit_state_dict_without_its_sidecar_loads_with_arch(tmp_path: Path, ca
                  "--data", str(data), *QUICK_EVAL, "--out", str(tmp_path / "ev")]) == 0
     assert EvalDir(tmp_path / "ev").load().info["image_size"] == 28
     run = tmp_path / "run"  # continue: the configured architecture reads it
-    assert main(["continue", "--config", "fmnist-dino-continue", "--from", str(bb),
+    assert main(["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
                  "--new-heads", "--data", str(data), "--run-dir", str(run),
                  *_sets([*ONE_STEP, "data.image_size=28"])]) == 0
     _assert_same(load_checkpoint(RunDir(run).epoch_checkpoint(0))[0].backbone.state_dict(),
@@ -237,7 +237,7 @@ def test_an_image_size_the_vit_cannot_take_is_refused_before_any_work(tmp_path: 
     _one_error_line(capsys, ["eval", str(bb), "--data", missing, "--image-size", "32",
                              *QUICK_EVAL, "--out", str(tmp_path / "ev")],
                     "image size 32 px", "vit_tiny_p4_28", "28 px")
-    _one_error_line(capsys, ["continue", "--config", "fmnist-dino-continue", "--from", str(bb),
+    _one_error_line(capsys, ["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
                              "--new-heads", "--data", missing, "--run-dir",
                              str(tmp_path / "run"), "--set", "data.image_size=32"],
                     "image size 32 px", "vit_tiny_p4_28", "28 px")
@@ -249,7 +249,7 @@ def test_a_patch_size_that_does_not_divide_the_image_size_is_refused(tmp_path: P
     """The issue's case: a patch-16 timm ViT at 28 px died after 40 s in an AssertionError."""
     pytest.importorskip("timm", reason="the [timm] extra is not installed")
     missing = str(tmp_path / "no-such-data")
-    for command in (["continue", "--config", "fmnist-vicreg-continue", "--from",
+    for command in (["continue", "--config", "fmnist-vicreg-continued", "--from",
                      str(tmp_path / "x.pt"), "--new-heads"],
                     ["pretrain", "--config", "fmnist-vicreg-pretrain"]):
         _one_error_line(capsys, [*command, "--backbone", "timm:vit_tiny_patch16_224",

@@ -84,7 +84,7 @@ def test_a_run_killed_on_cuda_resumes_to_the_uninterrupted_run(tmp_path: Path) -
     need not agree bit for bit either; where they do here, the resumed run must too."""
 
     base, data = tiny_base(tmp_path)
-    args = ["continue", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(base),
+    args = ["continue", "--config", "fmnist-vicreg-e2mc", "--from", str(base),
             "--data", str(data), *[a for s in ON_CUDA for a in ("--set", s)],
             "--set", "training.checkpoint_every_steps=1", "--set", "training.batch_size=6",
             "--set", "training.max_steps=6"]
@@ -105,7 +105,7 @@ def test_torchrun_with_one_process_on_cuda(tmp_path: Path) -> None:
     base, data = tiny_base(tmp_path)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-           "-m", "e2mc", "continue", "--config", "fmnist-vicreg-continue-e2mc", "--from",
+           "-m", "e2mc", "continue", "--config", "fmnist-vicreg-e2mc", "--from",
            str(base), "--data", str(data), "--run-dir", str(run),
            *[a for s in ON_CUDA for a in ("--set", s)], "--set", "training.max_steps=3"]
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)

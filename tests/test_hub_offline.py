@@ -47,7 +47,7 @@ def test_an_unreachable_hub_fails_within_seconds_in_one_line(tmp_path, dead_hub,
     np.savez(data, x_train=np.zeros((8, 16, 16), np.uint8), y_train=np.arange(8) % 2,
              x_test=np.zeros((4, 16, 16), np.uint8), y_test=np.arange(4) % 2)
     start = time.monotonic()
-    assert main(["continue", "--config", "fmnist-vicreg-continue", "--backbone",
+    assert main(["continue", "--config", "fmnist-vicreg-continued", "--backbone",
                  f"timm:{TIMM_TAG}", "--data", str(data), "--out", str(tmp_path / "run"),
                  "--set", "data.image_size=16", "--set", "model.in_channels=3",
                  "--set", "data.channels=3"]) == 2

@@ -23,7 +23,7 @@ def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     run = root / "run"
     sets = [*TINY_RUN, "monitor.every=2", "monitor.probe_epochs=2", "monitor.knn_k=3",
             "monitor.min_delta=1000", "training.max_steps=4", "optim.base_lr=0.5"]
-    assert main(["continue", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(start),
+    assert main(["continue", "--config", "fmnist-vicreg-e2mc", "--from", str(start),
                  "--data", str(data), "--run-dir", str(run), "--val-split", "0.2",
                  "--keep-best", "val/knn", *[a for s in sets for a in ("--set", s)]]) == 0
     return start, data, run
@@ -95,7 +95,7 @@ def test_export_analyze_and_continue_take_the_kept_model(kept_run, tmp_path: Pat
     assert "--names needs 1 distinct names, one per run" in capsys.readouterr().err
     # continue --from RUN starts from its kept model
     sets = [*TINY_RUN, "training.max_steps=1"]
-    assert main(["continue", "--config", "fmnist-vicreg-continue", "--from", str(run),
+    assert main(["continue", "--config", "fmnist-vicreg-continued", "--from", str(run),
                  "--data", str(data), "--run-dir", str(tmp_path / "next"),
                  *[a for s in sets for a in ("--set", s)]]) == 0
     assert f"starting model: {RunDir(run).best} (the kept model of run {run}" in \

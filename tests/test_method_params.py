@@ -43,7 +43,7 @@ def _preset(section: str, name: str) -> list[str]:
     """``config show`` arguments of a preset that uses the method or add-on ``name``."""
     if section == "addon":
         if name == "e2mc":
-            return ["fmnist-vicreg-continue-e2mc"]
+            return ["fmnist-vicreg-e2mc"]
         return ["fmnist-vicreg-pretrain", "--set", f"addon.name={name}"]
     if name == "generic":  # vicreg's params are generic's too
         return ["fmnist-vicreg-pretrain", "--set", "method.name=generic"]
@@ -180,7 +180,7 @@ def test_the_issue_examples(capsys):
             ("fmnist-vicreg-pretrain", "method.params.projector=512-0-512",
              "must be layer widths >= 1"),
             ("fmnist-vicreg-pretrain", "optim.params.momentum=1", "must be in [0, 1), got 1"),
-            ("fmnist-vicreg-continue-e2mc", "addon.params.eps=0", "must be > 0, got 0"),
+            ("fmnist-vicreg-e2mc", "addon.params.eps=0", "must be > 0, got 0"),
             ("fmnist-dino-pretrain", "method.params.teacher_temp=.inf",
              "must be a finite number > 0, got inf"),
             ("fmnist-dino-pretrain", "method.params.student_temp=nan",
@@ -208,7 +208,7 @@ def test_pretrain_and_continue_refuse_before_anything_is_built(tmp_path: Path, c
     line = _error_line(capsys.readouterr().err, "pretrain")
     assert "method.params.out_dim must be >= 2, got 0" in line
     assert not run.exists()
-    code = main(["continue", "--config", "fmnist-mocov3-continue", "--data", "builtin",
+    code = main(["continue", "--config", "fmnist-mocov3-continued", "--data", "builtin",
                  "--from", str(tmp_path / "no-such-checkpoint.pt"), "--out", str(run),
                  "--set", "method.params.momentum=1.5"])
     assert code == EXIT_INPUT
@@ -219,7 +219,7 @@ def test_pretrain_and_continue_refuse_before_anything_is_built(tmp_path: Path, c
 
 def test_search_refuses_before_anything_is_built(tmp_path: Path, capsys):
     out = tmp_path / "search"
-    code = main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from",
+    code = main(["search", "--config", "fmnist-vicreg-e2mc", "--from",
                  "builtin:demo-vicreg", "--data", "builtin", "--out", str(out), "--metric",
                  "val/knn", "--grid", "addon.params.beta=1", "--set", "addon.params.gamma=-1"])
     assert code == EXIT_INPUT

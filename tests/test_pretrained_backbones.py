@@ -37,7 +37,7 @@ NO_NETWORK = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.
 
 
 def _continue(data: Path, run: Path, backbone: str, *extra: str) -> list[str]:
-    return ["continue", "--config", "fmnist-vicreg-continue", "--backbone", backbone,
+    return ["continue", "--config", "fmnist-vicreg-continued", "--backbone", backbone,
             "--data", str(data), "--run-dir", str(run),
             *[a for s in TWO_STEPS for a in ("--set", s)], *extra]
 
@@ -236,7 +236,7 @@ def test_continue_module_with_monitor_and_keep_best(tmp_path, data):
     sets = [*TINY_RUN, f"data.dataset={data}", "data.val_split=0.2", "monitor.every=1",
             "monitor.keep_best=val/knn", "monitor.knn_k=3", "monitor.probe_epochs=2",
             "monitor.min_delta=1000", "training.max_steps=2"]
-    result = continue_module(module, "fmnist-vicreg-continue-e2mc", run, sets)
+    result = continue_module(module, "fmnist-vicreg-e2mc", run, sets)
     assert result.step == 2
     files = RunDir(run)
     best = torch_load(files.best)
@@ -252,10 +252,10 @@ def test_continue_module_with_monitor_and_keep_best(tmp_path, data):
     last = torch_load(files.checkpoint)
     assert last["hparams"]["backbone_class"] == "TinyNet" and last["hparams"]["feature_dim"] == 12
     # run again: resumes (nothing left to train) with the same module
-    assert continue_module(TinyNet(), "fmnist-vicreg-continue-e2mc", run, sets).step == 2
+    assert continue_module(TinyNet(), "fmnist-vicreg-e2mc", run, sets).step == 2
     # a module and a checkpoint: one start, not one of them ignored
     with pytest.raises(ValueError, match="a module to continue and init.checkpoint .* give one"):
-        continue_module(TinyNet(), "fmnist-vicreg-continue-e2mc", tmp_path / "r2",
+        continue_module(TinyNet(), "fmnist-vicreg-e2mc", tmp_path / "r2",
                         [*sets, f"init.checkpoint={tmp_path / 'base.pt'}"])
     assert not (tmp_path / "r2" / "checkpoint.pt").exists()
 
@@ -295,7 +295,7 @@ def test_builtin_checkpoint_in_continue_eval_and_analyze(tmp_path, capsys):
         np.savez(small, x_train=f["x_train"][:64], y_train=f["y_train"][:64],
                  x_test=f["x_test"][:32], y_test=f["y_test"][:32])
     run = tmp_path / "run"
-    assert main(["continue", "--config", "fmnist-vicreg-continue", "--from",
+    assert main(["continue", "--config", "fmnist-vicreg-continued", "--from",
                  "builtin:demo-vicreg", "--data", str(small), "--run-dir", str(run),
                  "--set", "training.batch_size=16", "--set", "training.max_steps=1",
                  "--set", "training.progress=false", "--set", "data.num_workers=0"]) == 0

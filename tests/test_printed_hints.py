@@ -28,7 +28,7 @@ def test_keep_best_hints_run_as_printed(tmp_path: Path, capsys, monkeypatch) -> 
     ckpt, data = tiny_base(tmp_path)
     monkeypatch.chdir(tmp_path)  # the hint's paths are as given: relative to here
     sets = [a for item in [*TINY_RUN, *KEEP] for a in ("--set", item)]
-    assert main(["continue", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+    assert main(["continue", "--config", "fmnist-vicreg-e2mc", "--from", str(ckpt),
                  "--data", str(data), "--out", "runs/r", *sets]) == 0
     hint = _hint(capsys.readouterr().err)
     commands = re.findall(r"(e2mc (?:eval|export-backbone) [^;]+?)(?:;|$)", hint)
@@ -68,8 +68,8 @@ def test_your_own_module_from_the_hint_to_a_comparison_page(tmp_path: Path, caps
     tiny = EvalOptions(protocols=("linear", "knn"), fractions=(1.0,), seeds=(0, 1),
                        knn_k=(3,), linear_overrides={"epochs": 2}, progress=False,
                        device="cpu")
-    for name, preset in (("mine-continued", "fmnist-vicreg-continue"),
-                         ("mine", "fmnist-vicreg-continue-e2mc")):
+    for name, preset in (("mine-continued", "fmnist-vicreg-continued"),
+                         ("mine", "fmnist-vicreg-e2mc")):
         continue_module(Encoder(), preset, name, [*overrides, f"data.dataset={data}",
                                                   "method.params={projector: 32-32}", *KEEP])
         hint = _hint(capsys.readouterr().err)

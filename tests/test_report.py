@@ -27,13 +27,13 @@ def _npz(path: Path) -> str:
 
 
 def test_config_differences_against_the_named_preset():
-    cfg = load_config("fmnist-vicreg-continue", ["addon.name=e2mc", "training.batch_size=32",
+    cfg = load_config("fmnist-vicreg-continued", ["addon.name=e2mc", "training.batch_size=32",
                                                  "addon.params.beta=2.5"])
     base, changed = config_differences(cfg.to_dict())
-    assert base == "preset fmnist-vicreg-continue"
+    assert base == "preset fmnist-vicreg-continued"
     assert changed == [("addon.name", "none", "e2mc"), ("training.batch_size", 256, 32),
                        ("addon.params.beta", None, 2.5)]
-    assert config_differences(load_config("fmnist-vicreg-continue").to_dict())[1] == []
+    assert config_differences(load_config("fmnist-vicreg-continued").to_dict())[1] == []
     own = load_config(None, ["name=mine", "training.epochs=3"]).to_dict()
     assert config_differences(own) == ("the defaults", [("name", "run", "mine"),
                                                         ("training.epochs", 10, 3)])
@@ -44,7 +44,7 @@ def test_analyze_page_tables_config_and_an_empty_metrics_file(tmp_path, capsys):
     shows every run's details and configuration differences as tables, no JSON dumps."""
     from e2mc.cli import main
 
-    cfg = load_config("fmnist-vicreg-continue", ["addon.name=e2mc", "training.batch_size=32"])
+    cfg = load_config("fmnist-vicreg-continued", ["addon.name=e2mc", "training.batch_size=32"])
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
     torch.manual_seed(0)
@@ -59,7 +59,7 @@ def test_analyze_page_tables_config_and_an_empty_metrics_file(tmp_path, capsys):
     runs = page[page.index("<h2>Runs</h2>"):page.index("<h2>Settings</h2>")]  # runs last
     assert "{&quot;" not in runs and "{\"" not in runs  # details as rows, not a JSON dump
     assert "<th>loss terms</th><td>none logged yet (empty metrics.jsonl)</td>" in runs
-    assert "differences from preset fmnist-vicreg-continue" in runs
+    assert "differences from preset fmnist-vicreg-continued" in runs
     assert "<tr><th>addon.name</th><td>none</td><td>e2mc</td></tr>" in runs
     assert "<tr><th>training.batch_size</th><td>256</td><td>32</td></tr>" in runs
     images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)

@@ -24,7 +24,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _search(base: tuple[Path, Path], out: Path, *extra: str) -> int:
     ckpt, data = base
     sets = [a for item in TINY for a in ("--set", item)]
-    return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+    return main(["search", "--config", "fmnist-vicreg-e2mc", "--from", str(ckpt),
                  "--data", str(data), "--out", str(out), "--metric", "val/knn", *sets, *extra])
 
 
@@ -142,7 +142,7 @@ def test_confirm_trains_each_seed_and_tests_on_the_test_split(base: tuple[Path, 
     from e2mc.search import Search, SearchSpec
 
     ckpt, data = base
-    spec = SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
+    spec = SearchSpec(config="fmnist-vicreg-e2mc", checkpoint=str(ckpt),
                       checkpoint_sha256=sha256_file(ckpt), data=str(data), val_split=0.2,
                       seed=0, metric="val/knn", common=TINY,
                       trials=[Trial("beta 1", ["addon.params.beta=1"])])
@@ -167,7 +167,7 @@ def _spec(base: tuple[Path, Path], trials: list[Trial], *common: str):
     from e2mc.search import SearchSpec
 
     ckpt, data = base
-    return SearchSpec(config="fmnist-vicreg-continue-e2mc", checkpoint=str(ckpt),
+    return SearchSpec(config="fmnist-vicreg-e2mc", checkpoint=str(ckpt),
                       checkpoint_sha256=sha256_file(ckpt), data=str(data), val_split=0.2,
                       seed=0, metric="val/knn", common=[*TINY, *common], trials=trials)
 

@@ -32,7 +32,7 @@ def _search(base: tuple[Path, Path], out: Path, *extra: str, data: Path | None =
             grid: tuple[str, ...] = GRID) -> int:
     ckpt, default_data = base
     sets = [a for item in TINY for a in ("--set", item)]
-    return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+    return main(["search", "--config", "fmnist-vicreg-e2mc", "--from", str(ckpt),
                  "--data", str(data or default_data), "--out", str(out), "--metric", "val/knn",
                  *sets, *grid, *extra])
 

@@ -75,7 +75,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _search_args(base: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
     ckpt, data = base
     sets = [a for item in SETS for a in ("--set", item)]
-    return ["search", "--config", "fmnist-vicreg-continue-e2mc", "--from", str(ckpt),
+    return ["search", "--config", "fmnist-vicreg-e2mc", "--from", str(ckpt),
             "--data", str(data), "--out", str(out), "--metric", "val/knn", *sets,
             "--grid", "addon.params.beta=10", *extra]
 
@@ -295,7 +295,7 @@ def test_two_tasks_under_srun_train_as_two_processes_under_torchrun(
     sets = [a for item in [*TINY_RUN, "training.epochs=2"] for a in ("--set", item)]
 
     def command(out: Path) -> list[str]:
-        return ["-m", "e2mc", "continue", "--config", "fmnist-vicreg-continue-e2mc",
+        return ["-m", "e2mc", "continue", "--config", "fmnist-vicreg-e2mc",
                 "--from", str(ckpt), "--data", str(data), "--out", str(out), "--quiet", *sets]
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

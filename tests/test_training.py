@@ -160,8 +160,8 @@ METHOD_SETS = {
     "swav": ["--set", "method.params={hidden_dim: 32, output_dim: 16, n_prototypes: 10, "
                       "queue_length: 16, queue_start_epoch: 0}"],
 }
-PRESET = {"vicreg": "fmnist-vicreg-continue-e2mc", "simsiam": "fmnist-simsiam-continue-e2mc",
-          "swav": "fmnist-swav-continue-e2mc"}
+PRESET = {"vicreg": "fmnist-vicreg-e2mc", "simsiam": "fmnist-simsiam-e2mc",
+          "swav": "fmnist-swav-e2mc"}
 METHOD_HPARAMS = {"vicreg": {"projector": "32-32"},
                   "simsiam": {"dim": 32, "pred_dim": 8, "predictor_lr": 0.1},
                   "swav": {"hidden_dim": 32, "output_dim": 16, "n_prototypes": 10,

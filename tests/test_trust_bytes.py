@@ -109,7 +109,7 @@ def test_a_search_over_images_that_changed_is_refused(base, tmp_path: Path,
     mine = tmp_path / "d.npz"
     mine.write_bytes(data.read_bytes())
     config = tmp_path / "mine.yaml"
-    config.write_text("base: fmnist-vicreg-continue-e2mc\n")
+    config.write_text("base: fmnist-vicreg-e2mc\n")
     sets = [a for item in [*TINY_RUN, "training.max_steps=2", "monitor.probe_epochs=2",
                            "monitor.knn_k=3"] for a in ("--set", item)]
     args = ["search", "--config", str(config), "--from", str(checkpoint),
@@ -128,7 +128,7 @@ def test_a_search_over_images_that_changed_is_refused(base, tmp_path: Path,
     # the images back; the config file edited: the done runs refuse, and the advice is one
     # the search has (it has no --override-config)
     np.savez(mine, **arrays)
-    config.write_text("base: fmnist-vicreg-continue-e2mc\noptim:\n  base_lr: 0.123\n")
+    config.write_text("base: fmnist-vicreg-e2mc\noptim:\n  base_lr: 0.123\n")
     assert main(args) == 2
     line = _one_error(capsys, "optim.base_lr", "another --out")
     assert "--override-config" not in line
@@ -137,7 +137,7 @@ def test_a_search_over_images_that_changed_is_refused(base, tmp_path: Path,
 # ----------------------------------------------------------------------------- item 4
 def _continue(checkpoint: Path, data: Path, run: Path, *sets: str, extra=()) -> int:
     args = [a for item in [*TINY_RUN, *sets] for a in ("--set", item)]
-    return main(["continue", "--config", "fmnist-vicreg-continue", "--from", str(checkpoint),
+    return main(["continue", "--config", "fmnist-vicreg-continued", "--from", str(checkpoint),
                  "--data", str(data), "--run-dir", str(run), *args, *extra])
 
 
@@ -186,7 +186,7 @@ def test_a_run_resumed_over_other_images_is_refused_or_goes_on_as_recorded(
 def load_and_train_images(path: Path):
     from e2mc.training.build import training_images
 
-    return training_images(load_config("fmnist-vicreg-continue",
+    return training_images(load_config("fmnist-vicreg-continued",
                                        [*TINY_RUN, f"data.dataset={path}"]))[0]
 
 
@@ -195,7 +195,7 @@ def test_the_missing_value_marker_is_an_error_naming_the_key(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture
                                                              ) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text("base: fmnist-vicreg-continue-e2mc\ndata:\n  dataset: ???\n")
+    config.write_text("base: fmnist-vicreg-e2mc\ndata:\n  dataset: ???\n")
     assert main(["config", "show", str(config)]) == 2
     _one_error(capsys, "'data.dataset' is ???")
     assert load_config(str(config), ["data.dataset=builtin"]).data.dataset == "builtin"
@@ -209,7 +209,7 @@ def test_a_planted_lock_link_is_refused_and_its_target_unchanged(
     precious.write_text("mine")
     for command in (["eval", str(checkpoint), "--data", str(data), "--out",
                      str(tmp_path / "e"), *EVAL],
-                    ["continue", "--config", "fmnist-vicreg-continue", "--from",
+                    ["continue", "--config", "fmnist-vicreg-continued", "--from",
                      str(checkpoint), "--data", str(data), "--run-dir", str(tmp_path / "r"),
                      *[a for item in TINY_RUN for a in ("--set", item)]]):
         out = Path(command[command.index("--out" if "--out" in command else "--run-dir") + 1])
@@ -285,7 +285,7 @@ def test_an_unreadable_image_mid_epoch_checkpoints_first_and_skip_corrupt_resume
     run = tmp_path / "run"
     # 3 steps an epoch; the unreadable image is drawn in the 2nd batch of the 1st epoch, so
     # a step is done when the loader meets it (the run checkpoints only at epoch ends)
-    seed = load_config("fmnist-vicreg-continue", TINY_RUN).training.seed
+    seed = load_config("fmnist-vicreg-continued", TINY_RUN).training.seed
     sampler = EpochBatchSampler(24, 8, seed=seed)
     sampler.set_epoch(0)
     index = list(sampler)[1][0][0]
@@ -349,7 +349,7 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line(
 def test_confirm_seeds_are_checked_before_the_first_trial(base, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture) -> None:
     checkpoint, data = base
-    assert main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from",
+    assert main(["search", "--config", "fmnist-vicreg-e2mc", "--from",
                  str(checkpoint), "--data", str(data), "--out", str(tmp_path / "s"),
                  "--grid", "addon.params.beta=10", "--confirm", "-1"]) == 2
     _one_error(capsys, "--confirm seeds are training seeds")
@@ -449,7 +449,7 @@ def test_links_planted_at_every_path_of_a_search_change_no_target(base, tmp_path
                            "monitor.knn_k=3"] for a in ("--set", item)]
 
     def command(out: Path) -> int:
-        return main(["search", "--config", "fmnist-vicreg-continue-e2mc", "--from",
+        return main(["search", "--config", "fmnist-vicreg-e2mc", "--from",
                      str(checkpoint), "--data", str(data), "--out", str(out), "--val-split",
                      "8", "--grid", "addon.params.beta=10", "--metric", "val/knn", "--quiet",
                      *sets])

@@ -31,7 +31,7 @@ def test_the_runs_weights_in_a_copy_of_the_module_or_one_error(tmp_path: Path) -
     _, data = tiny_base(tmp_path)
     overrides = [o for o in TINY_RUN if not o.startswith(("model.backbone", "method.params"))]
     mine = Encoder()
-    continue_module(mine, "fmnist-vicreg-continue-e2mc", tmp_path / "run",
+    continue_module(mine, "fmnist-vicreg-e2mc", tmp_path / "run",
                     [*overrides, f"data.dataset={data}", "method.params={projector: 32-32}",
                      "training.max_steps=2"])
     saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["model"]

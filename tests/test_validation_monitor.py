@@ -58,7 +58,7 @@ def test_a_split_that_leaves_less_than_one_batch_is_an_error(tmp_path: Path) -> 
     from e2mc.training.build import holdout, training_images
 
     data = _tiny_data(tmp_path / "d.npz")
-    cfg = load_config("fmnist-vicreg-continue", [*TINY, f"data.dataset={data}",
+    cfg = load_config("fmnist-vicreg-continued", [*TINY, f"data.dataset={data}",
                                                  "data.val_split=0.9"])
     with pytest.raises(ValueError, match="less than one batch of 8"):
         holdout(cfg, training_images(cfg)[0])
@@ -110,15 +110,15 @@ def test_metric_names_and_unknown_metric() -> None:
     with pytest.raises(ValueError, match="did you mean val/linear_1%"):
         resolve_metric("val/linear_1", [0.01, 1.0])
     with pytest.raises(ValueError, match="unknown monitor metric 'accuracy'"):
-        load_config("fmnist-vicreg-continue", ["data.val_split=0.1",
+        load_config("fmnist-vicreg-continued", ["data.val_split=0.1",
                                                "monitor.keep_best=accuracy"])
 
 
 def test_keep_best_and_monitor_need_a_validation_split() -> None:
     with pytest.raises(ValueError, match="--val-split"):
-        load_config("fmnist-vicreg-continue", ["monitor.keep_best=val/knn"])
+        load_config("fmnist-vicreg-continued", ["monitor.keep_best=val/knn"])
     with pytest.raises(ValueError, match="data.val_split"):
-        load_config("fmnist-vicreg-continue", ["data.val_split=1.5"])
+        load_config("fmnist-vicreg-continued", ["data.val_split=1.5"])
 
 
 # --------------------------------------------------------------------------- keep-best
@@ -166,7 +166,7 @@ if kill_at:
     io.os.replace = replace
 from e2mc.config import load_config
 from e2mc.training.run import run_training
-cfg = load_config("fmnist-vicreg-continue", sys.argv[5:])
+cfg = load_config("fmnist-vicreg-continued", sys.argv[5:])
 run_training(cfg, sys.argv[1])
 """
 

@@ -30,7 +30,7 @@ def test_wandb_gets_the_numeric_metrics_at_their_step(tmp_path, monkeypatch):
     fake = types.ModuleType("wandb")
     fake.init = lambda **kw: calls.append(("init", kw)) or _FakeRun(calls)
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    cfg = load_config("fmnist-vicreg-continue", ["logging.wandb=true", "logging.wandb_mode=offline",
+    cfg = load_config("fmnist-vicreg-continued", ["logging.wandb=true", "logging.wandb_mode=offline",
                                                  "logging.wandb_project=p", "name=my-run"])
     run_dir = tmp_path / "run"
     with MetricsLogger(run_dir, config=cfg) as logger:
@@ -49,9 +49,9 @@ def test_wandb_gets_the_numeric_metrics_at_their_step(tmp_path, monkeypatch):
 
 def test_wandb_off_by_default_and_a_clear_error_without_the_package(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
-    with MetricsLogger(tmp_path / "a", config=load_config("fmnist-vicreg-continue")) as logger:
+    with MetricsLogger(tmp_path / "a", config=load_config("fmnist-vicreg-continued")) as logger:
         logger.log(0, {"loss": 1.0})
-    cfg = load_config("fmnist-vicreg-continue", ["logging.wandb=true"])
+    cfg = load_config("fmnist-vicreg-continued", ["logging.wandb=true"])
     with pytest.raises(ValueError, match=r"pip install 'e2mc\[wandb\]'"):
         MetricsLogger(tmp_path / "b", config=cfg)
 
@@ -64,7 +64,7 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = load_config("fmnist-vicreg-continue", ["logging.wandb=true"])
+    cfg = load_config("fmnist-vicreg-continued", ["logging.wandb=true"])
     run_dir = tmp_path / "run"
     with MetricsLogger(run_dir, config=cfg) as logger:
         for step in range(3):
@@ -73,4 +73,4 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     files = list((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(files) == 1
     data = files[0].read_bytes()
-    assert repr(1.0 / 3).encode() in data and b"fmnist-vicreg-continue" in data
+    assert repr(1.0 / 3).encode() in data and b"fmnist-vicreg-continued" in data

@@ -67,7 +67,7 @@ def test_without_reuse_the_directory_is_evaluated_anew(tmp_path: Path) -> None:
 
 def test_train_unless_done_skips_a_done_run_and_refuses_another_config(tmp_path: Path) -> None:
     checkpoint, data = tiny_base(tmp_path)
-    cfg = load_config("fmnist-vicreg-continue", [*TINY_RUN, f"init.checkpoint={checkpoint}",
+    cfg = load_config("fmnist-vicreg-continued", [*TINY_RUN, f"init.checkpoint={checkpoint}",
                                           f"data.dataset={data}", "training.max_steps=2"])
     run = tmp_path / "run"
     trained = train_unless_done(cfg, run)
@@ -77,7 +77,7 @@ def test_train_unless_done_skips_a_done_run_and_refuses_another_config(tmp_path:
     again = train_unless_done(cfg, run)
     assert (again.trained, again.finished, again.step) == (False, True, 2)
     assert RunDir(run).checkpoint.read_bytes() == before
-    other = load_config("fmnist-vicreg-continue", [*TINY_RUN, f"init.checkpoint={checkpoint}",
+    other = load_config("fmnist-vicreg-continued", [*TINY_RUN, f"init.checkpoint={checkpoint}",
                                             f"data.dataset={data}", "training.max_steps=2",
                                             "optim.base_lr=0.5"])
     with pytest.raises(ValueError, match="optim.base_lr"):

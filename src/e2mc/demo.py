@@ -49,7 +49,7 @@ class DemoSettings:
 def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
     from e2mc.config import load_config
 
-    preset = "fmnist-vicreg-continue-e2mc" if addon == "e2mc" else "fmnist-vicreg-continue"
+    preset = "fmnist-vicreg-e2mc" if addon == "e2mc" else "fmnist-vicreg-continued"
     overrides = [
         "model.backbone=cnn5_small", f"data.dataset={DATA}", "data.num_workers=0",
         # oneDNN's channels-last convolutions: a step of cnn5_small 0.40 s instead of 0.51 s

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "trials are skipped. Writes OUT/search.json, search.md and search.png.")
     parser.add_argument("--config", required=True,
                         help="preset or YAML file of the trials (with its add-on, e.g. "
-                             "fmnist-swav-continue-e2mc)")
+                             "fmnist-swav-e2mc)")
     parser.add_argument("--from", dest="checkpoint", required=True, metavar="CHECKPOINT",
                         help="the starting checkpoint of every run")
     parser.add_argument("--data", required=True, metavar="DATA",

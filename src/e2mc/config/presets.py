@@ -170,11 +170,25 @@ def _locate(ref: str, folder: Path | None,
         return str(path), path, path.parent
     resource = resources.files("e2mc") / "configs" / f"{ref}.yaml"
     if not resource.is_file():
+        renamed = _renamed(ref)
+        if renamed:
+            raise ValueError(f"preset {ref!r} was renamed to {renamed!r}")
         names = preset_names()
         close = difflib.get_close_matches(ref, names, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"unknown preset {ref!r}; {hint}presets: {', '.join(names)}")
     return ref, resource, None
+
+
+def _renamed(ref: str) -> str | None:
+    """The name a preset of the first naming scheme has now (``fmnist-<family>-continue`` is
+    ``fmnist-<family>-continued``, ``fmnist-<family>-continue-e2mc`` is
+    ``fmnist-<family>-e2mc``), or None."""
+    match = re.fullmatch(r"fmnist-([a-z0-9]+)-continue(-e2mc)?", ref)
+    if match is None:
+        return None
+    new = f"fmnist-{match[1]}-{'e2mc' if match[2] else 'continued'}"
+    return new if new in preset_names() else None
 
 
 def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
