@@ -20,16 +20,3 @@ def test_readme_quick_start_runs(capsys) -> None:
     assert "entropy" in capsys.readouterr().out
     assert namespace["terms"]["loss"].requires_grad
 
-
-def test_readme_generic_encoder_example_trains_one_step() -> None:
-    import torch
-
-    namespace: dict = {}
-    exec(compile(python_blocks()[1], "README generic encoder", "exec"), namespace)
-    method = namespace["method"]
-    views = [torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16)]
-    out = method(views)
-    assert out.embeddings[0].shape == (8, 256) and torch.isfinite(out.loss)
-    optimizer = method.build_optimizer(lr=0.1, weight_decay=1e-6)
-    out.loss.backward()
-    optimizer.step()
