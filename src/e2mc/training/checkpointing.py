@@ -72,10 +72,7 @@ def load_resume_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]
     from e2mc.checkpoints import torch_load
 
     path = Path(path)
-    try:
-        ckpt = torch_load(path)  # the one reader: its CRC-32 checked
-    except Exception as err:  # any unpickling failure means "not a resumable checkpoint"
-        raise ValueError(f"cannot read the training checkpoint {path}: {err}") from err
+    ckpt = torch_load(path)  # the one reader: a damaged file is a CorruptFileError naming it
     if not isinstance(ckpt, dict) or ckpt.get("format") != "e2mc":
         raise ValueError(f"{path} is not an e2mc training checkpoint")
     missing = [k for k in RESUME_KEYS if k not in ckpt]
