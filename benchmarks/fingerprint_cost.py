@@ -1,6 +1,10 @@
 """What binding results to their bytes costs: the content identity of a data set
 (:func:`e2mc.data.identity.data_identity`, recorded by every run, evaluation and search)
-against the feature extraction of the same images, measured in one invocation.
+against the feature extraction of the same images, measured in one invocation; and what
+checking a checkpoint's bytes costs (``--checkpoint``): loading a ResNet-50 state dict with
+:func:`e2mc.checkpoints.torch_load` (every zip member's CRC-32 read, then ``torch.load``) against
+plain ``torch.load``, and the non-finite check of its tensors
+(:func:`e2mc.checkpoints.strict.check_finite`), the file in the page cache.
 
 Two layouts of the same images: the IDX arrays (hashed whole) and an image folder of PNG files
 (each file's bytes and label: the first time every file is read and hashed, later the table
@@ -10,6 +14,7 @@ evaluation does anyway.
 
     python benchmarks/fingerprint_cost.py --data PATH/TO/fashion-mnist \\
         --out benchmarks/out/fingerprint_cost.json
+    python benchmarks/fingerprint_cost.py --checkpoint --out benchmarks/out/checkpoint_check.json
 """
 
 from __future__ import annotations
@@ -53,15 +58,61 @@ def as_folder(dataset, root: Path, n: int) -> Path:
     return root
 
 
+def checkpoint_check(repeats: int) -> dict:
+    """Seconds (best of ``repeats``) to load a torchvision ResNet-50 state dict saved by
+    ``torch.save``: plain ``torch.load``, the CRC-32 check alone, ``torch_load`` (both), and
+    the non-finite check of the loaded tensors."""
+    from torchvision.models import resnet50
+
+    from e2mc.checkpoints import io
+    from e2mc.checkpoints.strict import check_finite
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "resnet50.pt"
+        torch.save(resnet50().state_dict(), path)
+
+        def checked() -> None:
+            io._VERIFIED.clear()  # a new process: the check is not remembered
+            io.torch_load(path)
+
+        def crc() -> None:
+            io._VERIFIED.clear()
+            io.check_torch_file(path)
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        row = {"file_mb": path.stat().st_size / 2**20,
+               "torch_load_s": timed(lambda: torch.load(path, map_location="cpu",
+                                                       weights_only=True), repeats),
+               "crc_s": timed(crc, repeats), "checked_load_s": timed(checked, repeats),
+               "finite_s": timed(lambda: check_finite(state), repeats)}
+    row["checked_over_plain"] = row["checked_load_s"] / row["torch_load_s"]
+    print(f"{'ResNet-50 file MB':>18} {'torch.load s':>13} {'CRC s':>7} {'torch_load s':>13} "
+          f"{'ratio':>6} {'finite s':>9}")
+    print(f"{row['file_mb']:>18.1f} {row['torch_load_s']:>13.3f} {row['crc_s']:>7.3f} "
+          f"{row['checked_load_s']:>13.3f} {row['checked_over_plain']:>6.2f} "
+          f"{row['finite_s']:>9.3f}")
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="builtin", help="an IDX folder (Fashion-MNIST)")
     parser.add_argument("--folder-images", type=int, default=10000,
                         help="images written as PNG files for the image-folder row")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="measure the checkpoint check instead of the data identity")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/fingerprint_cost.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.checkpoint:
+        record = {"checkpoint": checkpoint_check(args.repeats), "threads": args.threads,
+                  "repeats": args.repeats, **run_meta()}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return
     backbone, _, _ = load_backbone(str(BASE_CHECKPOINT))
     raw = build_dataset(args.data, "train")
     images = build_dataset(args.data, "train", eval_transform(28, 1))

@@ -9,6 +9,7 @@ from torch import nn
 
 from e2mc.checkpoints.api import PROJECT_FORMAT, official_from_object, project_from_object
 from e2mc.checkpoints.export import read_sidecar
+from e2mc.checkpoints.layouts import UnknownArchitectureError
 from e2mc.checkpoints.official import Detected, bare_backbone, detect, infer_resnet, known_layout
 from e2mc.checkpoints.official_dino import is_dino_checkpoint
 from e2mc.checkpoints.sources import PathOrState, load_file
@@ -26,7 +27,8 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     ``<path>.json`` sidecar of :func:`export_backbone` (:func:`read_sidecar`; its
     ``image_size`` is in ``info``), else the ResNet read off the shapes. With ``arch`` or a
     sidecar, a plain state dict is the backbone's even where its names look like a method's
-    (a torchvision ViT's ``encoder.*``).
+    (a torchvision ViT's ``encoder.*``). ``arch`` also names the backbone of an official file
+    whose keys do not give it (a MoCo v3 ViT); a file that records its own ignores it.
     ``info`` is :func:`checkpoint_summary`'s: metadata without tensors, with the file's
     ``sha256`` and its ``source`` (the URL for a URL)."""
     obj, source, local = load_file(path, trust)
@@ -52,7 +54,12 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
                              "with --arch (arch=), or keep the <file>.json export-backbone "
                              "wrote beside it") from None
     if det.format != "backbone":
-        method, info = official_from_object(obj, source, None, False, {})
+        try:
+            method, info = official_from_object(obj, source, None, False, {})
+        except UnknownArchitectureError:  # a MoCo v3 ViT: ``arch`` names it
+            if arch is None:
+                raise
+            method, info = official_from_object(obj, source, None, False, {"backbone": arch})
         return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     spec: dict[str, Any] | None = None
     if arch is not None:

@@ -5,6 +5,7 @@ EMA teacher's instead with ``teacher``; :func:`read_sidecar` reads the sidecar b
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from e2mc.checkpoints.official import bare_backbone
 from e2mc.checkpoints.remote import is_url
 from e2mc.checkpoints.sources import PathOrState, local_checkpoint
 from e2mc.checkpoints.summary import recorded_image_size
-from e2mc.files import atomic_write_json, sha256_file
+from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod
 from e2mc.models import parse_backbone_name, timm_parts
 
@@ -139,9 +140,14 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.PathLike[str]
                          ) -> None:
-    """Refuse an export that would overwrite its input or another checkpoint (see
+    """Refuse an export that would overwrite its input or another checkpoint, or that could
+    write one of its two files and not the other (a link or a folder at either path; see
     :func:`export_backbone`)."""
     out = Path(out_path)
+    for target in (out, sidecar_path(out)):
+        refuse_link(target)
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(target))
     if checkpoint is not None and not isinstance(checkpoint, dict):
         source = local_checkpoint(checkpoint)
         for target in (out, sidecar_path(out)):
@@ -184,8 +190,9 @@ def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str
     every architecture back through it.
 
     Refused (``ValueError``, nothing written): an ``out_path`` (or its ``.json``) that is the
-    checkpoint being read, and an existing ``out_path`` that holds more than a plain state dict
-    (a training, e2mc or official checkpoint); an earlier export is replaced. A run directory
+    checkpoint being read, a symbolic link or a folder, and an existing ``out_path`` that holds
+    more than a plain state dict (a training, e2mc or official checkpoint); an earlier export
+    is replaced. A run directory
     stands for its model (:func:`checkpoint_of`; ``last``: its last step), and the sidecar
     records under ``model`` which file and step that was and whether it was the kept model.
     ``teacher``: the EMA teacher's backbone (:func:`teacher_backbone`) instead of the

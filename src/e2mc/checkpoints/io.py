@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import pickletools
+import struct
 import warnings
+import zipfile
 from typing import Any
 
 import torch
@@ -34,25 +37,26 @@ OFFICIAL_SAFE_GLOBALS: list[Any] = [
 ]
 
 
-def torch_load(path: str | os.PathLike[str], trust: bool = False) -> Any:
+def torch_load(path: str | os.PathLike[str], trust: bool = False, mmap: bool = False) -> Any:
     """``torch.load`` on CPU with ``weights_only=True``; full unpickling only if ``trust``.
 
-    Full unpickling can execute arbitrary code stored in the file, so it is refused unless the
-    caller says the file comes from a trusted source (``trust=True``, ``--trust-checkpoint``).
-    A file that is empty, truncated or not a PyTorch file at all (text, JSON) is a
-    :class:`~e2mc.errors.CorruptFileError` naming it.
+    The one reader of checkpoint files. Full unpickling can execute arbitrary code stored in the
+    file, so it is refused unless the caller says the file comes from a trusted source
+    (``trust=True``, ``--trust-checkpoint``). A file that is empty, truncated, damaged (a zip
+    member whose CRC-32 does not match its bytes: :func:`check_torch_file`) or not a PyTorch
+    file at all (text, JSON) is a :class:`~e2mc.errors.CorruptFileError` naming it. ``mmap``:
+    the tensors stay in the file until read (a zip file only).
     """
     check_torch_file(path)
     try:
         with torch.serialization.safe_globals(OFFICIAL_SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except (EOFError, RuntimeError) as err:  # a cut zip archive or pickle stream
-        cause = str(err).split(". ")[0] or type(err).__name__
-        raise CorruptFileError(f"{path}: truncated or damaged checkpoint file ({cause}); "
-                               "download or write it again") from err
-    except pickle.UnpicklingError as err:
-        if "Weights only load failed" not in str(err):
-            raise CorruptFileError(f"{path}: not a readable PyTorch checkpoint ({err})") from err
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (EOFError, RuntimeError, pickle.UnpicklingError, IndexError, struct.error,
+            ValueError) as err:  # a cut or damaged pickle stream, a zip torch cannot read
+        if "Weights only load failed" not in str(err) or not _pickles_complete(path):
+            cause = str(err).split(". ")[0] or type(err).__name__
+            raise CorruptFileError(f"{path}: truncated or damaged checkpoint file ({cause}); "
+                                   "download or write it again") from err
         if not trust:
             raise UntrustedCheckpointError(
                 f"{path}: the file holds Python objects other than tensors and plain containers, "
@@ -66,23 +70,66 @@ def torch_load(path: str | os.PathLike[str], trust: bool = False) -> Any:
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"  # legacy torch.save files (the official .pth.tar) are pickle streams
+#: The files whose every zip member matched its CRC-32 in this process: (path, inode, size,
+#: mtime): a file read again (a resume reads its checkpoint's record, then the checkpoint) is
+#: checked once.
+_VERIFIED: set[tuple[str, int, int, int]] = set()
 
 
 def check_torch_file(path: Any) -> None:
     """Raise :class:`~e2mc.errors.CorruptFileError` unless ``path`` (a path; file objects pass)
-    begins like a file of ``torch.save`` (a zip archive or a pickle stream)."""
+    begins like a file of ``torch.save`` (a zip archive or a pickle stream) and, for a zip
+    archive, every member's bytes match their CRC-32 (zipfile's own check: the whole file is
+    read once; a flipped or cut byte is found, which ``torch.load`` does not look for)."""
     if not isinstance(path, (str, os.PathLike)):
         return
     with open(path, "rb") as f:  # FileNotFoundError / IsADirectoryError name the path
         head = f.read(64)
+        st = os.fstat(f.fileno())
     if not head:
         raise CorruptFileError(f"{path}: the checkpoint file is empty (0 bytes)")
-    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC):
+    if head.startswith(_ZIP_MAGIC):
+        key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _VERIFIED:
+            _check_zip(path)
+            _VERIFIED.add(key)
+        return
+    if head.startswith(_PICKLE_MAGIC):
         return
     text = head.decode("utf-8", errors="replace").strip()
     kind = "JSON" if text[:1] in "{[" else "text" if text.isprintable() else "unknown data"
     raise CorruptFileError(f"{path}: not a PyTorch checkpoint (it holds {kind}, beginning "
                            f"{text[:24]!r})")
+
+
+def _check_zip(path: str | os.PathLike[str]) -> None:
+    """:func:`check_torch_file` of a zip archive: its directory read, every member's CRC-32."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError, struct.error, NotImplementedError) as err:
+        raise CorruptFileError(f"{path}: truncated or damaged checkpoint file (not a readable "
+                               f"zip archive: {err}); download or write it again") from err
+    if bad is not None:
+        raise CorruptFileError(f"{path}: damaged checkpoint file (the bytes of {bad} do not "
+                               "match their CRC-32); download or write it again")
+
+
+def _pickles_complete(path: str | os.PathLike[str]) -> bool:
+    """Whether the five pickles that begin a legacy ``torch.save`` file (magic number, protocol,
+    system info, the object, its storage keys) each reach their STOP; a zip archive passed
+    :func:`check_torch_file` whole. Read opcode by opcode, nothing is built."""
+    with open(path, "rb") as f:
+        if f.read(4) == _ZIP_MAGIC:
+            return True
+        f.seek(0)
+        try:
+            for _ in range(5):
+                for _op in pickletools.genops(f):
+                    pass
+        except (ValueError, EOFError, MemoryError, OverflowError):
+            return False
+    return True
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:

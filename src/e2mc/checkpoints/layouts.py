@@ -108,6 +108,10 @@ def _vit(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
     return hp
 
 
+class UnknownArchitectureError(ValueError):
+    """A file whose keys do not give its backbone's architecture, and nothing named it."""
+
+
 def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> None:
     """Refuse (one line) a backbone that the shapes do not name and no argument names."""
     arch = det.extra.get("arch")
@@ -117,8 +121,9 @@ def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> No
     if "backbone" in hp:
         return
     what = f"moco-v3's {arch}" if det.format == "mocov3" and arch else "its backbone"
-    raise ValueError(f"{source or 'the checkpoint'}: cannot tell the architecture of {what} "
-                     "from its keys: name it (backbone=, --backbone, model.backbone)")
+    raise UnknownArchitectureError(
+        f"{source or 'the checkpoint'}: cannot tell the architecture of {what} from its keys: "
+        "name it (e2mc eval: --arch; convert, continue: --backbone; Python: backbone=)")
 
 
 def _check_vit_heads(det: Detected, model: nn.Module) -> None:

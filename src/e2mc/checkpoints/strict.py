@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,6 +12,11 @@ from torch import nn
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint's tensors do not match the model (missing, unexpected or mis-shaped keys)."""
+
+
+class NonFiniteWeightsError(ValueError):
+    """A checkpoint's weights hold NaN or infinite values: nothing computed from them means
+    anything (an evaluation would print chance-level numbers)."""
 
 
 def _listing(title: str, items: list[str]) -> str:
@@ -25,7 +31,8 @@ def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.T
     """Raise :class:`CheckpointMismatchError` unless ``given`` has exactly the keys and shapes
     of ``expected``. Names in the message are the file's names (``to_file_name`` maps a model
     key back); ``unmapped`` are file keys no rule of the format maps (reported as unexpected).
-    The message is one line: the count of each kind and its first ten names."""
+    The message is one line: the count of each kind and its first ten names. Then every
+    floating tensor must be finite (:func:`check_finite`): the one check of every loader."""
     missing = [to_file_name(k) for k in expected if k not in given]
     unexpected = list(unmapped or []) + [to_file_name(k) for k in given if k not in expected]
     mismatched = [f"{to_file_name(k)}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
@@ -37,6 +44,25 @@ def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.T
                   ("shape mismatches", mismatched)) if items]
         raise CheckpointMismatchError(f"checkpoint does not match the model (format assumed: "
                                       f"{fmt}); nothing was loaded: {'; '.join(found)}")
+    check_finite(given, to_file_name)
+
+
+def check_finite(state: Mapping[str, torch.Tensor],
+                 to_file_name: Callable[[str], str] = lambda k: k) -> None:
+    """Raise :class:`NonFiniteWeightsError` (one line, the file's name of the first such tensor)
+    unless every floating tensor of ``state`` is finite. One sum per tensor first (a NaN or inf
+    makes it non-finite; a finite sum clears the tensor), element by element only where it is
+    not (the sum may overflow)."""
+    floats = [(k, v) for k, v in state.items() if v.is_floating_point() and v.numel()]
+    sums = torch.stack([v.sum().float() for _, v in floats]) if floats else torch.zeros(0)
+    if bool(torch.isfinite(sums).all()):
+        return
+    for (key, value), total in zip(floats, sums.tolist(), strict=True):
+        bad = 0 if math.isfinite(total) else int((~torch.isfinite(value)).sum())
+        if bad:
+            raise NonFiniteWeightsError(
+                f"the checkpoint's {to_file_name(key)} holds {bad:,} of {value.numel():,} values "
+                "that are not finite (NaN or inf); nothing was loaded")
 
 
 def load_strict(build: Callable[[], nn.Module], state: Mapping[str, torch.Tensor], fmt: str,

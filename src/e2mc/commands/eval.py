@@ -118,8 +118,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "simsiam (the paper's) or generic (default: generic)")
     p.add_argument("--arch", default=None,
                    help="backbone architecture of a plain state dict (default: the export's "
-                        "OUT.json, else the ResNet read off the shapes; e2mc and official "
-                        "files record theirs; --arch is then ignored, with a warning)")
+                        "OUT.json, else the ResNet read off the shapes), or of an official "
+                        "file whose keys do not give it (a MoCo v3 ViT); e2mc and other "
+                        "official files record theirs: --arch is then ignored, with a warning")
     p.add_argument("--small-images", action="store_true", help="ResNet stem for 28-32 px")
     p.add_argument("--in-channels", type=at_least(1), default=None,
                    help="image channels (default: the model's first layer's)")

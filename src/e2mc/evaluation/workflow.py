@@ -265,10 +265,11 @@ def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, 
     own."""
     from e2mc.models import input_channels
 
-    if model.arch is not None and info.get("format") != "backbone":
+    recorded = (info.get("hparams") or {}).get("backbone")
+    if model.arch not in (None, recorded) and info.get("format") != "backbone":  # (else: used)
         log(f"warning: --arch {model.arch} is ignored: {path} is a "
             f"{info.get('format', 'e2mc')} checkpoint, which records its architecture "
-            f"({(info.get('hparams') or {}).get('backbone', 'see the file')})")
+            f"({recorded or 'see the file'})")
     channels = input_channels(backbone)
     if model.in_channels is not None and model.in_channels != channels:
         raise InputError(f"--in-channels {model.in_channels} does not fit {path}, "

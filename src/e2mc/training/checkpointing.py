@@ -11,7 +11,7 @@ python, numpy, torch, cuda), ``training_state`` (the method's, e.g. the SwAV que
 (name and state dict), ``run_config`` (the resolved configuration as a dict).
 
 Every entry is made of tensors, numbers, strings, lists, tuples and dicts, so resuming reads the
-file with ``torch.load(weights_only=True)``.
+file with ``torch.load(weights_only=True)`` (:func:`e2mc.checkpoints.torch_load`).
 """
 
 from __future__ import annotations
@@ -69,11 +69,10 @@ def load_resume_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]
     Raises ``ValueError`` when the file is not a resumable e2mc checkpoint or was written by a
     run of another method.
     """
+    from e2mc.checkpoints import torch_load
+
     path = Path(path)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unpickling failure means "not a resumable checkpoint"
-        raise ValueError(f"cannot read the training checkpoint {path}: {err}") from err
+    ckpt = torch_load(path)  # the one reader: a damaged file is a CorruptFileError naming it
     if not isinstance(ckpt, dict) or ckpt.get("format") != "e2mc":
         raise ValueError(f"{path} is not an e2mc training checkpoint")
     missing = [k for k in RESUME_KEYS if k not in ckpt]
@@ -135,10 +134,11 @@ def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], int]:
 def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
     """``(run_config, step, data)`` of a training checkpoint, read without loading its tensors;
     ``data``: the content identity of its training images (None in an older checkpoint)."""
+    from e2mc.checkpoints import torch_load
     from e2mc.errors import CorruptFileError
 
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = torch_load(path, mmap=True)
         return ckpt["run_config"], int(ckpt["step"]), ckpt.get("data")
     except Exception as err:  # noqa: BLE001 - any failure means the file is not usable
         raise CorruptFileError(f"cannot read the run's checkpoint {path} ({err}); delete it to "
