@@ -30,8 +30,9 @@ def test_wandb_gets_the_numeric_metrics_at_their_step(tmp_path, monkeypatch):
     fake = types.ModuleType("wandb")
     fake.init = lambda **kw: calls.append(("init", kw)) or _FakeRun(calls)
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    cfg = load_config("fmnist-vicreg-continued", ["logging.wandb=true", "logging.wandb_mode=offline",
-                                                 "logging.wandb_project=p", "name=my-run"])
+    cfg = load_config("fmnist-vicreg-continued",
+                      ["logging.wandb=true", "logging.wandb_mode=offline",
+                       "logging.wandb_project=p", "name=my-run"])
     run_dir = tmp_path / "run"
     with MetricsLogger(run_dir, config=cfg) as logger:
         logger.log(0, {"loss": 2.0, "epoch": 0, "nonfinite": float("nan"), "flag": True,
