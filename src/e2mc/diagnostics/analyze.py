@@ -50,6 +50,7 @@ from e2mc.diagnostics.report import RunDiagnostics, loss_change, write_report
 from e2mc.evaluation.features import features_and_embeddings
 from e2mc.files import atomic_write, display_name, safe_name
 from e2mc.models import check_input_size, fixed_image_size, input_channels
+from e2mc.progress import progress_bar
 
 FEATURES = "backbone features"
 EMBEDDINGS = "projector embeddings"
@@ -345,6 +346,10 @@ def analyze(
 
     reports: list[RunDiagnostics] = []
     compact, standardized, nn_feat, nn_emb = {}, {}, {}, {}
+    # a line as each run's statistics and curves are done, and the figures: the parts between
+    # the feature extractions' own lines (seconds each on a CPU)
+    steps = progress_bar(total=2 * len(sources) + 1, desc="analysis", unit="part",
+                         disable=not progress, every=0)
     for src, (backbone, method, info) in zip(sources, loaded, strict=True):
         feats, embs = features_and_embeddings(backbone, method, dataset, batch_size, device,
                                               progress, desc=src.name)
@@ -355,6 +360,8 @@ def analyze(
                                                nn_distances=nn_f)
         nn_feat[src.name] = nn_f
         standardized[src.name] = marginal_values(feats, "standardized")
+        steps.set_postfix_str(f"{src.name}: statistics of the features done", refresh=False)
+        steps.update(1)
         if embs is not None:
             space = method.compact_space  # type: ignore[union-attr]
             nn_e = nearest_neighbor_distances(embs, knn_k)
@@ -374,6 +381,10 @@ def analyze(
         records = read_jsonl(src.metrics, partial_last_line=True) if src.metrics else []
         _training_curves(run, src, records, out)
         reports.append(run)
+        steps.set_postfix_str(f"{src.name}: " + ("statistics of the embeddings, " if embs
+                                                  is not None else "") + "collapse checks done",
+                              refresh=False)
+        steps.update(1)
 
     figures = []
     names = [s.name for s in sources]
@@ -415,4 +426,8 @@ def analyze(
     extra["settings"] = {"data": data, "split": split, "num_samples": len(dataset),
                          "image_size": image_size, "channels": channels, "knn_k": knn_k,
                          "seed": seed}
-    return write_report(out, reports, figures, title="e2mc diagnostics", extra=extra)
+    written = write_report(out, reports, figures, title="e2mc diagnostics", extra=extra)
+    steps.set_postfix_str("figures and report written", refresh=False)
+    steps.update(1)
+    steps.close()
+    return written
