@@ -476,3 +476,24 @@ def test_a_nonfinite_gradient_stops_or_is_skipped(tmp_path: Path) -> None:
     after_one = {k: v.clone() for k, v in ref_method.state_dict().items()}
     for key, value in after_one.items():  # step 2 skipped: the weights of step 1
         assert torch.equal(ckpt["model"][key], value), key
+
+
+def test_a_torchvision_built_for_another_torch_is_one_line_naming_both(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mismatched pair fails at the first torchvision operator with this RuntimeError
+    (simulated: torchvision's import in the demo raises it): the demo ends in one line naming
+    both versions, not a traceback."""
+    from importlib.metadata import version
+
+    import e2mc.demo
+
+    def mismatched(*args, **kwargs):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setattr(e2mc.demo, "run_demo", mismatched)
+    assert main(["demo", "--quick"]) == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert err == (f"e2mc demo: error: torchvision {version('torchvision')} was not built for "
+                   f"torch {version('torch')} (operator torchvision::nms does not exist): "
+                   "install the torchvision release made for this torch "
+                   "(pytorch.org/get-started/previous-versions lists the pairs)\n")

@@ -7,7 +7,8 @@ is one of three kinds.
   Fashion-MNIST, training commands get ``--set`` overrides for one step of batch 16,
   evaluations one probe epoch and no feature cache, and the run directories a page starts from
   (``runs/vicreg-e2mc``, ``runs/vicreg-continued``, ``my-run.yaml``, ``resnet18_timm.pt``) are
-  made first. It must exit 0.
+  made first. ``--data PATH/TO/folder`` (your own image folder) becomes a tiny folder of 32 px
+  RGB images, and ``r18.pt`` a torchvision resnet18's state dict. It must exit 0.
 - **parsed**: a block marked ``<!-- docs test: parsed, not run (REASON) -->`` on the line
   above its fence (ImageNet, torchrun, SLURM, downloads, files of the reader's own). Its
   commands parse with the real argparse parsers: their options exist, take the values given,
@@ -24,6 +25,7 @@ import re
 import shlex
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,6 +113,8 @@ def test_every_documented_command_parses(page: Path, line: int, command: str,
 
 
 TINY_DATA = "tiny.npz"
+#: ``PATH/TO/folder``: an image folder of your own (train/ and test/, 3 classes, 32 px RGB).
+TINY_FOLDER = "tiny-folder"
 #: One step of batch 16 on the CPU, one thread, no progress bar (after the command's own --set).
 ONE_STEP = ["training.max_steps=1", "training.batch_size=16", "training.progress=false",
             "data.num_workers=0", "training.cpu_threads=1", "training.device=cpu"]
@@ -122,7 +126,8 @@ def small(argv: list[str]) -> list[str]:
     epoch, no feature cache."""
     argv = list(argv)
     if "--data" in argv:
-        argv[argv.index("--data") + 1] = TINY_DATA
+        given = argv[argv.index("--data") + 1]
+        argv[argv.index("--data") + 1] = TINY_FOLDER if given.endswith("/folder") else TINY_DATA
     elif argv[0] in TRAINS:
         argv += ["--data", TINY_DATA]
     if argv[0] in TRAINS:
@@ -146,6 +151,7 @@ def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import os
 
     import numpy as np
+    import torch
 
     from e2mc.cli import main
     from e2mc.data.datasets import builtin_fashion_mnist_path
@@ -161,9 +167,12 @@ def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             ("fmnist-vicreg-continued", "runs/vicreg-continued")):
             assert main(small(["continue", "--config", preset, "--from", "builtin:demo-vicreg",
                                "--out", out])) == 0
+        _own_folder(folder / TINY_FOLDER)  # checkpoints.md: your backbone, your image folder
+        shared = tmp_path_factory.mktemp("weights") / "r18.pt"  # (linked: 45 MB, read only)
+        torch.save(_resnet18_backbone().state_dict(), shared)
+        (folder / "r18.pt").symlink_to(shared)
         if importlib.util.find_spec("timm") is not None:  # checkpoints.md: your timm weights
             import timm
-            import torch
 
             torch.save(timm.create_model("resnet18").state_dict(), "resnet18_timm.pt")
         with contextlib.redirect_stdout(io.StringIO()) as shown:
@@ -172,6 +181,32 @@ def docs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         os.chdir(cwd)
     return folder
+
+
+def _own_folder(root: Path) -> None:
+    """A tiny image folder of one's own: 3 classes of 32 px RGB images, 70 per class in
+    ``train/`` and 8 in ``test/``, each class brighter in one channel."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 70), ("test", 8)):  # (kNN k=200 needs 200)
+        for c in range(3):
+            (root / split / f"c{c}").mkdir(parents=True)
+            for i in range(per_class):
+                x = rng.integers(0, 128, (32, 32, 3), dtype=np.uint8)
+                x[..., c] += 100
+                Image.fromarray(x).save(root / split / f"c{c}" / f"{i}.png")
+
+
+def _resnet18_backbone() -> Any:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18()
+    model.fc = torch.nn.Identity()
+    return model
 
 
 def _page_param(page: Path) -> object:

@@ -7,7 +7,6 @@ line naming both values, before any image is read."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -215,18 +214,16 @@ def test_a_sidecar_of_other_bytes_is_refused(tmp_path: Path, capsys) -> None:
         load_backbone(bb)
 
 
-def _one_error_line(capsys, argv: list[str], *needles: str, seconds: float = 20.0) -> str:
-    """``e2mc ARGV`` ends with exit 2 and one error line holding ``needles``, within
-    ``seconds`` (before any image is read or any step is trained)."""
+def _one_error_line(capsys, argv: list[str], *needles: str) -> str:
+    """``e2mc ARGV`` ends with exit 2 and one error line holding ``needles`` (before any image
+    is read or any step is trained: the callers' data do not exist, so reading them would be
+    another error)."""
     capsys.readouterr()
-    began = time.monotonic()
     assert main(argv) == 2
-    took = time.monotonic() - began
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     for needle in needles:
         assert needle in err, err
-    assert took < seconds, f"{took:.1f} s"
     return err
 
 

@@ -45,7 +45,7 @@ def test_by_hand_with_postfix_and_a_time_limit() -> None:
 
 def test_close_reports_where_an_early_stop_left_it_and_time_limits_lines() -> None:
     stream = io.StringIO()
-    bar = progress_bar(total=100, initial=10, file=stream)  # every 30 s: no line before 25%
+    bar = progress_bar(total=100, initial=10, file=stream)  # every 10 s: no line before 25%
     for _ in range(5):
         bar.update()
     assert stream.getvalue() == ""

@@ -171,7 +171,8 @@ def test_search_gives_the_inline_numbers_and_a_cancelled_job_ends_it(
     thread.join(5)
     err = capsys.readouterr().err
     job_id = cancelled["job"]
-    assert ended - cancelled["at"] < 30, "the search saw the cancellation within seconds"
+    # a guard against a hang, not a speed test (the search polls the queue every few seconds)
+    assert ended - cancelled["at"] < 300, "the search did not see the cancellation"
     line = next(ln for ln in err.splitlines() if ln.startswith("e2mc search: error:"))
     assert re.search(rf"job {job_id} \(trials/\S+\) ended without a result \(CANCELLED\); "
                      r"run the same command again .*; log \S+_log\.err$", line), line

@@ -45,6 +45,10 @@ def test_the_runs_weights_in_a_copy_of_the_module_or_one_error(tmp_path: Path) -
         load_into_module(tmp_path / "run" / "checkpoint.pt", nn.Sequential(nn.Flatten()))
     with pytest.raises(CheckpointMismatchError):
         load_into_module(tmp_path / "run" / "checkpoint.pt", Encoder(width=16))
-    with pytest.raises(InputError, match="is not an e2mc checkpoint of a run"):
-        torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pt")
+    with pytest.raises(InputError, match="is neither an e2mc checkpoint of a run .* nor a "
+                                         "state dict of the module"):
+        torch.save({"weights": "text"}, tmp_path / "other.pt")
+        load_into_module(tmp_path / "other.pt", mine)
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pt")  # another module's weights
+    with pytest.raises(CheckpointMismatchError, match="2 missing keys: net.0.weight"):
         load_into_module(tmp_path / "other.pt", mine)

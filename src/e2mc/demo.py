@@ -92,6 +92,12 @@ def evaluate(checkpoint: Path, out_dir: Path, settings: DemoSettings, cache_dir:
 def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
              base_checkpoint: str | Path = BASE_CHECKPOINT, device: str = "cpu") -> Path:
     """Run the three stages into ``out_dir``; returns the path of the comparison markdown."""
+    settings = settings or DemoSettings()
+    start = time.perf_counter()
+    if settings.check_only:
+        print("--quick: an installation check (short runs, a small test set); its verdicts "
+              "mean nothing", flush=True)
+    print("loading PyTorch and the evaluation libraries", flush=True)  # (seconds, or more)
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_evaluations, comparison_markdown, write_comparison
     from e2mc.evaluation.answer import print_answer
@@ -99,16 +105,11 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     from e2mc.evaluation.comparison_page import write_comparison_page
     from e2mc.training.run import train_unless_done
 
-    settings = settings or DemoSettings()
     out = Path(out_dir)
     base = builtin_checkpoint(base_checkpoint) or Path(base_checkpoint)
     if not base.exists():
         raise FileNotFoundError(f"base checkpoint not found: {base}")
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    if settings.check_only:
-        print("--quick: an installation check (short runs, a small test set); its verdicts "
-              "mean nothing", flush=True)
 
     def stage(text: str) -> None:
         print(f"\n[{time.perf_counter() - start:6.1f} s] {text}", flush=True)

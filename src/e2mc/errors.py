@@ -112,4 +112,22 @@ def describe(exc: BaseException) -> tuple[int, str]:
         return EXIT_INPUT, message
     if isinstance(exc, _UNREADABLE):
         return EXIT_INPUT, f"unreadable file ({type(exc).__name__}: {message})"
+    if isinstance(exc, RuntimeError) and "operator torchvision::" in message:
+        return EXIT_FAILURE, _torchvision_mismatch(message)
     return EXIT_FAILURE, f"{type(exc).__name__}: {message} (--debug shows the traceback)"
+
+
+def _torchvision_mismatch(message: str) -> str:
+    """torchvision's compiled operators were built for another torch (``operator
+    torchvision::nms does not exist``): the installed pair, in one line."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "(not installed)"
+
+    return (f"torchvision {installed('torchvision')} was not built for torch "
+            f"{installed('torch')} ({message}): install the torchvision release made for this "
+            "torch (pytorch.org/get-started/previous-versions lists the pairs)")

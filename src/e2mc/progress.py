@@ -18,8 +18,9 @@ from typing import IO, Any
 
 __all__ = ["PLAIN_EVERY_S", "PlainProgress", "is_terminal", "progress_bar"]
 
-#: Seconds between two plain lines that no quarter of the total prompted.
-PLAIN_EVERY_S = 30.0
+#: Seconds between two plain lines that no quarter of the total prompted (no phase of a
+#: command stays silent much longer: a log shows it is alive).
+PLAIN_EVERY_S = 10.0
 
 
 def is_terminal(stream: IO[str] | None = None) -> bool:

@@ -13,6 +13,7 @@ import copy
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from e2mc.checkpoints.io import torch_load
@@ -26,8 +27,9 @@ __all__ = ["load_into_module", "method_around"]
 def _project_file(path: str | os.PathLike[str], trust: bool) -> dict[str, Any]:
     obj = torch_load(path, trust=trust)
     if not (isinstance(obj, dict) and obj.get("format") == "e2mc" and "hparams" in obj):
-        raise InputError(f"{path} is not an e2mc checkpoint of a run (continue_module writes "
-                         "them): a module's weights load from the run directory's checkpoints")
+        raise InputError(f"{path} is neither an e2mc checkpoint of a run (continue_module "
+                         "writes them) nor a state dict of the module (module.state_dict() "
+                         "saved)")
     if "projector_class" in obj["hparams"]:
         raise InputError(f"{path} was built around your own projector too "
                          f"({obj['hparams']['projector_class']}): rebuild it in code")
@@ -53,8 +55,18 @@ def method_around(path: str | os.PathLike[str], module: nn.Module, trust: bool =
 
 
 def load_into_module(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
-                     ) -> tuple[nn.Module, int, dict[str, Any]]:
+                     ) -> tuple[nn.Module, int | None, dict[str, Any]]:
     """``(backbone, feature_dim, info)``: a copy of ``module`` with the run's backbone weights
-    (:func:`method_around`)."""
+    (:func:`method_around`), or with the module's own weights that ``path`` holds as a plain
+    state dict (``module.state_dict()`` saved: your starting weights, the base of a
+    comparison; ``feature_dim`` None: the module's output size on the images, ``info``
+    ``{"format": "module", "starting_weights": True}``)."""
+    obj = torch_load(path, trust=trust)
+    if isinstance(obj, dict) and obj and obj.get("format") != "e2mc" \
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        backbone = load_strict(lambda: copy.deepcopy(module), obj,
+                               f"the state dict of a {type(module).__name__}")
+        return backbone, None, {"format": "module", "module": type(module).__name__,
+                                "starting_weights": True}
     method, info = method_around(path, module, trust)
     return method.backbone, int(method.feature_dim), info

@@ -41,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, metavar="DEVICE",
                    help="device of the feature extraction: cpu, cuda, cuda:1 (default: cuda "
                         "when there is one, else cpu)")
-    p.add_argument("--knn-k", type=int, default=100,
-                   help="the far neighbour of the NN-distance statistics (default 100)")
+    p.add_argument("--knn-k", type=int, default=None,
+                   help="the far neighbour of the NN-distance statistics (default 100, at most "
+                        "the sampled images less one, with a note)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="N",
                    help="seed of the sampled images and dimension pairs (default 0)")
     p.add_argument("--seed", dest="sample_seed", type=int, action=Renamed, metavar="N",

@@ -57,10 +57,12 @@ def markdown_table(names: list[str]) -> str:
         scaling = " x batch/256" if cfg.optim.lr_scaling == "linear" else ""
         rows.append(
             f"| `{name}` | {f'`{base}`' if base else '–'} | {cfg.mode} | "
-            f"{cfg.model.backbone}, {cfg.data.image_size} px, {cfg.data.channels} ch | "
+            f"{cfg.model.backbone}, {cfg.data.image_size or 'data'} px, "
+            f"{cfg.data.channels or 'data'} ch | "
             f"{cfg.method.name} ({_params(cfg.method.params)}) | "
             f"{cfg.addon.name} ({_params(cfg.addon.params)}) | {_params(cfg.optim.params)} | "
             f"{cfg.optim.base_lr:g}{scaling} | {cfg.optim.weight_decay:g} | "
-            f"{cfg.optim.schedule} | {cfg.training.batch_size} | {cfg.training.epochs} | "
+            f"{cfg.optim.schedule} | {'≤ ' * cfg.training.fit_batch}{cfg.training.batch_size} | "
+            f"{cfg.training.epochs} | "
             f"{cfg.training.precision} | {base_epoch if cfg.mode == 'continue' else '–'} |")
     return "\n".join(rows) + "\n"

@@ -26,11 +26,12 @@ MODES = ("continue", "pretrain")
 @dataclass
 class ModelConfig:
     """The backbone (``e2mc.models.build_backbone``) by name: ``resnet50``,
-    ``torchvision:resnet50[:WEIGHTS]``, ``timm:NAME``, ``hf:REPO_ID``, ``cnn5_small``."""
+    ``torchvision:resnet50[:WEIGHTS]``, ``timm:NAME``, ``hf:REPO_ID``, ``cnn5_small``.
+    ``in_channels`` None: ``data.channels``."""
 
     backbone: str = "resnet50"
     small_images: bool = False
-    in_channels: int = 3
+    in_channels: int | None = 3
 
 
 @dataclass
@@ -88,13 +89,14 @@ class DataConfig:
     ``device`` (the same, with the photometric steps batched on the training device);
     ``auto``, the default, ``device`` for image files on CUDA, ``fast`` for image files on a
     CPU, ``pil`` for arrays. ``num_workers`` None: the cores the process may use, less one
-    (:mod:`e2mc.training.hardware` says every ``auto`` choice).
+    (:mod:`e2mc.training.hardware` says every ``auto`` choice). ``image_size`` / ``channels``
+    None: the data's own (:mod:`e2mc.training.fit`, fixed in the run's configuration).
     """
 
     dataset: str | None = None
     split: str = "train"
-    image_size: int = 224
-    channels: int = 3
+    image_size: int | None = 224
+    channels: int | None = 3
     recipe: str | None = None
     num_workers: int | None = None
     skip_corrupt: bool = False
@@ -150,10 +152,13 @@ class TrainingConfig:
     ``scontrol requeue $SLURM_JOB_ID`` under SLURM after a time-limit signal (``SIGUSR1``,
     submitit's ``SIGUSR2``; ``e2mc.training.preemption.SIGNAL_TABLE``). ``precision``
     ``auto`` (the default): bf16 on CUDA where the GPU has it, else fp16 with its scaler, fp32 on
-    a CPU; ``channels_last`` None: on with CUDA (:mod:`e2mc.training.hardware`)."""
+    a CPU; ``channels_last`` None: on with CUDA (:mod:`e2mc.training.hardware`).
+    ``fit_batch``: ``batch_size`` is the largest batch, made smaller where an epoch would leave
+    more than a few percent of the images out (:mod:`e2mc.training.fit`)."""
 
     epochs: int = 10
     batch_size: int = 512
+    fit_batch: bool = False
     seed: int = 0
     precision: str = "auto"
     device: str = "auto"
@@ -228,7 +233,7 @@ class RunConfig:
                            ("training.log_every", self.training.log_every),
                            ("data.image_size", self.data.image_size),
                            ("data.channels", self.data.channels)):
-            if value < 1:
+            if value is not None and value < 1:  # (None: the data's own)
                 raise ValueError(f"{key} must be >= 1, got {value}")
         if self.training.checkpoint_every_steps < 0:
             raise ValueError("training.checkpoint_every_steps must be >= 0 (0 = off)")

@@ -50,9 +50,12 @@ from e2mc.diagnostics.report import RunDiagnostics, loss_change, write_report
 from e2mc.evaluation.features import features_and_embeddings
 from e2mc.files import atomic_write, display_name, safe_name
 from e2mc.models import check_input_size, fixed_image_size, input_channels
+from e2mc.progress import progress_bar
 
 FEATURES = "backbone features"
 EMBEDDINGS = "projector embeddings"
+#: The far neighbour of the NN-distance statistics unless told (fewer on a small test set).
+DEFAULT_KNN_K = 100
 
 #: ``path -> (backbone, method or None, info)``; the method is None for backbone-only files.
 Loader = Callable[[Path], tuple[nn.Module, nn.Module | None, dict[str, Any]]]
@@ -122,9 +125,11 @@ def default_loader(trust: bool = False) -> Loader:
         except (UntrustedCheckpointError, CheckpointMismatchError, CorruptFileError):
             raise
         except ValueError as err:
-            print(f"warning: {path}: no full method ({err}); analysing backbone features only",
-                  file=sys.stderr)
             backbone, _, info = load_backbone(path, trust=trust)
+            print(f"note: {path}: starting weights, a plain state dict (no heads); analysing "
+                  "backbone features only" if info.get("format") == "backbone" else
+                  f"warning: {path}: no full method ({err}); analysing backbone features only",
+                  file=sys.stderr)
             return backbone, None, dict(info)
 
     return load
@@ -135,13 +140,47 @@ def module_loader(module: nn.Module, trust: bool = False) -> Loader:
     checkpoint's method rebuilt around a copy of your backbone ``module``
     (:func:`e2mc.checkpoints.user_module.method_around`), so its embeddings and collapse checks
     are analysed as for a model built by name."""
-    from e2mc.checkpoints.user_module import method_around
+    from e2mc.checkpoints.user_module import load_into_module, method_around
 
     def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
+        backbone, dim, info = load_into_module(path, module, trust)
+        if dim is None:  # the module's own state dict: your starting weights, no heads
+            print(f"note: {path}: starting weights, a plain state dict (no heads); analysing "
+                  "backbone features only", file=sys.stderr)
+            return backbone, None, dict(info)
         method, info = method_around(path, module, trust)
         return method.backbone, method, dict(info)
 
     return load
+
+
+def _without_fresh_heads(src: RunSource, backbone: nn.Module, method: nn.Module | None,
+                         info: dict[str, Any]) -> tuple[nn.Module, nn.Module | None,
+                                                        dict[str, Any]]:
+    """A run's step 0 whose heads started new (``--new-heads``): its projector embeddings are
+    those of random heads and mean nothing, so only its backbone features are analysed."""
+    init = (info.get("run_config") or {}).get("init") or {}
+    if method is not None and info.get("step") == 0 and init.get("new_heads"):
+        print(f"note: {src.checkpoint}: step 0 of a run whose heads started new (random "
+              "weights): analysing backbone features only", file=sys.stderr)
+        return backbone, None, info
+    return backbone, method, info
+
+
+def _default_knn_k(samples: int, labels: torch.Tensor | None) -> int:
+    """:data:`DEFAULT_KNN_K`, or fewer where the sampled images are few: less than the smallest
+    class's images (a majority among more neighbours than a class has is never that class,
+    and the chance signal would cry collapse), less than the images; said in a note."""
+    k = samples - 1
+    counts = None if labels is None else torch.bincount(labels[labels >= 0])
+    if counts is not None and bool((counts > 0).any()):
+        k = min(k, int(counts[counts > 0].min()) - 1)
+    if k >= DEFAULT_KNN_K:
+        return DEFAULT_KNN_K
+    k = max(k, 1)
+    print(f"note: {samples} images sampled: the far neighbour is the {k}-th, fewer than a "
+          f"class's images, not the {DEFAULT_KNN_K}-th (--knn-k sets it)", file=sys.stderr)
+    return k
 
 
 def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
@@ -246,7 +285,7 @@ def analyze(
     image_size: int | None = None,
     batch_size: int = 256,
     device: str = "cpu",
-    knn_k: int = 100,
+    knn_k: int | None = None,
     seed: int = 0,
     accuracy_curve: bool = False,
     accuracy_train_samples: int = 5000,
@@ -284,7 +323,7 @@ def analyze(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    loaded = [load(src.checkpoint) for src in sources]
+    loaded = [_without_fresh_heads(src, *load(src.checkpoint)) for src in sources]
     channels = input_channels(loaded[0][0])
     if image_size is None:  # the size the first model was trained at (or the one it takes),
         image_size = recorded_image_size(loaded[0][2]) or fixed_image_size(loaded[0][0])
@@ -298,13 +337,19 @@ def analyze(
                          "--image-size")
     dataset = _sample(build_dataset(data, split, eval_transform(image_size, channels)),
                       num_samples, seed)
+    labels = _sample_labels(dataset)
+    if knn_k is None:  # 100, or fewer than a class's images on a small test set
+        knn_k = _default_knn_k(len(dataset), labels)  # type: ignore[arg-type]
     if len(dataset) <= knn_k:  # type: ignore[arg-type]
         raise ValueError(f"{len(dataset)} samples are too few for the {knn_k}-th neighbour; "
                          "use more --num-samples or a smaller --knn-k")
 
-    labels = _sample_labels(dataset)
     reports: list[RunDiagnostics] = []
     compact, standardized, nn_feat, nn_emb = {}, {}, {}, {}
+    # a line as each run's statistics and curves are done, and the figures: the parts between
+    # the feature extractions' own lines (seconds each on a CPU)
+    steps = progress_bar(total=2 * len(sources) + 1, desc="analysis", unit="part",
+                         disable=not progress, every=0)
     for src, (backbone, method, info) in zip(sources, loaded, strict=True):
         feats, embs = features_and_embeddings(backbone, method, dataset, batch_size, device,
                                               progress, desc=src.name)
@@ -315,6 +360,8 @@ def analyze(
                                                nn_distances=nn_f)
         nn_feat[src.name] = nn_f
         standardized[src.name] = marginal_values(feats, "standardized")
+        steps.set_postfix_str(f"{src.name}: statistics of the features done", refresh=False)
+        steps.update(1)
         if embs is not None:
             space = method.compact_space  # type: ignore[union-attr]
             nn_e = nearest_neighbor_distances(embs, knn_k)
@@ -334,6 +381,10 @@ def analyze(
         records = read_jsonl(src.metrics, partial_last_line=True) if src.metrics else []
         _training_curves(run, src, records, out)
         reports.append(run)
+        steps.set_postfix_str(f"{src.name}: " + ("statistics of the embeddings, " if embs
+                                                  is not None else "") + "collapse checks done",
+                              refresh=False)
+        steps.update(1)
 
     figures = []
     names = [s.name for s in sources]
@@ -375,4 +426,8 @@ def analyze(
     extra["settings"] = {"data": data, "split": split, "num_samples": len(dataset),
                          "image_size": image_size, "channels": channels, "knn_k": knn_k,
                          "seed": seed}
-    return write_report(out, reports, figures, title="e2mc diagnostics", extra=extra)
+    written = write_report(out, reports, figures, title="e2mc diagnostics", extra=extra)
+    steps.set_postfix_str("figures and report written", refresh=False)
+    steps.update(1)
+    steps.close()
+    return written

@@ -138,7 +138,28 @@ def _start_model_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> lis
                    if model.get("kept_model") else "")
             out.append(f"{name} is its run's starting model, step 0{why}: its row is the "
                        "weights the run started from, not trained ones")
+        elif _checkpoint_info(run).get("step") == 0:
+            out.append(f"{name} is a run's step 0 ({run.info.get('checkpoint')}): its row is "
+                       "the weights the run started from, not trained ones")
+        elif _starting_file(run):
+            out.append(f"{name} is {run.info.get('checkpoint')}, a plain state dict: starting "
+                       "weights, not trained by e2mc")
     return out
+
+
+def _starting_file(run: EvalResults) -> bool:
+    """Whether the evaluated file is a plain state dict of a backbone that e2mc did not train
+    (your starting weights; an export of a run records where it came from)."""
+    info = _checkpoint_info(run)
+    return info.get("format") in ("backbone", "module") and "exported" not in info
+
+
+def _trained_here(run: EvalResults) -> bool:
+    """Whether the evaluated weights were trained by a run (not its step 0, not a starting
+    file)."""
+    model = run.info.get("model")
+    step = model.get("step") if isinstance(model, dict) else _checkpoint_info(run).get("step")
+    return step != 0 and not _starting_file(run)
 
 
 def _weights_id(run: EvalResults) -> str | None:
@@ -205,7 +226,7 @@ def _dropped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[st
     alike: dict[tuple, list[str]] = {}
     for name, run in zip(names, runs, strict=True):
         use = _checkpoint_info(run).get("epoch_use")
-        if isinstance(use, dict) and use.get("dropped"):
+        if isinstance(use, dict) and use.get("dropped") and _trained_here(run):
             key = tuple(use.get(k) for k in ("dropped", "images", "batch", "steps"))
             alike.setdefault(key, []).append(name)
     return [f"{' and '.join(who)} {'was' if len(who) == 1 else 'were'} trained with {dropped} "

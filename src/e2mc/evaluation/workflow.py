@@ -51,6 +51,14 @@ class EvalData:
         return (_limit(train, self.train_limit, self.limit_seed),
                 _limit(test, self.test_limit, self.limit_seed))
 
+    def image_size(self) -> int:
+        """The size of the training images (:func:`e2mc.data.shape.image_shape`)."""
+        from e2mc.data import build_dataset
+        from e2mc.data.shape import image_shape
+
+        return image_shape(build_dataset(self.train, "train",
+                                         skip_corrupt=self.skip_corrupt)).size
+
     def id(self, image_size: int, channels: int, named: bool = True) -> str:
         """The evaluation's ``data`` (and the feature cache's data id); ``named`` False: without
         the data set specs (how the images are named; what they are is their content
@@ -123,7 +131,7 @@ class _Loaded:
 
 
 def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int | None,
-          log: Callable[[str], None]) -> _Loaded:
+          log: Callable[[str], None], data: EvalData | None = None) -> _Loaded:
     from e2mc.checkpoints import is_url, load_backbone, local_checkpoint, recorded_image_size
     from e2mc.models import check_input_size, fixed_image_size
 
@@ -144,14 +152,25 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
             named if is_url(named) else path, arch=model.arch, small_images=model.small_images,
             in_channels=model.in_channels or 3, trust=model.trust)
     channels = _model_channels(backbone, model, path, info, log)
+    if info.get("format") in ("backbone", "module") and "exported" not in info:
+        log(f"model: {path}: starting weights, a plain state dict (not trained by e2mc)")
     size = image_size or recorded_image_size(info)
     if size is None:
-        size = fixed_image_size(backbone) or (32 if model.small_images else 224)
-        log(f"note: {path} records no training image size; evaluating at {size} px "
+        size = fixed_image_size(backbone)
+        which = "the size the model takes"
+        if size is None and data is not None:
+            size, which = data.image_size(), f"the size of the images of {data.train}"
+        elif size is None:
+            size, which = 224, "ImageNet's size"
+        log(f"note: {path} records no training image size; evaluating at {size} px, {which} "
             "(--image-size sets it)")
     # before any image is read: a size the model cannot take (a ViT's patch size that does
     # not divide it, a fixed-size ViT, a CNN that shrinks it to nothing) is one error line
     check_input_size(backbone, size, channels, _architecture(info) or path, "--image-size")
+    if feature_dim is None:  # your module's own weights: its output size on these images
+        from e2mc.models.input_size import pooled_dim
+
+        feature_dim = pooled_dim(backbone, channels, size)
     return _Loaded(named, chosen, path, backbone, feature_dim, info, channels, size)
 
 
@@ -196,7 +215,7 @@ def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     checkpoint bytes, data and options): what ``reuse`` reads back. Takes the same arguments."""
     if not EvalDir(out).exists():
         return False
-    loaded = _load(checkpoint, model, image_size, log=lambda _: None)
+    loaded = _load(checkpoint, model, image_size, log=lambda _: None, data=data)
     train, test = data.datasets(loaded.size, loaded.channels)
     stamp = _stamp(loaded, data, options, _identities(train, test))
     return _matching(out, stamp) is not None
@@ -213,8 +232,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
     on ``data`` with ``options`` into the evaluation directory ``out``; returns what it holds
     (``None`` on a process other than the main one under torchrun).
 
-    ``image_size`` None: the size the checkpoint records it was trained at, else 32 with
-    ``model.small_images``, else 224 (with a note). ``cache``: the feature cache (a directory
+    ``image_size`` None: the size the checkpoint records it was trained at, else the size of
+    the training images of ``data`` (with a note). ``cache``: the feature cache (a directory
     or a :class:`FeatureCache`). ``reuse``: read back ``out`` when its stamp (checkpoint
     SHA-256, data id, options) matches (:func:`is_evaluated`); without it ``out`` is evaluated
     anew. ``lock``: hold ``out``'s writer lock (False when the caller holds it)."""
@@ -222,7 +241,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
     from e2mc.distributed import is_main_process
 
     options = _resolved(options)
-    loaded = _load(checkpoint, model, image_size, log)
+    loaded = _load(checkpoint, model, image_size, log, data)
     train, test = data.datasets(loaded.size, loaded.channels)
     identities = _identities(train, test)
     stamp = _stamp(loaded, data, options, identities)

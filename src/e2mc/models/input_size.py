@@ -148,14 +148,15 @@ def one_pixel_note(module: nn.Module, image_size: int, channels: int, name: str)
             "(data.image_size, with data of that size)")
 
 
-def check_backbone_input(name: str, image_size: int, in_channels: int = 3,
+def check_backbone_input(name: str, image_size: int | None, in_channels: int | None = 3,
                          small_images: bool = False, option: str = "data.image_size") -> None:
     """:func:`check_input_size` of the backbone ``name``, built on the meta device without
     weights (nothing downloaded, no memory), before any work starts: a configuration whose
     images the model cannot take is refused at once, not after the data are read. A name
     that cannot be built here (a Hugging Face repository, a missing extra, a model whose
-    constructor computes on its tensors) is left to the run, which reports it."""
-    if parse_backbone_name(name)[0] == "hf":
+    constructor computes on its tensors) is left to the run, which reports it; a size or
+    channels left to the data (None) are checked once the data said them."""
+    if parse_backbone_name(name)[0] == "hf" or image_size is None or in_channels is None:
         return
     try:
         with weights_from_checkpoint(), torch.device("meta"):
@@ -163,3 +164,24 @@ def check_backbone_input(name: str, image_size: int, in_channels: int = 3,
     except Exception:  # (the run builds it again and says what is wrong)
         return
     check_input_size(module, image_size, in_channels, name, option)
+
+
+def pooled_dim(module: nn.Module, channels: int, size: int) -> int:
+    """The pooled output size of ``module`` on two images ``[2, channels, size, size]``
+    (evaluated in eval mode without gradients; its training mode is restored); a module whose
+    output is not ``[2, D]`` is a ``ValueError``."""
+    was_training = module.training
+    try:
+        module.eval()
+        with torch.no_grad():
+            param = next(iter(module.parameters()), None)
+            out = module(torch.zeros(2, channels, size, size,
+                                     device=param.device if param is not None else "cpu"))
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"the module maps [2, {channels}, {size}, {size}] images to {shape}, "
+                         "not [2, feature_dim] pooled features: pool and flatten them, or pass "
+                         "feature_dim")
+    return int(out.shape[1])

@@ -30,25 +30,10 @@ def build_method_from_config(cfg: RunConfig, backbone: Any = None,
 
 def module_feature_dim(cfg: RunConfig, module: Any) -> int:
     """The pooled output size of ``module`` on two images of the run's size and channels
-    (evaluated in eval mode without gradients; its training mode is restored)."""
-    import torch
+    (:func:`e2mc.models.input_size.pooled_dim`)."""
+    from e2mc.models.input_size import pooled_dim
 
-    was_training = module.training
-    try:
-        module.eval()
-        with torch.no_grad():
-            param = next(iter(module.parameters()), None)
-            x = torch.zeros(2, cfg.data.channels, cfg.data.image_size, cfg.data.image_size,
-                            device=param.device if param is not None else "cpu")
-            out = module(x)
-    finally:
-        module.train(was_training)
-    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"the module maps [2, {cfg.data.channels}, {cfg.data.image_size}, "
-                         f"{cfg.data.image_size}] images to {shape}, not [2, feature_dim] "
-                         "pooled features: pool and flatten them, or pass feature_dim")
-    return int(out.shape[1])
+    return pooled_dim(module, cfg.data.channels, cfg.data.image_size)
 
 
 def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:

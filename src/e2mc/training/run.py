@@ -14,7 +14,7 @@ from typing import Any
 from e2mc.artifacts import RunDir, writer_lock
 from e2mc.config import RunConfig
 from e2mc.files import atomic_write_json, atomic_write_text
-from e2mc.models.input_size import one_pixel_note
+from e2mc.models.input_size import check_backbone_input, one_pixel_note
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -42,14 +42,21 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
     ``--override-config`` (refusals do not suggest it). Returns the
     :class:`~e2mc.training.trainer.TrainResult`."""
     from e2mc.distributed import init_runtime
+    from e2mc.training.fit import fit_to_data, needs_data
 
     run = RunDir(run_dir)
+    images = training_images(cfg) if needs_data(cfg) else None  # read once
+    cfg, fitted = fit_to_data(cfg, images)  # the values the configuration leaves to its data
+    if fitted:  # (a size the backbone cannot take: one line before anything is built)
+        check_backbone_input(cfg.model.backbone, cfg.data.image_size, cfg.model.in_channels,
+                             cfg.model.small_images, option="--set data.image_size=N")
     check_resume_config(run.root, cfg.to_dict(), override_config, record=False,
                         overridable=overridable)
     runtime = init_runtime(cfg.training.device)
     # one writer per run directory: the main process holds its lock for the whole run
     with writer_lock(run.root) if runtime.is_main else nullcontext():
-        return _train(cfg, run, runtime, override_config, backbone, feature_dim, overridable)
+        return _train(cfg, run, runtime, override_config, backbone, feature_dim, overridable,
+                      images, fitted)
 
 
 @dataclass
@@ -113,14 +120,17 @@ def continue_module(module: Any, config: str | Path, run_dir: str | Path,
     cfg = load_config(config, ["mode=continue", *overrides])
     module = copy.deepcopy(module)
     if feature_dim is None:
-        feature_dim = module_feature_dim(cfg, module)
+        from e2mc.training.fit import fit_to_data
+
+        feature_dim = module_feature_dim(fit_to_data(cfg)[0], module)  # (its size, channels)
     return run_training(cfg, run_dir, override_config, backbone=module,
                         feature_dim=feature_dim)
 
 
 def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
            backbone: Any = None, feature_dim: int | None = None,
-           overridable: bool = True) -> Any:
+           overridable: bool = True, images: Any = None,
+           fitted: dict[str, Any] | None = None) -> Any:
     import torch
 
     from e2mc.data import collate_views
@@ -141,13 +151,15 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
         method, base_epoch, prepare = load_start(cfg, backbone, feature_dim)
         start = start_record(cfg, method, backbone)
     addon = build_addon_from_config(cfg, method)
-    images = training_images(cfg)  # read once: the split, the training views, the monitor
+    # read once: the split, the training views, the monitor
+    images = images or training_images(cfg)
     identity = data_identity(images[0])  # what the run is bound to (start.json, checkpoints)
     data_change = check_resume_data(run.root, identity, cfg.to_dict(), override_config,
                                     overridable)
     split = _split(cfg, run, runtime.is_main, images[0])
     dataset = build_train_dataset(cfg, method, split, images, runtime.device)
-    choices = hardware_choices(cfg, runtime.device, is_image_folder(images[0]))
+    choices = {**(fitted or {}),
+               **hardware_choices(cfg, runtime.device, is_image_folder(images[0]))}
     callbacks = build_callbacks(cfg, method, split, images[0])
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
