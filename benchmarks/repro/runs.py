@@ -70,9 +70,9 @@ def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs
 
 
 def train(cfg: Any, run_dir: Path, log: Any) -> Path:
-    """Train one run unless it is done (:func:`e2mc.training.run.train_unless_done`, which
-    resumes an interrupted one); returns its ``checkpoint.pt``."""
-    from e2mc.training.run import train_unless_done
+    """Train one run unless it is done (:func:`e2mc.training.run.run_training` with
+    ``done_marker``, which resumes an interrupted one); returns its ``checkpoint.pt``."""
+    from e2mc.training.run import run_training
 
     run_dir = Path(run_dir)
     if is_done(run_dir):
@@ -81,7 +81,7 @@ def train(cfg: Any, run_dir: Path, log: Any) -> Path:
         log(f"  train {cfg.mode} {cfg.method.name} + {cfg.addon.name} "
             f"({cfg.training.epochs} epochs, seed {cfg.training.seed}) -> {run_dir}")
     start = time.perf_counter()
-    outcome = train_unless_done(cfg, run_dir)
+    outcome = run_training(cfg, run_dir, done_marker=True)
     if not outcome.finished:
         raise RuntimeError(f"{run_dir}: training stopped at step {outcome.step} "
                            f"({outcome.stop_reason})")

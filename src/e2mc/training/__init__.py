@@ -1,6 +1,6 @@
 """Continued pre-training (the paper's step 2) and pre-training from a run configuration
-(:mod:`e2mc.config`): the trainer (AMP, DDP, exact resume), its callbacks, checkpoints and metric
-logging.
+(:mod:`e2mc.config`): one way in (:func:`~e2mc.training.run.run_training`), the trainer (AMP,
+DDP, exact resume), its callbacks, checkpoints and metric logging.
 
 Heavy modules are imported lazily so that ``e2mc --help`` stays fast.
 """

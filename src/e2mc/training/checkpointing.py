@@ -126,12 +126,6 @@ RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "da
                      "data.limit", "data.val_split", "data.val_seed", "monitor.keep_best")
 
 
-def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], int]:
-    """``(run_config, step)`` of a training checkpoint, read without loading its tensors."""
-    config, step, _ = read_checkpoint_record(path)
-    return config, step
-
-
 def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
     """``(run_config, step, data)`` of a training checkpoint, read without loading its tensors;
     ``data``: the content identity of its training images (None in an older checkpoint)."""
@@ -179,16 +173,15 @@ def check_resume_data(run_dir: str | Path, identity: dict[str, Any], new: dict[s
 
 
 def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool = False,
-                        record: bool = True, overridable: bool = True
-                        ) -> dict[str, tuple[Any, Any]]:
+                        overridable: bool = True) -> tuple[int, dict[str, tuple[Any, Any]]]:
     """Compare the configuration ``new`` (``RunConfig.to_dict()``) of a run about to resume in
     ``run_dir`` with the one its checkpoint was trained with.
 
     A difference outside :data:`RESUME_FREE_KEYS` is a :class:`~e2mc.errors.ConfigMismatchError`
     naming the keys unless ``override`` (``--override-config``); a key of
-    :data:`RESUME_FIXED_KEYS` is one even then. Accepted differences are appended to the run's
-    ``config_changes.jsonl`` (with ``record``) with the first step that uses them. Returns the
-    differences (empty without a checkpoint). ``overridable`` False: the caller has no
+    :data:`RESUME_FIXED_KEYS` is one even then. Returns ``(first step with the accepted
+    differences, the differences)``, for the caller to record in ``config_changes.jsonl``
+    (``(0, {})`` without a checkpoint). ``overridable`` False: the caller has no
     ``--override-config`` (a search, the demo), so the refusal does not offer it."""
     from e2mc.artifacts import RunDir
     from e2mc.config import config_differences
@@ -196,12 +189,12 @@ def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool
 
     run = RunDir(run_dir)
     if not run.checkpoint.is_file():
-        return {}
-    saved, step = read_checkpoint_config(run.checkpoint)
+        return 0, {}
+    saved, step, _ = read_checkpoint_record(run.checkpoint)
     _, changed = config_differences(new, saved, whole_params=True)
     changes = {key: (old, value) for key, old, value in sorted(changed)}
     if not changes:
-        return changes
+        return step + 1, changes
 
     def listing(keys: list[str]) -> str:
         return "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in keys)
@@ -222,7 +215,4 @@ def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool
                 "the run directory)" if overridable else
                 "Use the same settings, or a new directory for these (e2mc search: another "
                 "--out)"))
-    if record:
-        run.record_config_change(step + 1, {k: {"old": old, "new": value}
-                                            for k, (old, value) in changes.items()})
-    return changes
+    return step + 1, changes

@@ -31,7 +31,7 @@ from e2mc.training.callbacks import Callback
 from e2mc.training.checkpointing import save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
 from e2mc.training.estimate import RunEstimate
-from e2mc.training.hardware import Choice, hardware_choices
+from e2mc.training.hardware import Choice, chosen, hardware_choices
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
@@ -52,7 +52,8 @@ class Trainer:
     see the start, every epoch and step and the end, through the trainer's
     :class:`~e2mc.training.callbacks.TrainerView`; their state is saved in the checkpoint. The
     epoch copies, the progress bar and the run's time estimate are callbacks the trainer always
-    runs first.
+    runs first. ``hardware``: the values of the ``auto`` keys
+    (:func:`~e2mc.training.hardware.hardware_choices`; chosen here when not given).
     """
 
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
@@ -60,7 +61,8 @@ class Trainer:
                  collate_fn: Any = None,
                  prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,
                  callbacks: list[Callback] | None = None,
-                 data_identity: dict[str, Any] | None = None) -> None:
+                 data_identity: dict[str, Any] | None = None,
+                 hardware: dict[str, Choice] | None = None) -> None:
         self.cfg = cfg
         #: the content identity of the training images, saved in every checkpoint
         self.data_identity = data_identity
@@ -80,12 +82,11 @@ class Trainer:
         self.start_epoch = 0
         self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
-        chosen = hardware_choices(cfg, self.runtime.device)  # the values of auto keys here
+        if hardware is None:  # (a trainer built by hand; run_training chooses once per run)
+            hardware = hardware_choices(cfg, self.runtime.device)
         #: the precision, memory format and loader workers this invocation runs with
-        self.precision: str = chosen.get("training.precision",
-                                         Choice(self.training_cfg.precision, "")).value
-        self.channels_last: bool = chosen.get("training.channels_last",
-                                              Choice(self.training_cfg.channels_last, "")).value
+        self.precision: str = chosen(cfg, hardware, "training.precision")
+        self.channels_last: bool = chosen(cfg, hardware, "training.channels_last")
         if self.precision == "fp16" and self.runtime.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
         self.sampler = EpochBatchSampler(len(dataset), self.training_cfg.batch_size,
@@ -97,7 +98,7 @@ class Trainer:
             print(f"note: every epoch leaves {use['dropped']} of the {use['images']} images out "
                   f"(batch {use['batch']}: {use['steps']} step(s) per epoch; other images each "
                   "epoch)", file=sys.stderr)
-        workers = chosen.get("data.num_workers", Choice(cfg.data.num_workers, "")).value
+        workers = chosen(cfg, hardware, "data.num_workers")
         # data.pipeline=fast / device: the data set hands over 8-bit views (or uint8 crops and
         # their parameters) and names what finishes them on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
