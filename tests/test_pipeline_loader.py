@@ -201,7 +201,7 @@ def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
     capsys.readouterr()
     assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
-    assert "data.pipeline must be one of auto, pil, fast, device" in capsys.readouterr().err
+    assert "data.pipeline must be one of 'auto', 'pil', 'fast', 'device'" in capsys.readouterr().err
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
                  "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
                  "--set", "training.device=cpu"]) == 2

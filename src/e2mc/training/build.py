@@ -76,8 +76,6 @@ def training_images(cfg: RunConfig) -> Any:
     base = build_dataset(cfg.data.dataset, cfg.data.split, skip_corrupt=cfg.data.skip_corrupt)
     skipped = int(getattr(base, "num_skipped", 0))
     if cfg.data.limit is not None:
-        if cfg.data.limit < 1:
-            raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
         limited = range(min(cfg.data.limit, len(base)))
         base = (LabeledSubset(base, limited) if dataset_labels(base, False) is not None
                 else Subset(base, limited))
