@@ -33,7 +33,6 @@ from e2mc.config.fields import (
 from e2mc.config.presets import (
     BASE_KEY,
     config_differences,
-    config_from_dict,
     flatten_config,
     load_config,
     merge_config,
@@ -63,7 +62,7 @@ __all__ = [
     "BASE_KEY", "LABEL_FREE", "LR_SCALINGS", "MODES", "PIPELINES", "PRECISIONS", "SCHEDULES",
     "YAML_MAX_NODES", "AddonConfig", "DataConfig", "InitConfig", "LoggingConfig",
     "MethodConfig", "ModelConfig", "MonitorConfig", "OptimConfig", "RunConfig",
-    "TrainingConfig", "check_params", "comma_list", "config_differences", "config_from_dict",
+    "TrainingConfig", "check_params", "comma_list", "config_differences",
     "flatten_config", "load_config", "load_yaml_text", "merge_config", "metric_names",
     "preset_names", "preset_summary", "read_yaml", "resolve_config_file", "resolve_metric",
     "resolve_signals",
