@@ -97,7 +97,6 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     from e2mc.evaluation.answer import print_answer
     from e2mc.evaluation.compare_report import COMPARISON_STEM
     from e2mc.evaluation.comparison_page import write_comparison_page
-    from e2mc.training.run import run_training
 
     settings = settings or DemoSettings()
     out = Path(out_dir)
@@ -126,7 +125,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     else:
         for name, cfg in configs.items():
             stage(f"continued training with add-on {cfg.addon.name!r} -> {out / name}")
-            checkpoints[name] = run_training(cfg, out / name, done_marker=True).checkpoint
+            checkpoints[name] = _train(cfg, out / name)
 
     eval_dirs = {}
     for name, checkpoint in checkpoints.items():
@@ -161,6 +160,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
 
 
 def _train(cfg: Any, run_dir: Path) -> Path:
+    """The run's checkpoint, trained unless done (a picklable call for a process of its own)."""
     from e2mc.training.run import run_training
 
     return run_training(cfg, run_dir, done_marker=True).checkpoint

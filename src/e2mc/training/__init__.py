@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "continue_module", "run_training"]
+__all__ = ["NonFiniteLossError", "TrainResult", "continue_module", "run_training"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Trainer", "TrainResult"):
-        from e2mc.training import trainer
+    if name == "TrainResult":
+        from e2mc.training.result import TrainResult
 
-        return getattr(trainer, name)
+        return TrainResult
     if name == "NonFiniteLossError":
         from e2mc.training.nonfinite import NonFiniteLossError
 

@@ -97,10 +97,6 @@ def resume(run: RunDir, *, method: nn.Module, addon: nn.Module,
             run.truncate_metrics(-1)
         return None
     ckpt = load_resume_checkpoint(path, getattr(method, "name", ""))
-    saved_batch = ckpt["run_config"]["training"]["batch_size"]
-    if saved_batch != cfg.training.batch_size:
-        raise ValueError(f"{path} was trained with batch size {saved_batch}, this run has "
-                         f"{cfg.training.batch_size}; resume with the same batch size")
     method.load_state_dict(ckpt["model"], strict=True)
     states = ckpt.get("training_states") or [ckpt.get("training_state") or {}]
     own_state = states[runtime.rank] if len(states) == runtime.world_size else states[0]
