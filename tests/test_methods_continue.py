@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import e2mc
-from e2mc.training.logging import read_metrics
+from e2mc.artifacts import RunDir
 from helpers import assert_same_training_state, killed_and_resumed, training_records
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
@@ -61,7 +61,7 @@ def test_three_steps_of_continue_with_e2mc(tmp_path: Path, name: str) -> None:
     rc = _cli("continue", "--config", f"fmnist-{name}-continue-e2mc", "--run-dir", str(run),
               "--from", str(base), "--epochs", "1", *TINY, "--set", f"method.params={SMALL[name]}")
     assert rc == 0
-    metrics = read_metrics(run)
+    metrics = RunDir(run).read_metrics()
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(np.isfinite(m["loss"]) and "addon/entropy" in m for m in metrics)
     for m in metrics:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2mc.artifacts import builtin_checkpoint
+from e2mc.artifacts import RunDir, builtin_checkpoint
 from e2mc.processes import available_cores
 
 BASE_CHECKPOINT = builtin_checkpoint("builtin:demo-vicreg")
@@ -206,10 +206,8 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
 
 def _last_step(run_dir: Path) -> int:
     """The last step a run logged (0 before its first record)."""
-    from e2mc.training.logging import read_metrics
-
     try:
-        rows = read_metrics(run_dir)
+        rows = RunDir(run_dir).read_metrics()
     except (OSError, ValueError):  # not written yet, or a line being written
         return 0
     return int(rows[-1]["step"]) if rows else 0

@@ -142,6 +142,9 @@ class LoggingConfig:
     and Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
     ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
 
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "wandb_mode": OneOf(("online", "offline", "disabled"))}
+
     tensorboard: bool | None = None
     wandb: bool = False
     wandb_project: str = "e2mc"
