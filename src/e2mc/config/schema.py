@@ -270,14 +270,12 @@ class RunConfig:
         method = METHODS.get(self.method.name)  # an unknown name is build_method's error
         if method is not None:
             check_params(method.__init__, self.method.params, "method.params",
-                         skip=("backbone", "small_images", "in_channels"),
-                         ranges=method.param_ranges)
+                         method.param_ranges, skip=("backbone", "small_images", "in_channels"))
             check_params(method.build_optimizer, self.optim.params, "optim.params",
-                         skip=("lr", "weight_decay"), ranges=method.optimizer_ranges)
+                         method.optimizer_ranges, skip=("lr", "weight_decay"))
         addon = ADDONS.get(self.addon.name)
         if addon is not None:
-            check_params(addon.__init__, self.addon.params, "addon.params",
-                         ranges=addon.param_ranges)
+            check_params(addon.__init__, self.addon.params, "addon.params", addon.param_ranges)
 
     def _validate_monitor(self) -> None:
         """The validation split and monitor keys (the metric names: :func:`metric_names`)."""

@@ -103,7 +103,6 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
            config_change: tuple[int, dict[str, tuple[Any, Any]]]) -> TrainResult:
     import torch
 
-    from e2mc.data import collate_views
     from e2mc.data.identity import data_identity
     from e2mc.models import weights_from_checkpoint
     from e2mc.training.hardware import chosen, describe, hardware_choices, is_image_folder
@@ -167,7 +166,7 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
             if note is not None:  # (a fresh run's; a resumed one said it at its start)
                 print(note, file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
-                      base_epoch=base_epoch, collate_fn=collate_views,
+                      base_epoch=base_epoch,
                       prepare_optimizer=prepare, callbacks=callbacks, data_identity=identity,
                       hardware=choices)
     return trainer.fit()

@@ -58,7 +58,6 @@ class Trainer:
 
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
                  run_dir: str | Path, runtime: Runtime | None = None, base_epoch: int = 0,
-                 collate_fn: Any = None,
                  prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,
                  callbacks: list[Callback] | None = None,
                  data_identity: dict[str, Any] | None = None,
@@ -109,11 +108,10 @@ class Trainer:
         self._reuse_views = (self.device_augment is not None
                              and not self.device_augment.photometric
                              and self.runtime.device.type == "cpu")
-        collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
-            collate_fn=collate_fn or collate_views, pin_memory=self.runtime.device.type == "cuda",
-            persistent_workers=workers > 0,
+            collate_fn=getattr(dataset, "collate_fn", None) or collate_views,
+            pin_memory=self.runtime.device.type == "cuda", persistent_workers=workers > 0,
             **loader_options(workers))
         self._setup_model()
         self.guard = NonFiniteGuard(self.method, self.optimizer, self.scaler, self.runtime)
