@@ -72,11 +72,9 @@ class SimSiam(SSLMethod):
                             embeddings=[z1, z2])
 
     def build_optimizer(self, lr: float, weight_decay: float, predictor_lr: float | None = None,
-                        momentum: float = 0.9, **kwargs: Any) -> torch.optim.Optimizer:
+                        momentum: float = 0.9) -> torch.optim.Optimizer:
         """SGD (momentum 0.9); the predictor group has the fixed ``predictor_lr`` (argument,
         else the constructor's, else ``lr``) and ``fix_lr=True``."""
-        if kwargs:
-            raise ValueError(f"unknown SimSiam optimizer options: {sorted(kwargs)}")
         if predictor_lr is None:
             predictor_lr = self.predictor_lr if self.predictor_lr is not None else lr
         encoder = list(self.backbone.parameters()) + list(self.projector.parameters())

@@ -189,10 +189,8 @@ class SwAV(SSLMethod):
                             embeddings=per_view[:2], all_embeddings=per_view)
 
     def build_optimizer(self, lr: float, weight_decay: float, momentum: float = 0.9,
-                        trust_coefficient: float = LARC_TRUST, clip: bool = False,
-                        **kwargs: Any) -> torch.optim.Optimizer:
+                        trust_coefficient: float = LARC_TRUST, clip: bool = False
+                        ) -> torch.optim.Optimizer:
         """LARC around SGD (momentum 0.9, trust 0.001, clip off) over all parameters."""
-        if kwargs:
-            raise ValueError(f"unknown SwAV optimizer options: {sorted(kwargs)}")
         return LARC(self.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay,
                     trust_coefficient=trust_coefficient, clip=clip)

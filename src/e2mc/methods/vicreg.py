@@ -98,9 +98,7 @@ class VICReg(SSLMethod):
         return MethodOutput(loss=loss, terms=terms, embeddings=[x, y])
 
     def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
-                        momentum: float = 0.9, **kwargs: Any) -> torch.optim.Optimizer:
+                        momentum: float = 0.9) -> torch.optim.Optimizer:
         """LARS, eta 0.001, momentum 0.9, 1-D parameters excluded from wd and adaptation."""
-        if kwargs:
-            raise ValueError(f"unknown VICReg optimizer options: {sorted(kwargs)}")
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)
