@@ -4,7 +4,7 @@ One loop serves ``e2mc continue`` (the paper's step 2, docs/method.md) and ``e2m
 trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on called as
 ``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs. Beside the
 loop: the non-finite checks (:mod:`~e2mc.training.nonfinite`), the resume state
-(:mod:`~e2mc.training.resume`) and the callbacks (:mod:`~e2mc.training.callbacks`), which see
+(:mod:`~e2mc.training.checkpointing`) and the callbacks (:mod:`~e2mc.training.callbacks`), which see
 the trainer as a :class:`~e2mc.training.callbacks.TrainerView`.
 """
 
@@ -28,7 +28,7 @@ from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import set_scheduled_lr, set_scheduled_weight_decay
 from e2mc.processes import loader_options
 from e2mc.training.callbacks import Callback
-from e2mc.training.checkpointing import save_training_checkpoint
+from e2mc.training.checkpointing import checkpoint_state, resume, save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
 from e2mc.training.estimate import RunEstimate
 from e2mc.training.hardware import Choice, chosen, hardware_choices
@@ -36,7 +36,6 @@ from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
 from e2mc.training.result import TrainResult
-from e2mc.training.resume import checkpoint_state, resume
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
 __all__ = ["TrainResult", "Trainer"]  # TrainResult: e2mc.training.result
