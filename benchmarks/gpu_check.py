@@ -144,14 +144,14 @@ def training_end_to_end(args: argparse.Namespace, size: dict[str, Any], data: Pa
                         pipeline: str, work: Path) -> dict[str, Any]:
     """Images/s of ``run_training`` (the loader, the pipeline, the step, the logging) from the
     trainer's own per-step records, the first ``warmup`` steps left out."""
-    from e2mc.training.logging import read_metrics
+    from e2mc.artifacts import RunDir
     from e2mc.training.run import run_training
 
     run_dir = work / f"run-{pipeline}"
     start = time.perf_counter()
     run_training(_config(args, size, data, pipeline), run_dir)
     wall = time.perf_counter() - start
-    rates = [m["images_per_s"] for m in read_metrics(run_dir) if "images_per_s" in m]
+    rates = [m["images_per_s"] for m in RunDir(run_dir).read_metrics() if "images_per_s" in m]
     timed = rates[size["warmup"]:] or rates
     return {"images_per_s": statistics.median(timed), "steps": len(rates), "wall_s": wall}
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
+from e2mc.artifacts import RunDir
 from e2mc.checkpoints import save_checkpoint
 from e2mc.config import load_config
 from e2mc.training.build import build_method_from_config
-from e2mc.training.logging import read_metrics
 from e2mc.training.run import run_training
 
 PRESETS = {"vicreg": ("fmnist-vicreg-continued", "fmnist-vicreg-e2mc"),
@@ -44,7 +44,7 @@ def measure(preset: str, base: Path, work: Path, args: argparse.Namespace, tag: 
     cfg = load_config(preset, overrides)
     run_dir = work / tag
     run_training(cfg, run_dir)
-    rates = [m["images_per_s"] for m in read_metrics(run_dir)]
+    rates = [m["images_per_s"] for m in RunDir(run_dir).read_metrics()]
     return rates[args.warmup:]
 
 

@@ -92,9 +92,9 @@ def recorded_test_data(labels) -> dict:
 def training_records(run_dir) -> list[dict]:
     """The training records of a run's ``metrics.jsonl``, one per logged step (the records
     with a ``loss``; the validation monitor's and the collapse monitor's are left out)."""
-    from e2mc.training.logging import read_metrics
+    from e2mc.artifacts import RunDir
 
-    return [m for m in read_metrics(run_dir) if "loss" in m]
+    return [m for m in RunDir(run_dir).read_metrics() if "loss" in m]
 
 
 def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2,

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from e2mc.artifacts import EvalDir, RunDir
+from e2mc.artifacts.layout import read_jsonl
 from e2mc.cli import build_parser, main
 from e2mc.demo import BASE_CHECKPOINT
 from e2mc.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_NONFINITE, describe
@@ -200,7 +201,7 @@ def test_resume_with_another_config_is_refused_or_recorded(
     assert "--override-config" in err and "max_steps" not in err  # a free key
     assert RunDir(run).config.read_text() == config_before  # config.yaml kept
     assert main([*changed, "--override-config"]) == 0
-    changes = RunDir(run).read_config_changes()
+    changes = read_jsonl(RunDir(run).config_changes)
     assert len(changes) == 1 and changes[0]["step"] == 2
     assert changes[0]["changes"]["addon.name"] == {"old": "none", "new": "e2mc"}
     ckpt = torch.load(RunDir(run).checkpoint, weights_only=True)

@@ -11,7 +11,6 @@ import yaml
 
 from e2mc.config import (
     RunConfig,
-    config_from_dict,
     load_config,
     preset_names,
     resolve_signals,
@@ -143,7 +142,7 @@ def test_a_list_field_takes_a_yaml_list_or_the_old_comma_string(
     assert all(c == configs[0] for c in configs)
     old = load_config("swav-e2mc").to_dict()  # a config recorded with the comma string
     old[section][name] = comma
-    assert config_from_dict(old) == configs[0]
+    assert _recorded(tmp_path, old) == configs[0]
 
 
 def test_no_preemption_signals_is_an_empty_list() -> None:
@@ -180,9 +179,16 @@ def test_values_keep_their_meaning_through_omegaconf(tmp_path) -> None:
             load_config("swav-e2mc", [f"training.progress={word}"])
 
 
-def test_resolved_config_round_trips_through_yaml() -> None:
+def _recorded(tmp_path: Path, data: dict[str, Any]) -> RunConfig:
+    """A configuration as a run records it (``RunConfig.to_dict``), read back as a file."""
+    path = tmp_path / "recorded.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(str(path))
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path) -> None:
     cfg = load_config("swav-mmcr", ["training.seed=7"])
-    again = config_from_dict(yaml.safe_load(cfg.to_yaml()))
+    again = _recorded(tmp_path, yaml.safe_load(cfg.to_yaml()))
     assert again == cfg and again != RunConfig()
 
 

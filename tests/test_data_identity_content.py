@@ -117,8 +117,8 @@ TINY = ["--set", "model.backbone=cnn5_small", "--set", "model.in_channels=1",
 @pytest.mark.slow  # two short trainings and two evaluations
 def test_a_resume_and_a_compare_over_the_same_images_named_otherwise(tmp_path: Path,
                                                                     monkeypatch, capsys) -> None:
+    from e2mc.artifacts import RunDir
     from e2mc.cli import main
-    from e2mc.training.logging import read_metrics
 
     _folder(tmp_path / "d3")
     monkeypatch.chdir(tmp_path)
@@ -131,7 +131,7 @@ def test_a_resume_and_a_compare_over_the_same_images_named_otherwise(tmp_path: P
     assert main([*args, "--data", "./d3/"]) == 0  # another spelling, touched files: goes on
     err = capsys.readouterr().err
     assert "config change on resume: data.dataset: 'd3' -> './d3/'" in err
-    assert [r["step"] for r in read_metrics("run") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in RunDir("run").read_metrics() if "loss" in r] == [1, 2, 3, 4, 5, 6]
     # two evaluations of the same test images, named otherwise: compared
     os.symlink(tmp_path / "d3", tmp_path / "link")
     common = ["--protocol", "knn", "--knn-k", "3", "--no-cache", "--quiet", "--device", "cpu",

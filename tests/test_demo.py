@@ -67,7 +67,7 @@ def test_side_by_side_training_equals_the_runs_one_after_the_other(tmp_path: Pat
     with the weights of the same runs trained one after the other in this process with the
     same thread count: side by side changes the wall time, not the numbers."""
     from e2mc.demo import DemoSettings, continue_config, train_side_by_side
-    from e2mc.training.run import train_unless_done
+    from e2mc.training.run import run_training
 
     settings = DemoSettings(train_limit=64, max_steps=2, progress=False,
                             overrides=["training.batch_size=16", "training.cpu_threads=1"])
@@ -80,7 +80,7 @@ def test_side_by_side_training_equals_the_runs_one_after_the_other(tmp_path: Pat
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        serial = {name: train_unless_done(cfg, tmp_path / "serial" / name).checkpoint
+        serial = {name: run_training(cfg, tmp_path / "serial" / name, done_marker=True).checkpoint
                   for name, cfg in configs().items()}
     finally:
         torch.set_num_threads(before)

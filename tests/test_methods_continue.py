@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import e2mc
-from e2mc.training.logging import read_metrics
+from e2mc.artifacts import RunDir
 from helpers import assert_same_training_state, killed_and_resumed, training_records
 
 SRC = str(Path(e2mc.__file__).resolve().parents[1])
@@ -46,7 +46,7 @@ def _base(tmp_path: Path, name: str) -> Path:
     from e2mc.config import load_config
     from e2mc.methods import build_method
 
-    cfg = load_config(f"fmnist-{name}-continue")
+    cfg = load_config(f"fmnist-{name}-continued")
     torch.manual_seed(1)
     model = build_method(name, backbone=cfg.model.backbone, in_channels=1, **HPARAMS[name])
     path = tmp_path / f"{name}_base.pt"
@@ -58,10 +58,10 @@ def _base(tmp_path: Path, name: str) -> Path:
 @pytest.mark.parametrize("name", list(SMALL))
 def test_three_steps_of_continue_with_e2mc(tmp_path: Path, name: str) -> None:
     base, run = _base(tmp_path, name), tmp_path / "run"
-    rc = _cli("continue", "--config", f"fmnist-{name}-continue-e2mc", "--run-dir", str(run),
+    rc = _cli("continue", "--config", f"fmnist-{name}-e2mc", "--run-dir", str(run),
               "--from", str(base), "--epochs", "1", *TINY, "--set", f"method.params={SMALL[name]}")
     assert rc == 0
-    metrics = read_metrics(run)
+    metrics = RunDir(run).read_metrics()
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(np.isfinite(m["loss"]) and "addon/entropy" in m for m in metrics)
     for m in metrics:
@@ -81,7 +81,7 @@ def test_three_steps_of_continue_with_e2mc(tmp_path: Path, name: str) -> None:
 @pytest.mark.parametrize("name", ["byol", "mocov3", "dino"])
 def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, name: str) -> None:
     base = _base(tmp_path, name)
-    args = ["continue", "--config", f"fmnist-{name}-continue-e2mc", "--from", str(base),
+    args = ["continue", "--config", f"fmnist-{name}-e2mc", "--from", str(base),
             "--epochs", "2", *TINY, "--set", f"method.params={SMALL[name]}"]
     assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
     parted = tmp_path / "parted"
@@ -104,7 +104,7 @@ def test_killed_and_resumed_is_bit_identical(tmp_path: Path, name: str) -> None:
     command: every weight (the EMA teacher's and DINO's centre included) and the optimizer state
     end as in an uninterrupted run, and each step is logged once."""
     base = _base(tmp_path, name)
-    args = ["continue", "--config", f"fmnist-{name}-continue-e2mc", "--from", str(base),
+    args = ["continue", "--config", f"fmnist-{name}-e2mc", "--from", str(base),
             "--epochs", "2", *TINY, "--set", f"method.params={SMALL[name]}",
             "--set", "training.checkpoint_every_steps=1"]
     a, b, killed = killed_and_resumed(args, tmp_path, ENV)

@@ -176,8 +176,8 @@ def test_skip_corrupt_drops_and_counts_with_workers(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- through the CLI
 def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from e2mc.artifacts import RunDir
     from e2mc.cli import main
-    from e2mc.training.logging import read_metrics
 
     write_jpeg_folder(tmp_path / "data" / "train", 16, (80, 60), classes=2)
     common = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(tmp_path / "data"),
@@ -189,19 +189,19 @@ def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
               "--set", "training.keep_epoch_checkpoints=false",
               "--set", "method.params={projector: 32-32}"]
     assert main([*common, "--run-dir", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
-    fast = read_metrics(tmp_path / "run")
+    fast = RunDir(tmp_path / "run").read_metrics()
     assert [m["step"] for m in fast] == [1, 2]
     # photometric steps in the trainer (batched torch) instead of the workers: the same draws,
     # so the same views up to float rounding, and the same losses
     assert main([*common, "--run-dir", str(tmp_path / "dev"), "--set", "data.pipeline=device",
                  "--set", "data.num_workers=2"]) == 0
-    dev = read_metrics(tmp_path / "dev")
+    dev = RunDir(tmp_path / "dev").read_metrics()
     assert [m["step"] for m in dev] == [1, 2]
     for a, b in zip(fast, dev, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
     capsys.readouterr()
     assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
-    assert "data.pipeline must be one of auto, pil, fast, device" in capsys.readouterr().err
+    assert "data.pipeline must be one of 'auto', 'pil', 'fast', 'device'" in capsys.readouterr().err
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
                  "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
                  "--set", "training.device=cpu"]) == 2

@@ -17,12 +17,12 @@ import torch
 from torch import nn
 
 import e2mc
+from e2mc.artifacts import RunDir
 from e2mc.config import RunConfig
 from e2mc.distributed import Runtime
 from e2mc.methods.base import MethodOutput, SSLMethod
 from e2mc.optim import lr_factor
 from e2mc.training.checkpointing import rng_state, set_rng_state
-from e2mc.training.logging import read_metrics
 from e2mc.training.nonfinite import NonFiniteLossError
 from e2mc.training.sampling import EpochBatchSampler
 from e2mc.training.trainer import Trainer
@@ -140,7 +140,7 @@ def test_skip_nonfinite_counts_and_leaves_weights_alone(tmp_path: Path) -> None:
     method = Tiny(nan_at=(2, 5))
     result = _tiny_trainer(tmp_path, method, skip=True).fit()
     assert result.completed and result.step == 8 and result.skipped_steps == 2
-    metrics = read_metrics(tmp_path)
+    metrics = RunDir(tmp_path).read_metrics()
     assert [m["step"] for m in metrics] == list(range(1, 9))
     assert metrics[-1]["skipped_steps"] == 2 and not np.isfinite(metrics[1]["loss"])
     assert all(torch.isfinite(p).all() for p in method.parameters())
@@ -213,7 +213,7 @@ def test_one_epoch_of_continue_per_method_and_addon(tmp_path: Path, tiny_data: P
               "--data", str(tiny_data), "--epochs", "1", *TINY_MODEL, *METHOD_SETS[method],
               "--set", f"addon.name={addon}", "--set", "addon.params={}")
     assert rc == 0
-    metrics = read_metrics(run)
+    metrics = RunDir(run).read_metrics()
     assert [m["step"] for m in metrics] == [1, 2, 3]  # 24 images / batch 8
     names = set(metrics[-1])
     assert {"loss", "base/loss", "addon/loss", "lr", "images_per_s"} <= names
@@ -297,7 +297,7 @@ def test_corrupt_image_is_named_or_skipped_and_counted(
         assert _cli(*args, "--run-dir", str(tmp_path / "b"), "--skip-corrupt") == 0
     err = capsys.readouterr().err
     assert "15 images (1 unreadable skipped)" in err
-    assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1]  # 15 // 8 batches
+    assert [m["step"] for m in RunDir(tmp_path / "b").read_metrics()] == [1]  # 15 // 8 batches
 
 
 def test_swav_resume_with_queue_is_exact(tmp_path: Path, tiny_data: Path) -> None:

@@ -17,8 +17,8 @@ from e2mc.artifacts import RunDir
 from e2mc.config import RunConfig, load_config
 from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import lr_factor, set_scheduled_lr
+from e2mc.training.checkpointing import callback_states
 from e2mc.training.keep_best import KeepBest
-from e2mc.training.resume import callback_states
 from helpers import TINY_RUN
 
 

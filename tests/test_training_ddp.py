@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from e2mc.training.logging import read_metrics
+from e2mc.artifacts import RunDir
 from helpers import TINY_RUN, free_port
 
 OVERRIDES = [*TINY_RUN, "addon.name=e2mc", "addon.params={beta: 1.0, gamma: 1.0}"]
@@ -58,6 +58,6 @@ def test_two_gloo_processes_hold_identical_weights(tmp_path: Path) -> None:
                         in_channels=1, projector="32-32").state_dict()
     changed = [k for k in w0 if not torch.equal(init[k], w0[k])]
     assert any(k.startswith("backbone.") for k in changed)
-    metrics = read_metrics(run)
+    metrics = RunDir(run).read_metrics()
     assert [m["step"] for m in metrics] == [1, 2, 3]  # written once, by rank 0
     assert all("addon/entropy" in m for m in metrics)

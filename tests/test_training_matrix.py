@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from e2mc.training.logging import read_metrics
+from e2mc.artifacts import RunDir
 
 METHODS = ["vicreg", "swav", "simsiam", "barlowtwins", "simclr", "byol", "mocov3", "dino"]
 PIPELINES = ["pil", "fast", "device"]
@@ -89,7 +89,7 @@ def test_every_method_pipeline_and_addon_through_every_callback(
 def assert_every_callback_acted(run: Path, err: str, addon: str) -> None:
     """What a cell's run wrote and printed: every step once with finite losses, the add-on's
     terms, and every periodic callback at least twice (the module's docstring)."""
-    records = read_metrics(run)
+    records = RunDir(run).read_metrics()
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)

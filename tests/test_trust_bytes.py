@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from e2mc.artifacts import LOCK, EvalDir, RunDir
+from e2mc.artifacts.layout import read_jsonl
 from e2mc.cli import main
 from e2mc.config import load_config
 from e2mc.data.identity import data_identity
@@ -171,7 +172,7 @@ def test_a_run_resumed_over_other_images_is_refused_or_goes_on_as_recorded(
                      extra=["--override-config"]) == 0
     err = capsys.readouterr().err
     assert "data change on resume" in err
-    changes = RunDir(run).read_config_changes()
+    changes = read_jsonl(RunDir(run).config_changes)
     assert changes[-1]["step"] == 8 and "data" in changes[-1]["changes"]
     assert changes[-1]["changes"]["data"]["new"]["size"] == n
     steps_per_epoch = n // 8
@@ -299,7 +300,7 @@ def test_an_unreadable_image_mid_epoch_checkpoints_first_and_skip_corrupt_resume
     assert _continue(checkpoint, folder, run, "training.epochs=2",
                      extra=["--skip-corrupt"]) == 0
     assert "data change on resume" in capsys.readouterr().err and line
-    changes = {k: v for c in RunDir(run).read_config_changes() if c["step"] == 2
+    changes = {k: v for c in read_jsonl(RunDir(run).config_changes) if c["step"] == 2
                for k, v in c["changes"].items()}
     assert changes["data.skip_corrupt"] == {"old": False, "new": True}
     assert changes["data"]["new"]["size"] == 23 and changes["data"]["old"]["size"] == 24

@@ -1,6 +1,7 @@
 """The one path from a checkpoint to an evaluation directory
 (:func:`e2mc.evaluation.workflow.evaluate_checkpoint`) and the one "train unless done"
-(:func:`e2mc.training.run.train_unless_done`): what they reuse, and what they refuse to."""
+(:func:`e2mc.training.run.run_training` with ``done_marker``): what they reuse, and what they
+refuse to."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from e2mc.artifacts import EvalDir, RunDir
 from e2mc.config import load_config
 from e2mc.evaluation.runner import EvalOptions
 from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
-from e2mc.training.run import train_unless_done
+from e2mc.training.run import run_training
 
 OPTIONS = EvalOptions(protocols=("knn",), fractions=(1.0,), seeds=(0,), knn_k=(5,),
                       knn_weightings=("weighted",), progress=False)
@@ -65,26 +66,26 @@ def test_without_reuse_the_directory_is_evaluated_anew(tmp_path: Path) -> None:
     assert second.values("knn k=5") == first.values("knn k=5")
 
 
-def test_train_unless_done_skips_a_done_run_and_refuses_another_config(tmp_path: Path) -> None:
+def test_a_done_marker_skips_a_done_run_and_refuses_another_config(tmp_path: Path) -> None:
     checkpoint, data = tiny_base(tmp_path)
     cfg = load_config("fmnist-vicreg-continued", [*TINY_RUN, f"init.checkpoint={checkpoint}",
                                           f"data.dataset={data}", "training.max_steps=2"])
     run = tmp_path / "run"
-    trained = train_unless_done(cfg, run)
+    trained = run_training(cfg, run, done_marker=True)
     assert (trained.trained, trained.finished, trained.step) == (True, True, 2)
     assert RunDir(run).is_done()
     before = RunDir(run).checkpoint.read_bytes()
-    again = train_unless_done(cfg, run)
+    again = run_training(cfg, run, done_marker=True)
     assert (again.trained, again.finished, again.step) == (False, True, 2)
     assert RunDir(run).checkpoint.read_bytes() == before
     other = load_config("fmnist-vicreg-continued", [*TINY_RUN, f"init.checkpoint={checkpoint}",
                                             f"data.dataset={data}", "training.max_steps=2",
                                             "optim.base_lr=0.5"])
     with pytest.raises(ValueError, match="optim.base_lr"):
-        train_unless_done(other, run)
+        run_training(other, run, done_marker=True)
     # a copy whose done marker is removed resumes at its end and is marked done again
     shutil.copytree(run, tmp_path / "copy")
     RunDir(tmp_path / "copy").done.unlink()
-    resumed = train_unless_done(cfg, tmp_path / "copy")
+    resumed = run_training(cfg, tmp_path / "copy", done_marker=True)
     assert (resumed.finished, resumed.step) == (True, 2)
     assert RunDir(tmp_path / "copy").is_done()

@@ -58,11 +58,11 @@ def base_config(s: ReproSettings, method: str) -> Any:
 
 def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs: int,
                     start: Path, extra: list[str] | None = None) -> Any:
-    """Preset ``fmnist-<method>-continue[-e2mc]`` (``addon.name`` overridden for the other
+    """Preset ``fmnist-<method>-continued`` / ``-e2mc`` (``addon.name`` overridden for the other
     criteria, whose parameters keep the paper's defaults), starting from ``start``."""
     from e2mc.config import load_config
 
-    preset = f"fmnist-{method}-continue" + ("-e2mc" if addon == "e2mc" else "")
+    preset = f"fmnist-{method}-" + ("e2mc" if addon == "e2mc" else "continued")
     overrides = [*_common(s, epochs, seed), f"addon.name={addon}",
                  f"init.checkpoint={start}", *s.continue_overrides,
                  *(s.e2mc_overrides if addon == "e2mc" else []), *(extra or [])]
@@ -70,9 +70,9 @@ def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs
 
 
 def train(cfg: Any, run_dir: Path, log: Any) -> Path:
-    """Train one run unless it is done (:func:`e2mc.training.run.train_unless_done`, which
-    resumes an interrupted one); returns its ``checkpoint.pt``."""
-    from e2mc.training.run import train_unless_done
+    """Train one run unless it is done (:func:`e2mc.training.run.run_training` with
+    ``done_marker``, which resumes an interrupted one); returns its ``checkpoint.pt``."""
+    from e2mc.training.run import run_training
 
     run_dir = Path(run_dir)
     if is_done(run_dir):
@@ -81,7 +81,7 @@ def train(cfg: Any, run_dir: Path, log: Any) -> Path:
         log(f"  train {cfg.mode} {cfg.method.name} + {cfg.addon.name} "
             f"({cfg.training.epochs} epochs, seed {cfg.training.seed}) -> {run_dir}")
     start = time.perf_counter()
-    outcome = train_unless_done(cfg, run_dir)
+    outcome = run_training(cfg, run_dir, done_marker=True)
     if not outcome.finished:
         raise RuntimeError(f"{run_dir}: training stopped at step {outcome.step} "
                            f"({outcome.stop_reason})")
@@ -133,10 +133,10 @@ def epochs_dir(s: ReproSettings, method: str, addon: str) -> Path:
 
 
 def e2mc_coefficients(method: str) -> tuple[float, float]:
-    """(beta, gamma) of the ``fmnist-<method>-continue-e2mc`` preset."""
+    """(beta, gamma) of the ``fmnist-<method>-e2mc`` preset."""
     from e2mc.config import load_config
 
-    params = load_config(f"fmnist-{method}-continue-e2mc", []).addon.params
+    params = load_config(f"fmnist-{method}-e2mc", []).addon.params
     return float(params["beta"]), float(params["gamma"])
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
 from e2mc.distributed import gather_with_grad
-from e2mc.ranges import Bound, OneOf, above, at_least, check_values
+from e2mc.ranges import Bound, OneOf, above, at_least, checked
 
 ViewReduction = Literal["mean", "sum"]
 VIEW_REDUCTIONS = ("mean", "sum")
@@ -45,8 +45,13 @@ class Addon(nn.Module):
     #: The smallest number of views the add-on can work with.
     min_views: int = 1
     #: The range of every constructor parameter but the flags (``e2mc.ranges``): checked by the
-    #: configuration (``addon.params``) before anything is built, and by the constructor.
+    #: configuration (``addon.params``) before anything is built, and on every construction.
     param_ranges: ClassVar[dict[str, Bound]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):
+            cls.__init__ = checked(vars(cls)["__init__"], "param_ranges")  # type: ignore[method-assign]
 
     def __init__(self, gather: bool = True) -> None:
         super().__init__()
@@ -102,7 +107,6 @@ class E2MC(Addon):
         batch_size_for_cov: int | None = None,
     ) -> None:
         super().__init__(gather)
-        check_values(self.param_ranges, locals())
         self.space, self.beta, self.gamma, self.eps = space, float(beta), float(gamma), eps
         self.view_reduction, self.m, self.batch_size_for_cov = view_reduction, m, batch_size_for_cov
 
@@ -143,7 +147,6 @@ class VCReg(Addon):
     def __init__(self, mu: float = 0.1, nu: float = 0.001, eps: float = 1e-4,
                  gather: bool = True) -> None:
         super().__init__(gather)
-        check_values(self.param_ranges, locals())
         self.mu, self.nu, self.eps = float(mu), float(nu), eps
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -174,7 +177,6 @@ class Uniformity(Addon):
     def __init__(self, lam: float = 0.5, t: float = 2.0, view_reduction: ViewReduction = "mean",
                  gather: bool = True) -> None:
         super().__init__(gather)
-        check_values(self.param_ranges, locals())
         self.lam, self.t, self.view_reduction = float(lam), float(t), view_reduction
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -196,7 +198,6 @@ class MMCR(Addon):
 
     def __init__(self, lam: float = 0.005, gather: bool = True) -> None:
         super().__init__(gather)
-        check_values(self.param_ranges, locals())
         self.lam = float(lam)
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:

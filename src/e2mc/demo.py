@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2mc.artifacts import builtin_checkpoint
+from e2mc.artifacts import RunDir, builtin_checkpoint
 from e2mc.processes import available_cores
 
 BASE_CHECKPOINT = builtin_checkpoint("builtin:demo-vicreg")
@@ -103,7 +103,6 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     from e2mc.evaluation.answer import print_answer
     from e2mc.evaluation.compare_report import COMPARISON_STEM
     from e2mc.evaluation.comparison_page import write_comparison_page
-    from e2mc.training.run import train_unless_done
 
     out = Path(out_dir)
     base = builtin_checkpoint(base_checkpoint) or Path(base_checkpoint)
@@ -127,7 +126,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     else:
         for name, cfg in configs.items():
             stage(f"continued training with add-on {cfg.addon.name!r} -> {out / name}")
-            checkpoints[name] = train_unless_done(cfg, out / name).checkpoint
+            checkpoints[name] = _train(cfg, out / name)
 
     eval_dirs = {}
     for name, checkpoint in checkpoints.items():
@@ -162,9 +161,10 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
 
 
 def _train(cfg: Any, run_dir: Path) -> Path:
-    from e2mc.training.run import train_unless_done
+    """The run's checkpoint, trained unless done (a picklable call for a process of its own)."""
+    from e2mc.training.run import run_training
 
-    return train_unless_done(cfg, run_dir).checkpoint
+    return run_training(cfg, run_dir, done_marker=True).checkpoint
 
 
 def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
@@ -207,10 +207,8 @@ def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
 
 def _last_step(run_dir: Path) -> int:
     """The last step a run logged (0 before its first record)."""
-    from e2mc.training.logging import read_metrics
-
     try:
-        rows = read_metrics(run_dir)
+        rows = RunDir(run_dir).read_metrics()
     except (OSError, ValueError):  # not written yet, or a line being written
         return 0
     return int(rows[-1]["step"]) if rows else 0

@@ -10,13 +10,16 @@ checks its own arguments against it, with one message, e.g.
 ``method.params.out_dim must be >= 2, got 0``.
 
 A bound accepts ``None`` (whether a parameter may be ``None`` is its type's business, checked
-beside). Torch-free.
+beside). The configuration's own keys declare theirs the same way (``RANGES`` of each section of
+:class:`e2mc.config.RunConfig`). Torch-free.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,3 +202,25 @@ def check_values(ranges: Mapping[str, Bound], values: Mapping[str, Any],
             wrong = bound.problem(values[name], values)
             if wrong is not None:
                 raise InputError(f"{prefix}{name} must be {wrong}, got {values[name]!r}")
+
+
+def checked(builder: Callable[..., Any], table: str, skip: type | tuple[type, ...] = ()
+            ) -> Callable[..., Any]:
+    """``builder`` (a method of a class: its constructor, ``build_optimizer``) that first checks
+    its arguments, defaults included, against the class's table named ``table``
+    (:func:`check_values`); values of the types ``skip`` (a module given for a spec) are not
+    checked. Arguments the signature does not take are left to ``builder`` to refuse."""
+    signature = inspect.signature(builder)
+
+    @functools.wraps(builder)
+    def checking(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return builder(self, *args, **kwargs)
+        bound.apply_defaults()
+        check_values(getattr(self, table), {k: v for k, v in bound.arguments.items()
+                                            if not isinstance(v, skip)})
+        return builder(self, *args, **kwargs)
+
+    return checking

@@ -254,8 +254,4 @@ class RunDir:
         previous = read_jsonl(self.config_changes, True) if self.config_changes.is_file() else []
         write_jsonl(self.config_changes, [*previous, {"step": int(step), "changes": changes}])
 
-    def read_config_changes(self) -> list[dict[str, Any]]:
-        """The records of ``config_changes.jsonl`` (``[]`` when the config never changed)."""
-        return read_jsonl(self.config_changes, True) if self.config_changes.is_file() else []
-
 

@@ -20,9 +20,6 @@ overrides, differences).
 """
 
 from e2mc.config.fields import (
-    LABEL_FREE,
-    YAML_MAX_NODES,
-    check_params,
     comma_list,
     load_yaml_text,
     metric_names,
@@ -31,40 +28,17 @@ from e2mc.config.fields import (
     resolve_signals,
 )
 from e2mc.config.presets import (
-    BASE_KEY,
     config_differences,
-    config_from_dict,
     flatten_config,
     load_config,
     merge_config,
     preset_names,
     preset_summary,
-    resolve_config_file,
 )
-from e2mc.config.schema import (
-    LR_SCALINGS,
-    MODES,
-    PIPELINES,
-    PRECISIONS,
-    SCHEDULES,
-    AddonConfig,
-    DataConfig,
-    InitConfig,
-    LoggingConfig,
-    MethodConfig,
-    ModelConfig,
-    MonitorConfig,
-    OptimConfig,
-    RunConfig,
-    TrainingConfig,
-)
+from e2mc.config.schema import PIPELINES, MonitorConfig, RunConfig
 
 __all__ = [
-    "BASE_KEY", "LABEL_FREE", "LR_SCALINGS", "MODES", "PIPELINES", "PRECISIONS", "SCHEDULES",
-    "YAML_MAX_NODES", "AddonConfig", "DataConfig", "InitConfig", "LoggingConfig",
-    "MethodConfig", "ModelConfig", "MonitorConfig", "OptimConfig", "RunConfig",
-    "TrainingConfig", "check_params", "comma_list", "config_differences", "config_from_dict",
+    "PIPELINES", "MonitorConfig", "RunConfig", "comma_list", "config_differences",
     "flatten_config", "load_config", "load_yaml_text", "merge_config", "metric_names",
-    "preset_names", "preset_summary", "read_yaml", "resolve_config_file", "resolve_metric",
-    "resolve_signals",
+    "preset_names", "preset_summary", "read_yaml", "resolve_metric", "resolve_signals",
 ]

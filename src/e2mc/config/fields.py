@@ -255,13 +255,13 @@ def _type_text(tp: Any) -> str:
 
 
 def check_params(builder: Any, params: dict[str, Any], section: str,
-                 skip: Iterable[str] = (), ranges: Mapping[str, Any] | None = None) -> None:
+                 ranges: Mapping[str, Any], skip: Iterable[str] = ()) -> None:
     """Check the ``params`` handed to ``builder`` (a function or method) against its signature:
-    names it does not take (unless it takes ``**kwargs`` and no ``ranges`` are given) and values
-    of another type than annotated are a ``ValueError`` naming ``section.name``; numbers written
-    as text (``1e3``) are converted in place. ``skip``: parameters the caller fills itself.
+    names it does not take and values of another type than annotated are a ``ValueError``
+    naming ``section.name``; numbers written as text (``1e3``) are converted in place.
     ``ranges``: the builder's declared ranges (:mod:`e2mc.ranges`), checked on ``params`` with
-    the signature's defaults for the others (a range may depend on another parameter)."""
+    the signature's defaults for the others (a range may depend on another parameter).
+    ``skip``: parameters the caller fills itself."""
     import inspect
 
     from e2mc.ranges import check_values
@@ -274,17 +274,12 @@ def check_params(builder: Any, params: dict[str, Any], section: str,
     takes = {n: p for n, p in signature.parameters.items()
              if n != "self" and n not in skip
              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    open_ended = ranges is None and any(p.kind is p.VAR_KEYWORD
-                                        for p in signature.parameters.values())
     for name, value in params.items():
         if name not in takes:
-            if open_ended:
-                continue
             raise ValueError(f"unknown config key {section}.{name}; "
                              f"{section} takes: {', '.join(sorted(takes)) or 'nothing'}")
         params[name] = _param_value(f"{section}.{name}", value, hints.get(name, _NO_CHECK))
-    if ranges is not None:
-        defaults = {n: p.default for n, p in takes.items() if p.default is not p.empty}
-        check_values(ranges, {**defaults, **params}, prefix=f"{section}.")
+    defaults = {n: p.default for n, p in takes.items() if p.default is not p.empty}
+    check_values(ranges, {**defaults, **params}, prefix=f"{section}.")
 
 

@@ -264,13 +264,6 @@ def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) 
     return cfg
 
 
-def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
-    """Rebuild a config from :meth:`RunConfig.to_dict` output (e.g. a checkpoint's copy)."""
-    cfg = _build(data)
-    cfg.validate()
-    return cfg
-
-
 # --------------------------------------------------------------------------- differences
 def flatten_config(data: Mapping[str, Any], whole_params: bool = False,
                    prefix: str = "") -> dict[str, Any]:

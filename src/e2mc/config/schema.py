@@ -1,20 +1,20 @@
-"""The run configuration's schema: the typed dataclasses of :class:`RunConfig` and their
-checks (:meth:`RunConfig.validate`: ranges, choices, the ``params`` against the builders'
-signatures, the monitor's metric names). Values are converted to these types by
+"""The run configuration's schema: the typed dataclasses of :class:`RunConfig`, each section
+with the ranges of its keys (``RANGES``, :mod:`e2mc.ranges`, as the builders declare theirs),
+and their checks (:meth:`RunConfig.validate`: the ranges, the ``params`` against the builders'
+signatures and tables, the monitor's metric names). Values are converted to these types by
 :mod:`e2mc.config.presets`; the field parsers are :mod:`e2mc.config.fields`."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from e2mc.config.fields import check_distinct, check_params, resolve_metric, resolve_signals
+from e2mc.ranges import Bound, OneOf, above, at_least, between, check_values
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine")
@@ -66,6 +66,11 @@ class OptimConfig:
     ``weight_decay`` at the run's first step to it at its end; None: constant.
     """
 
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "base_lr": above(0), "lr_scaling": OneOf(LR_SCALINGS), "weight_decay": at_least(0),
+        "schedule": OneOf(SCHEDULES), "warmup_epochs": at_least(0),
+        "final_lr_fraction": between(0, 1), "weight_decay_end": at_least(0)}
+
     base_lr: float = 0.003
     lr_scaling: str = "linear"
     weight_decay: float = 1e-6
@@ -93,6 +98,10 @@ class DataConfig:
     None: the data's own (:mod:`e2mc.training.fit`, fixed in the run's configuration).
     """
 
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "image_size": at_least(1), "channels": at_least(1), "num_workers": at_least(0),
+        "limit": at_least(1), "pipeline": OneOf(PIPELINES)}
+
     dataset: str | None = None
     split: str = "train"
     image_size: int | None = 224
@@ -119,6 +128,8 @@ class InitConfig:
     heads from random weights (otherwise it is an error).
     """
 
+    RANGES: ClassVar[dict[str, Bound]] = {"base_epoch": at_least(0)}
+
     checkpoint: str | None = None
     trust: bool = False
     base_epoch: int | None = None
@@ -132,6 +143,9 @@ class LoggingConfig:
     when installed, silently; true = asked for, a note when it is not installed; false = off)
     and Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
     ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
+
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "wandb_mode": OneOf(("online", "offline", "disabled"))}
 
     tensorboard: bool | None = None
     wandb: bool = False
@@ -155,6 +169,12 @@ class TrainingConfig:
     a CPU; ``channels_last`` None: on with CUDA (:mod:`e2mc.training.hardware`).
     ``fit_batch``: ``batch_size`` is the largest batch, made smaller where an epoch would leave
     more than a few percent of the images out (:mod:`e2mc.training.fit`)."""
+
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "epochs": at_least(1), "batch_size": at_least(1), "seed": at_least(0),
+        "precision": OneOf(PRECISIONS), "log_every": at_least(1),
+        "checkpoint_every_steps": at_least(0), "max_steps": at_least(1),
+        "cpu_threads": at_least(1)}
 
     epochs: int = 10
     batch_size: int = 512
@@ -191,6 +211,10 @@ class MonitorConfig:
     ``patience``: stop after that many evaluations without a gain of more than ``min_delta``.
     """
 
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "every": at_least(1), "knn_k": at_least(1), "probe_epochs": at_least(1),
+        "batch_size": at_least(1), "patience": at_least(1), "min_delta": at_least(0)}
+
     enabled: bool = True
     every: int | None = None
     knn_k: int = 20
@@ -207,6 +231,8 @@ class MonitorConfig:
 class RunConfig:
     """A whole run; ``mode`` is ``continue`` (the paper's step 2) or ``pretrain``."""
 
+    RANGES: ClassVar[dict[str, Bound]] = {"mode": OneOf(MODES)}
+
     name: str = "run"
     mode: str = "continue"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -220,27 +246,20 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
-        """Check the values whose range the types cannot express."""
-        _check_ranges(self)
-        _choice("mode", self.mode, MODES)
-        _choice("training.precision", self.training.precision, PRECISIONS)
-        _choice("optim.schedule", self.optim.schedule, SCHEDULES)
-        _choice("optim.lr_scaling", self.optim.lr_scaling, LR_SCALINGS)
-        _choice("data.pipeline", self.data.pipeline, PIPELINES)
+        """Check the values whose range the types cannot express: each section's ``RANGES``
+        (every float in one is finite), the device, the signals, the monitor, the ``params``."""
+        check_values(self.RANGES, vars(self))
+        for section in dataclasses.fields(self):
+            value = getattr(self, section.name)
+            if hasattr(value, "RANGES"):
+                check_values(value.RANGES, vars(value), prefix=f"{section.name}.")
+        if self.lr > _FLOAT32_MAX:
+            raise ValueError(f"optim.base_lr={self.optim.base_lr:g} gives the learning rate "
+                             f"{self.lr:g}, more than float32 can hold (3.4e38)")
+        if not _DEVICE.match(self.training.device):
+            raise ValueError(f"training.device must be auto, cpu, cuda, cuda:N or mps; got "
+                             f"{self.training.device!r}")
         resolve_signals(self.training.preempt_signals)
-        for key, value in (("training.epochs", self.training.epochs),
-                           ("training.batch_size", self.training.batch_size),
-                           ("training.log_every", self.training.log_every),
-                           ("data.image_size", self.data.image_size),
-                           ("data.channels", self.data.channels)):
-            if value is not None and value < 1:  # (None: the data's own)
-                raise ValueError(f"{key} must be >= 1, got {value}")
-        if self.training.checkpoint_every_steps < 0:
-            raise ValueError("training.checkpoint_every_steps must be >= 0 (0 = off)")
-        if self.optim.base_lr <= 0:
-            raise ValueError(f"optim.base_lr must be > 0, got {self.optim.base_lr}")
-        if self.data.num_workers is not None and self.data.num_workers < 0:
-            raise ValueError(f"data.num_workers must be >= 0, got {self.data.num_workers}")
         self._validate_monitor()
         self._validate_params()
 
@@ -256,14 +275,12 @@ class RunConfig:
         method = METHODS.get(self.method.name)  # an unknown name is build_method's error
         if method is not None:
             check_params(method.__init__, self.method.params, "method.params",
-                         skip=("backbone", "small_images", "in_channels"),
-                         ranges=method.param_ranges)
+                         method.param_ranges, skip=("backbone", "small_images", "in_channels"))
             check_params(method.build_optimizer, self.optim.params, "optim.params",
-                         skip=("lr", "weight_decay"), ranges=method.optimizer_ranges)
+                         method.optimizer_ranges, skip=("lr", "weight_decay"))
         addon = ADDONS.get(self.addon.name)
         if addon is not None:
-            check_params(addon.__init__, self.addon.params, "addon.params",
-                         ranges=addon.param_ranges)
+            check_params(addon.__init__, self.addon.params, "addon.params", addon.param_ranges)
 
     def _validate_monitor(self) -> None:
         """The validation split and monitor keys (the metric names: :func:`metric_names`)."""
@@ -271,20 +288,10 @@ class RunConfig:
         if vs is not None and not (0 < vs < 1 or (vs >= 1 and float(vs).is_integer())):
             raise ValueError(f"data.val_split must be a fraction in (0, 1) or a whole count "
                              f">= 1, got {vs}")
-        for key, value, low in (("monitor.every", 1 if mon.every is None else mon.every, 1),
-                                ("monitor.knn_k", mon.knn_k, 1),
-                                ("monitor.probe_epochs", mon.probe_epochs, 1),
-                                ("monitor.batch_size", mon.batch_size, 1)):
-            if value < low:
-                raise ValueError(f"{key} must be >= {low}, got {value}")
         check_distinct("monitor.fractions", mon.fractions, lambda v: 0 < v <= 1,
                        "fractions in (0, 1]")
         check_distinct("monitor.label_seeds", mon.label_seeds, lambda v: v >= 0,
                        "integers >= 0")
-        if mon.patience is not None and mon.patience < 1:
-            raise ValueError(f"monitor.patience must be >= 1, got {mon.patience}")
-        if mon.min_delta < 0:
-            raise ValueError(f"monitor.min_delta must be >= 0, got {mon.min_delta}")
         if mon.keep_best is not None:
             mon.keep_best = resolve_metric(mon.keep_best, mon.fractions)
         if (mon.every is not None or mon.keep_best) and vs is None:
@@ -312,44 +319,5 @@ class RunConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def _choice(key: str, value: str, allowed: Iterable[str]) -> None:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
-
-
 _FLOAT32_MAX = 3.4028234663852886e38
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
-
-
-def _check_ranges(cfg: RunConfig) -> None:
-    """Every float is finite; the ranges of the numbers and the device string (each error
-    names its key)."""
-    for section in dataclasses.fields(cfg):
-        obj = getattr(cfg, section.name)
-        if not dataclasses.is_dataclass(obj):
-            continue
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{section.name}.{f.name} must be a finite number, got {value}")
-    t, o = cfg.training, cfg.optim
-    for key, value, low in (("training.seed", t.seed, 0), ("training.max_steps", t.max_steps, 1),
-                            ("training.cpu_threads", t.cpu_threads, 1),
-                            ("init.base_epoch", cfg.init.base_epoch, 0),
-                            ("optim.weight_decay", o.weight_decay, 0),
-                            ("optim.weight_decay_end", o.weight_decay_end, 0),
-                            ("optim.warmup_epochs", o.warmup_epochs, 0),
-                            ("optim.final_lr_fraction", o.final_lr_fraction, 0)):
-        if value is not None and value < low:
-            raise ValueError(f"{key} must be >= {low}, got {value}")
-    if o.final_lr_fraction > 1:
-        raise ValueError(f"optim.final_lr_fraction must be <= 1, got {o.final_lr_fraction}")
-    if cfg.lr > _FLOAT32_MAX:
-        raise ValueError(f"optim.base_lr={o.base_lr:g} gives the learning rate {cfg.lr:g}, "
-                         "more than float32 can hold (3.4e38)")
-    if not _DEVICE.match(t.device):
-        raise ValueError(f"training.device must be auto, cpu, cuda, cuda:N or mps; got "
-                         f"{t.device!r}")
-
-

@@ -4,7 +4,7 @@ machine (``local``) or as SLURM jobs (``slurm``); the last two through submitit,
 when asked for (``pip install 'e2mc[cluster]'``).
 
 A job is a picklable callable: :class:`TrainJob` trains one configuration in one run directory
-with :func:`~e2mc.training.run.train_unless_done`, the function the inline search calls too (the
+with :func:`~e2mc.training.run.run_training` (``done_marker``), as the inline search does (the
 run is marked done exactly when it reached its configured end), and :class:`CallJob` runs one
 evaluation. Under SLURM a training job has one task per GPU on each of its nodes, and each task
 joins the process group from submitit's environment (``TorchDistributedEnvironment().export()``

@@ -91,8 +91,8 @@ class _Checkpointable:
 
 
 class TrainJob(_Checkpointable):
-    """One training run as a job: :func:`~e2mc.training.run.train_unless_done` of ``cfg`` in
-    ``run_dir``."""
+    """One training run as a job: :func:`~e2mc.training.run.run_training` of ``cfg`` in
+    ``run_dir`` (``done_marker``)."""
 
     def __init__(self, cfg: Any, run_dir: str | Path) -> None:
         self.cfg, self.run_dir = cfg, str(run_dir)
@@ -105,13 +105,13 @@ class TrainJob(_Checkpointable):
             requeue_slurm_job,
             wants_requeue,
         )
-        from e2mc.training.run import train_unless_done
+        from e2mc.training.run import run_training
 
         _join_process_group()
         under_slurm = _in_submitit("slurm") and bool(os.environ.get("SLURM_JOB_ID"))
         with _signals_to_trainer(self.cfg.training.preempt_signals):
             try:
-                result = train_unless_done(self.cfg, self.run_dir)
+                result = run_training(self.cfg, self.run_dir, done_marker=True)
             except PreemptedAtStart as stop:
                 if not under_slurm:
                     return _outcome(False, None, str(stop))

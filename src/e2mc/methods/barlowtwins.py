@@ -15,7 +15,7 @@ from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import barlowtwins_projector, parse_mlp_spec
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
-from e2mc.ranges import Widths, above, at_least, between, check_values
+from e2mc.ranges import Widths, above, at_least, between
 
 
 def off_diagonal(c: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,6 @@ class BarlowTwins(SSLMethod):
                  in_channels: int = 3, projector: str = "8192-8192-8192", lambd: float = 0.0051,
                  feature_dim: int | None = None) -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projector = barlowtwins_projector(self.feature_dim, projector)
@@ -79,6 +78,5 @@ class BarlowTwins(SSLMethod):
         """LARS (momentum 0.9, eta 0.001), biases and BN parameters excluded from weight decay
         and adaptation. The official run gives the biases a learning rate 0.024 / 0.2 of the
         weights'; here they share it."""
-        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)

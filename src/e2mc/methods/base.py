@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from e2mc.ranges import Bound
+from e2mc.ranges import Bound, checked
 
 CompactSpace = Literal["hypercube", "hypersphere"]
 #: The view recipes of ``e2mc.data.build_views`` (``e2mc.data.views.RECIPES``; a test keeps the
@@ -77,10 +77,18 @@ class SSLMethod(nn.Module):
 
     #: The range of every constructor parameter but the flags and the backbone's own
     #: (``e2mc.ranges``): checked by the configuration (``method.params``) before anything is
-    #: built, and by the constructor.
+    #: built, and on every construction (:meth:`__init_subclass__`).
     param_ranges: ClassVar[dict[str, Bound]] = {}
     #: The same for :meth:`build_optimizer`'s options (``optim.params``).
     optimizer_ranges: ClassVar[dict[str, Bound]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A method's constructor and ``build_optimizer`` check their arguments against its
+        tables (:func:`e2mc.ranges.checked`; a module given for a spec is not checked)."""
+        super().__init_subclass__(**kwargs)
+        for name, table in (("__init__", "param_ranges"), ("build_optimizer", "optimizer_ranges")):
+            if name in vars(cls):
+                setattr(cls, name, checked(vars(cls)[name], table, skip=nn.Module))
 
     @classmethod
     def collapse_value(cls, hparams: Mapping[str, Any] | None = None) -> CollapseValue | None:

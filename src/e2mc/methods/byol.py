@@ -15,7 +15,7 @@ from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import byol_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
-from e2mc.ranges import OneOf, above, at_least, between, check_values
+from e2mc.ranges import OneOf, above, at_least, between
 
 
 def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor
@@ -53,7 +53,6 @@ class BYOL(EMAMethod):
                  pred_hidden_dim: int | None = None, hidden_bias: bool = True,
                  momentum_schedule: str = "constant") -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         pred_hidden = hidden_dim if pred_hidden_dim is None else pred_hidden_dim
@@ -75,6 +74,5 @@ class BYOL(EMAMethod):
                         momentum: float = 0.9) -> torch.optim.Optimizer:
         """LARS (momentum 0.9, eta 0.001) over the online network, biases and BN parameters
         excluded from weight decay and adaptation (BYOL's recipe)."""
-        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)  # the teacher's parameters need no gradient

@@ -18,7 +18,7 @@ from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import DINOHead
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
-from e2mc.ranges import OneOf, above, at_least, between, check_values
+from e2mc.ranges import OneOf, above, at_least, between
 
 OPTIMIZERS = ("adamw", "sgd", "lars")
 
@@ -101,7 +101,6 @@ class DINO(EMAMethod):
                  freeze_last_layer: int = 1, clip_grad: float = 3.0,
                  feature_dim: int | None = None, momentum_schedule: str = "constant") -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.head = DINOHead(self.feature_dim, out_dim, use_bn_in_head, norm_last_layer,
@@ -186,7 +185,6 @@ class DINO(EMAMethod):
                         momentum: float = 0.9, eta: float = 0.001) -> torch.optim.Optimizer:
         """``get_params_groups``: biases and norm parameters (1-D) without weight decay; AdamW
         (the ViT default), SGD with ``momentum`` (the ResNet run) or LARS; the student only."""
-        check_values(self.optimizer_ranges, locals())
         if optimizer == "lars":
             return LARS(lars_param_groups(self, weight_decay), lr=lr,
                         weight_decay=weight_decay, momentum=momentum, eta=eta)

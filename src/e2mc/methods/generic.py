@@ -19,7 +19,7 @@ from e2mc.methods.heads import parse_mlp_spec, simsiam_predictor, vicreg_project
 from e2mc.methods.simsiam import sgd_with_predictor_group, simsiam_loss
 from e2mc.methods.vicreg import lars_param_groups, vicreg_loss
 from e2mc.optim import LARS
-from e2mc.ranges import OneOf, Widths, above, at_least, between, check_values
+from e2mc.ranges import OneOf, Widths, above, at_least, between
 
 LOSSES = ("vicreg", "simsiam")
 
@@ -61,16 +61,12 @@ class Generic(SSLMethod):
                  predictor_lr: float | None = None, view_recipe: str | None = None,
                  small_images: bool = False, in_channels: int = 3) -> None:
         super().__init__()
-        if loss not in LOSSES:
-            raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
         if not isinstance(projector, nn.Module | str):
             raise ValueError("projector must be an nn.Module or a size spec like '2048-2048'")
         if loss == "simsiam" and predictor is None:
             raise ValueError("loss='simsiam' needs a predictor (a module or its hidden width)")
         if loss == "vicreg" and predictor is not None:
             raise ValueError("a predictor is only used with loss='simsiam'")
-        check_values(self.param_ranges, {k: v for k, v in locals().items()
-                                         if not isinstance(v, nn.Module)})
         if feature_dim is None and isinstance(backbone, nn.Module) \
                 and isinstance(projector, nn.Module):
             feature_dim = _first_linear_in_features(projector)
@@ -121,7 +117,6 @@ class Generic(SSLMethod):
                         ) -> torch.optim.Optimizer:
         """VICReg's LARS preset (``eta``, default 0.001) or SimSiam's SGD preset
         (``predictor_lr``), following ``loss``; ``momentum`` 0.9."""
-        check_values(self.optimizer_ranges, locals())
         if self.loss_name == "vicreg":
             if predictor_lr is not None:
                 raise ValueError("unknown optimizer options: ['predictor_lr'] (an option of "

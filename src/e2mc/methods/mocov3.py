@@ -17,7 +17,7 @@ from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import moco_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
-from e2mc.ranges import Each, OneOf, above, at_least, between, check_values
+from e2mc.ranges import Each, OneOf, above, at_least, between
 
 OPTIMIZERS = ("lars", "adamw")
 
@@ -78,7 +78,6 @@ class MoCoV3(EMAMethod):
                  feature_dim: int | None = None, momentum_schedule: str = "constant",
                  frozen_patch_embedding: bool = False) -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         if frozen_patch_embedding:
@@ -105,7 +104,6 @@ class MoCoV3(EMAMethod):
         """``lars`` (ResNets: momentum 0.9, eta 0.001, biases and norms excluded from weight decay
         and adaptation) or ``adamw`` (ViTs: every parameter decayed), over the base encoder and
         the predictor."""
-        check_values(self.optimizer_ranges, locals())
         if optimizer == "adamw":
             params = [p for p in self.parameters() if p.requires_grad]
             return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay,

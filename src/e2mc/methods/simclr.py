@@ -15,7 +15,7 @@ from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import moco_mlp
 from e2mc.methods.vicreg import lars_param_groups
 from e2mc.optim import LARS
-from e2mc.ranges import above, at_least, between, check_values
+from e2mc.ranges import above, at_least, between
 
 
 def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
@@ -64,7 +64,6 @@ class SimCLR(SSLMethod):
                  in_channels: int = 3, hidden_dim: int | None = None, dim: int = 128,
                  temperature: float = 0.1, feature_dim: int | None = None) -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         hidden = self.feature_dim if hidden_dim is None else hidden_dim
@@ -84,6 +83,5 @@ class SimCLR(SSLMethod):
                         momentum: float = 0.9) -> torch.optim.Optimizer:
         """LARS (momentum 0.9, eta 0.001), biases and BN parameters excluded from weight decay
         and adaptation (SimCLR's ImageNet recipe)."""
-        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)

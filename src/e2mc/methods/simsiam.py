@@ -12,7 +12,7 @@ from torch import nn
 from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import simsiam_predictor, simsiam_projector
-from e2mc.ranges import above, at_least, between, check_values
+from e2mc.ranges import above, at_least, between
 
 
 def simsiam_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor
@@ -54,7 +54,6 @@ class SimSiam(SSLMethod):
                  in_channels: int = 3, dim: int = 2048, pred_dim: int = 512,
                  predictor_lr: float | None = None, feature_dim: int | None = None) -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projector = simsiam_projector(self.feature_dim, dim)
@@ -73,12 +72,9 @@ class SimSiam(SSLMethod):
                             embeddings=[z1, z2])
 
     def build_optimizer(self, lr: float, weight_decay: float, predictor_lr: float | None = None,
-                        momentum: float = 0.9, **kwargs: Any) -> torch.optim.Optimizer:
+                        momentum: float = 0.9) -> torch.optim.Optimizer:
         """SGD (momentum 0.9); the predictor group has the fixed ``predictor_lr`` (argument,
         else the constructor's, else ``lr``) and ``fix_lr=True``."""
-        if kwargs:
-            raise ValueError(f"unknown SimSiam optimizer options: {sorted(kwargs)}")
-        check_values(self.optimizer_ranges, locals())
         if predictor_lr is None:
             predictor_lr = self.predictor_lr if self.predictor_lr is not None else lr
         encoder = list(self.backbone.parameters()) + list(self.projector.parameters())

@@ -15,7 +15,7 @@ from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import swav_projection_head
 from e2mc.optim import LARC, LARC_TRUST
-from e2mc.ranges import Each, IndicesOf, above, at_least, between, check_values
+from e2mc.ranges import Each, IndicesOf, above, at_least, between
 
 
 @torch.no_grad()
@@ -77,7 +77,6 @@ class SwAV(SSLMethod):
                  crops_for_assign: Sequence[int] = (0, 1), n_crops: Sequence[int] = (2, 6),
                  feature_dim: int | None = None) -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projection_head = swav_projection_head(self.feature_dim, hidden_dim, output_dim)
@@ -190,11 +189,8 @@ class SwAV(SSLMethod):
                             embeddings=per_view[:2], all_embeddings=per_view)
 
     def build_optimizer(self, lr: float, weight_decay: float, momentum: float = 0.9,
-                        trust_coefficient: float = LARC_TRUST, clip: bool = False,
-                        **kwargs: Any) -> torch.optim.Optimizer:
+                        trust_coefficient: float = LARC_TRUST, clip: bool = False
+                        ) -> torch.optim.Optimizer:
         """LARC around SGD (momentum 0.9, trust 0.001, clip off) over all parameters."""
-        if kwargs:
-            raise ValueError(f"unknown SwAV optimizer options: {sorted(kwargs)}")
-        check_values(self.optimizer_ranges, locals())
         return LARC(self.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay,
                     trust_coefficient=trust_coefficient, clip=clip)

@@ -16,7 +16,7 @@ from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import vicreg_projector
 from e2mc.optim import LARS
-from e2mc.ranges import Widths, above, at_least, between, check_values
+from e2mc.ranges import Widths, above, at_least, between
 
 #: VICReg's ``std = sqrt(var + 1e-4)``: the variance hinge of a constant dimension.
 VICREG_VARIANCE_FLOOR = 1.0 - math.sqrt(1e-4)
@@ -82,7 +82,6 @@ class VICReg(SSLMethod):
                  sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
                  feature_dim: int | None = None) -> None:
         super().__init__()
-        check_values(self.param_ranges, locals())
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         self.projector = vicreg_projector(self.feature_dim, projector)
@@ -99,10 +98,7 @@ class VICReg(SSLMethod):
         return MethodOutput(loss=loss, terms=terms, embeddings=[x, y])
 
     def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
-                        momentum: float = 0.9, **kwargs: Any) -> torch.optim.Optimizer:
+                        momentum: float = 0.9) -> torch.optim.Optimizer:
         """LARS, eta 0.001, momentum 0.9, 1-D parameters excluded from wd and adaptation."""
-        if kwargs:
-            raise ValueError(f"unknown VICReg optimizer options: {sorted(kwargs)}")
-        check_values(self.optimizer_ranges, locals())
         return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
                     momentum=momentum, eta=eta)

@@ -165,7 +165,7 @@ class Search:
         job); a pre-empted run is :class:`SearchPreempted` (never marked done, resumed by the
         next invocation)."""
         from e2mc.training.preemption import PreemptedAtStart
-        from e2mc.training.run import train_unless_done
+        from e2mc.training.run import run_training
 
         self._check_stop()
         if run.is_done():
@@ -175,7 +175,7 @@ class Search:
                     else f"trial (add-on {cfg.addon.name})")
             self.log(f"  train {role}: {run.root}")
         try:
-            result = train_unless_done(cfg, run.root)  # marks the run done when it finished
+            result = run_training(cfg, run.root, done_marker=True)  # marked done at its end
         except PreemptedAtStart as stop:  # a signal while the run was being built
             raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
                                   "resume it") from None

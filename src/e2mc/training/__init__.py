@@ -1,6 +1,6 @@
 """Continued pre-training (the paper's step 2) and pre-training from a run configuration
-(:mod:`e2mc.config`): the trainer (AMP, DDP, exact resume), its callbacks, checkpoints and metric
-logging.
+(:mod:`e2mc.config`): one way in (:func:`~e2mc.training.run.run_training`), the trainer (AMP,
+DDP, exact resume), its callbacks, checkpoints and metric logging.
 
 Heavy modules are imported lazily so that ``e2mc --help`` stays fast.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NonFiniteLossError", "TrainResult", "Trainer", "continue_module", "run_training"]
+__all__ = ["NonFiniteLossError", "TrainResult", "continue_module", "run_training"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Trainer", "TrainResult"):
-        from e2mc.training import trainer
+    if name == "TrainResult":
+        from e2mc.training.result import TrainResult
 
-        return getattr(trainer, name)
+        return TrainResult
     if name == "NonFiniteLossError":
         from e2mc.training.nonfinite import NonFiniteLossError
 

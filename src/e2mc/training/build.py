@@ -61,8 +61,6 @@ def training_images(cfg: RunConfig) -> Any:
     base = build_dataset(cfg.data.dataset, cfg.data.split, skip_corrupt=cfg.data.skip_corrupt)
     skipped = int(getattr(base, "num_skipped", 0))
     if cfg.data.limit is not None:
-        if cfg.data.limit < 1:
-            raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
         limited = range(min(cfg.data.limit, len(base)))
         base = (LabeledSubset(base, limited) if dataset_labels(base, False) is not None
                 else Subset(base, limited))
@@ -91,21 +89,14 @@ def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
 
 
 def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None,
-                        images: tuple[Any, int] | None = None, device: Any = "cpu") -> Any:
+                        images: tuple[Any, int] | None = None, pipeline: str = "pil") -> Any:
     """The training images with the method's view recipe (or ``data.recipe``); with a
     validation ``split`` (:func:`holdout`) only its training part. ``images``: what
-    :func:`training_images` returned (built here when not given). ``device``: the training
-    device, which ``data.pipeline=auto`` chooses by (:mod:`e2mc.training.hardware`)."""
-    import torch
-
+    :func:`training_images` returned (built here when not given). ``pipeline``: the value
+    ``data.pipeline`` runs with (``auto`` chosen, :mod:`e2mc.training.hardware`)."""
     from e2mc.data import MultiViewDataset, build_views
-    from e2mc.training.hardware import hardware_choices, is_image_folder
 
     base, skipped = images or training_images(cfg)
-    pipeline = cfg.data.pipeline
-    if pipeline == "auto":
-        pipeline = hardware_choices(cfg, torch.device(device),
-                                    is_image_folder(base))["data.pipeline"].value
     if split is not None:
         base = Subset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,

@@ -15,7 +15,7 @@ import torch
 from e2mc.config import RunConfig
 from e2mc.processes import available_cores
 
-__all__ = ["Choice", "describe", "hardware_choices", "is_image_folder"]
+__all__ = ["Choice", "chosen", "describe", "hardware_choices", "is_image_folder"]
 
 #: Loader workers at most (beyond, a GPU's step is the bound on every machine we measured).
 MAX_WORKERS = 32
@@ -69,6 +69,15 @@ def hardware_choices(cfg: RunConfig, device: torch.device,
             max(1, min(cores - 1, MAX_WORKERS)),
             f"{cores} core(s) this process may use, one left to the training process")
     return out
+
+
+def chosen(cfg: RunConfig, choices: dict[str, Choice], key: str) -> Any:
+    """The value ``key`` (``section.name``) runs with: the choice for an ``auto`` key, else the
+    configuration's value."""
+    if key in choices:
+        return choices[key].value
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
 
 
 def describe(choices: dict[str, Choice]) -> str:

@@ -129,7 +129,7 @@ class KeepBest(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a checkpoint written before keep-best was a callback of
         its own gives the monitor's ``history`` instead of the trajectory
-        (:func:`e2mc.training.resume.callback_states`)."""
+        (:func:`e2mc.training.checkpointing.callback_states`)."""
         self.tracker.load_state_dict(state)
         if "trajectory" in state:
             self.trajectory = [(int(s), v) for s, v in state["trajectory"]]

@@ -113,9 +113,6 @@ def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
     except ImportError:
         raise ValueError("logging.wandb needs the wandb package: pip install 'e2mc[wandb]' "
                          "(or set logging.wandb=false)") from None
-    if log_cfg.wandb_mode not in (None, "online", "offline", "disabled"):
-        raise ValueError("logging.wandb_mode must be online, offline or disabled, got "
-                         f"{log_cfg.wandb_mode!r}")
     return wandb.init(
         project=log_cfg.wandb_project, entity=log_cfg.wandb_entity,
         name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
@@ -128,14 +125,3 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return value
-
-
-def truncate_metrics(run_dir: str | Path, last_step: int) -> None:
-    """:meth:`e2mc.artifacts.RunDir.truncate_metrics`."""
-    RunDir(run_dir).truncate_metrics(last_step)
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of ``run_dir``'s ``metrics.jsonl`` in order
-    (:meth:`e2mc.artifacts.RunDir.read_metrics`)."""
-    return RunDir(run_dir).read_metrics()

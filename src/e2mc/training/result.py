@@ -10,9 +10,10 @@ from torch import nn
 
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method."""
+    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method;
+    or, for a run already marked done (:meth:`done`), the step and end its marker records."""
 
-    run_epoch: int
+    run_epoch: int | None
     step: int
     skipped_steps: int
     completed: bool
@@ -20,6 +21,17 @@ class TrainResult:
     last_metrics: dict[str, float]
     method: nn.Module | None = field(default=None, repr=False)  # (printed: pages of layers)
     stop_reason: str | None = None
+
+    @classmethod
+    def done(cls, checkpoint: Path, step: int, end: str | None) -> TrainResult:
+        """A run marked done, not trained now (``trained`` False; no ``run_epoch``)."""
+        return cls(None, step, 0, end == "completed", checkpoint, {},
+                   stop_reason=None if end == "completed" else end)
+
+    @property
+    def trained(self) -> bool:
+        """Whether this call trained (False: the run was marked done already)."""
+        return self.method is not None
 
     @property
     def finished(self) -> bool:

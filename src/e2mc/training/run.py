@@ -1,13 +1,16 @@
-"""The training workflow behind ``e2mc continue`` and ``e2mc pretrain``: build everything from a
-:class:`RunConfig` (:mod:`e2mc.training.build`) and train in a run directory
-(:class:`e2mc.artifacts.RunDir`)."""
+"""The one way into training: :func:`run_training`, behind ``e2mc continue`` and ``e2mc
+pretrain``, ``e2mc search`` (inline and as jobs), the demo, the evaluation harnesses and
+:func:`continue_module` (a wrapper that loads a configuration around a module of your own).
+It checks a run directory once (the configuration, the images, a done marker), chooses the
+``auto`` values once, builds everything from a :class:`RunConfig`
+(:mod:`e2mc.training.build`) and trains in the run directory (:class:`e2mc.artifacts.RunDir`).
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,121 +25,94 @@ from e2mc.training.build import (
     build_train_dataset,
     holdout,
     load_start,
+    module_feature_dim,
     training_images,
 )
-from e2mc.training.checkpointing import (
-    check_resume_config,
-    check_resume_data,
-    read_checkpoint_record,
-)
+from e2mc.training.checkpointing import check_resume_config, check_resume_data
+from e2mc.training.result import TrainResult
 
 
-def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False,
-                 backbone: Any = None, feature_dim: int | None = None,
-                 overridable: bool = True) -> Any:
-    """Build everything from ``cfg`` and train in ``run_dir`` (resuming if it holds a
-    checkpoint, whose configuration must equal ``cfg`` up to the keys of
-    :func:`~e2mc.training.checkpointing.check_resume_config`, or ``override_config``).
-    ``backbone``: an ``nn.Module`` that replaces ``model.backbone`` and starts with its own
-    weights (see :func:`continue_module`). ``overridable`` False: the caller offers no
-    ``--override-config`` (refusals do not suggest it). Returns the
-    :class:`~e2mc.training.trainer.TrainResult`."""
+def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False, *,
+                 module: Any = None, feature_dim: int | None = None,
+                 done_marker: bool = False) -> TrainResult:
+    """Build everything from ``cfg`` and train in ``run_dir``, resuming its checkpoint, whose
+    configuration must equal ``cfg`` up to the keys of
+    :func:`~e2mc.training.checkpointing.check_resume_config` (or ``override_config``,
+    ``--override-config``) and whose images must be these
+    (:func:`~e2mc.training.checkpointing.check_resume_data`).
+
+    ``module``: an ``nn.Module`` that replaces ``model.backbone`` and starts with its own
+    weights (trained in place; its pooled output size ``feature_dim`` is measured when not
+    given). ``done_marker``: the run is marked done (main process) when it reaches its
+    configured end, and a run marked done is returned untrained (``trained`` False) after the
+    same checks, so a done marker never stands for another configuration or other images; a
+    pre-empted run is never marked, so calling again resumes it. Such callers (``e2mc search``,
+    the demo, the harnesses) offer no ``--override-config``, and the refusals do not suggest
+    it. Returns the :class:`~e2mc.training.result.TrainResult`."""
+    from e2mc.data.identity import data_identity
     from e2mc.distributed import init_runtime
+    from e2mc.errors import ConfigMismatchError
     from e2mc.training.fit import fit_to_data, needs_data
 
     run = RunDir(run_dir)
+    overridable = not done_marker
     images = training_images(cfg) if needs_data(cfg) else None  # read once
     cfg, fitted = fit_to_data(cfg, images)  # the values the configuration leaves to its data
     if fitted:  # (a size the backbone cannot take: one line before anything is built)
         check_backbone_input(cfg.model.backbone, cfg.data.image_size, cfg.model.in_channels,
                              cfg.model.small_images, option="--set data.image_size=N")
-    check_resume_config(run.root, cfg.to_dict(), override_config, record=False,
-                        overridable=overridable)
+    first_step, changes = check_resume_config(run.root, cfg.to_dict(), override_config,
+                                              overridable)
+    done = run.read_done() if done_marker else None
+    if done is not None:
+        identity = data_identity((images or training_images(cfg))[0])
+        if check_resume_data(run.root, identity, cfg.to_dict(), False, False) is not None:
+            raise ConfigMismatchError(f"{run.root} is done, but was trained on other images "
+                                      f"than {cfg.data.dataset} holds now; use a new directory")
+        return TrainResult.done(run.checkpoint, done["step"], done.get("end"))
+    if module is not None and feature_dim is None:
+        feature_dim = module_feature_dim(cfg, module)
     runtime = init_runtime(cfg.training.device)
     # one writer per run directory: the main process holds its lock for the whole run
     with writer_lock(run.root) if runtime.is_main else nullcontext():
-        return _train(cfg, run, runtime, override_config, backbone, feature_dim, overridable,
-                      images, fitted)
-
-
-@dataclass
-class RunOutcome:
-    """How far :func:`train_unless_done` brought a run directory: ``finished`` (it reached its
-    configured end and is marked done), the ``step`` reached, how it ended (``stop_reason``,
-    None when every epoch ran) and whether it ``trained`` now (False: it was done already)."""
-
-    run_dir: Path
-    finished: bool
-    step: int | None
-    stop_reason: str | None
-    trained: bool
-
-    @property
-    def checkpoint(self) -> Path:
-        return RunDir(self.run_dir).checkpoint
-
-
-def train_unless_done(cfg: RunConfig, run_dir: str | Path) -> RunOutcome:
-    """Train ``cfg`` in ``run_dir`` unless the run is marked done, resuming its checkpoint, and
-    mark it done (main process) when it reached its configured end; a pre-empted run is never
-    marked, so running this again resumes it. A done run's configuration must still equal
-    ``cfg`` (:func:`~e2mc.training.checkpointing.check_resume_config`): a done marker never
-    stands for another configuration. The one "train unless done" of ``e2mc search`` (inline
-    and as jobs), the demo and the reproduction harness."""
-    from e2mc.distributed import is_main_process
-
-    run = RunDir(run_dir)
-    done = run.read_done()
-    if done is not None:
-        check_resume_config(run.root, cfg.to_dict(), False, record=False, overridable=False)
-        _check_done_data(cfg, run)
-        end = done.get("end")
-        return RunOutcome(run.root, True, done["step"], None if end == "completed" else end,
-                          trained=False)
-    result = run_training(cfg, run.root, overridable=False)
-    if result.finished and is_main_process():
-        run.mark_done(result.step, result.stop_reason or "completed")
-    return RunOutcome(run.root, result.finished, result.step, result.stop_reason, trained=True)
+        result = _train(cfg, run, runtime, override_config, overridable, module, feature_dim,
+                        (first_step, changes), images, fitted)
+        if done_marker and result.finished and runtime.is_main:
+            run.mark_done(result.step, result.stop_reason or "completed")
+    return result
 
 
 def continue_module(module: Any, config: str | Path, run_dir: str | Path,
                     overrides: Sequence[str] = (), feature_dim: int | None = None,
-                    override_config: bool = False) -> Any:
+                    override_config: bool = False) -> TrainResult:
     """Continue training your own backbone ``module`` (images ``[B, C, H, W]`` to pooled
     features ``[B, feature_dim]``) with the preset or YAML file ``config`` and ``--set``-style
-    ``overrides``, as ``e2mc continue`` does: the method's heads start new, the add-on, the
-    validation monitor, keep-best (``best.pt``), early stopping, pre-emption and resume work
-    as for a named backbone. ``feature_dim`` defaults to the module's output size on two
-    images of ``data.image_size`` and ``data.channels``. The module is copied, not changed:
-    the result is the run directory (``e2mc.checkpoints.save_checkpoint`` layout; its
-    ``model`` state dict loads into the method rebuilt around your module). Running it again
-    with the same arguments resumes. Returns the :class:`~e2mc.training.trainer.TrainResult`.
-    """
+    ``overrides``, as ``e2mc continue`` does (:func:`run_training` of a copy of the module):
+    the method's heads start new, the add-on, the validation monitor, keep-best
+    (``best.pt``), early stopping, pre-emption and resume work as for a named backbone.
+    ``feature_dim`` defaults to the module's output size on two images of
+    ``data.image_size`` and ``data.channels``. The module is copied, not changed: the result
+    is the run directory (``e2mc.checkpoints.save_checkpoint`` layout; its ``model`` state
+    dict loads into the method rebuilt around your module). Running it again with the same
+    arguments resumes."""
     import copy
 
     from e2mc.config import load_config
-    from e2mc.training.build import module_feature_dim
 
     cfg = load_config(config, ["mode=continue", *overrides])
-    module = copy.deepcopy(module)
-    if feature_dim is None:
-        from e2mc.training.fit import fit_to_data
-
-        feature_dim = module_feature_dim(fit_to_data(cfg)[0], module)  # (its size, channels)
-    return run_training(cfg, run_dir, override_config, backbone=module,
+    return run_training(cfg, run_dir, override_config, module=copy.deepcopy(module),
                         feature_dim=feature_dim)
 
 
 def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
-           backbone: Any = None, feature_dim: int | None = None,
-           overridable: bool = True, images: Any = None,
-           fitted: dict[str, Any] | None = None) -> Any:
+           overridable: bool, backbone: Any, feature_dim: int | None,
+           config_change: tuple[int, dict[str, tuple[Any, Any]]], images: Any = None,
+           fitted: dict[str, Any] | None = None) -> TrainResult:
     import torch
 
-    from e2mc.data import collate_views
     from e2mc.data.identity import data_identity
     from e2mc.models import weights_from_checkpoint
-    from e2mc.training.hardware import describe, hardware_choices, is_image_folder
+    from e2mc.training.hardware import chosen, describe, hardware_choices, is_image_folder
     from e2mc.training.trainer import Trainer
 
     if cfg.training.cpu_threads is not None:
@@ -157,21 +133,24 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
     data_change = check_resume_data(run.root, identity, cfg.to_dict(), override_config,
                                     overridable)
     split = _split(cfg, run, runtime.is_main, images[0])
-    dataset = build_train_dataset(cfg, method, split, images, runtime.device)
-    choices = {**(fitted or {}),
+    choices = {**(fitted or {}),  # once a run
                **hardware_choices(cfg, runtime.device, is_image_folder(images[0]))}
+    dataset = build_train_dataset(cfg, method, split, images,
+                                  chosen(cfg, choices, "data.pipeline"))
     callbacks = build_callbacks(cfg, method, split, images[0])
     if runtime.is_main:
         run.root.mkdir(parents=True, exist_ok=True)
-        for key, (old, new) in check_resume_config(run.root, cfg.to_dict(), override_config,
-                                                   record=True).items():
+        first_step, changes = config_change
+        for key, (old, new) in changes.items():
             print(f"config change on resume: {key}: {old!r} -> {new!r}", file=sys.stderr)
+        recorded = {key: {"old": old, "new": new} for key, (old, new) in changes.items()}
         if data_change is not None:
-            first_step, old = data_change
-            run.record_config_change(first_step, {"data": {"old": old, "new": identity}})
+            recorded["data"] = {"old": data_change[1], "new": identity}
             print(f"data change on resume: the run goes on with these {identity['size']} "
                   f"images (content {identity['content'][:12]}), recorded in "
                   f"{run.config_changes}", file=sys.stderr)
+        if recorded:
+            run.record_config_change(first_step, recorded)
         atomic_write_text(run.config, cfg.to_yaml())
         print(f"{cfg.mode} {cfg.name}: {cfg.method.name} + add-on {cfg.addon.name}, "
               f"{len(dataset)} images ({dataset.num_skipped} unreadable skipped), "
@@ -196,28 +175,10 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
             if note is not None:  # (a fresh run's; a resumed one said it at its start)
                 print(note, file=sys.stderr)
     trainer = Trainer(method, addon, dataset, cfg, run.root, runtime=runtime,
-                      base_epoch=base_epoch, collate_fn=collate_views,
-                      prepare_optimizer=prepare, callbacks=callbacks, data_identity=identity)
+                      base_epoch=base_epoch,
+                      prepare_optimizer=prepare, callbacks=callbacks, data_identity=identity,
+                      hardware=choices)
     return trainer.fit()
-
-
-def _check_done_data(cfg: RunConfig, run: RunDir) -> None:
-    """A run marked done stands for its training images only: other images at the same paths
-    (the content identity, :mod:`e2mc.data.identity`) are a one-line refusal, never read back
-    as its result."""
-    from e2mc.data.identity import data_identity, describe_change, same_data
-    from e2mc.errors import ConfigMismatchError
-
-    if not run.checkpoint.is_file():
-        return
-    _, step, saved = read_checkpoint_record(run.checkpoint)
-    if saved is None:
-        return
-    identity = data_identity(training_images(cfg)[0])
-    if not same_data(saved, identity):
-        raise ConfigMismatchError(
-            f"{run.root} is done, but was trained on other images than {cfg.data.dataset} "
-            f"holds now ({describe_change(saved, identity)}); use a new directory")
 
 
 def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str, Any]:

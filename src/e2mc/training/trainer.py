@@ -4,7 +4,7 @@ One loop serves ``e2mc continue`` (the paper's step 2, docs/method.md) and ``e2m
 trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on called as
 ``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs. Beside the
 loop: the non-finite checks (:mod:`~e2mc.training.nonfinite`), the resume state
-(:mod:`~e2mc.training.resume`) and the callbacks (:mod:`~e2mc.training.callbacks`), which see
+(:mod:`~e2mc.training.checkpointing`) and the callbacks (:mod:`~e2mc.training.callbacks`), which see
 the trainer as a :class:`~e2mc.training.callbacks.TrainerView`.
 """
 
@@ -28,15 +28,14 @@ from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import set_scheduled_lr, set_scheduled_weight_decay
 from e2mc.processes import loader_options
 from e2mc.training.callbacks import Callback
-from e2mc.training.checkpointing import save_training_checkpoint
+from e2mc.training.checkpointing import checkpoint_state, resume, save_training_checkpoint
 from e2mc.training.epoch_copies import EpochCopies
 from e2mc.training.estimate import RunEstimate
-from e2mc.training.hardware import Choice, hardware_choices
+from e2mc.training.hardware import Choice, chosen, hardware_choices
 from e2mc.training.logging import MetricsLogger
 from e2mc.training.nonfinite import NonFiniteGuard, NonFiniteLossError
 from e2mc.training.progress_bar import ProgressBar
 from e2mc.training.result import TrainResult
-from e2mc.training.resume import checkpoint_state, resume
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
 __all__ = ["TrainResult", "Trainer"]  # TrainResult: e2mc.training.result
@@ -52,15 +51,16 @@ class Trainer:
     see the start, every epoch and step and the end, through the trainer's
     :class:`~e2mc.training.callbacks.TrainerView`; their state is saved in the checkpoint. The
     epoch copies, the progress bar and the run's time estimate are callbacks the trainer always
-    runs first.
+    runs first. ``hardware``: the values of the ``auto`` keys
+    (:func:`~e2mc.training.hardware.hardware_choices`; chosen here when not given).
     """
 
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
                  run_dir: str | Path, runtime: Runtime | None = None, base_epoch: int = 0,
-                 collate_fn: Any = None,
                  prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,
                  callbacks: list[Callback] | None = None,
-                 data_identity: dict[str, Any] | None = None) -> None:
+                 data_identity: dict[str, Any] | None = None,
+                 hardware: dict[str, Choice] | None = None) -> None:
         self.cfg = cfg
         #: the content identity of the training images, saved in every checkpoint
         self.data_identity = data_identity
@@ -80,12 +80,11 @@ class Trainer:
         self.start_epoch = 0
         self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
-        chosen = hardware_choices(cfg, self.runtime.device)  # the values of auto keys here
+        if hardware is None:  # (a trainer built by hand; run_training chooses once per run)
+            hardware = hardware_choices(cfg, self.runtime.device)
         #: the precision, memory format and loader workers this invocation runs with
-        self.precision: str = chosen.get("training.precision",
-                                         Choice(self.training_cfg.precision, "")).value
-        self.channels_last: bool = chosen.get("training.channels_last",
-                                              Choice(self.training_cfg.channels_last, "")).value
+        self.precision: str = chosen(cfg, hardware, "training.precision")
+        self.channels_last: bool = chosen(cfg, hardware, "training.channels_last")
         if self.precision == "fp16" and self.runtime.device.type != "cuda":
             raise ValueError("training.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
         self.sampler = EpochBatchSampler(len(dataset), self.training_cfg.batch_size,
@@ -97,7 +96,7 @@ class Trainer:
             print(f"note: every epoch leaves {use['dropped']} of the {use['images']} images out "
                   f"(batch {use['batch']}: {use['steps']} step(s) per epoch; other images each "
                   "epoch)", file=sys.stderr)
-        workers = chosen.get("data.num_workers", Choice(cfg.data.num_workers, "")).value
+        workers = chosen(cfg, hardware, "data.num_workers")
         # data.pipeline=fast / device: the data set hands over 8-bit views (or uint8 crops and
         # their parameters) and names what finishes them on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
@@ -108,11 +107,10 @@ class Trainer:
         self._reuse_views = (self.device_augment is not None
                              and not self.device_augment.photometric
                              and self.runtime.device.type == "cpu")
-        collate_fn = getattr(dataset, "collate_fn", None) or collate_fn
         self.loader = DataLoader(
             SeededSamples(dataset), batch_sampler=self.sampler, num_workers=workers,
-            collate_fn=collate_fn or collate_views, pin_memory=self.runtime.device.type == "cuda",
-            persistent_workers=workers > 0,
+            collate_fn=getattr(dataset, "collate_fn", None) or collate_views,
+            pin_memory=self.runtime.device.type == "cuda", persistent_workers=workers > 0,
             **loader_options(workers))
         self._setup_model()
         self.guard = NonFiniteGuard(self.method, self.optimizer, self.scaler, self.runtime)
