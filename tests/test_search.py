@@ -211,3 +211,42 @@ def test_controls_that_trained_the_same_are_one_line_named_after_their_trials() 
                          {"name": "x", "control_trajectory": []}]}
     assert control_lines(record) == [(["b1", "b2"], [(0.0, 50.0), (2.0, 51.0)]),
                                      (["lr"], [(0.0, 50.0), (2.0, 49.5)])]
+
+
+def test_search_speaks_continues_language(base: tuple[Path, Path], tmp_path: Path) -> None:
+    """Every option of ``e2mc continue`` that configures a run is an option of ``e2mc search``
+    with the same spelling, help and config key (``--device`` is the training device, the
+    probes' is ``--probe-device``), and search's help names no old spelling: ``--backbone X
+    --new-heads --epochs 2 --device cpu`` give every run what ``--set`` of those keys gives."""
+    import argparse
+
+    from e2mc.cli import build_parser
+    from e2mc.commands._run_options import TRAINING_KEYS
+    from e2mc.search import Search, make_spec
+
+    subparsers = next(a for a in build_parser()._actions
+                      if isinstance(a, argparse._SubParsersAction))
+    helps = {name: {a.dest: (a.option_strings, a.help) for a in subparsers.choices[name]._actions}
+             for name in ("continue", "search")}
+    assert set(TRAINING_KEYS) >= {"backbone", "new_heads", "device", "epochs"}
+    for dest in TRAINING_KEYS:
+        assert helps["search"][dest] == helps["continue"][dest], dest
+    text = subparsers.choices["search"].format_help()
+    assert "old spelling" not in text and "--probe-device" in text
+    ckpt, data = base
+    args = build_parser().parse_args([
+        "search", "--config", "fmnist-vicreg-e2mc", "--from", str(ckpt), "--data", str(data),
+        "--out", str(tmp_path / "s"), "--grid", "addon.params.beta=10", "--backbone",
+        "cnn5_small", "--new-heads", "--epochs", "2", "--device", "cpu",
+        *[a for item in TINY for a in ("--set", item)]])
+    from e2mc.commands._run_options import training_overrides
+
+    common = [*args.common, *training_overrides(args)]
+    assert common[-4:] == ["init.new_heads=true", "model.backbone=cnn5_small",
+                           "training.epochs=2", "training.device=cpu"]
+    spec = make_spec(args.config, args.checkpoint, args.data, 0.2, 0, "val/knn", common,
+                     [Trial("b", ["addon.params.beta=10"])])
+    search = Search(spec, tmp_path / "s", log=lambda m: None)
+    for cfg in (search.configs["b"], search.controls["b"]):
+        assert (cfg.model.backbone, cfg.init.new_heads, cfg.training.epochs,
+                cfg.training.device) == ("cnn5_small", True, 2, "cpu")
