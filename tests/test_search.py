@@ -78,11 +78,22 @@ def test_search_with_no_winner_selects_nothing_and_resumes(base: tuple[Path, Pat
     assert f"the search's table and rule: {out / 'search.md'}" in err
     assert "No trial beat its control" in (out / "search.md").read_text()
     assert (out / "search.png").stat().st_size > 0
+    # the runs' warnings (8 validation images, 4 scored, 4 probe labels): on the terminal
+    # and in search.md, each once, named with both runs
+    said, thin = record["warnings"]
+    assert said["text"].startswith("warning: the monitor scores on 4 validation images: one "
+                                   "image is 25 points of accuracy")
+    assert thin["text"].startswith("warning: the monitor's val/linear_1% (4 labels)")
+    assert said["runs"] == thin["runs"] and len(said["runs"]) == 2
+    assert f"- {said['text']} ({', '.join(said['runs'])})" in \
+        (out / "search.md").read_text().replace("\\", "")
+    assert f"{said['text']} (2 run(s), listed in search.md)" in err
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")}
     assert len(stamps) == 2  # the trial and its control
     assert _search(base, out, "--grid", "addon.params.beta=0", "--grid",
                    "addon.params.gamma=0") == 0
-    assert "train " not in capsys.readouterr().err  # nothing re-run
+    assert "  train " not in capsys.readouterr().err  # nothing re-run
+    assert json.loads((out / SEARCH_JSON).read_text())["warnings"] == record["warnings"]
     assert {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")} == stamps
 
 

@@ -309,8 +309,11 @@ class JobRunner:
         key = t.work.key
         if t.work.is_done():  # (its work is the truth: a job requeued after it, then cancelled)
             value = value if status == "success" and isinstance(value, dict) else {}
-            self._note(record, key, state="done", pid=value.get("pid"), host=value.get("host"))
-            self.log(f"  job {t.job_id} done: {key}")
+            warned = _warnings(t.log)  # (they went to its log only: said here, and kept)
+            self._note(record, key, state="done", pid=value.get("pid"), host=value.get("host"),
+                       warnings=warned)
+            self.log("\n".join([f"  job {t.job_id} done: {key}",
+                                 *(f"  {key}: {w}" for w in warned)]))
             return
         tail = _tail(t.log, t.job)
         if tail:
@@ -359,6 +362,16 @@ def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
         if text.strip():
             return "\n".join(text.rstrip().splitlines()[-lines:])
     return ""
+
+
+def _warnings(log: Path) -> list[str]:
+    """The distinct ``warning:`` lines of a job's log, in order."""
+    try:
+        text = Path(log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return list(dict.fromkeys(ln.strip() for ln in text.splitlines()
+                              if ln.startswith("warning:")))
 
 
 def _controller(entry: dict[str, Any], job_id: str) -> dict[str, Any]:

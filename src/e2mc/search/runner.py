@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ class Search:
         self._check_distinct()
         #: set by :meth:`stop_on` (a pre-emption handler): checked between runs
         self._stop_requested: Callable[[], bool] = lambda: False
+        #: the runs' ``warning:`` lines: {text: [run directories]} (search.md lists them)
+        self.warnings: dict[str, list[str]] = {}
 
     # ---------------------------------------------------------------- configuration
     def _base(self, seed: int | None = None) -> list[str]:
@@ -175,7 +178,8 @@ class Search:
                     else f"trial (add-on {cfg.addon.name})")
             self.log(f"  train {role}: {run.root}")
         try:
-            result = train_unless_done(cfg, run.root)  # marks the run done when it finished
+            with _warnings_to(lambda text: self._warned(text, run.root)):
+                result = train_unless_done(cfg, run.root)  # marks it done when it finished
         except PreemptedAtStart as stop:  # a signal while the run was being built
             raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
                                   "resume it") from None
@@ -203,6 +207,16 @@ class Search:
             self.jobs.run(unique, kind, should_stop=lambda: self._stop_requested())
         except JobStopped as stop:
             raise SearchPreempted(str(stop)) from None
+        finally:
+            record = self.jobs.read_record()
+            for w in unique:
+                for text in record.get(w.key, {}).get("warnings", []):
+                    self._warned(text, w.directory)
+
+    def _warned(self, text: str, run: Path) -> None:
+        runs = self.warnings.setdefault(text.strip(), [])
+        if self._work_key(run) not in runs:
+            runs.append(self._work_key(run))
 
     def run(self) -> dict[str, Any]:
         """Train every trial and its control (skipping finished ones), apply the rule, write
@@ -214,6 +228,9 @@ class Search:
             return self._run()
 
     def _run(self) -> dict[str, Any]:
+        if self.files.json.is_file():  # the warnings of runs done before (not run again)
+            old = json.loads(self.files.json.read_text(encoding="utf-8"))
+            self.warnings = {w["text"]: w["runs"] for w in old.get("warnings", [])}
         record: dict[str, Any] = {"spec": self.spec.identity(),
                                   "trials": [], "selected": None}
         self._write(record)  # the rule is on disk before the first run
@@ -238,6 +255,7 @@ class Search:
             record["trials"].append(row)
             self._write(record)
         record["selected"] = select(record["trials"])
+        record["warnings"] = [{"text": k, "runs": v} for k, v in self.warnings.items()]
         self._write(record)
         self._report(record)
         return record
@@ -257,6 +275,8 @@ class Search:
             row = next(t for t in record["trials"] if t["name"] == chosen)
             self.log(f"selected: {display_name(chosen)} ({self.spec.metric} "
                      f"{row['difference']:+.2f} against its control on the validation split)")
+        for text, runs in self.warnings.items():
+            self.log(f"{text} ({len(runs)} run(s), listed in search.md)")
         self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
                  f"{self.files.plot}")
 
@@ -337,6 +357,29 @@ class Search:
                 "data": EvalData(self.spec.data), "options": options,
                 "image_size": cfg.data.image_size, "cache": str(self.files.feature_cache),
                 "reuse": True}
+
+
+@contextmanager
+def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
+    """Within: what is written to ``sys.stderr`` goes on to it, and each ``warning:`` line is
+    also handed to ``note``."""
+    stream = sys.stderr
+
+    class Tee:
+        def write(self, text: str) -> int:
+            for line in text.splitlines():
+                if line.startswith("warning:"):
+                    note(line)
+            return stream.write(text)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(stream, name)
+
+    sys.stderr = Tee()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stderr = stream
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
