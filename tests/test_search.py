@@ -261,3 +261,36 @@ def test_search_speaks_continues_language(base: tuple[Path, Path], tmp_path: Pat
     for cfg in (search.configs["b"], search.controls["b"]):
         assert (cfg.model.backbone, cfg.init.new_heads, cfg.training.epochs,
                 cfg.training.device) == ("cnn5_small", True, 2, "cpu")
+
+
+def test_a_grid_over_the_addon_gives_each_addon_its_own_params(base: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    """``--grid addon.name=e2mc,vcreg`` on an E2MC preset: the e2mc trial keeps the preset's
+    params, the vcreg trial starts from VCReg's defaults (not E2MC's beta and gamma, which it
+    would refuse), a trial's own ``addon.params.*`` apply on top and are checked against its
+    add-on; both trials share one control; the search runs and reports both."""
+    from e2mc.addons import VCReg
+    from e2mc.search import Search, make_spec
+
+    ckpt, data = base
+
+    def search(trials: list[Trial]) -> Search:
+        spec = make_spec("fmnist-vicreg-e2mc", str(ckpt), str(data), 0.2, 0, "val/knn", TINY,
+                         trials)
+        return Search(spec, tmp_path / "s", log=lambda m: None)
+
+    found = search(grid_trials(["addon.name=e2mc,vcreg"]))
+    e2mc, vcreg = (found.configs[f"addon.name={n}"].addon for n in ("e2mc", "vcreg"))
+    assert (e2mc.name, e2mc.params["beta"], e2mc.params["gamma"]) == ("e2mc", 1000.0, 100.0)
+    assert (vcreg.name, dict(vcreg.params)) == ("vcreg", {})
+    assert len({found.run_dirs(t)[1].root for t in found.spec.trials}) == 1  # one control
+    mu = search([Trial("vc", ["addon.name=vcreg", "addon.params.mu=0.5"])])
+    assert dict(mu.configs["vc"].addon.params) == {"mu": 0.5}
+    assert VCReg(**mu.configs["vc"].addon.params).nu == 0.001  # the rest: VCReg's defaults
+    with pytest.raises(ValueError, match="beta"):  # E2MC's key is not VCReg's
+        search([Trial("vc", ["addon.name=vcreg", "addon.params.beta=5"])])
+    assert _search(base, tmp_path / "run", "--grid", "addon.name=e2mc,vcreg") == 0
+    rows = json.loads((tmp_path / "run" / SEARCH_JSON).read_text())["trials"]
+    assert [r["name"] for r in rows] == ["addon.name=e2mc", "addon.name=vcreg"]
+    assert rows[0]["control_trajectory"] == rows[1]["control_trajectory"]
+    assert all(r["difference"] is not None for r in rows)

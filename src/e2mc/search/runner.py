@@ -83,9 +83,11 @@ class Search:
         from e2mc.config import load_config
 
         cfg = load_config(self.spec.config, self._base())
+        self._addon = cfg.addon.name
         for trial in self.spec.trials:
             for key in (o.split("=", 1)[0] for o in trial.overrides):
-                if ".params." not in key:
+                if ".params." not in key or (key.startswith("addon.") and _addon_reset(
+                        trial.overrides, self._addon)):  # (its add-on's own params, checked)
                     continue
                 section, name = key.split(".params.", 1)
                 have = getattr(cfg, section).params
@@ -99,7 +101,8 @@ class Search:
         s = self.spec
         extra = [f"addon.name={CONTROL_ADDON}", "addon.params={}"] if control else []
         extra += [] if self.progress else ["training.progress=false"]
-        cfg = load_config(s.config, [*self._base(seed), *overrides, *extra])
+        cfg = load_config(s.config, [*self._base(seed), *_addon_reset(overrides, self._addon),
+                                     *overrides, *extra])
         if cfg.addon.name == CONTROL_ADDON and not control:
             raise ValueError(f"the search config {s.config!r} has no add-on to test: its trials "
                              "would equal their controls")
@@ -380,6 +383,15 @@ def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         sys.stderr = stream
+
+
+def _addon_reset(overrides: list[str], addon: str) -> list[str]:
+    """``["addon.params={}"]`` when ``overrides`` name another add-on than the config's
+    (``--grid addon.name=e2mc,vcreg``): that add-on starts from its own defaults, not the
+    config's add-on's params; the trial's own ``addon.params.*`` then apply."""
+    names = [o.split("=", 1)[1].strip() for o in overrides
+             if o.split("=", 1)[0].strip() == "addon.name"]
+    return ["addon.params={}"] if names and names[-1] != addon else []
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
