@@ -78,11 +78,22 @@ def test_search_with_no_winner_selects_nothing_and_resumes(base: tuple[Path, Pat
     assert f"the search's table and rule: {out / 'search.md'}" in err
     assert "No trial beat its control" in (out / "search.md").read_text()
     assert (out / "search.png").stat().st_size > 0
+    # the runs' warnings (8 validation images, 4 scored, 4 probe labels): on the terminal
+    # and in search.md, each once, named with both runs
+    said, thin = record["warnings"]
+    assert said["text"].startswith("warning: the monitor scores on 4 validation images: one "
+                                   "image is 25 points of accuracy")
+    assert thin["text"].startswith("warning: the monitor's val/linear_1% (4 labels)")
+    assert said["runs"] == thin["runs"] and len(said["runs"]) == 2
+    assert f"- {said['text']} ({', '.join(said['runs'])})" in \
+        (out / "search.md").read_text().replace("\\", "")
+    assert f"{said['text']} (2 run(s), listed in search.md)" in err
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")}
     assert len(stamps) == 2  # the trial and its control
     assert _search(base, out, "--grid", "addon.params.beta=0", "--grid",
                    "addon.params.gamma=0") == 0
-    assert "train " not in capsys.readouterr().err  # nothing re-run
+    assert "  train " not in capsys.readouterr().err  # nothing re-run
+    assert json.loads((out / SEARCH_JSON).read_text())["warnings"] == record["warnings"]
     assert {p: p.stat().st_mtime_ns for p in out.rglob("checkpoint.pt")} == stamps
 
 
@@ -211,3 +222,75 @@ def test_controls_that_trained_the_same_are_one_line_named_after_their_trials() 
                          {"name": "x", "control_trajectory": []}]}
     assert control_lines(record) == [(["b1", "b2"], [(0.0, 50.0), (2.0, 51.0)]),
                                      (["lr"], [(0.0, 50.0), (2.0, 49.5)])]
+
+
+def test_search_speaks_continues_language(base: tuple[Path, Path], tmp_path: Path) -> None:
+    """Every option of ``e2mc continue`` that configures a run is an option of ``e2mc search``
+    with the same spelling, help and config key (``--device`` is the training device, the
+    probes' is ``--probe-device``), and search's help names no old spelling: ``--backbone X
+    --new-heads --epochs 2 --device cpu`` give every run what ``--set`` of those keys gives."""
+    import argparse
+
+    from e2mc.cli import build_parser
+    from e2mc.commands._run_options import TRAINING_KEYS
+    from e2mc.search import Search, make_spec
+
+    subparsers = next(a for a in build_parser()._actions
+                      if isinstance(a, argparse._SubParsersAction))
+    helps = {name: {a.dest: (a.option_strings, a.help) for a in subparsers.choices[name]._actions}
+             for name in ("continue", "search")}
+    assert set(TRAINING_KEYS) >= {"backbone", "new_heads", "device", "epochs"}
+    for dest in TRAINING_KEYS:
+        assert helps["search"][dest] == helps["continue"][dest], dest
+    text = subparsers.choices["search"].format_help()
+    assert "old spelling" not in text and "--probe-device" in text
+    ckpt, data = base
+    args = build_parser().parse_args([
+        "search", "--config", "fmnist-vicreg-e2mc", "--from", str(ckpt), "--data", str(data),
+        "--out", str(tmp_path / "s"), "--grid", "addon.params.beta=10", "--backbone",
+        "cnn5_small", "--new-heads", "--epochs", "2", "--device", "cpu",
+        *[a for item in TINY for a in ("--set", item)]])
+    from e2mc.commands._run_options import training_overrides
+
+    common = [*args.common, *training_overrides(args)]
+    assert common[-4:] == ["init.new_heads=true", "model.backbone=cnn5_small",
+                           "training.epochs=2", "training.device=cpu"]
+    spec = make_spec(args.config, args.checkpoint, args.data, 0.2, 0, "val/knn", common,
+                     [Trial("b", ["addon.params.beta=10"])])
+    search = Search(spec, tmp_path / "s", log=lambda m: None)
+    for cfg in (search.configs["b"], search.controls["b"]):
+        assert (cfg.model.backbone, cfg.init.new_heads, cfg.training.epochs,
+                cfg.training.device) == ("cnn5_small", True, 2, "cpu")
+
+
+def test_a_grid_over_the_addon_gives_each_addon_its_own_params(base: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    """``--grid addon.name=e2mc,vcreg`` on an E2MC preset: the e2mc trial keeps the preset's
+    params, the vcreg trial starts from VCReg's defaults (not E2MC's beta and gamma, which it
+    would refuse), a trial's own ``addon.params.*`` apply on top and are checked against its
+    add-on; both trials share one control; the search runs and reports both."""
+    from e2mc.addons import VCReg
+    from e2mc.search import Search, make_spec
+
+    ckpt, data = base
+
+    def search(trials: list[Trial]) -> Search:
+        spec = make_spec("fmnist-vicreg-e2mc", str(ckpt), str(data), 0.2, 0, "val/knn", TINY,
+                         trials)
+        return Search(spec, tmp_path / "s", log=lambda m: None)
+
+    found = search(grid_trials(["addon.name=e2mc,vcreg"]))
+    e2mc, vcreg = (found.configs[f"addon.name={n}"].addon for n in ("e2mc", "vcreg"))
+    assert (e2mc.name, e2mc.params["beta"], e2mc.params["gamma"]) == ("e2mc", 1000.0, 100.0)
+    assert (vcreg.name, dict(vcreg.params)) == ("vcreg", {})
+    assert len({found.run_dirs(t)[1].root for t in found.spec.trials}) == 1  # one control
+    mu = search([Trial("vc", ["addon.name=vcreg", "addon.params.mu=0.5"])])
+    assert dict(mu.configs["vc"].addon.params) == {"mu": 0.5}
+    assert VCReg(**mu.configs["vc"].addon.params).nu == 0.001  # the rest: VCReg's defaults
+    with pytest.raises(ValueError, match="beta"):  # E2MC's key is not VCReg's
+        search([Trial("vc", ["addon.name=vcreg", "addon.params.beta=5"])])
+    assert _search(base, tmp_path / "run", "--grid", "addon.name=e2mc,vcreg") == 0
+    rows = json.loads((tmp_path / "run" / SEARCH_JSON).read_text())["trials"]
+    assert [r["name"] for r in rows] == ["addon.name=e2mc", "addon.name=vcreg"]
+    assert rows[0]["control_trajectory"] == rows[1]["control_trajectory"]
+    assert all(r["difference"] is not None for r in rows)

@@ -72,6 +72,10 @@ def test_local_jobs_run_apart_and_give_the_inline_numbers(searches: tuple[Path, 
     assert len(pids) == 3 and os.getpid() not in pids  # each run in a process of its own
     assert all(Path(j["log"]).is_file() for j in jobs.values())
     assert not list(local.rglob(".e2mc.lock")) and not list(local.rglob("*.tmp"))
+    # the runs' warnings, which went to the jobs' logs, are the inline search's, in search.md
+    warned = [json.loads((out / SEARCH_JSON).read_text())["warnings"] for out in searches]
+    assert warned[0] == warned[1] and len(warned[1]) == 2
+    assert warned[1][0]["text"] in (local / "search.md").read_text().replace("\\", "")
 
 
 @pytest.mark.slow  # searches through submitit's local executor
@@ -253,3 +257,35 @@ def test_submitits_signal_takes_the_trainers_preemption_path(
         signal.raise_signal(signal.SIGUSR2)  # a late one: ignored
     finally:
         signal.signal(signal.SIGUSR2, before)
+
+
+def test_jobs_in_flight_at_once_and_a_line_a_minute_on_what_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-parallel`` by default: one local job at a time on the CPU (each trains with all
+    the cores), as many as the GPUs hold with ``--gpus-per-node``, all on SLURM. Without a
+    terminal the jobs' counts are a line when one changes, and every minute one saying what
+    runs, for how long (a fake clock)."""
+    import time
+    from types import SimpleNamespace
+
+    from e2mc.jobs import ExecutorOptions
+    from e2mc.jobs.runner import _Progress
+
+    assert ExecutorOptions(kind="local").parallel(3) == 1
+    assert ExecutorOptions(kind="local", max_parallel=2).parallel(3) == 2
+    assert ExecutorOptions(kind="slurm").parallel(3) == 3
+    assert ExecutorOptions(kind="slurm", max_parallel=2).parallel(3) == 2
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 5)
+    assert ExecutorOptions(kind="local", gpus_per_node=2).parallel(4) == 2
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    lines: list[str] = []
+    progress = _Progress(3, 1, lines.append)
+    job = SimpleNamespace(work=SimpleNamespace(key="trials/a/run"), started=1000.0)
+    for _ in range(3):
+        progress.show(1, [job], 1)
+        now[0] += 30
+    progress.show(0, [job], 2)
+    assert lines == ["jobs: 1 queued, 1 running (trials/a/run 0 min), 1 done, 0 failed (of 3)",
+                     "jobs: 1 queued, 1 running (trials/a/run 1 min), 1 done, 0 failed (of 3)",
+                     "jobs: 0 queued, 1 running (trials/a/run 2 min), 2 done, 0 failed (of 3)"]

@@ -8,7 +8,8 @@ a bounded time (exit 1, one line naming the job and its log) and the same comman
 anew and completes; a job sent submitit's time-limit signal (``USR2``, what ``--signal`` sends
 ``--signal-delay`` seconds before ``--time``) checkpoints, is requeued once by the trainer and
 resumes, and a job requeued by SLURM (``scontrol requeue``: a pre-emption, ``SIGTERM``) does the
-same without a requeue of the trainer's own; both end with the numbers of the uninterrupted run.
+same without a requeue of the trainer's own; both end with the numbers of the uninterrupted run;
+a search whose controller (slurmctld) stops for 40 s waits it out and ends as the inline one.
 
 SLURM makes a requeued job eligible only 2 minutes later; the tests start it at once with
 ``scontrol update JobId=... StartTime=now`` so that they take seconds, not minutes."""
@@ -188,6 +189,51 @@ def test_search_gives_the_inline_numbers_and_a_cancelled_job_ends_it(
     assert _numbers(out) == inline
 
 
+def _controller_pid() -> int | None:
+    """slurmctld's pid where this test may stop and start it (root, scripts/slurm-local.sh's
+    pid file), else ``None``."""
+    pid_file = Path("/run/slurm/slurmctld.pid")
+    if os.geteuid() != 0 or not pid_file.is_file():
+        return None
+    return int(pid_file.read_text().split()[0])
+
+
+def test_a_controller_outage_is_waited_out(base: tuple[Path, Path], inline: list[dict],
+                                           tmp_path: Path, capsys: pytest.CaptureFixture
+                                           ) -> None:
+    """slurmctld stopped (``SIGTERM``) for 40 s while the jobs run (each look at the jobs then
+    fails after squeue's own retries, about 18 s: at least two failed looks), then started
+    again: the search says that SLURM does not answer, waits, and ends with the inline numbers
+    and exit 0 (issue 47: it exited 1, "no longer known to SLURM", 56 s into an outage)."""
+    if _controller_pid() is None:
+        pytest.skip("stopping slurmctld needs root and scripts/slurm-local.sh's pid file")
+    conf = os.environ.get("E2MC_SLURM_CONF", "/etc/slurm/slurm.conf")
+    out = tmp_path / "s"
+    outage: dict[str, float] = {}
+
+    def stop_and_start() -> None:
+        _when_running(out, lambda key: True)
+        pid = _controller_pid()
+        try:
+            os.kill(pid, signal.SIGTERM)
+            outage["from"] = time.monotonic()
+            time.sleep(40)
+        finally:
+            subprocess.run(["slurmctld", "-f", conf], check=True)  # (it daemonizes)
+            outage["to"] = time.monotonic()
+
+    thread = _in_background(stop_and_start)
+    assert _search(base, out, *SLURM) == 0
+    thread.join(60)
+    err = capsys.readouterr().err
+    assert outage["to"] - outage["from"] >= 40
+    assert err.count("SLURM does not answer (squeue: slurm_load_jobs error: Unable to contact "
+                     "slurm controller") >= 1, err
+    assert re.search(r"SLURM answers again after \d+ s", err), err
+    assert _numbers(out) == inline
+    assert {e["state"] for e in _jobs(out).values()} == {"done"}
+
+
 def test_a_time_limit_and_a_preemption_requeue_once_and_end_as_uninterrupted(
         base: tuple[Path, Path], inline: list[dict], tmp_path: Path,
         capsys: pytest.CaptureFixture) -> None:
@@ -280,6 +326,9 @@ def test_a_killed_controller_is_taken_over_without_a_second_submission(
     after = _jobs(out)
     assert {key: e["job_id"] for key, e in after.items()} == before
     assert all(e["earlier"] == [] and e["state"] == "done" for e in after.values())
+    from e2mc.processes import process_identity
+
+    assert all(e["owner"] == process_identity() for e in after.values())  # the new owner
     assert _numbers(out) == inline
 
 

@@ -52,8 +52,16 @@ def add_executor_arguments(parser: argparse.ArgumentParser, what: str,
                       help="any other sbatch setting, e.g. --slurm qos=high --slurm "
                            "mail-type=END (repeatable; KEY alone for a flag)")
     jobs.add_argument("--max-parallel", type=int, metavar="N",
-                      help="jobs in flight at once (default: 1 on local; on slurm all, as "
-                           "a job array with at most N running)")
+                      help="jobs in flight at once (default on local: 1, or with "
+                           "--gpus-per-node G as many as the GPUs hold, GPUs // G; on slurm: "
+                           "all, as a job array with at most N running)")
+    jobs.add_argument("--poll", dest="poll_s", type=float, metavar="SECONDS",
+                      help="seconds between two looks at the jobs (default: 30 on slurm, "
+                           "0.5 on local)")
+    jobs.add_argument("--slurm-outage", type=float, default=30.0, metavar="MINUTES",
+                      help="while SLURM does not answer (its controller down or restarting) "
+                           "the jobs' states are unknown, not ended: wait this long for it, "
+                           "saying so every 3 minutes, then stop with exit 1 (default: 30)")
     jobs.add_argument("--jobs-dir", metavar="DIR",
                       help="submitit's job files and logs (default: OUT/jobs)")
 
@@ -68,6 +76,7 @@ def executor_options(args: argparse.Namespace) -> Any:
         tasks_per_node=getattr(args, "tasks_per_node", None), cpus_per_task=args.cpus_per_task,
         time_min=args.time_min, account=args.account, constraint=args.constraint,
         slurm=parse_slurm_settings(args.slurm), max_parallel=args.max_parallel,
-        jobs_dir=args.jobs_dir, signal_delay_s=args.signal_delay)
+        jobs_dir=args.jobs_dir, signal_delay_s=args.signal_delay, poll_s=args.poll_s,
+        slurm_outage_min=args.slurm_outage)
     options.check()  # before anything runs: options the executor ignores, submitit missing
     return options

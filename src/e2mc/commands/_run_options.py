@@ -28,51 +28,23 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                                  "#sha256=HEX to check it) (init.checkpoint); without it, "
                                  "continue starts from the pretrained weights --backbone names "
                                  "(default: the preset's init.checkpoint)")
-        parser.add_argument("--new-heads", action="store_true",
-                            help="allow a backbone-only checkpoint: the projector (and "
-                                 "predictor) start from random weights (init.new_heads)")
-        parser.add_argument("--trust-checkpoint", dest="trust", action="store_true",
-                            help="allow pickled objects when loading the starting checkpoint "
-                                 "(only for files you trust)")
-    weights = ("WEIGHTS and TAG name pretrained weights, loaded through the library's cache "
-               + ("(not with --from)" if mode == "continue" else "(the run starts from them)"))
-    parser.add_argument("--backbone", metavar="NAME",
-                        help="backbone by name: resnet50, torchvision:resnet50[:WEIGHTS], "
-                             "timm:NAME[.TAG] (extra [timm]), hf:REPO_ID (extra [hf]) "
-                             f"(model.backbone; default: the preset's); {weights}")
     parser.add_argument("--data", metavar="DATA",
                         help="training data set: builtin, an IDX folder, an image folder, an "
                              ".npz file (data.dataset; default: the preset's)")
-    parser.add_argument("--epochs", type=int, metavar="N",
-                        help=("continued epochs, counted from the starting checkpoint"
-                              if mode == "continue" else "epochs of pre-training")
-                        + " (training.epochs; default: the preset's)")
-    parser.add_argument("--device", metavar="DEVICE",
-                        help="training device: cpu, cuda, cuda:1 or auto (training.device; "
-                             "default: the preset's, auto: cuda when there is one, else cpu)")
+    add_training_arguments(parser, mode)
     parser.add_argument("--seed", type=int, metavar="N",
                         help="training seed: random initial weights, data order, views "
                              "(training.seed; default: the preset's, 0)")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bar (training.progress=false)")
-    parser.add_argument("--skip-nonfinite", action="store_true",
-                        help="skip steps whose loss, gradients or updated weights are NaN/inf "
-                             "or exploded (counted; the step's update is undone) instead of "
-                             "stopping with exit code 3")
     parser.add_argument("--override-config", action="store_true",
                         help="resume a run directory with a configuration that differs from "
                              "its checkpoint's; the change is recorded in "
                              "config_changes.jsonl with the step it takes effect")
-    parser.add_argument("--skip-corrupt", action="store_true",
-                        help="skip unreadable images of an image folder (counted)")
     parser.add_argument("--val-split", type=float, metavar="FRACTION_OR_COUNT",
                         help="hold out this fraction (or number) of the training images for "
                              "validation; training never sees them (data.val_split; default: "
                              "none held out)")
-    parser.add_argument("--monitor-every", type=int, metavar="STEPS",
-                        help="evaluate on the validation split every STEPS steps (default: every "
-                             "epoch), at step 0 and at the end (monitor.every; needs "
-                             "--val-split)")
     parser.add_argument("--keep-best", metavar="METRIC",
                         help="keep the step with the best validation METRIC as best.pt, step 0 "
                              "included: val/knn, val/linear_1%%, val/linear_100%%, val/rankme, "
@@ -86,6 +58,58 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
                                                   "--set training.batch_size=256 (repeatable)")
 
 
+#: The options of :func:`add_training_arguments` and their config keys (a flag: ``KEY=true``).
+TRAINING_KEYS = {"new_heads": "init.new_heads", "trust": "init.trust",
+                 "backbone": "model.backbone", "epochs": "training.epochs",
+                 "device": "training.device", "skip_nonfinite": "training.skip_nonfinite",
+                 "skip_corrupt": "data.skip_corrupt", "monitor_every": "monitor.every"}
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
+    """The options of a run that ``e2mc continue``, ``e2mc pretrain`` and ``e2mc search`` (for
+    every trial and control) share, each meaning the same (:data:`TRAINING_KEYS`)."""
+    if mode == "continue":
+        parser.add_argument("--new-heads", action="store_true",
+                            help="allow a backbone-only checkpoint: the projector (and "
+                                 "predictor) start from random weights (init.new_heads)")
+        parser.add_argument("--trust-checkpoint", dest="trust", action="store_true",
+                            help="allow pickled objects when loading the starting checkpoint "
+                                 "(only for files you trust)")
+    weights = ("WEIGHTS and TAG name pretrained weights, loaded through the library's cache "
+               + ("(not with --from)" if mode == "continue" else "(the run starts from them)"))
+    parser.add_argument("--backbone", metavar="NAME",
+                        help="backbone by name: resnet50, torchvision:resnet50[:WEIGHTS], "
+                             "timm:NAME[.TAG] (extra [timm]), hf:REPO_ID (extra [hf]) "
+                             f"(model.backbone; default: the preset's); {weights}")
+    parser.add_argument("--epochs", type=int, metavar="N",
+                        help=("continued epochs, counted from the starting checkpoint"
+                              if mode == "continue" else "epochs of pre-training")
+                        + " (training.epochs; default: the preset's)")
+    parser.add_argument("--device", metavar="DEVICE",
+                        help="training device: cpu, cuda, cuda:1 or auto (training.device; "
+                             "default: the preset's, auto: cuda when there is one, else cpu)")
+    parser.add_argument("--skip-nonfinite", action="store_true",
+                        help="skip steps whose loss, gradients or updated weights are NaN/inf "
+                             "or exploded (counted; the step's update is undone) instead of "
+                             "stopping with exit code 3")
+    parser.add_argument("--skip-corrupt", action="store_true",
+                        help="skip unreadable images of an image folder (counted)")
+    parser.add_argument("--monitor-every", type=int, metavar="STEPS",
+                        help="evaluate on the validation split every STEPS steps (default: every "
+                             "epoch), at step 0 and at the end (monitor.every; needs "
+                             "--val-split)")
+
+
+def training_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides of the options of :func:`add_training_arguments` that were given."""
+    out = []
+    for dest, key in TRAINING_KEYS.items():
+        value = getattr(args, dest, None)
+        if value not in (None, False, ""):
+            out.append(f"{key}={'true' if value is True else value}")
+    return out
+
+
 def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
     """Preset + ``--set`` overrides + the dedicated options, validated. ``--seed`` and a
     ``--set training.seed`` of another value are refused (exit 2)."""
@@ -97,26 +121,13 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
                  *args.overrides]
     if getattr(args, "init_checkpoint", None):
         overrides.append(f"init.checkpoint={args.init_checkpoint}")
-    if getattr(args, "trust", False):
-        overrides.append("init.trust=true")
-    if getattr(args, "new_heads", False):
-        overrides.append("init.new_heads=true")
-    if args.backbone:
-        overrides.append(f"model.backbone={args.backbone}")
+    overrides += training_overrides(args)
     if args.data:
         overrides.append(f"data.dataset={args.data}")
-    if args.epochs is not None:
-        overrides.append(f"training.epochs={args.epochs}")
-    if args.device:
-        overrides.append(f"training.device={args.device}")
-    if args.skip_nonfinite:
-        overrides.append("training.skip_nonfinite=true")
-    if args.skip_corrupt:
-        overrides.append("data.skip_corrupt=true")
     if getattr(args, "quiet", False):
         overrides.append("training.progress=false")
-    for option, key in (("val_split", "data.val_split"), ("monitor_every", "monitor.every"),
-                        ("keep_best", "monitor.keep_best"), ("patience", "monitor.patience")):
+    for option, key in (("val_split", "data.val_split"), ("keep_best", "monitor.keep_best"),
+                        ("patience", "monitor.patience")):
         if getattr(args, option) is not None:
             overrides.append(f"{key}={getattr(args, option)}")
     cfg = load_config(args.config, overrides)

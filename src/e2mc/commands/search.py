@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from e2mc.commands._executor import add_executor_arguments, executor_options
-from e2mc.commands._types import Renamed
+from e2mc.commands._run_options import add_training_arguments, training_overrides
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trials", metavar="YAML",
                         help="trials from a file: a list of {name, set: {key: value}} or "
                              "{grid: {key: [values]}} (no default: give --grid or --trials)")
+    add_training_arguments(parser, "continue")  # as e2mc continue's, for every run
     parser.add_argument("--set", dest="common", action="append", default=[],
                         metavar="KEY=VALUE", help="override for every run (repeatable)")
     parser.add_argument("--val-split", type=float, default=0.2, metavar="FRACTION_OR_COUNT",
@@ -53,9 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="linear-probe epochs of the confirmation (default: 30)")
     parser.add_argument("--probe-device", default="cpu", metavar="DEVICE",
                         help="device of the confirmation's linear probes (default: cpu); the "
-                             "runs train on training.device: --set training.device=cuda")
-    parser.add_argument("--device", dest="probe_device", action=Renamed, metavar="DEVICE",
-                        new="--probe-device", command="search")
+                             "runs train on --device")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bars of the runs, no job counts")
     add_executor_arguments(parser, "every run and evaluation")
@@ -71,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     executor = executor_options(args)
     trials = grid_trials(args.grid) if args.grid else file_trials(args.trials)
     spec = make_spec(args.config, args.checkpoint, args.data, args.val_split, args.seed,
-                     args.metric, args.common, trials)
+                     args.metric, [*args.common, *training_overrides(args)], trials)
     seeds = _seeds(args.confirm) if args.confirm else None
     search = Search(spec, args.out, executor=executor, progress=not args.quiet)
     # a pre-emption signal between runs (a run's own trainer handles it within the run) stops

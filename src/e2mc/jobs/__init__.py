@@ -27,10 +27,14 @@ run directory's lock (``.e2mc.lock``, asked of the kernel: a lock left by a cras
 process of another host that ended, is not waited for); only after that, and only if its run is not
 done, is it submitted again, and the run resumes from its checkpoint.
 
-**Job states.** A SLURM job's state comes from ``sacct`` where accounting exists, else from
-``squeue`` / ``scontrol show job`` (:mod:`e2mc.jobs.slurm_state`); a job that ended without a
-result (cancelled, failed, timed out, or no longer known to SLURM) stops the search with one line
-naming it and its log (exit 1), and the same command submits it anew.
+**Job states.** A SLURM job's state comes from ``sacct`` where accounting exists, and from
+``squeue`` / ``scontrol show job`` (:mod:`e2mc.jobs.slurm_state`); only an end SLURM reports ends
+a job: while SLURM does not answer (its controller down) the states are unknown and waited out
+(``--slurm-outage``, 30 min), and a job requeued after its work was done is cancelled, then
+waited for. A job that ended without a result (cancelled, failed, timed out, or unknown to a
+SLURM that answers) stops the search with one line naming it and its log (exit 1), and the same
+command submits it anew. ``jobs.json`` records each job's state and its owner (the search
+waiting for it, also after a takeover).
 
 **Pre-emption and time limits** (:data:`e2mc.training.preemption.SIGNAL_TABLE`). SLURM sends
 submitit's signal (``--signal=USR2@300``, ``--signal-delay``) before the time limit, and

@@ -17,6 +17,8 @@ EXECUTORS = ("inline", "local", "slurm")
 SIGNAL_DELAY_S = 300
 #: ``--time`` of a SLURM job when none is given (minutes).
 DEFAULT_SLURM_TIME_MIN = 240
+#: ``--slurm-outage``: minutes to wait for a SLURM that does not answer.
+DEFAULT_SLURM_OUTAGE_MIN = 30.0
 #: A local job without ``--time`` runs as long as it takes (submitit needs a number).
 _NO_LIMIT_MIN = 60 * 24 * 365
 
@@ -53,6 +55,8 @@ class ExecutorOptions:
     poll_s: float | None = None
     #: seconds between submitit's signal (USR2) and the time limit (``--signal-delay``)
     signal_delay_s: int = SIGNAL_DELAY_S
+    #: minutes SLURM may not answer (its controller down) before the command gives up
+    slurm_outage_min: float = DEFAULT_SLURM_OUTAGE_MIN
 
     def check(self) -> None:
         """Refuse values out of range and options that the executor would ignore; import
@@ -66,16 +70,21 @@ class ExecutorOptions:
                                  ("--cpus-per-task", self.cpus_per_task, 1),
                                  ("--time", self.time_min, 1),
                                  ("--max-parallel", self.max_parallel, 1),
-                                 ("--signal-delay", self.signal_delay_s, 1)):
+                                 ("--signal-delay", self.signal_delay_s, 1),
+                                 ("--slurm-outage", self.slurm_outage_min, 0),
+                                 ("--poll", self.poll_s, 0.1)):
             if value is not None and value < low:
                 raise InputError(f"{name} must be at least {low}, got {value}")
         slurm_only = {"--partition": self.partition, "--account": self.account,
                       "--constraint": self.constraint, "--cpus-per-task": self.cpus_per_task,
                       "--slurm": self.slurm or None,
-                      "--nodes": self.nodes if self.nodes != 1 else None}
+                      "--nodes": self.nodes if self.nodes != 1 else None,
+                      "--slurm-outage": self.slurm_outage_min
+                      if self.slurm_outage_min != DEFAULT_SLURM_OUTAGE_MIN else None}
         jobs_only = {"--gpus-per-node": self.gpus_per_node or None, "--time": self.time_min,
                      "--tasks-per-node": self.tasks_per_node,
                      "--max-parallel": self.max_parallel, "--jobs-dir": self.jobs_dir,
+                     "--poll": self.poll_s,
                      "--signal-delay": self.signal_delay_s
                      if self.signal_delay_s != SIGNAL_DELAY_S else None}
         if self.tasks_per_node is not None and self.gpus_per_node:
@@ -89,6 +98,18 @@ class ExecutorOptions:
             raise InputError(f"{', '.join(given)} only apply to --executor local or slurm")
         if self.kind != "inline":
             import_submitit()
+
+    def parallel(self, jobs: int) -> int:
+        """Jobs in flight at once: ``--max-parallel``, else on SLURM all of ``jobs`` (its
+        scheduler decides), on this machine one, or with ``--gpus-per-node G`` as many as its
+        GPUs hold (GPUs // G): each local job trains with all the cores or its own GPUs."""
+        if self.max_parallel is not None or self.kind == "slurm":
+            return self.max_parallel or max(jobs, 1)
+        if not self.gpus_per_node:
+            return 1
+        import torch
+
+        return max(1, torch.cuda.device_count() // self.gpus_per_node)
 
     @property
     def poll(self) -> float:

@@ -17,11 +17,15 @@ from typing import Any
 from e2mc.artifacts import live_writer
 from e2mc.errors import InputError, RunFailure
 from e2mc.jobs.options import ExecutorOptions, make_executor
-from e2mc.jobs.slurm_state import ENDED_STATES, QUEUED_STATES, SlurmStates
+from e2mc.jobs.slurm_state import ENDED_STATES, NO_ANSWER, QUEUED_STATES, SlurmStates
 from e2mc.jobs.work import Work
 from e2mc.processes import process_alive, process_identity, same_process
 
 LOG_TAIL_LINES = 25
+#: Seconds between two lines saying that SLURM does not answer, and between two lines saying
+#: what runs when no count changed.
+OUTAGE_SAY_S = 180
+HEARTBEAT_S = 60
 
 
 class JobStopped(Exception):
@@ -38,6 +42,8 @@ class _Tracked:
     foreign: dict[str, Any] | None = None  # a local job started by an earlier search: its
     #                                        controller's identity (processes.process_identity)
     slot: int | None = None  # local: which GPU slot it holds
+    cancelled: bool = False  # requeued by SLURM after its work was done, and cancelled
+    started: float = 0.0  # when this search first saw it running (time.monotonic())
 
 
 class JobRunner:
@@ -57,6 +63,7 @@ class JobRunner:
         self.name = f"e2mc-{self.files.root.resolve().name}"
         self.slurm = SlurmStates(log)
         self._slurm_state: dict[str, str | None] = {}  # the last look, by job id
+        self._outage: list[float] | None = None  # SLURM silent: [since, last said] (monotonic)
         if options.kind == "local" and not options.gpus_per_node:
             import torch
 
@@ -86,6 +93,19 @@ class JobRunner:
         record.setdefault(key, {}).update(fields)
         self._write_record(record)
 
+    def _note_states(self, record: dict[str, Any], states: dict[str, str]) -> None:
+        """Record each job's state (``queued``, ``running``, ``unknown``: SLURM does not answer)
+        and this search as its ``owner``, the one waiting for it; written when one changed."""
+        owner = process_identity()
+        changed = False
+        for key, state in states.items():
+            entry = record.setdefault(key, {})
+            if entry.get("state") != state or entry.get("owner") != owner:
+                entry.update(state=state, owner=owner)
+                changed = True
+        if changed:
+            self._write_record(record)
+
     # ------------------------------------------------------------ attaching
     def _attach(self, work: Work, entry: dict[str, Any]) -> _Tracked | None:
         """The recorded job of ``work`` if it is still queued or running, else ``None``."""
@@ -95,8 +115,8 @@ class JobRunner:
             return None
         job_id, folder = str(entry["job_id"]), Path(entry.get("folder", self.folder))
         tasks = list(range(int(entry.get("tasks", 1))))
-        if self.options.kind == "slurm":
-            job = submitit.SlurmJob(folder, job_id, tasks=tasks)
+        if self.options.kind == "slurm":  # (SLURM says when it ended: a requeue after the
+            job = submitit.SlurmJob(folder, job_id, tasks=tasks)  # result is waited for)
             self._look_up([job_id])
             t = _Tracked(work, job_id, job, _task0(job).paths.stderr)
             return None if self._state(t) == "ended" else t
@@ -108,24 +128,53 @@ class JobRunner:
 
     # ------------------------------------------------------------ states
     def _look_up(self, job_ids: Sequence[str]) -> None:
-        """Ask SLURM once for the states of ``job_ids`` (:class:`SlurmStates`)."""
-        if self.options.kind == "slurm":
-            self._slurm_state = self.slurm.states(job_ids)
+        """Ask SLURM once for the states of ``job_ids`` (:class:`SlurmStates`). While it does
+        not answer, say so every :data:`OUTAGE_SAY_S` seconds; after ``--slurm-outage``
+        minutes, :class:`RunFailure` (the jobs stay recorded: the same command waits for them)."""
+        if self.options.kind != "slurm":
+            return
+        self._slurm_state = self.slurm.states(job_ids)
+        now, why = time.monotonic(), self.slurm.why
+        if why is None:
+            if self._outage is not None:
+                self.log(f"SLURM answers again after {now - self._outage[0]:.0f} s")
+            self._outage = None
+            return
+        since, said = self._outage = self._outage or [now, -float("inf")]
+        limit = self.options.slurm_outage_min
+        if now - since > 60 * limit:
+            raise RunFailure(f"SLURM has not answered for {(now - since) / 60:.0f} min ({why}); "
+                             f"the jobs are recorded in {self.files.jobs_json}: run the same "
+                             "command again to wait for them (--slurm-outage MINUTES)")
+        if now - said >= OUTAGE_SAY_S:
+            self._outage[1] = now
+            self.log(f"SLURM does not answer ({why}) for {now - since:.0f} s: the jobs' states "
+                     f"are unknown; waiting for it (up to {limit:g} min, --slurm-outage)")
 
     def _state(self, t: _Tracked) -> str:
-        """``queued``, ``running`` or ``ended`` (a SLURM job as of the last :meth:`_look_up`:
-        one that SLURM no longer knows has ended)."""
+        """``queued``, ``running``, ``unknown`` or ``ended``. A SLURM job as of the last
+        :meth:`_look_up`: ended only when SLURM says so (an end state, or a job it answers it
+        does not know); ``unknown`` while it does not answer. A job SLURM requeued after its
+        work was done is cancelled, then waited for until SLURM reports it ended."""
+        if self.options.kind == "slurm":
+            state = self._slurm_state.get(t.job_id)
+            if state == NO_ANSWER:
+                return "unknown"
+            if state is None or state in ENDED_STATES:
+                return "ended"
+            if state not in QUEUED_STATES:
+                return "running"
+            if not t.cancelled and Path(t.log).exists() and t.work.is_done():  # it ran before
+                t.cancelled = True
+                self.log(f"  job {t.job_id}: SLURM requeued it after its work was done "
+                         f"({t.work.key}); cancelling it: {self.slurm.cancel(t.job_id)}")
+            return "queued"
         if _task0(t.job).paths.result_pickle.exists():  # (a local job's process may linger)
             return "ended"
         if t.foreign is not None:
             alive = (_local_controller_alive(t.foreign)
                      or live_writer(t.work.directory) is not None)
             return "running" if alive else "ended"
-        if self.options.kind == "slurm":
-            state = self._slurm_state.get(t.job_id)
-            if state is None or state in ENDED_STATES:
-                return "ended"
-            return "queued" if state in QUEUED_STATES else "running"
         return "ended" if t.job.done() else "running"
 
     def _result(self, t: _Tracked) -> tuple[str, Any]:
@@ -135,7 +184,7 @@ class JobRunner:
         path = _task0(t.job).paths.result_pickle
         waited = 0.0
         while not path.exists() and self._slurm_state.get(t.job_id) == "COMPLETED" \
-                and waited < 30:
+                and waited < 30 and not t.work.is_done():
             time.sleep(1.0)  # a shared file system may show the result late
             waited += 1.0
         if not path.exists():
@@ -151,21 +200,28 @@ class JobRunner:
         that ended without finishing, or a stop request, is :class:`JobStopped`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.read_record()
-        done = [w for w in works if w.is_done()]
+        done: list[Work] = []
         tracked: list[_Tracked] = []
         pending: list[Work] = []
-        for work in (w for w in works if not w.is_done()):
-            attached = self._attach(work, record.get(work.key, {}))
-            if attached is None:
-                pending.append(work)
-            else:
+        for work in works:  # a done work's job is waited for too while in flight (requeued)
+            entry = record.get(work.key, {})
+            finished = work.is_done()
+            in_flight = entry.get("state") not in (None, "done", "failed", "stopped")
+            attached = self._attach(work, entry) if in_flight or not finished else None
+            if attached is not None:
                 tracked.append(attached)
                 self.log(f"  waiting for job {attached.job_id} (still {self._state(attached)}): "
                          f"{work.key} (log {attached.log})")
+            elif finished:
+                done.append(work)
+                if in_flight:  # its job ended while no search watched
+                    self._note(record, work.key, state="done")
+            else:
+                pending.append(work)
         total = len(works)
         progress = _Progress(total, len(done), self.log, shown=self.progress)
         executor = make_executor(self.options, self.folder, self.name, kind) if pending else None
-        limit = self.options.max_parallel or (len(pending) + len(tracked))
+        limit = self.options.parallel(len(pending) + len(tracked))
         free_slots = list(range(limit))
         for t in tracked:
             if free_slots:
@@ -191,7 +247,11 @@ class JobRunner:
                     tracked.append(new)
                 self._look_up([t.job_id for t in tracked])
                 states = {id(t): self._state(t) for t in tracked}
-                running = sum(1 for t in tracked if states[id(t)] == "running")
+                self._note_states(record, {t.work.key: states[id(t)] for t in tracked
+                                           if states[id(t)] != "ended"})
+                running = [t for t in tracked if states[id(t)] in ("running", "unknown")]
+                for t in running:
+                    t.started = t.started or time.monotonic()
                 queued = len(pending) + sum(1 for t in tracked if states[id(t)] == "queued")
                 for t in [t for t in tracked if states[id(t)] == "ended"]:
                     tracked.remove(t)
@@ -203,7 +263,7 @@ class JobRunner:
                         progress.show(queued, running, finished, failed=1)
                         raise
                     finished += 1
-                progress.show(queued, running, finished)
+                progress.show(queued, [t for t in running if t in tracked], finished)
                 if pending or tracked:
                     _sleep(self.options.poll, should_stop)
         finally:
@@ -234,7 +294,8 @@ class JobRunner:
                                 "kind": kind, "folder": str(self.folder),
                                 "tasks": job.num_tasks, "log": str(tracked.log),
                                 "submitted": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                "state": "submitted", "earlier": earlier}
+                                "state": "submitted", "earlier": earlier,
+                                "owner": process_identity()}
             if self.options.kind == "local":  # its controller process, beyond the pid
                 record[work.key]["controller"] = process_identity(int(tracked.job_id))
             self.log(f"  job {tracked.job_id}: {work.key} (log {tracked.log})")
@@ -246,10 +307,13 @@ class JobRunner:
         """Check a job that ended: done, or :class:`RunFailure` / :class:`JobStopped`."""
         status, value = self._result(t)
         key = t.work.key
-        if status == "success" and isinstance(value, dict) and value.get("finished") \
-                and t.work.is_done():
-            self._note(record, key, state="done", pid=value.get("pid"), host=value.get("host"))
-            self.log(f"  job {t.job_id} done: {key}")
+        if t.work.is_done():  # (its work is the truth: a job requeued after it, then cancelled)
+            value = value if status == "success" and isinstance(value, dict) else {}
+            warned = _warnings(t.log)  # (they went to its log only: said here, and kept)
+            self._note(record, key, state="done", pid=value.get("pid"), host=value.get("host"),
+                       warnings=warned)
+            self.log("\n".join([f"  job {t.job_id} done: {key}",
+                                 *(f"  {key}: {w}" for w in warned)]))
             return
         tail = _tail(t.log, t.job)
         if tail:
@@ -300,6 +364,16 @@ def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
     return ""
 
 
+def _warnings(log: Path) -> list[str]:
+    """The distinct ``warning:`` lines of a job's log, in order."""
+    try:
+        text = Path(log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return list(dict.fromkeys(ln.strip() for ln in text.splitlines()
+                              if ln.startswith("warning:")))
+
+
 def _controller(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
     """The identity of a recorded local job's controller (jobs.json before identities were
     recorded: the pid on this host)."""
@@ -330,21 +404,27 @@ class _Progress:
         from e2mc.progress import is_terminal, progress_bar
 
         self.total, self.log, self.last, self.shown = total, log, None, shown
+        self.said = time.monotonic()
         self.bar = None
         if shown and is_terminal():
             self.bar = progress_bar(total=total, initial=done, desc="jobs", unit="job")
 
-    def show(self, queued: int, running: int, done: int, failed: int = 0) -> None:
-        counts = (queued, running, done, failed)
-        if counts == self.last or not self.shown:
+    def show(self, queued: int, running: list[_Tracked], done: int, failed: int = 0) -> None:
+        """The counts, when one changed (on a terminal: at every look), and every
+        :data:`HEARTBEAT_S` seconds what runs, for how long."""
+        counts = (queued, len(running), done, failed)
+        now = time.monotonic()
+        if not self.shown or (self.bar is None and counts == self.last
+                              and now - self.said < HEARTBEAT_S):
             return
-        self.last = counts
+        self.last, self.said = counts, now
         if self.bar is not None:
             self.bar.n = done
-            self.bar.set_postfix_str(f"{queued} queued, {running} running, {failed} failed")
+            self.bar.set_postfix_str(f"{queued} queued, {len(running)} running, {failed} failed")
             return
-        self.log(f"jobs: {queued} queued, {running} running, {done} done, {failed} failed "
-                 f"(of {self.total})")
+        what = ", ".join(f"{t.work.key} {(now - t.started) / 60:.0f} min" for t in running)
+        self.log(f"jobs: {queued} queued, {len(running)} running{f' ({what})' if what else ''}, "
+                 f"{done} done, {failed} failed (of {self.total})")
 
     def close(self) -> None:
         if self.bar is not None:

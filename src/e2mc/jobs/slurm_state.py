@@ -1,12 +1,15 @@
-"""The state of SLURM jobs: from ``sacct`` where accounting exists, else from ``squeue`` and
-``scontrol show job`` (many small clusters run without an accounting database, and submitit's
-watcher, which asks ``sacct`` only, then never learns that a job ended).
+"""The state of SLURM jobs: from ``sacct`` where accounting exists, and ``squeue`` and
+``scontrol show job`` for what it does not know (many small clusters run without an accounting
+database, and submitit's watcher, which asks ``sacct`` only, then never learns that a job ended).
 
 :meth:`SlurmStates.states` maps each job id (``123`` or ``123_4`` for an array task) to its SLURM
-state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...), or to ``None`` when no source
-knows the job any more (``squeue`` forgets it when it ends, ``scontrol`` after ``MinJobAge``,
-300 s by default): :class:`~e2mc.jobs.runner.JobRunner` takes such a job, when it left no result,
-for one that failed. That ``sacct`` is unavailable is said once, not at every look.
+state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...); to ``None`` when SLURM
+answered and no source knows the job any more (``squeue`` forgets it when it ends, ``scontrol``
+after ``MinJobAge``, 300 s by default): :class:`~e2mc.jobs.runner.JobRunner` takes such a job,
+when it left no result, for one that failed; and to :data:`NO_ANSWER` when SLURM did not answer
+(the controller down or restarting: ``Unable to contact slurm controller``, a command that timed
+out), which is no end: the runner waits (``--slurm-outage``). That ``sacct`` is unavailable is
+said once, not at every look.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
 #: States of a job that ended (a requeued job is PENDING again, not one of these).
 ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                           "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"})
+#: The state of a job while SLURM does not answer (:attr:`SlurmStates.why` says why).
+NO_ANSWER = "NO_ANSWER"
 _TIMEOUT_S = 60
 
 
@@ -86,47 +91,70 @@ class SlurmStates:
     def __init__(self, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
         self.log = log
         self.accounting: bool | None = None  # unknown until sacct was asked once
+        #: why SLURM did not answer at the last look (``None``: it answered)
+        self.why: str | None = None
 
     def states(self, job_ids: Iterable[str]) -> dict[str, str | None]:
-        """``{job_id: STATE or None}`` for every id of ``job_ids``."""
+        """``{job_id: STATE, None (unknown to SLURM) or NO_ANSWER}`` for every id of
+        ``job_ids``: what ``sacct`` does not know is asked of ``squeue``, then of ``scontrol``."""
         wanted = list(dict.fromkeys(str(j) for j in job_ids))
-        if not wanted:
-            return {}
-        bases = sorted({_base(j) for j in wanted}, key=int)
+        self.why = None
         known: dict[str, str] = {}
-        if self.accounting is not False:
-            known = self._sacct(bases)
-        if self.accounting is False:
-            known = self._squeue(bases)
+        if wanted and self.accounting is not False:
+            known = self._sacct(_bases(wanted))
+        for source in (self._squeue, self._scontrol):
             missing = [j for j in wanted if j not in known]
-            if missing:
-                known.update(self._scontrol(sorted({_base(j) for j in missing}, key=int)))
-        return {j: known.get(j) for j in wanted}
+            if missing and self.why is None:
+                known.update(source(_bases(missing)))
+        return {j: known.get(j, NO_ANSWER if self.why else None) for j in wanted}
+
+    def cancel(self, job_id: str) -> str:
+        """``scancel JOB_ID``; what it answered, in words."""
+        done = _run(["scancel", job_id])
+        return "cancelled" if done is not None and done.returncode == 0 else \
+            f"scancel: {_why(done, 'scancel')}"
 
     def _sacct(self, bases: list[str]) -> dict[str, str]:
         done = _run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(bases)])
         if done is None or done.returncode != 0 or "disabled" in (done.stdout + done.stderr):
             if self.accounting is None:
-                why = ((done.stderr or done.stdout).strip().splitlines() or ["no answer"])[0] \
-                    if done is not None else "sacct did not run"
-                self.log(f"note: sacct: {why}; job states come from squeue and scontrol")
+                self.log(f"note: sacct: {_why(done, 'sacct')}; job states come from squeue and "
+                         "scontrol")
             self.accounting = False
             return {}
         self.accounting = True
         return parse_table(done.stdout)
 
-    @staticmethod
-    def _squeue(bases: list[str]) -> dict[str, str]:
+    def _answered(self, done: subprocess.CompletedProcess[str] | None, name: str) -> bool:
+        """Whether SLURM answered (an unknown job id is an answer); else :attr:`why` says why."""
+        if done is not None and (done.returncode == 0 or "Invalid job id" in done.stderr):
+            return True
+        self.why = f"{name}: {_why(done, name)}"
+        return False
+
+    def _squeue(self, bases: list[str]) -> dict[str, str]:
         done = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-u", getpass.getuser(),
                      "-j", ",".join(bases)])
         # (all ids unknown: "Invalid job id specified", exit 1: none of them is queued)
-        return parse_table(done.stdout) if done is not None and done.returncode == 0 else {}
+        return parse_table(done.stdout) if self._answered(done, "squeue") and done else {}
 
-    @staticmethod
-    def _scontrol(bases: list[str]) -> dict[str, str]:
+    def _scontrol(self, bases: list[str]) -> dict[str, str]:
         out: dict[str, str] = {}
         for base in bases:
             done = _run(["scontrol", "show", "job", "-o", base])
+            if not self._answered(done, "scontrol"):
+                break
             if done is not None and done.returncode == 0:
                 out.update(parse_scontrol(done.stdout))
         return out
+
+
+def _bases(job_ids: list[str]) -> list[str]:
+    return sorted({_base(j) for j in job_ids}, key=int)
+
+
+def _why(done: subprocess.CompletedProcess[str] | None, name: str) -> str:
+    """The first line a command that failed printed (``no answer`` without one)."""
+    if done is None:
+        return f"{name} did not run or timed out"
+    return ((done.stderr or done.stdout).strip().splitlines() or ["no answer"])[0]

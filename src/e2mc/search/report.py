@@ -32,6 +32,10 @@ def search_markdown(record: dict[str, Any]) -> str:
     lines += ["", ("Selected: **" + markdown_text(selected) + "**." if selected else
                    "No trial beat its control: nothing is selected, and the starting model "
                    "stays the better choice."), "", "![trajectories](search.png)", ""]
+    if record.get("warnings"):
+        lines += ["## Warnings of the runs", ""]
+        lines += [f"- {markdown_text(w['text'])} ({', '.join(map(markdown_text, w['runs']))})"
+                  for w in record["warnings"]] + [""]
     return "\n".join(lines)
 
 

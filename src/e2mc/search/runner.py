@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ class Search:
         self._check_distinct()
         #: set by :meth:`stop_on` (a pre-emption handler): checked between runs
         self._stop_requested: Callable[[], bool] = lambda: False
+        #: the runs' ``warning:`` lines: {text: [run directories]} (search.md lists them)
+        self.warnings: dict[str, list[str]] = {}
 
     # ---------------------------------------------------------------- configuration
     def _base(self, seed: int | None = None) -> list[str]:
@@ -80,9 +83,11 @@ class Search:
         from e2mc.config import load_config
 
         cfg = load_config(self.spec.config, self._base())
+        self._addon = cfg.addon.name
         for trial in self.spec.trials:
             for key in (o.split("=", 1)[0] for o in trial.overrides):
-                if ".params." not in key:
+                if ".params." not in key or (key.startswith("addon.") and _addon_reset(
+                        trial.overrides, self._addon)):  # (its add-on's own params, checked)
                     continue
                 section, name = key.split(".params.", 1)
                 have = getattr(cfg, section).params
@@ -96,7 +101,8 @@ class Search:
         s = self.spec
         extra = [f"addon.name={CONTROL_ADDON}", "addon.params={}"] if control else []
         extra += [] if self.progress else ["training.progress=false"]
-        cfg = load_config(s.config, [*self._base(seed), *overrides, *extra])
+        cfg = load_config(s.config, [*self._base(seed), *_addon_reset(overrides, self._addon),
+                                     *overrides, *extra])
         if cfg.addon.name == CONTROL_ADDON and not control:
             raise ValueError(f"the search config {s.config!r} has no add-on to test: its trials "
                              "would equal their controls")
@@ -175,7 +181,8 @@ class Search:
                     else f"trial (add-on {cfg.addon.name})")
             self.log(f"  train {role}: {run.root}")
         try:
-            result = run_training(cfg, run.root, done_marker=True)  # marked done at its end
+            with _warnings_to(lambda text: self._warned(text, run.root)):
+                result = run_training(cfg, run.root, done_marker=True)  # marked done at its end
         except PreemptedAtStart as stop:  # a signal while the run was being built
             raise SearchPreempted(f"{run.root} {stop}; run the same command again to "
                                   "resume it") from None
@@ -203,6 +210,16 @@ class Search:
             self.jobs.run(unique, kind, should_stop=lambda: self._stop_requested())
         except JobStopped as stop:
             raise SearchPreempted(str(stop)) from None
+        finally:
+            record = self.jobs.read_record()
+            for w in unique:
+                for text in record.get(w.key, {}).get("warnings", []):
+                    self._warned(text, w.directory)
+
+    def _warned(self, text: str, run: Path) -> None:
+        runs = self.warnings.setdefault(text.strip(), [])
+        if self._work_key(run) not in runs:
+            runs.append(self._work_key(run))
 
     def run(self) -> dict[str, Any]:
         """Train every trial and its control (skipping finished ones), apply the rule, write
@@ -214,6 +231,9 @@ class Search:
             return self._run()
 
     def _run(self) -> dict[str, Any]:
+        if self.files.json.is_file():  # the warnings of runs done before (not run again)
+            old = json.loads(self.files.json.read_text(encoding="utf-8"))
+            self.warnings = {w["text"]: w["runs"] for w in old.get("warnings", [])}
         record: dict[str, Any] = {"spec": self.spec.identity(),
                                   "trials": [], "selected": None}
         self._write(record)  # the rule is on disk before the first run
@@ -238,6 +258,7 @@ class Search:
             record["trials"].append(row)
             self._write(record)
         record["selected"] = select(record["trials"])
+        record["warnings"] = [{"text": k, "runs": v} for k, v in self.warnings.items()]
         self._write(record)
         self._report(record)
         return record
@@ -257,6 +278,8 @@ class Search:
             row = next(t for t in record["trials"] if t["name"] == chosen)
             self.log(f"selected: {display_name(chosen)} ({self.spec.metric} "
                      f"{row['difference']:+.2f} against its control on the validation split)")
+        for text, runs in self.warnings.items():
+            self.log(f"{text} ({len(runs)} run(s), listed in search.md)")
         self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
                  f"{self.files.plot}")
 
@@ -337,6 +360,38 @@ class Search:
                 "data": EvalData(self.spec.data), "options": options,
                 "image_size": cfg.data.image_size, "cache": str(self.files.feature_cache),
                 "reuse": True}
+
+
+@contextmanager
+def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
+    """Within: what is written to ``sys.stderr`` goes on to it, and each ``warning:`` line is
+    also handed to ``note``."""
+    stream = sys.stderr
+
+    class Tee:
+        def write(self, text: str) -> int:
+            for line in text.splitlines():
+                if line.startswith("warning:"):
+                    note(line)
+            return stream.write(text)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(stream, name)
+
+    sys.stderr = Tee()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stderr = stream
+
+
+def _addon_reset(overrides: list[str], addon: str) -> list[str]:
+    """``["addon.params={}"]`` when ``overrides`` name another add-on than the config's
+    (``--grid addon.name=e2mc,vcreg``): that add-on starts from its own defaults, not the
+    config's add-on's params; the trial's own ``addon.params.*`` then apply."""
+    names = [o.split("=", 1)[1].strip() for o in overrides
+             if o.split("=", 1)[0].strip() == "addon.name"]
+    return ["addon.params={}"] if names and names[-1] != addon else []
 
 
 def _points(records: list[dict[str, Any]], metric: str) -> list[list[float]]:
