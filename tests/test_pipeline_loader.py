@@ -188,21 +188,21 @@ def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
               "--set", "training.progress=false", "--set", "training.device=cpu",
               "--set", "training.keep_epoch_checkpoints=false",
               "--set", "method.params={projector: 32-32}"]
-    assert main([*common, "--run-dir", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
+    assert main([*common, "--out", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
     fast = read_metrics(tmp_path / "run")
     assert [m["step"] for m in fast] == [1, 2]
     # photometric steps in the trainer (batched torch) instead of the workers: the same draws,
     # so the same views up to float rounding, and the same losses
-    assert main([*common, "--run-dir", str(tmp_path / "dev"), "--set", "data.pipeline=device",
+    assert main([*common, "--out", str(tmp_path / "dev"), "--set", "data.pipeline=device",
                  "--set", "data.num_workers=2"]) == 0
     dev = read_metrics(tmp_path / "dev")
     assert [m["step"] for m in dev] == [1, 2]
     for a, b in zip(fast, dev, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
     capsys.readouterr()
-    assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
+    assert main([*common, "--out", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
     assert "data.pipeline must be one of auto, pil, fast, device" in capsys.readouterr().err
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
-                 "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
+                 "--out", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
                  "--set", "training.device=cpu"]) == 2
     assert "not an image folder" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def train(images: Path, run: Path, method: str, pipeline: str, addon: str,
             "monitor.label_seeds=[0]", "monitor.probe_epochs=1", "monitor.batch_size=8",
             f"addon.name={addon}", *extra]
     argv = ["pretrain", "--config", f"fmnist-{method}-pretrain", "--data", str(images),
-            "--run-dir", str(run), "--epochs", str(EPOCHS)]
+            "--out", str(run), "--epochs", str(EPOCHS)]
     code = main(argv + [a for s in sets for a in ("--set", s)])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]

@@ -8,7 +8,6 @@ import argparse
 import sys
 
 from e2mc.commands._executor import add_executor_arguments, executor_options
-from e2mc.commands._types import Renamed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,8 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--probe-device", default="cpu", metavar="DEVICE",
                         help="device of the confirmation's linear probes (default: cpu); the "
                              "runs train on training.device: --set training.device=cuda")
-    parser.add_argument("--device", dest="probe_device", action=Renamed, metavar="DEVICE",
-                        new="--probe-device", command="search")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bars of the runs, no job counts")
     add_executor_arguments(parser, "every run and evaluation")
