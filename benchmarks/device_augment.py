@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,8 +23,10 @@ from pathlib import Path
 import torch
 
 from e2mc.data.fast_views import DeviceAugment, FastViews, collate_device_views
-from e2mc.data.synthetic import write_jpeg_folder
 from run_meta import run_meta
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_photos import write_jpeg_folder  # noqa: E402  (the tests' photos)
 
 RECIPES = ("vicreg", "swav", "simsiam")
 

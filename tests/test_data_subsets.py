@@ -10,9 +10,9 @@ from PIL import Image
 
 from e2mc.data import (
     ArrayDataset,
+    LabeledSubset,
     image_folder,
     label_fraction_indices,
-    label_fraction_subset,
     read_file_list,
     subset_from_file_list,
 )
@@ -61,10 +61,10 @@ def test_fraction_validated(bad) -> None:
         label_fraction_indices(LABELS, bad, seed=0)
 
 
-def test_label_fraction_subset_keeps_labels() -> None:
+def test_a_label_fraction_subset_keeps_labels() -> None:
     images = np.zeros((len(LABELS), 4, 4), dtype=np.uint8)
     ds = ArrayDataset(images, LABELS, classes=["a", "b", "c", "d"])
-    sub = label_fraction_subset(ds, 0.1, seed=5)
+    sub = LabeledSubset(ds, label_fraction_indices(LABELS, 0.1, seed=5))
     assert len(sub) == 17 and sub.classes == ["a", "b", "c", "d"]
     np.testing.assert_array_equal(sub.targets, LABELS[label_fraction_indices(LABELS, 0.1, 5)])
     assert all(sub[i][1] == sub.labels[i] for i in range(len(sub)))

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 from sklearn.svm import LinearSVC
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -309,8 +309,9 @@ def test_finetune_learns_and_leaves_caller_backbone_untouched():
 
 
 def test_the_reference_lars_probe_uses_simsiam_larc_step(monkeypatch):
-    """The oracle of the batched heads: SimSiam's LARC (trust 0.001, no clip, wd 0): the first step moves the weight by exactly
-    lr * 0.001 * ||w0|| (the gradient is rescaled to norm 0.001 * ||w0||)."""
+    """The oracle of the batched heads: SimSiam's LARC (trust 0.001, no clip, wd 0): the first
+    step moves the weight by exactly lr * 0.001 * ||w0|| (the gradient is rescaled to norm
+    0.001 * ||w0||)."""
     x, y = blobs(8, 2, 4, sep=1.0, seed=0)
     weights: list[torch.Tensor] = []
     orig = nn.Linear.forward

@@ -58,7 +58,7 @@ def test_config_show_says_what_auto_becomes_here(capsys) -> None:
 
 def test_a_run_says_what_auto_chose_and_trains_through_it(tmp_path: Path, capsys) -> None:
     from e2mc.cli import main
-    from e2mc.data.synthetic import write_jpeg_folder
+    from synthetic_photos import write_jpeg_folder
 
     write_jpeg_folder(tmp_path / "data" / "train", 16, (40, 36), classes=2)
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data",

@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader
 
 from e2mc.data import SafeImageFolder, ViewBatch, collate_views, photometric_cv2
 from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews
-from e2mc.data.synthetic import write_jpeg_folder
 from e2mc.data.view_specs import draw_view_params
 from e2mc.errors import CorruptImageError
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
+from synthetic_photos import write_jpeg_folder
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
 

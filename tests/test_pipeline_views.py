@@ -28,8 +28,8 @@ from e2mc.data.fast_views import (
     collate_device_views,
 )
 from e2mc.data.image_folder import _load_rgb_or_l
-from e2mc.data.synthetic import natural_image
 from e2mc.data.view_specs import PARAM_FIELDS, draw_view_params
+from synthetic_photos import natural_image
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
 FIELD = {name: k for k, name in enumerate(PARAM_FIELDS)}

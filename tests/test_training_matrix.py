@@ -33,7 +33,7 @@ EPOCHS, STEPS_PER_EPOCH = 3, 2
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """16 JPEGs of 2 classes: 8 held out for the monitor, 8 for training (2 batches of 4)."""
-    from e2mc.data.synthetic import write_jpeg_folder
+    from synthetic_photos import write_jpeg_folder
 
     root = tmp_path_factory.mktemp("matrix") / "data"
     write_jpeg_folder(root / "train", 16, (36, 32), classes=2)

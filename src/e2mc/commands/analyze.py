@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "analyze",

@@ -17,7 +17,6 @@ __all__ = [
     "dataset_labels",
     "fraction_label",
     "label_fraction_indices",
-    "label_fraction_subset",
     "per_class_indices",
     "read_file_list",
     "stratified_indices",
@@ -135,11 +134,6 @@ def stratified_indices(labels: np.ndarray | Sequence[int], fraction: float, seed
         else 0 for c, n in zip(classes, counts, strict=True)
     }
     return per_class_indices(labels, per_class, seed)
-
-
-def label_fraction_subset(dataset: Any, fraction: float, seed: int) -> LabeledSubset:
-    """``dataset`` restricted to :func:`label_fraction_indices` of its labels."""
-    return LabeledSubset(dataset, label_fraction_indices(dataset_labels(dataset), fraction, seed))
 
 
 def fraction_label(fraction: float) -> str:
