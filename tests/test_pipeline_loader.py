@@ -206,3 +206,32 @@ def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
                  "--out", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
                  "--set", "training.device=cpu"]) == 2
     assert "not an image folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- subsets
+@pytest.mark.parametrize("pipeline", ["auto", "pil", "fast", "device"])
+def test_a_limit_and_a_validation_split_work_with_every_pipeline(tmp_path: Path,
+                                                                pipeline: str) -> None:
+    """Issue 48: ``data.limit`` and a validation split are one subset (a subset of a subset is
+    folded into one) that every pipeline sees through to the image files (``auto`` on a CPU is
+    the fast pipeline, which refused the limit's subset): the training set is the limit's first
+    images less the held-out ones, each with its own file and label."""
+    from types import SimpleNamespace
+
+    from e2mc.config import load_config
+    from e2mc.training.build import build_train_dataset, holdout, training_images
+
+    write_jpeg_folder(tmp_path / "data" / "train", 12, (48, 40), classes=3)
+    cfg = load_config("fmnist-vicreg-pretrain", [
+        f"data.dataset={tmp_path / 'data'}", f"data.pipeline={pipeline}", "data.limit=9",
+        "data.val_split=3", "data.channels=3", "data.image_size=16", "training.batch_size=2"])
+    images = training_images(cfg)
+    split = holdout(cfg, images[0])
+    assert sorted(split["train"] + split["val"]) == list(range(9)) and len(split["val"]) == 3
+    dataset = build_train_dataset(cfg, SimpleNamespace(view_recipe="vicreg"), split, images)
+    kept = [SafeImageFolder(tmp_path / "data" / "train").samples[i] for i in split["train"]]
+    assert len(dataset) == 6
+    assert [dataset[i][1] for i in range(6)] == [label for _, label in kept]
+    if pipeline != "pil":
+        assert [path for path, _ in dataset.samples] == [path for path, _ in kept]
+        assert list(dataset.labels) == [label for _, label in kept]

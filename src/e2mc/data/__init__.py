@@ -25,6 +25,7 @@ from .subsets import (
     per_class_indices,
     read_file_list,
     subset_from_file_list,
+    subset_parts,
 )
 from .views import (
     DATASET_STATS,
@@ -72,4 +73,5 @@ __all__ = [
     "read_file_list",
     "save_idx",
     "subset_from_file_list",
+    "subset_parts",
 ]

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Subset
-
 from e2mc.artifacts import RunDir, run_model
 from e2mc.config import RunConfig, resolve_signals
 from e2mc.distributed import is_main_process
@@ -68,7 +66,7 @@ def training_images(cfg: RunConfig) -> Any:
     images), before the validation hold-out and without a transform (each consumer adds its
     own: the view recipe, or the evaluation transform of the monitor), and the number of
     unreadable images skipped."""
-    from e2mc.data import LabeledSubset, build_dataset, dataset_labels
+    from e2mc.data import LabeledSubset, build_dataset
 
     if cfg.data.dataset is None:
         raise ValueError("data.dataset is not set: give a data set ('builtin', an IDX folder, an "
@@ -79,8 +77,7 @@ def training_images(cfg: RunConfig) -> Any:
         if cfg.data.limit < 1:
             raise ValueError(f"data.limit must be >= 1, got {cfg.data.limit}")
         limited = range(min(cfg.data.limit, len(base)))
-        base = (LabeledSubset(base, limited) if dataset_labels(base, False) is not None
-                else Subset(base, limited))
+        base = LabeledSubset(base, limited)
     return base, skipped
 
 
@@ -113,7 +110,7 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
     device, which ``data.pipeline=auto`` chooses by (:mod:`e2mc.training.hardware`)."""
     import torch
 
-    from e2mc.data import MultiViewDataset, build_views
+    from e2mc.data import LabeledSubset, MultiViewDataset, build_views
     from e2mc.training.hardware import hardware_choices, is_image_folder
 
     base, skipped = images or training_images(cfg)
@@ -122,7 +119,7 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
         pipeline = hardware_choices(cfg, torch.device(device),
                                     is_image_folder(base))["data.pipeline"].value
     if split is not None:
-        base = Subset(base, split["train"])
+        base = LabeledSubset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
     if pipeline in ("fast", "device"):
