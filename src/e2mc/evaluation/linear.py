@@ -11,7 +11,6 @@ both the last-epoch (reported by default: no test-set selection) and the best-ep
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -131,34 +130,16 @@ class EpochTracker:
 def random_resized_crop_flip(images: torch.Tensor, generator: torch.Generator,
                              scale: tuple[float, float] = (0.08, 1.0),
                              ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
-    """Independent random resized crop (torchvision's sampling rule) and horizontal flip of
-    every image of a ``[B, C, H, W]`` batch, output at the input size. Works on any device, so
-    the augmentation of already-normalized tensors can run on the accelerator."""
-    from torchvision.transforms.v2 import functional as F
+    """Independent random resized crop and horizontal flip (torchvision's) of every image of a
+    ``[B, C, H, W]`` batch, output at the input size, drawn from ``generator``. Works on any
+    device, so the augmentation of already-normalized tensors can run on the accelerator."""
+    from torchvision.transforms import v2 as T
 
-    b, _, h, w = images.shape
-    out = torch.empty_like(images)
-    area = h * w
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for i in range(b):
-        top, left, ch, cw = 0, 0, h, w
-        for _ in range(10):
-            target = area * (scale[0] + (scale[1] - scale[0]) * torch.rand(1, generator=generator)
-                             .item())
-            aspect = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0])
-                              * torch.rand(1, generator=generator).item())
-            cw_try = int(round(math.sqrt(target * aspect)))
-            ch_try = int(round(math.sqrt(target / aspect)))
-            if 0 < cw_try <= w and 0 < ch_try <= h:
-                top = int(torch.randint(0, h - ch_try + 1, (1,), generator=generator))
-                left = int(torch.randint(0, w - cw_try + 1, (1,), generator=generator))
-                ch, cw = ch_try, cw_try
-                break
-        crop = F.resized_crop(images[i], top, left, ch, cw, [h, w], antialias=True)
-        if torch.rand(1, generator=generator).item() < 0.5:
-            crop = crop.flip(-1)
-        out[i] = crop
-    return out
+    augment = T.Compose([T.RandomResizedCrop(tuple(images.shape[-2:]), scale, ratio,
+                                             antialias=True), T.RandomHorizontalFlip()])
+    with torch.random.fork_rng(devices=[]):  # torchvision draws from the global generator
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        return torch.stack([augment(image) for image in images])
 
 
 def train_augmented_linear_probe(
