@@ -134,8 +134,8 @@ def make_dataset(pipeline: str, recipe: str, folder: SafeImageFolder, size: int)
         return MultiViewDataset(folder, build_views(recipe, size, 3)), collate_views
     mode = "device" if pipeline.startswith("e2mc-device") else "cpu"
     backend = "torch" if pipeline == "e2mc-fast-torch" else "auto"
-    dataset = FastViewDataset(folder, FastViews.from_recipe(recipe, size, 3, mode=mode,
-                                                            backend=backend))
+    fast = FastViews(build_views(recipe, size, 3), mode=mode, backend=backend)
+    dataset = FastViewDataset(folder, fast)
     return dataset, collate_views if mode == "cpu" else collate_device_views
 
 

@@ -404,8 +404,8 @@ def test_reduced_scale_decoding_when_every_crop_allows_it(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_device_mode_gives_the_cpu_views(jpeg: Path, backend: str) -> None:
-    cpu = FastViews.from_recipe("swav", 48, 3, draft=False, backend=backend)
-    dev = FastViews.from_recipe("swav", 48, 3, mode="device", draft=False)
+    cpu = FastViews(build_views("swav", 48, 3), draft=False, backend=backend)
+    dev = FastViews(build_views("swav", 48, 3), mode="device", draft=False)
     torch.manual_seed(5)
     items = [cpu(jpeg) for _ in range(4)]
     torch.manual_seed(5)

@@ -54,7 +54,7 @@ from .multiview import ViewBatch
 from .photometric import apply_photometric, normalize_levels
 from .subsets import dataset_labels, subset_parts
 from .view_specs import PARAM_INDEX, ViewSpec, draw_view_params, view_specs
-from .views import MultiCropTransform, build_views
+from .views import MultiCropTransform
 
 __all__ = ["DeviceAugment", "FastViewDataset", "FastViews", "collate_device_views"]
 
@@ -100,17 +100,6 @@ class FastViews:
         # gathers of the selected samples); smaller ones are batched (fewer small operations)
         self.cpu_groups = [g2 for g in _groups(self.specs)
                            for g2 in ([g] if self.specs[g[0]].size < 128 else [[k] for k in g])]
-
-    @property
-    def num_views(self) -> int:
-        return len(self.specs)
-
-    @classmethod
-    def from_recipe(cls, recipe: str, image_size: int, channels: int = 3, mode: str = "cpu",
-                    draft: bool = True, backend: str = "auto", **kwargs: Any) -> FastViews:
-        """``FastViews(build_views(recipe, image_size, channels, **kwargs), ...)``."""
-        return cls(build_views(recipe, image_size, channels, **kwargs), mode=mode, draft=draft,
-                   backend=backend)
 
     # ------------------------------------------------------------------ decoding
     def _reduction(self, params: list[torch.Tensor]) -> int:
