@@ -108,14 +108,12 @@ class EpochTracker:
         self.last, self.loss = (top1, top5, top), loss
 
     def update(self, logits: torch.Tensor) -> None:
-        self.update_top(logits.topk(min(5, logits.shape[1]), dim=1).indices)
-
-    def update_top(self, top: torch.Tensor, loss: float = float("nan")) -> None:
-        """Record one epoch from the top-k labels ``[N, k]`` (best first) of every test row."""
+        """Record one epoch from the logits ``[N, C]`` of every test row."""
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hit = top == self.labels[:, None]
         top1 = 100.0 * hit[:, 0].float().mean().item()
         top5 = 100.0 * hit.any(dim=1).float().mean().item()
-        self.add(top1, top5, top[:, 0].clone(), top, loss)
+        self.add(top1, top5, top[:, 0].clone(), top)
 
     def result(self) -> ProbeResult:
         assert self.best[3] is not None and self.last[2] is not None
