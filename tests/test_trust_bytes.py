@@ -212,7 +212,7 @@ def test_a_planted_lock_link_is_refused_and_its_target_unchanged(
                     ["continue", "--config", "fmnist-vicreg-continued", "--from",
                      str(checkpoint), "--data", str(data), "--out", str(tmp_path / "r"),
                      *[a for item in TINY_RUN for a in ("--set", item)]]):
-        out = Path(command[command.index("--out" if "--out" in command else "--out") + 1])
+        out = Path(command[command.index("--out") + 1])
         out.mkdir()
         (out / LOCK).symlink_to(precious)
         capsys.readouterr()
