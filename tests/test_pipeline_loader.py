@@ -220,12 +220,16 @@ def test_a_limit_and_a_validation_split_work_with_every_pipeline(tmp_path: Path,
 
     from e2mc.config import load_config
     from e2mc.training.build import build_train_dataset, holdout, training_images
+    from e2mc.training.hardware import hardware_choices, is_image_folder
 
     write_jpeg_folder(tmp_path / "data" / "train", 12, (48, 40), classes=3)
     cfg = load_config("fmnist-vicreg-pretrain", [
         f"data.dataset={tmp_path / 'data'}", f"data.pipeline={pipeline}", "data.limit=9",
         "data.val_split=3", "data.channels=3", "data.image_size=16", "training.batch_size=2"])
     images = training_images(cfg)
+    assert is_image_folder(images[0])  # auto's choice sees through the limit to the files
+    if pipeline == "auto":
+        assert hardware_choices(cfg, torch.device("cpu"), True)["data.pipeline"].value == "fast"
     split = holdout(cfg, images[0])
     assert sorted(split["train"] + split["val"]) == list(range(9)) and len(split["val"]) == 3
     dataset = build_train_dataset(cfg, SimpleNamespace(view_recipe="vicreg"), split, images)
