@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from e2mc.data import build_views
 from e2mc.data.fast_views import DeviceAugment, FastViews, collate_device_views
-from e2mc.data.synthetic import write_jpeg_folder
 from run_meta import run_meta
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_photos import write_jpeg_folder  # noqa: E402  (the tests' photos)
 
 RECIPES = ("vicreg", "swav", "simsiam")
 
@@ -35,8 +39,8 @@ def _sync(device: torch.device) -> None:
 
 def measure(recipe: str, paths: list[Path], device: torch.device, size: int, repeats: int
             ) -> dict:
-    cpu = FastViews.from_recipe(recipe, size, 3, draft=False)
-    dev = FastViews.from_recipe(recipe, size, 3, mode="device", draft=False)
+    cpu = FastViews(build_views(recipe, size, 3), draft=False)
+    dev = FastViews(build_views(recipe, size, 3), mode="device", draft=False)
     torch.manual_seed(0)
     expected = [cpu(p) for p in paths]
     torch.manual_seed(0)

@@ -9,7 +9,8 @@ on the same cached features.
 
 Stages, timed separately: feature extraction (through a fresh :class:`FeatureCache`, then the
 cached read), the **sequential** sweep (9 probes: 1%/10%/100% labels x 3 label seeds, the
-method preset's fixed lr, one :func:`train_linear_probe` after another), the **batched** path
+method preset's fixed lr, one probe after another: the oracle of the batched heads,
+``tests/reference.py``'s ``sequential_linear_sweep``), the **batched** path
 (the same 9 probes, each over ``--lr-multipliers`` x the preset lr: 45 heads, one
 :func:`train_linear_heads` call), the **floor** (the batched path's matrix products replayed as
 plain ``torch.bmm`` / ``torch.mm`` on random tensors of the same shapes: the time of the same
@@ -34,6 +35,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
@@ -46,9 +48,12 @@ from torch import nn
 from e2mc.config import comma_list
 from e2mc.data import build_dataset, eval_transform
 from e2mc.data.subsets import fraction_label, label_fraction_indices
-from e2mc.evaluation import FeatureCache, knn_classify, linear_settings, linear_sweep
+from e2mc.evaluation import FeatureCache, knn_classify, linear_settings
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
 from run_meta import run_meta
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from reference import sequential_linear_sweep  # noqa: E402  (the tests' oracle)
 
 FRACTIONS = (0.01, 0.1, 1.0)
 SEEDS = (0, 1, 2)
@@ -221,8 +226,8 @@ def main() -> None:
 
     with PeakMemory(device) as mem:
         start = time.perf_counter()
-        sequential = linear_sweep(x, y, tx, ty, FRACTIONS, SEEDS, config_for=config_for,
-                                  device=device, batched=False)
+        sequential = sequential_linear_sweep(x, y, tx, ty, FRACTIONS, SEEDS, config_for,
+                                             device=device)
         _sync(device)
         timings["sequential"] = time.perf_counter() - start
     memory["sequential"] = mem.peak_mib

@@ -130,7 +130,8 @@ def training_bound(args: argparse.Namespace, size: dict[str, Any]) -> dict[str, 
 def write_jpegs(root: Path, size: dict[str, Any], n: int) -> None:
     """``n`` JPEGs under ``root/train`` in 10 classes: ``size['distinct']`` generated images,
     hard-linked under other names up to ``n`` (each is read and decoded as its own file)."""
-    from e2mc.data.synthetic import write_jpeg_folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from synthetic_photos import write_jpeg_folder
 
     distinct = write_jpeg_folder(root / "train", min(n, size["distinct"]), size["jpeg"],
                                  classes=10)

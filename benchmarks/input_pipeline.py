@@ -13,17 +13,21 @@ Pipelines, all measured in the same run through a DataLoader over the same JPEG 
   augmented on tensors, each batch's views written in place as 8-bit images
   (``FastViewDataset.collated``), then normalised by the training process (on a CPU, as the
   trainer does it, into the previous batch's tensors: that CPU time is the last column).
+* ``e2mc-fast-torch``: ``e2mc-fast`` without OpenCV (``backend="torch"``): the photometric steps
+  with the batched torch code of the ``device`` pipeline, in the workers.
 * ``e2mc-device``: ``FastViews`` (``mode="device"``): the workers' share when the photometric
   augmentations run on the training device (decode + crop + resize, uint8 crops out).
+* ``e2mc-device-cpu``: ``e2mc-device`` on a machine without a GPU: the photometric steps
+  (``DeviceAugment``) run batched in the training process on the CPU, counted in the last column.
 
 The CPU time per image is the workers' (decoding, augmenting, collating and handing the batches
 over) and, in the last column, also the training process's before the model can use a batch
 (``training_process_step``: the normalisation of ``e2mc-fast``'s 8-bit views; nothing for float
-views; ``e2mc-device``'s rest runs on the GPU).
+views; ``e2mc-device``'s rest runs on the GPU, ``e2mc-device-cpu``'s on this CPU).
 
 Every (recipe, pipeline, workers) cell is measured ``--repeats`` times, interleaved, and the
 median is reported: the machine may be shared. Without ``--data`` a folder of natural-looking
-JPEGs (500x375, quality 90, ``e2mc.data.synthetic``) is generated in a temporary directory.
+JPEGs (500x375, quality 90, ``tests/synthetic_photos.py``) is generated in a temporary directory.
 
     PYTHONPATH=src python benchmarks/input_pipeline.py --out input_pipeline.json
 """
@@ -51,10 +55,13 @@ from torchvision import transforms as T
 from e2mc.data import MultiViewDataset, build_views, collate_views
 from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews, collate_device_views
 from e2mc.data.image_folder import SafeImageFolder
-from e2mc.data.synthetic import write_jpeg_folder
 from run_meta import run_meta
 
-PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-device")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_photos import write_jpeg_folder  # noqa: E402  (the tests' photos)
+
+PIPELINES = ("official", "e2mc-pil", "e2mc-fast", "e2mc-fast-torch", "e2mc-device",
+             "e2mc-device-cpu")
 RECIPES = ("vicreg", "swav", "simsiam")
 
 
@@ -125,8 +132,10 @@ def make_dataset(pipeline: str, recipe: str, folder: SafeImageFolder, size: int)
         return MultiViewDataset(folder, official_views(recipe, size)), collate_views
     if pipeline == "e2mc-pil":
         return MultiViewDataset(folder, build_views(recipe, size, 3)), collate_views
-    mode = "device" if pipeline == "e2mc-device" else "cpu"
-    dataset = FastViewDataset(folder, FastViews.from_recipe(recipe, size, 3, mode=mode))
+    mode = "device" if pipeline.startswith("e2mc-device") else "cpu"
+    backend = "torch" if pipeline == "e2mc-fast-torch" else "auto"
+    fast = FastViews(build_views(recipe, size, 3), mode=mode, backend=backend)
+    dataset = FastViewDataset(folder, fast)
     return dataset, collate_views if mode == "cpu" else collate_device_views
 
 
@@ -135,14 +144,17 @@ def training_process_step(pipeline: str, dataset: Any) -> Any:
     normalisation of ``e2mc-fast``'s 8-bit views, as the trainer does it (into the previous
     batch's tensors); None where the views are float already (``official``, ``e2mc-pil``, an
     older e2mc's ``e2mc-fast``) and for ``e2mc-device``, whose rest is the GPU's
-    (``benchmarks/device_augment.py``)."""
-    if pipeline != "e2mc-fast" or not getattr(dataset, "collates", False):
+    (``benchmarks/device_augment.py``); ``e2mc-device-cpu``: that rest on this CPU."""
+    if pipeline == "e2mc-device-cpu":
+        augment = DeviceAugment(dataset.views)
+        return lambda batch: augment(batch[0], batch[1])
+    if not pipeline.startswith("e2mc-fast") or not getattr(dataset, "collates", False):
         return None
     finish = DeviceAugment(dataset.views, photometric=False)
     previous: list[Any] = []
 
-    def step(views: Any) -> None:
-        previous[:] = finish(views, out=previous or None)
+    def step(batch: Any) -> None:
+        previous[:] = finish(batch[0], out=previous or None)
     return step
 
 
@@ -170,7 +182,7 @@ def measure(dataset: Any, collate: Any, workers: int, images: int, batch: int,
         done += len(batch_views[0][0])  # (views, labels) or (crops, params)
         if finish is not None:
             cpu_start = time.process_time()
-            finish(batch_views[0])
+            finish(batch_views)
             finish_cpu += time.process_time() - cpu_start
     rate = done / (time.perf_counter() - start)
     del it, loader

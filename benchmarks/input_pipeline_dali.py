@@ -29,9 +29,11 @@ from pathlib import Path
 import torch
 
 from e2mc.data.image_folder import SafeImageFolder
-from e2mc.data.synthetic import write_jpeg_folder
 from input_pipeline import make_dataset, measure
 from run_meta import run_meta
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_photos import write_jpeg_folder  # noqa: E402  (the tests' photos)
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]

@@ -99,7 +99,7 @@ def training_records(run_dir) -> list[dict]:
 
 def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2,
                  timeout_s: float = 120.0) -> None:
-    """Start ``python -m e2mc ARGS --run-dir RUN_DIR`` and SIGKILL it once ``metrics.jsonl``
+    """Start ``python -m e2mc ARGS --out RUN_DIR`` and SIGKILL it once ``metrics.jsonl``
     holds ``records`` records (or at ``timeout_s``), as a machine that dies mid-run would."""
     import signal
     import subprocess
@@ -108,7 +108,7 @@ def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2,
     from pathlib import Path
 
     run_dir = Path(run_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(run_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--out", str(run_dir)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -145,10 +145,10 @@ def killed_and_resumed(args: list[str], root, env: dict) -> tuple[dict, dict, ob
     from e2mc.cli import main
 
     whole, killed = Path(root) / "whole", Path(root) / "killed"
-    assert main([*args, "--run-dir", str(whole)]) == 0
+    assert main([*args, "--out", str(whole)]) == 0
     kill_mid_run(args, killed, env)
     assert 2 <= len(training_records(killed)) < 6, "the run should have been killed mid-way"
-    assert main([*args, "--run-dir", str(killed)]) == 0
+    assert main([*args, "--out", str(killed)]) == 0
     a = torch.load(whole / "checkpoint.pt", weights_only=True)
     b = torch.load(killed / "checkpoint.pt", weights_only=True)
     assert (a["step"], b["step"]) == (6, 6)

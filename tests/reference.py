@@ -123,3 +123,75 @@ def reference_dino(student_out, teacher_out, center, n_crops, student_temp, teac
             ce = -(pt[t * b:(t + 1) * b] * ls[s * b:(s + 1) * b]).sum(1)
             total, pairs = total + ce.mean(), pairs + 1
     return total / pairs
+
+
+# ---- the linear probe, one at a time: the oracle of the batched heads ------------------------
+def train_linear_probe(train_x, train_y, test_x, test_y, config=None, seed=0, num_classes=None,
+                       device="cpu", dtype=torch.float32, keep_weights=False):
+    """The linear protocol (docs/method.md) written the plain way: ``nn.Linear`` initialised by
+    :func:`e2mc.evaluation.linear.init_head` after ``torch.manual_seed(seed)``, torch's SGD with
+    momentum (or :class:`e2mc.optim.LARC`) under autograd, cross-entropy, mini-batches of a
+    ``randperm`` of a generator seeded with ``seed``, the per-epoch cosine decay to 0, and the
+    test set scored after every epoch. :func:`e2mc.evaluation.batched.train_linear_heads` must
+    give each head the same numbers (tests/test_eval_batched.py)."""
+    import numpy as np
+
+    from e2mc.evaluation.linear import EpochTracker, init_head
+    from e2mc.evaluation.probe_settings import LinearProbeConfig
+    from e2mc.optim import LARC, cosine_factor
+
+    config = config or LinearProbeConfig()
+    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
+    num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
+    x = torch.as_tensor(train_x, device=device).to(dtype)
+    tx = torch.as_tensor(test_x, device=device).to(dtype)
+    if config.standardize:
+        mean, std = x.mean(dim=0), x.std(dim=0, unbiased=False).clamp_min(1e-6)
+        x, tx = (x - mean) / std, (tx - mean) / std
+    y = torch.as_tensor(train_y, dtype=torch.long, device=device)
+    torch.manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    head = init_head(x.shape[1], num_classes).to(device=device, dtype=dtype)
+    kind = torch.optim.SGD if config.optimizer == "sgd" else LARC
+    optimizer = kind(head.parameters(), lr=config.lr, momentum=config.momentum,
+                     weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda e: cosine_factor(e, config.epochs))
+    tracker = EpochTracker(torch.as_tensor(test_y, dtype=torch.long, device=device))
+    for _ in range(config.epochs):
+        order = torch.randperm(len(x), generator=gen).to(device)
+        for start in range(0, len(x), config.batch_size):
+            idx = order[start:start + config.batch_size]
+            loss = F.cross_entropy(head(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        schedule.step()
+        with torch.no_grad():
+            tracker.update(head(tx))
+    result = tracker.result()
+    if keep_weights:
+        result.weight = head.weight.detach().T.cpu().numpy().copy()
+        result.bias = head.bias.detach().cpu().numpy().copy()
+    return result
+
+
+def sequential_linear_sweep(train_x, train_y, test_x, test_y, fractions, seeds, config_for,
+                            device="cpu"):
+    """One :func:`train_linear_probe` per (fraction, seed) after another, on the stratified
+    subset :func:`e2mc.data.subsets.label_fraction_indices` draws: ``{fraction: [(seed,
+    result), ...]}``, the probes that :func:`e2mc.evaluation.sweep.linear_protocol` batches."""
+    import numpy as np
+
+    from e2mc.data.subsets import label_fraction_indices
+
+    num_classes = int(max(np.max(train_y), np.max(test_y))) + 1
+    out = {}
+    for fraction in fractions:
+        out[fraction] = []
+        for seed in seeds:
+            idx = label_fraction_indices(train_y, fraction, seed)
+            out[fraction].append((seed, train_linear_probe(
+                train_x[idx], train_y[idx], test_x, test_y, config_for(fraction), seed=seed,
+                num_classes=num_classes, device=device)))
+    return out

@@ -224,7 +224,7 @@ def test_continue_from_a_file_url_of_an_official_file(tmp_path, hub, capsys):
     model = _official_vicreg(official)
     run = tmp_path / "run"
     code = main(["continue", "--config", "vicreg-e2mc", "--from", official.as_uri(),
-                 "--data", "builtin", "--run-dir", str(run),
+                 "--data", "builtin", "--out", str(run),
                  "--set", "model.backbone=cnn5_small", "--set", "model.in_channels=1",
                  "--set", "method.params.projector=32-32", "--set", "data.channels=1",
                  "--set", "data.image_size=28", "--set", "data.limit=16",
@@ -248,7 +248,7 @@ def test_timm_backbone_generic_run_and_every_subcommand(tmp_path, capsys):
     torch.save(timm.create_model("resnet18", num_classes=10, in_chans=1).state_dict(), weights)
     run = tmp_path / "run"
     args = ["continue", "--config", "fmnist-vicreg-continued", "--backbone", "timm:resnet18",
-            "--from", str(weights), "--data", "builtin", "--run-dir", str(run),
+            "--from", str(weights), "--data", "builtin", "--out", str(run),
             "--set", "method.name=generic", "--set", "method.params.projector=32-32",
             "--set", "data.limit=64", "--set", "training.batch_size=16",
             "--set", "training.max_steps=2", "--set", "training.log_every=1",
@@ -272,10 +272,10 @@ def test_timm_backbone_generic_run_and_every_subcommand(tmp_path, capsys):
                  "--no-cache", "--quiet", "--device", "cpu",
                  "--out", str(tmp_path / "eval_bb")]) == 0
     assert main(["analyze", str(run), "--data", small, "--num-samples", "64", "--knn-k",
-                 "5", "--no-progress", "--device", "cpu", "--out", str(tmp_path / "an")]) == 0
+                 "5", "--quiet", "--device", "cpu", "--out", str(tmp_path / "an")]) == 0
     assert (tmp_path / "an" / "report.html").is_file()
     capsys.readouterr()
-    assert main([*args, "--backbone", "timm:resnt18", "--run-dir", str(tmp_path / "r2")]) == 2
+    assert main([*args, "--backbone", "timm:resnt18", "--out", str(tmp_path / "r2")]) == 2
     assert "did you mean resnet18" in capsys.readouterr().err
 
 

@@ -56,7 +56,7 @@ def _flipped(src: Path, dest: Path) -> Path:
 def _continue(start: Path, data: Path, run: Path, *sets: str) -> int:
     args = [a for item in [*TINY_RUN, *sets] for a in ("--set", item)]
     return main(["continue", "--config", "fmnist-vicreg-continued", "--from", str(start),
-                 "--data", str(data), "--run-dir", str(run), *args])
+                 "--data", str(data), "--out", str(run), *args])
 
 
 def _refused_everywhere(bad: Path, moco_bad: Path, files: dict[str, Path], tmp_path: Path,

@@ -126,7 +126,7 @@ def test_dinov2_backbone_by_timm_name_starts_a_dino_run(tmp_path: Path, monkeypa
             "training.batch_size=8", "training.max_steps=2", "training.progress=false",
             "data.num_workers=0", "training.device=cpu", "training.log_every=1"]
     rc = main(["continue", "--config", "fmnist-dino-continued", "--backbone", f"timm:{tag}",
-               "--data", str(data), "--run-dir", str(run),
+               "--data", str(data), "--out", str(run),
                *[a for s in sets for a in ("--set", s)]])
     assert rc == 0
     start = torch_load(RunDir(run).epoch_checkpoint(0))["model"]

@@ -64,7 +64,7 @@ def _continue(tmp_path: Path, data: Path, preset: str, checkpoint: Path, params:
             "training.precision=fp32", "training.keep_epoch_checkpoints=false",
             f"method.params={params}"]
     return main(["continue", "--config", preset, "--from", str(checkpoint), "--data", str(data),
-                 "--run-dir", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]])
+                 "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]])
 
 
 # --------------------------------------------------------------------------- MoCo v3 (ResNet)

@@ -139,7 +139,7 @@ def test_a_bad_timm_argument_is_one_error_line(tmp_path: Path,
     np.savez(data, x_train=rng.integers(0, 256, (16, 16, 16), dtype=np.uint8),
              y_train=np.arange(16) % 4)
     code = main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data),
-                 "--run-dir", str(tmp_path / "run"), "--backbone", "timm:test_vit(num_heads=",
+                 "--out", str(tmp_path / "run"), "--backbone", "timm:test_vit(num_heads=",
                  "--set", "training.max_steps=1"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "the arguments end in ')'" in err

@@ -42,7 +42,7 @@ def _cases(f: dict[str, Path]) -> dict[str, list[tuple[list[str], str]]]:
     """Per subcommand: (arguments, a text the error line must contain) for a missing path, a
     corrupt file and an out-of-range value."""
     r, base, m, c = f["root"], str(BASE_CHECKPOINT), str(f["missing"]), str(f["corrupt"])
-    run = ["--data", "builtin", "--run-dir", str(r / "run")]
+    run = ["--data", "builtin", "--out", str(r / "run")]
     cont = ["continue", "--config", "fmnist-vicreg-continued", *run]
     search = ["search", "--config", "fmnist-vicreg-e2mc", "--data", "builtin"]
     return {
@@ -71,8 +71,8 @@ def _cases(f: dict[str, Path]) -> dict[str, list[tuple[list[str], str]]]:
         "export-backbone": [(["export-backbone", m, str(r / "b.pt")], "missing.pt"),
                             (["export-backbone", c, str(r / "b.pt")], "corrupt.pt"),
                             (["export-backbone", base, str(r)], "is a directory")],
-        "demo": [(["demo", "--base", m, "--out", str(r / "d")], "missing.pt"),
-                 (["demo", "--base", c, "--out", str(r / "d")], "corrupt.pt"),
+        "demo": [(["demo", "--from", m, "--out", str(r / "d")], "missing.pt"),
+                 (["demo", "--from", c, "--out", str(r / "d")], "corrupt.pt"),
                  (["demo", "--epochs", "0", "--out", str(r / "d")], "--epochs")],
         "presets": [(["presets", "--markdown", "extra"], "unrecognized arguments")],
         "config": [(["config", "show", str(r / "none.yaml")], "none.yaml"),
@@ -190,9 +190,9 @@ TINY = ["--config", "fmnist-vicreg-continued", "--from", str(BASE_CHECKPOINT), "
 def test_resume_with_another_config_is_refused_or_recorded(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    assert main(["continue", *TINY, "--run-dir", str(run), "--set", "training.max_steps=1"]) == 0
+    assert main(["continue", *TINY, "--out", str(run), "--set", "training.max_steps=1"]) == 0
     config_before = RunDir(run).config.read_text()
-    changed = ["continue", *TINY, "--run-dir", str(run), "--set", "training.max_steps=2",
+    changed = ["continue", *TINY, "--out", str(run), "--set", "training.max_steps=2",
                "--set", "addon.name=e2mc", "--set", "optim.base_lr=0.5"]
     capsys.readouterr()
     assert main(changed) == EXIT_INPUT
@@ -208,7 +208,7 @@ def test_resume_with_another_config_is_refused_or_recorded(
     assert ckpt["step"] == 2 and ckpt["run_config"]["addon"]["name"] == "e2mc"
     assert ckpt["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.5 * 16 / 256)
     assert "addon/entropy" in RunDir(run).read_metrics()[-1]  # step 2 trained with E2MC
-    assert main(["continue", *TINY, "--run-dir", str(run), "--set", "training.max_steps=2",
+    assert main(["continue", *TINY, "--out", str(run), "--set", "training.max_steps=2",
                  "--set", "training.batch_size=8", "--override-config"]) == EXIT_INPUT
     assert "cannot change within a run" in capsys.readouterr().err
 
@@ -217,7 +217,7 @@ def test_resume_with_another_config_is_refused_or_recorded(
 def test_learning_rate_blow_up_stops_with_the_nonfinite_code(
         tmp_path: Path, lr: str, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    rc = main(["continue", *TINY, "--run-dir", str(run), "--set", f"optim.base_lr={lr}",
+    rc = main(["continue", *TINY, "--out", str(run), "--set", f"optim.base_lr={lr}",
                "--set", "training.max_steps=2"])
     err = capsys.readouterr().err
     assert rc == EXIT_NONFINITE, err
@@ -229,7 +229,7 @@ def test_learning_rate_blow_up_stops_with_the_nonfinite_code(
 
 def test_skip_nonfinite_undoes_an_exploding_update(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert main(["continue", *TINY, "--run-dir", str(run), "--set", "optim.base_lr=1e20",
+    assert main(["continue", *TINY, "--out", str(run), "--set", "optim.base_lr=1e20",
                  "--set", "training.max_steps=2", "--skip-nonfinite"]) == 0
     ckpt = torch.load(RunDir(run).checkpoint, weights_only=True)
     start = torch.load(BASE_CHECKPOINT, weights_only=True)["model"]
@@ -259,7 +259,7 @@ def test_disk_full_during_a_checkpoint_write_keeps_the_previous_one(
     import e2mc.checkpoints.io as ckio
 
     run = tmp_path / "run"
-    args = ["continue", *TINY, "--run-dir", str(run), "--set", "training.checkpoint_every_steps=1",
+    args = ["continue", *TINY, "--out", str(run), "--set", "training.checkpoint_every_steps=1",
             "--set", "training.keep_epoch_checkpoints=false"]
     assert main([*args, "--set", "training.max_steps=1"]) == 0
     before = RunDir(run).checkpoint.read_bytes()
@@ -281,7 +281,7 @@ def test_disk_full_during_a_checkpoint_write_keeps_the_previous_one(
 
 def test_a_directory_as_the_starting_checkpoint(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["continue", *TINY, "--from", str(tmp_path), "--run-dir",
+    assert main(["continue", *TINY, "--from", str(tmp_path), "--out",
                  str(tmp_path / "r")]) == EXIT_INPUT
     assert "is a directory" in capsys.readouterr().err
 
@@ -348,7 +348,7 @@ def test_corrupt_jpeg_in_eval_and_analyze(
     with pytest.warns(UserWarning, match="skipped 1 corrupt"):
         assert main([*base, "--skip-corrupt"]) == 0
     assert main(["analyze", str(BASE_CHECKPOINT), "--data", data, "--split", "train",
-                 "--out", str(tmp_path / "a"), "--image-size", "28", "--no-progress",
+                 "--out", str(tmp_path / "a"), "--image-size", "28", "--quiet",
                  "--knn-k", "3", "--device", "cpu"]) == EXIT_INPUT
     err = capsys.readouterr().err
     assert "broken.jpg" in err and "Traceback" not in err

@@ -1,7 +1,7 @@
 """One CLI grammar (issue 24): ``--out`` is the output directory of every subcommand that writes
 one, ``--quiet`` / ``-q`` the one silence flag, ``--seed`` the training seed (compare's and
-analyze's other seeds renamed, the old spelling kept with a note), and optional extras noted
-only when asked for."""
+analyze's other seeds named for what they seed), one spelling per option (issue 46: the old
+spellings are gone), and optional extras noted only when asked for."""
 
 from __future__ import annotations
 
@@ -24,13 +24,6 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- --out
-@pytest.mark.parametrize("command", ["continue", "pretrain"])
-def test_out_and_the_old_run_dir_are_one_option(command: str) -> None:
-    new = _parse(command, "--config", "fmnist-vicreg-continued", "--out", "R")
-    old = _parse(command, "--config", "fmnist-vicreg-continued", "--run-dir", "R")
-    assert new.run_dir == old.run_dir == Path("R")
-
-
 def test_every_subcommand_that_writes_a_directory_takes_out() -> None:
     for argv in (["eval", "ckpt", "--data", "d"], ["analyze", "run", "--data", "d"],
                  ["search", "--config", "c", "--from", "x", "--data", "d"], ["demo"],
@@ -48,10 +41,6 @@ def test_quiet_and_q_on_every_subcommand_that_shows_progress(argv: list[str]) ->
     assert _parse(*argv).quiet is False
     assert _parse(*argv, "--quiet").quiet is True
     assert _parse(*argv, "-q").quiet is True
-
-
-def test_analyze_no_progress_is_the_old_spelling_of_quiet() -> None:
-    assert _parse("analyze", "run", "--data", "d", "--out", "D", "--no-progress").quiet is True
 
 
 def test_continue_quiet_and_seed_reach_the_config() -> None:
@@ -98,23 +87,29 @@ def test_search_quiet_turns_off_its_runs_progress_but_not_their_identity(tmp_pat
     assert loud.spec.identity() == quiet.spec.identity()  # resumable with or without -q
 
 
-# ----------------------------------------------------------------------------- renamed seeds
-def test_compare_seed_is_resample_seed_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+# ----------------------------------------------------------------------------- one spelling
+def test_compare_and_analyze_name_their_seeds_for_what_they_seed() -> None:
     assert _parse("compare", "a").resample_seed == 0
-    assert capsys.readouterr().err == ""
     assert _parse("compare", "a", "--resample-seed", "4").resample_seed == 4
-    assert capsys.readouterr().err == ""
-    assert _parse("compare", "a", "--seed", "5").resample_seed == 5
-    assert capsys.readouterr().err == "note: compare --seed is now --resample-seed\n"
-
-
-def test_analyze_seed_is_sample_seed_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["analyze", "run", "--data", "d", "--out", "D"]
     assert _parse(*base).sample_seed == 0 and not hasattr(_parse(*base), "seed")
     assert _parse(*base, "--sample-seed", "3").sample_seed == 3
-    assert capsys.readouterr().err == ""
-    assert _parse(*base, "--seed", "6").sample_seed == 6
-    assert capsys.readouterr().err == "note: analyze --seed is now --sample-seed\n"
+
+
+OLD_SPELLINGS = {"continue": ["--run-dir"], "pretrain": ["--run-dir"], "demo": ["--base"],
+                 "analyze": ["--no-progress", "--seed"], "compare": ["--seed"],
+                 "eval": ["--trust"]}
+
+
+def test_no_command_has_an_old_spelling_and_no_help_lists_one() -> None:
+    """Issue 46: one spelling per option. No command has an old one, and no command's ``--help``
+    lists one or the words "old spelling"."""
+    for name, p in _commands().items():
+        text = p.format_help()
+        assert "old spelling" not in text, name
+        for old in OLD_SPELLINGS.get(name, []):
+            assert old not in p._option_string_actions, (name, old)
+            assert not any(w.strip("[],") == old for w in text.split()), (name, old)
 
 
 # ----------------------------------------------------------------------------- compare --out
@@ -134,7 +129,7 @@ def _eval_dir(root: Path, correct: int) -> Path:
     return root
 
 
-def test_compare_out_is_a_directory_and_its_old_seed_gives_the_same_numbers(
+def test_compare_out_is_a_directory_and_its_resample_seed_gives_the_same_numbers(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _eval_dir(tmp_path / "evals" / "a", 20)
     b = _eval_dir(tmp_path / "evals" / "b", 30)
@@ -147,10 +142,9 @@ def test_compare_out_is_a_directory_and_its_old_seed_gives_the_same_numbers(
     assert f"wrote {tmp_path / 'new' / 'comparison.md'}" in out
     tests = list(csv.DictReader((tmp_path / "new" / "comparison_tests.csv").open()))
     assert [float(t["difference"]) for t in tests] == [25.0, 25.0]
-    assert main(["compare", *args, "--out", str(tmp_path / "old"), "--seed", "3"]) == 0
-    assert "note: compare --seed is now --resample-seed" in capsys.readouterr().err
+    assert main(["compare", *args, "--out", str(tmp_path / "again"), "--resample-seed", "3"]) == 0
     for name in names[3:]:  # the same resampling seed: the same p-values and intervals
-        assert (tmp_path / "old" / name).read_bytes() == (tmp_path / "new" / name).read_bytes()
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "new" / name).read_bytes()
     assert main(["compare", *args]) == 0  # default: the first run's parent directory
     assert (tmp_path / "evals" / "comparison.md").is_file()
 
@@ -263,8 +257,7 @@ def test_every_option_says_what_it_does_and_its_default() -> None:
             if not a.help or len(a.help) < 8:
                 missing.append(f"{name} {a.option_strings[0]}")
             elif (_takes_value(a) and not a.required and not isinstance(a, argparse._AppendAction)
-                  and "default" not in a.help and "without it" not in a.help
-                  and "old spelling" not in a.help):
+                  and "default" not in a.help and "without it" not in a.help):
                 unstated.append(f"{name} {a.option_strings[0]}")
     assert not missing, f"options without help: {missing}"
     assert not unstated, f"options whose default the help does not state: {unstated}"
@@ -321,7 +314,6 @@ def test_help_texts_speak_of_their_own_command() -> None:
     analyze = " ".join(_help_texts(commands["analyze"]))
     assert "latest checkpoint" not in analyze  # a run directory stands for best.pt (--last)
     assert _parse("demo", "--from", "x.pt").base == "x.pt"
-    assert _parse("demo", "--base", "x.pt").base == "x.pt"  # the old spelling
 
 
 def test_every_long_option_is_unique_per_command_and_helps_in_one_voice() -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from e2mc.artifacts import EvalDir
 from e2mc.evaluation.results import (
     compare_evaluations,
     comparison_markdown,
-    load_evaluation,
     mean_se,
 )
 from helpers import recorded_test_data
@@ -31,7 +31,7 @@ def test_floor_is_the_first_row_and_not_the_reference(evals: tuple[Path, Path, P
     comp = compare_evaluations([str(a), str(b)], n_resamples=100, floor=str(floor))
     assert comp.runs == ["random init", "a", "b"] and comp.reference == "a"
     assert comp.tests == plain.tests  # the floor changes no test
-    record = load_evaluation(floor)
+    record = EvalDir(floor).load()
     for column in comp.columns:
         values = [e.metrics[e.primary] for e in record.column(column)]
         mean, se = mean_se(values)

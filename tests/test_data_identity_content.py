@@ -122,7 +122,7 @@ def test_a_resume_and_a_compare_over_the_same_images_named_otherwise(tmp_path: P
 
     _folder(tmp_path / "d3")
     monkeypatch.chdir(tmp_path)
-    args = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--run-dir", "run", "--epochs",
+    args = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--out", "run", "--epochs",
             "2", *TINY]
     assert main([*args, "--data", "d3", "--set", "training.max_steps=2"]) == 0
     for path in Path("d3").rglob("*.png"):

@@ -10,11 +10,12 @@ from PIL import Image
 
 from e2mc.data import (
     ArrayDataset,
+    LabeledSubset,
     image_folder,
     label_fraction_indices,
-    label_fraction_subset,
     read_file_list,
     subset_from_file_list,
+    subset_parts,
 )
 
 # class sizes 100, 50, 7, 1 (class 3 has one sample), shuffled order
@@ -61,10 +62,10 @@ def test_fraction_validated(bad) -> None:
         label_fraction_indices(LABELS, bad, seed=0)
 
 
-def test_label_fraction_subset_keeps_labels() -> None:
+def test_a_label_fraction_subset_keeps_labels() -> None:
     images = np.zeros((len(LABELS), 4, 4), dtype=np.uint8)
     ds = ArrayDataset(images, LABELS, classes=["a", "b", "c", "d"])
-    sub = label_fraction_subset(ds, 0.1, seed=5)
+    sub = LabeledSubset(ds, label_fraction_indices(LABELS, 0.1, seed=5))
     assert len(sub) == 17 and sub.classes == ["a", "b", "c", "d"]
     np.testing.assert_array_equal(sub.targets, LABELS[label_fraction_indices(LABELS, 0.1, 5)])
     assert all(sub[i][1] == sub.labels[i] for i in range(len(sub)))
@@ -96,3 +97,25 @@ def test_subset_from_file_list(tmp_path: Path) -> None:
         subset_from_file_list(ds, ["n01_1.png", "n03_1.png", "x.png"])
     with pytest.raises(ValueError, match="samples"):
         subset_from_file_list(ArrayDataset(np.zeros((2, 3, 3), np.uint8), None), ["a"])
+
+
+def test_one_subset_type_folds_subsets_of_subsets_and_is_seen_through() -> None:
+    """Issue 48: a subset of a subset is one subset of the first parent (its indices composed),
+    labels follow when the parent has them (None when not), and ``subset_parts`` sees through
+    it, and through torch's ``Subset`` a caller made."""
+    from torch.utils.data import Subset
+
+    images = np.arange(len(LABELS) * 4, dtype=np.uint8).reshape(len(LABELS), 2, 2)
+    ds = ArrayDataset(images, LABELS)
+    inner = LabeledSubset(ds, range(10, 60))
+    outer = LabeledSubset(inner, [0, 5, 49])
+    assert outer.dataset is ds and outer.indices.tolist() == [10, 15, 59]
+    assert outer.labels.tolist() == LABELS[[10, 15, 59]].tolist()
+    assert np.array_equal(outer[2][0], ds[59][0])
+    assert subset_parts(outer)[0] is ds and subset_parts(outer)[1].tolist() == [10, 15, 59]
+    assert subset_parts(ds) == (ds, None)
+    assert subset_parts(Subset(ds, [3, 1]))[1].tolist() == [3, 1]
+    unlabelled = LabeledSubset(list(range(8)), [7, 2])
+    assert unlabelled.labels is None and unlabelled.targets is None and unlabelled[0] == 7
+    with pytest.raises(ValueError, match="out of range"):
+        LabeledSubset(inner, [50])

@@ -137,7 +137,7 @@ def small(argv: list[str]) -> list[str]:
     if argv[0] == "eval":
         argv += ["--epochs", "1", "--no-cache", "--quiet", "--device", "cpu"]
     if argv[0] == "analyze":
-        argv += ["--num-samples", "64", "--knn-k", "5", "--no-progress", "--device", "cpu"]
+        argv += ["--num-samples", "64", "--knn-k", "5", "--quiet", "--device", "cpu"]
     return argv
 
 

@@ -11,9 +11,9 @@ import torch
 
 from e2mc.data.subsets import label_fraction_indices
 from e2mc.evaluation.batched import HeadSpec, train_linear_heads
-from e2mc.evaluation.linear import train_linear_probe
 from e2mc.evaluation.probe_settings import LinearProbeConfig, linear_settings
-from e2mc.evaluation.sweep import linear_protocol, linear_sweep, validation_split
+from e2mc.evaluation.sweep import linear_protocol, validation_split
+from reference import sequential_linear_sweep, train_linear_probe
 
 
 def blobs(n: int, classes: int, dim: int, sep: float, seed: int, offset: float = 0.0):
@@ -85,13 +85,13 @@ def test_batched_float32_matches_sequential_sweep():
     def cfg(f: float) -> LinearProbeConfig:
         return linear_settings("generic", f, epochs=4)
 
-    seq = linear_sweep(x, y, tx, ty, (0.2, 1.0), (0, 1), config_for=cfg, batched=False)
-    bat = linear_sweep(x, y, tx, ty, (0.2, 1.0), (0, 1), config_for=cfg, batched=True)
-    for f in (0.2, 1.0):
-        for (s1, a), (s2, b) in zip(seq[f], bat[f], strict=True):
-            assert s1 == s2
-            assert np.mean(a.predictions != b.predictions) <= 0.01
-            assert abs(a.top1_last - b.top1_last) <= 0.5
+    seq = sequential_linear_sweep(x, y, tx, ty, (0.2, 1.0), (0, 1), config_for=cfg)
+    bat = linear_protocol(x, y, tx, ty, (0.2, 1.0), (0, 1), config_for=cfg)
+    pairs = [(f, s, r) for f in (0.2, 1.0) for s, r in seq[f]]
+    for (f, s, a), e in zip(pairs, bat, strict=True):
+        assert (f, s) == (e.fraction, e.seed)
+        assert np.mean(a.predictions != e.result.predictions) <= 0.01
+        assert abs(a.top1_last - e.result.top1_last) <= 0.5
 
 
 def test_batched_probe_matches_sklearn_logistic_regression_on_digits():

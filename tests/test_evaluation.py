@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 from sklearn.svm import LinearSVC
 from torch import nn
@@ -14,20 +15,22 @@ from torch.utils.data import TensorDataset
 
 from e2mc.evaluation import (
     FeatureCache,
+    HeadSpec,
     LinearProbeConfig,
     extract_features,
     finetune,
     finetune_settings,
     knn_classify,
+    linear_protocol,
     linear_settings,
-    linear_sweep,
     svm_transfer,
     train_augmented_linear_probe,
-    train_linear_probe,
+    train_linear_heads,
 )
-from e2mc.evaluation.knn import knn_scores
+from e2mc.evaluation.knn import class_scores, nearest_neighbours
 from e2mc.evaluation.linear import random_resized_crop_flip
 from e2mc.evaluation.probe_settings import FinetuneConfig
+from reference import train_linear_probe
 
 
 def blobs(n_per_class: int, classes: int, dim: int, sep: float, seed: int):
@@ -37,6 +40,11 @@ def blobs(n_per_class: int, classes: int, dim: int, sep: float, seed: int):
     x = centers[y] + rng.normal(size=(len(y), dim))
     perm = rng.permutation(len(y))
     return x[perm].astype(np.float32), y[perm]
+
+
+def one_head(x, y, tx, ty, cfg, seed=0):
+    """One linear probe: a single head of the batched engine on all training rows."""
+    return train_linear_heads(x, y, tx, ty, [HeadSpec(np.arange(len(x)), cfg, seed)])[0]
 
 
 # ---------------------------------------------------------------- subsets and presets
@@ -64,7 +72,7 @@ def test_linear_probe_separable_reaches_100_and_shuffled_is_chance():
     x, y = blobs(150, 4, 16, sep=4.0, seed=0)
     tx, ty = blobs(100, 4, 16, sep=4.0, seed=0)  # same centers (same seed), fresh noise
     cfg = LinearProbeConfig(epochs=10, lr=0.1, batch_size=64)
-    res = train_linear_probe(x, y, tx, ty, cfg, seed=0)
+    res = one_head(x, y, tx, ty, cfg, seed=0)
     assert res.top1_last >= 99.0
     assert res.top5_last == 100.0  # 4 classes: top-5 capped at 4
     assert len(res.history) == 10 and res.top1_best == max(res.history)
@@ -74,7 +82,7 @@ def test_linear_probe_separable_reaches_100_and_shuffled_is_chance():
     assert 100 * np.mean(res.predictions == ty) == pytest.approx(res.top1_last)
 
     rng = np.random.default_rng(1)
-    shuffled = train_linear_probe(x, rng.permutation(y), tx, ty, cfg, seed=0)
+    shuffled = one_head(x, rng.permutation(y), tx, ty, cfg, seed=0)
     # chance = 25%; 400 test images -> binomial SE ~2.2%
     assert 12.0 < shuffled.top1_last < 38.0
 
@@ -82,16 +90,17 @@ def test_linear_probe_separable_reaches_100_and_shuffled_is_chance():
 def test_linear_probe_is_seeded_and_checks_input():
     x, y = blobs(20, 3, 8, sep=1.0, seed=2)
     cfg = LinearProbeConfig(epochs=3, batch_size=16, standardize=True)
-    a = train_linear_probe(x, y, x, y, cfg, seed=5)
-    b = train_linear_probe(x, y, x, y, cfg, seed=5)
+    a = one_head(x, y, x, y, cfg, seed=5)
+    b = one_head(x, y, x, y, cfg, seed=5)
     assert a.history == b.history and np.array_equal(a.predictions, b.predictions)
     with pytest.raises(ValueError, match="same D"):
-        train_linear_probe(x, y, x[:, :4], y, cfg)
+        one_head(x, y, x[:, :4], y, cfg)
     with pytest.raises(ValueError, match="labels"):
-        train_linear_probe(x, y[:-1], x, y, cfg)
+        one_head(x, y[:-1], x, y, cfg)
 
 
-def test_linear_probe_lr_schedule_is_cosine_to_zero(monkeypatch):
+def test_the_reference_probe_lr_schedule_is_cosine_to_zero(monkeypatch):
+    """The oracle of the batched heads (tests/reference.py) follows the protocol's schedule."""
     lrs: list[float] = []
     orig = torch.optim.SGD.step
 
@@ -106,12 +115,13 @@ def test_linear_probe_lr_schedule_is_cosine_to_zero(monkeypatch):
     assert lrs == pytest.approx([0.4 * (1 + math.cos(math.pi * e / 4)) / 2 for e in range(4)])
 
 
-def test_linear_sweep_uses_fraction_subsets():
+def test_linear_protocol_uses_fraction_subsets():
     x, y = blobs(50, 4, 8, sep=4.0, seed=3)
-    out = linear_sweep(x, y, x, y, fractions=(0.1, 1.0), seeds=(0, 1),
-                       config_for=lambda f: LinearProbeConfig(epochs=5, batch_size=32))
-    assert set(out) == {0.1, 1.0} and [s for s, _ in out[0.1]] == [0, 1]
-    assert all(r.top1_last > 90 for _, r in out[1.0])
+    out = linear_protocol(x, y, x, y, fractions=(0.1, 1.0), seeds=(0, 1),
+                          config_for=lambda f: LinearProbeConfig(epochs=5, batch_size=32))
+    assert [(e.fraction, e.seed, e.subset_size) for e in out] == [
+        (0.1, 0, 20), (0.1, 1, 20), (1.0, 0, 200), (1.0, 1, 200)]
+    assert all(e.result.top1_last > 90 for e in out[2:])
 
 
 # ---------------------------------------------------------------- kNN
@@ -132,7 +142,9 @@ def test_knn_hand_built_bank_and_weighting():
     (cold,) = knn_classify(bank, labels, query, np.array([1]), ks=(3,), temperature=0.01)
     assert warm.predictions.tolist() == [1] and warm.top1 == 100.0
     assert cold.predictions.tolist() == [0] and cold.top1 == 0.0
-    scores = knn_scores(torch.tensor(bank), torch.tensor(labels), torch.tensor(query), 3, 0.07, 2)
+    sims, idx = nearest_neighbours(F.normalize(torch.tensor(bank), dim=1),
+                                   F.normalize(torch.tensor(query), dim=1), 3, 1024)
+    scores = class_scores(sims, torch.tensor(labels)[idx], 3, 2, "weighted", 0.07)
     ref0 = math.exp(math.cos(0.1) / 0.07)
     ref1 = math.exp(math.cos(0.2) / 0.07) + math.exp(math.cos(0.25) / 0.07)
     assert scores[0].tolist() == pytest.approx([ref0, ref1], rel=1e-4)
@@ -296,9 +308,10 @@ def test_finetune_learns_and_leaves_caller_backbone_untouched():
     assert len(res.history) == 6 and res.top1_best > 80
 
 
-def test_lars_probe_uses_simsiam_larc_step(monkeypatch):
-    """SimSiam's LARC (trust 0.001, no clip, wd 0): the first step moves the weight by exactly
-    lr * 0.001 * ||w0|| (the gradient is rescaled to norm 0.001 * ||w0||)."""
+def test_the_reference_lars_probe_uses_simsiam_larc_step(monkeypatch):
+    """The oracle of the batched heads: SimSiam's LARC (trust 0.001, no clip, wd 0): the first
+    step moves the weight by exactly lr * 0.001 * ||w0|| (the gradient is rescaled to norm
+    0.001 * ||w0||)."""
     x, y = blobs(8, 2, 4, sep=1.0, seed=0)
     weights: list[torch.Tensor] = []
     orig = nn.Linear.forward

@@ -111,7 +111,7 @@ def test_an_exported_backbone_evaluates_and_continues(tmp_path: Path, arch: str,
 
     run = tmp_path / "run"
     assert main(["continue", "--config", "fmnist-vicreg-continued", "--backbone", arch,
-                 "--from", str(bb), "--new-heads", "--data", str(data), "--run-dir", str(run),
+                 "--from", str(bb), "--new-heads", "--data", str(data), "--out", str(run),
                  *_sets([*ONE_STEP, f"data.image_size={size}",
                          f"model.small_images={str(small).lower()}",
                          "method.params={projector: 32-32}"])]) == 0
@@ -126,7 +126,7 @@ def test_a_dino_vit_run_exports_evaluates_and_continues(tmp_path: Path, capsys) 
     shipped data at its 28 px, and continued from the export with new heads."""
     run = tmp_path / "run"
     assert main(["pretrain", "--config", "fmnist-dino-pretrain", "--data", "builtin",
-                 "--run-dir", str(run), *_sets(["data.limit=16", "training.batch_size=8",
+                 "--out", str(run), *_sets(["data.limit=16", "training.batch_size=8",
                                                 "training.max_steps=1", "data.num_workers=0",
                                                 "training.progress=false",
                                                 "training.device=cpu"])]) == 0
@@ -143,14 +143,14 @@ def test_a_dino_vit_run_exports_evaluates_and_continues(tmp_path: Path, capsys) 
     assert main(["eval", str(bb), "--data", "builtin", *QUICK_EVAL, "--out", str(ev)]) == 0
     assert EvalDir(ev).load().info["image_size"] == 28
     analyze = ["analyze", str(bb), "--data", "builtin", "--num-samples", "64", "--knn-k", "5",
-               "--no-progress", "--device", "cpu", "--out", str(tmp_path / "an")]
+               "--quiet", "--device", "cpu", "--out", str(tmp_path / "an")]
     assert main(analyze) == 0  # (at the sidecar's 28 px)
     assert main([*analyze, "--image-size", "32"]) == 2
 
     cont = tmp_path / "cont"
     capsys.readouterr()
     assert main(["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
-                 "--new-heads", "--data", "builtin", "--run-dir", str(cont),
+                 "--new-heads", "--data", "builtin", "--out", str(cont),
                  *_sets(["data.limit=8", "training.batch_size=8", "training.max_steps=1",
                          "data.num_workers=0", "training.progress=false",
                          "training.device=cpu"])]) == 0, capsys.readouterr().err
@@ -161,7 +161,7 @@ def test_a_dino_vit_run_exports_evaluates_and_continues(tmp_path: Path, capsys) 
     capsys.readouterr()
     assert main(["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
                  "--new-heads", "--backbone", "cnn5", "--data", "builtin",
-                 "--run-dir", str(tmp_path / "other")]) == 2
+                 "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "backbone=vit_tiny_p4_28" in err and "cnn5" in err and "--backbone vit_tiny_p4_28" \
@@ -194,7 +194,7 @@ def test_a_vit_state_dict_without_its_sidecar_loads_with_arch(tmp_path: Path, ca
     assert EvalDir(tmp_path / "ev").load().info["image_size"] == 28
     run = tmp_path / "run"  # continue: the configured architecture reads it
     assert main(["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
-                 "--new-heads", "--data", str(data), "--run-dir", str(run),
+                 "--new-heads", "--data", str(data), "--out", str(run),
                  *_sets([*ONE_STEP, "data.image_size=28"])]) == 0
     _assert_same(load_checkpoint(RunDir(run).epoch_checkpoint(0))[0].backbone.state_dict(),
                  exported)
@@ -235,7 +235,7 @@ def test_an_image_size_the_vit_cannot_take_is_refused_before_any_work(tmp_path: 
                              *QUICK_EVAL, "--out", str(tmp_path / "ev")],
                     "image size 32 px", "vit_tiny_p4_28", "28 px")
     _one_error_line(capsys, ["continue", "--config", "fmnist-dino-continued", "--from", str(bb),
-                             "--new-heads", "--data", missing, "--run-dir",
+                             "--new-heads", "--data", missing, "--out",
                              str(tmp_path / "run"), "--set", "data.image_size=32"],
                     "image size 32 px", "vit_tiny_p4_28", "28 px")
     assert not (tmp_path / "ev").exists() and not (tmp_path / "run").exists()
@@ -250,7 +250,7 @@ def test_a_patch_size_that_does_not_divide_the_image_size_is_refused(tmp_path: P
                      str(tmp_path / "x.pt"), "--new-heads"],
                     ["pretrain", "--config", "fmnist-vicreg-pretrain"]):
         _one_error_line(capsys, [*command, "--backbone", "timm:vit_tiny_patch16_224",
-                                 "--data", missing, "--run-dir", str(tmp_path / "run"),
+                                 "--data", missing, "--out", str(tmp_path / "run"),
                                  "--set", "data.image_size=28"],
                         "image size 28 px", "patch size 16", "28", "timm:vit_tiny_patch16_224")
     # eval: the exported ViT at a size its patches do not divide
@@ -268,7 +268,7 @@ def test_a_patch_size_that_does_not_divide_the_image_size_is_refused(tmp_path: P
 def test_a_cnn_that_shrinks_the_image_to_nothing_is_refused(tmp_path: Path, capsys) -> None:
     _one_error_line(capsys, ["pretrain", "--config", "fmnist-vicreg-pretrain", "--backbone",
                              "densenet121", "--data", str(tmp_path / "no-such-data"),
-                             "--run-dir", str(tmp_path / "run"), "--set",
+                             "--out", str(tmp_path / "run"), "--set",
                              "data.image_size=16"],
                     "image size 16 px", "densenet121")
 

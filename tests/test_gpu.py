@@ -106,7 +106,7 @@ def test_torchrun_with_one_process_on_cuda(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
            "-m", "e2mc", "continue", "--config", "fmnist-vicreg-e2mc", "--from",
-           str(base), "--data", str(data), "--run-dir", str(run),
+           str(base), "--data", str(data), "--out", str(run),
            *[a for s in ON_CUDA for a in ("--set", s)], "--set", "training.max_steps=3"]
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -58,11 +58,11 @@ def test_config_show_says_what_auto_becomes_here(capsys) -> None:
 
 def test_a_run_says_what_auto_chose_and_trains_through_it(tmp_path: Path, capsys) -> None:
     from e2mc.cli import main
-    from e2mc.data.synthetic import write_jpeg_folder
+    from synthetic_photos import write_jpeg_folder
 
     write_jpeg_folder(tmp_path / "data" / "train", 16, (40, 36), classes=2)
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data",
-                 str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), "--epochs", "1",
+                 str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--epochs", "1",
                  "--set", "training.batch_size=8", "--set", "training.progress=false",
                  "--set", "training.device=cpu", *[a for s in AUTO for a in ("--set", s)]]) == 0
     err = capsys.readouterr().err

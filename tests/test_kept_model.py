@@ -24,7 +24,7 @@ def kept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     sets = [*TINY_RUN, "monitor.every=2", "monitor.probe_epochs=2", "monitor.knn_k=3",
             "monitor.min_delta=1000", "training.max_steps=4", "optim.base_lr=0.5"]
     assert main(["continue", "--config", "fmnist-vicreg-e2mc", "--from", str(start),
-                 "--data", str(data), "--run-dir", str(run), "--val-split", "0.2",
+                 "--data", str(data), "--out", str(run), "--val-split", "0.2",
                  "--keep-best", "val/knn", *[a for s in sets for a in ("--set", s)]]) == 0
     return start, data, run
 
@@ -85,7 +85,7 @@ def test_export_analyze_and_continue_take_the_kept_model(kept_run, tmp_path: Pat
     capsys.readouterr()
     assert main(["analyze", str(run), "--data", str(data), "--out", str(tmp_path / "a"),
                  "--num-samples", "20", "--knn-k", "3", "--image-size", "16",
-                 "--no-progress", "--names", "kept"]) == 0
+                 "--quiet", "--names", "kept"]) == 0
     assert "the run's kept model" in capsys.readouterr().err
     report = json.loads((tmp_path / "a" / "diagnostics.json").read_text())
     assert "best.pt" in json.dumps(report) and "kept model (best.pt), step 0" in json.dumps(report)
@@ -96,7 +96,7 @@ def test_export_analyze_and_continue_take_the_kept_model(kept_run, tmp_path: Pat
     # continue --from RUN starts from its kept model
     sets = [*TINY_RUN, "training.max_steps=1"]
     assert main(["continue", "--config", "fmnist-vicreg-continued", "--from", str(run),
-                 "--data", str(data), "--run-dir", str(tmp_path / "next"),
+                 "--data", str(data), "--out", str(tmp_path / "next"),
                  *[a for s in sets for a in ("--set", s)]]) == 0
     assert f"starting model: {RunDir(run).best} (the kept model of run {run}" in \
         capsys.readouterr().err

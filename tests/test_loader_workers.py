@@ -66,7 +66,7 @@ def test_a_killed_run_leaves_no_loader_worker_behind(method: str, tmp_path: Path
     run = tmp_path / "run"
     sets = [*TINY_RUN, "data.num_workers=2", "training.epochs=1000"]
     args = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data),
-            "--run-dir", str(run), *[a for s in sets for a in ("--set", s)]]
+            "--out", str(run), *[a for s in sets for a in ("--set", s)]]
     trainer = subprocess.Popen([sys.executable, "-c", PROGRAM, method, *args],
                                start_new_session=True, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)

@@ -58,7 +58,7 @@ def _base(tmp_path: Path, name: str) -> Path:
 @pytest.mark.parametrize("name", list(SMALL))
 def test_three_steps_of_continue_with_e2mc(tmp_path: Path, name: str) -> None:
     base, run = _base(tmp_path, name), tmp_path / "run"
-    rc = _cli("continue", "--config", f"fmnist-{name}-e2mc", "--run-dir", str(run),
+    rc = _cli("continue", "--config", f"fmnist-{name}-e2mc", "--out", str(run),
               "--from", str(base), "--epochs", "1", *TINY, "--set", f"method.params={SMALL[name]}")
     assert rc == 0
     metrics = RunDir(run).read_metrics()
@@ -83,11 +83,11 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, name: str) -> 
     base = _base(tmp_path, name)
     args = ["continue", "--config", f"fmnist-{name}-e2mc", "--from", str(base),
             "--epochs", "2", *TINY, "--set", f"method.params={SMALL[name]}"]
-    assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
+    assert _cli(*args, "--out", str(tmp_path / "whole")) == 0
     parted = tmp_path / "parted"
-    assert _cli(*args, "--run-dir", str(parted), "--set", "training.max_steps=4") == 0
+    assert _cli(*args, "--out", str(parted), "--set", "training.max_steps=4") == 0
     assert torch.load(parted / "checkpoint.pt", weights_only=True)["step"] == 4
-    assert _cli(*args, "--run-dir", str(parted)) == 0
+    assert _cli(*args, "--out", str(parted)) == 0
     a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
     b = torch.load(parted / "checkpoint.pt", weights_only=True)
     assert (a["step"], b["step"]) == (6, 6)

@@ -12,12 +12,12 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from e2mc.data import SafeImageFolder, ViewBatch, collate_views, photometric_cv2
+from e2mc.data import SafeImageFolder, ViewBatch, build_views, collate_views, photometric_cv2
 from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews
-from e2mc.data.synthetic import write_jpeg_folder
 from e2mc.data.view_specs import draw_view_params
 from e2mc.errors import CorruptImageError
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
+from synthetic_photos import write_jpeg_folder
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
 
@@ -28,7 +28,7 @@ def test_crops_are_the_strided_crops_resized(tmp_path: Path, recipe: str) -> Non
     """Each crop is resized from a contiguous channels-last copy (torch's vectorised uint8
     path): bit-identical to resizing the strided crop of the decoded image."""
     path = write_jpeg_folder(tmp_path / "jpegs", 1, (200, 150), 90)[0]
-    fast = FastViews.from_recipe(recipe, 64, draft=False)
+    fast = FastViews(build_views(recipe, 64), draft=False)
     for seed in range(4):
         torch.manual_seed(seed)
         crops, params = fast._crops(path)
@@ -66,7 +66,7 @@ def _assert_gray_levels_of(batch_views: list[torch.Tensor], ref_views: list[torc
 def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: str,
                                                       backend: str) -> None:
     write_jpeg_folder(tmp_path / "imgs", 6, (90, 70), classes=2)
-    fast = FastViews.from_recipe(recipe, 32, backend=backend)
+    fast = FastViews(build_views(recipe, 32), backend=backend)
     ds = SeededSamples(FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast))
     keys = [(4, 11), (0, 7), (5, 7), (2, 123456789)]
     state = torch.get_rng_state()
@@ -75,7 +75,7 @@ def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: st
     assert torch.equal(torch.get_rng_state(), state), "the caller's generator is untouched"
     views, labels = collate_views(batch)
     ref_views, ref_labels = _views_one_by_one(ds, keys)
-    assert len(views) == fast.num_views and torch.equal(labels, ref_labels)
+    assert len(views) == len(fast.specs) and torch.equal(labels, ref_labels)
     _assert_gray_levels_of(views, ref_views, fast)
     assert not torch.equal(views[0][1], views[0][2]), "another seed, other views"
     again, _ = collate_views(ds.__getitems__(keys))
@@ -84,7 +84,7 @@ def test_a_batch_collated_in_place_is_the_items_views(tmp_path: Path, recipe: st
 
 def test_views_normalised_into_given_tensors_equal_new_ones() -> None:
     # the trainer on a CPU normalises each batch into the previous batch's tensors
-    fast = FastViews.from_recipe("swav", 32)
+    fast = FastViews(build_views("swav", 32))
     finish = DeviceAugment(fast, photometric=False)
     levels = [torch.randint(0, 256, (4, 3, s.size, s.size), dtype=torch.uint8)
               for s in fast.specs]
@@ -103,7 +103,7 @@ def test_views_normalised_into_given_tensors_equal_new_ones() -> None:
 def test_a_loader_of_collated_batches_gives_the_items_views(tmp_path: Path) -> None:
     # through a worker: the batch is allocated in shared memory and handed over as it is
     write_jpeg_folder(tmp_path / "imgs", 8, (90, 70), classes=2)
-    fast = FastViews.from_recipe("vicreg", 32)
+    fast = FastViews(build_views("vicreg", 32))
     ds = SeededSamples(FastViewDataset(SafeImageFolder(tmp_path / "imgs"), fast))
     sampler = EpochBatchSampler(8, 4, seed=3)
     loader = DataLoader(ds, batch_sampler=sampler, num_workers=1, collate_fn=collate_views,
@@ -121,7 +121,7 @@ def test_a_loader_of_collated_batches_gives_the_items_views(tmp_path: Path) -> N
 def test_device_mode_items_are_not_collated_in_place(tmp_path: Path) -> None:
     write_jpeg_folder(tmp_path / "imgs", 2, (90, 70), classes=2)
     ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"),
-                         FastViews.from_recipe("vicreg", 32, mode="device"))
+                         FastViews(build_views("vicreg", 32), mode="device"))
     assert not ds.collates
     with pytest.raises(ValueError, match="collated\\(\\) is for mode='cpu'"):
         ds.collated([0])
@@ -141,7 +141,7 @@ def _folder_with_truncated_jpeg(root: Path) -> Path:
 @pytest.mark.slow  # integration: a few seconds on 2 cores
 def test_truncated_jpeg_mid_epoch_names_the_file_with_workers(tmp_path: Path) -> None:
     bad = _folder_with_truncated_jpeg(tmp_path / "imgs")
-    ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), FastViews.from_recipe("vicreg", 32))
+    ds = FastViewDataset(SafeImageFolder(tmp_path / "imgs"), FastViews(build_views("vicreg", 32)))
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_views, timeout=120)
     with pytest.raises(CorruptImageError, match=bad.name):
         for _ in loader:
@@ -162,7 +162,7 @@ def test_skip_corrupt_drops_and_counts_with_workers(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="skipped 2 corrupt"):
         folder = SafeImageFolder(tmp_path / "imgs", skip_corrupt=True)
     assert folder.num_skipped == 2 and str(bad) in folder.skipped_files
-    ds = FastViewDataset(folder, FastViews.from_recipe("vicreg", 32))
+    ds = FastViewDataset(folder, FastViews(build_views("vicreg", 32)))
     assert len(ds) == 11 and ds.num_skipped == 2
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_views, timeout=120)
     seen = 0
@@ -188,21 +188,57 @@ def test_pretrain_with_the_fast_pipeline(tmp_path: Path,
               "--set", "training.progress=false", "--set", "training.device=cpu",
               "--set", "training.keep_epoch_checkpoints=false",
               "--set", "method.params={projector: 32-32}"]
-    assert main([*common, "--run-dir", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
+    assert main([*common, "--out", str(tmp_path / "run"), "--set", "data.pipeline=fast"]) == 0
     fast = RunDir(tmp_path / "run").read_metrics()
     assert [m["step"] for m in fast] == [1, 2]
     # photometric steps in the trainer (batched torch) instead of the workers: the same draws,
     # so the same views up to float rounding, and the same losses
-    assert main([*common, "--run-dir", str(tmp_path / "dev"), "--set", "data.pipeline=device",
+    assert main([*common, "--out", str(tmp_path / "dev"), "--set", "data.pipeline=device",
                  "--set", "data.num_workers=2"]) == 0
     dev = RunDir(tmp_path / "dev").read_metrics()
     assert [m["step"] for m in dev] == [1, 2]
     for a, b in zip(fast, dev, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)
     capsys.readouterr()
-    assert main([*common, "--run-dir", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
+    assert main([*common, "--out", str(tmp_path / "bad"), "--set", "data.pipeline=dali"]) == 2
     assert "data.pipeline must be one of 'auto', 'pil', 'fast', 'device'" in capsys.readouterr().err
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", "builtin",
-                 "--run-dir", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
+                 "--out", str(tmp_path / "npz"), "--set", "data.pipeline=fast",
                  "--set", "training.device=cpu"]) == 2
     assert "not an image folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- subsets
+@pytest.mark.parametrize("pipeline", ["auto", "pil", "fast", "device"])
+def test_a_limit_and_a_validation_split_work_with_every_pipeline(tmp_path: Path,
+                                                                pipeline: str) -> None:
+    """Issue 48: ``data.limit`` and a validation split are one subset (a subset of a subset is
+    folded into one) that every pipeline sees through to the image files (``auto`` on a CPU is
+    the fast pipeline, which refused the limit's subset): the training set is the limit's first
+    images less the held-out ones, each with its own file and label."""
+    from types import SimpleNamespace
+
+    from e2mc.config import load_config
+    from e2mc.training.build import build_train_dataset, holdout, training_images
+    from e2mc.training.hardware import hardware_choices, is_image_folder
+
+    write_jpeg_folder(tmp_path / "data" / "train", 12, (48, 40), classes=3)
+    cfg = load_config("fmnist-vicreg-pretrain", [
+        f"data.dataset={tmp_path / 'data'}", f"data.pipeline={pipeline}", "data.limit=9",
+        "data.val_split=3", "data.channels=3", "data.image_size=16", "training.batch_size=2"])
+    images = training_images(cfg)
+    assert is_image_folder(images[0])  # auto's choice sees through the limit to the files
+    chosen = hardware_choices(cfg, torch.device("cpu"), True).get("data.pipeline")
+    if pipeline == "auto":
+        assert chosen.value == "fast"
+    runs_with = chosen.value if pipeline == "auto" else pipeline
+    split = holdout(cfg, images[0])
+    assert sorted(split["train"] + split["val"]) == list(range(9)) and len(split["val"]) == 3
+    dataset = build_train_dataset(cfg, SimpleNamespace(view_recipe="vicreg"), split, images,
+                                  pipeline=runs_with)
+    kept = [SafeImageFolder(tmp_path / "data" / "train").samples[i] for i in split["train"]]
+    assert len(dataset) == 6
+    assert [dataset[i][1] for i in range(6)] == [label for _, label in kept]
+    if pipeline != "pil":
+        assert [path for path, _ in dataset.samples] == [path for path, _ in kept]
+        assert list(dataset.labels) == [label for _, label in kept]

@@ -28,8 +28,8 @@ from e2mc.data.fast_views import (
     collate_device_views,
 )
 from e2mc.data.image_folder import _load_rgb_or_l
-from e2mc.data.synthetic import natural_image
 from e2mc.data.view_specs import PARAM_FIELDS, draw_view_params
+from synthetic_photos import natural_image
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
 FIELD = {name: k for k, name in enumerate(PARAM_FIELDS)}
@@ -404,8 +404,8 @@ def test_reduced_scale_decoding_when_every_crop_allows_it(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_device_mode_gives_the_cpu_views(jpeg: Path, backend: str) -> None:
-    cpu = FastViews.from_recipe("swav", 48, 3, draft=False, backend=backend)
-    dev = FastViews.from_recipe("swav", 48, 3, mode="device", draft=False)
+    cpu = FastViews(build_views("swav", 48, 3), draft=False, backend=backend)
+    dev = FastViews(build_views("swav", 48, 3), mode="device", draft=False)
     torch.manual_seed(5)
     items = [cpu(jpeg) for _ in range(4)]
     torch.manual_seed(5)

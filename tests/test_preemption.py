@@ -139,7 +139,7 @@ def whole(images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from e2mc.cli import main
 
     run = tmp_path_factory.mktemp("whole") / "run"
-    assert main(["pretrain", *ARGS, "--data", str(images), "--run-dir", str(run)]) == 0
+    assert main(["pretrain", *ARGS, "--data", str(images), "--out", str(run)]) == 0
     return run
 
 
@@ -159,7 +159,7 @@ def test_signal_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
     after = random.Random(seed).randint(1, 8) if seed else 2  # steps before the signal
     run = tmp_path / "preempted"
     env = {k: v for k, v in ENV.items() if k != "SLURM_JOB_ID"}
-    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--run-dir", str(run),
+    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--out", str(run),
                              *preempt_signals],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -175,7 +175,7 @@ def test_signal_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert after <= ckpt["step"] < 12, "stopped at a step boundary before the end"
     assert len(training_records(run)) == ckpt["step"]
-    assert main([*args, "--run-dir", str(run)]) == 0  # the same command resumes
+    assert main([*args, "--out", str(run)]) == 0  # the same command resumes
     a = torch.load(whole / "checkpoint.pt", weights_only=True)
     b = torch.load(run / "checkpoint.pt", weights_only=True)
     assert (a["step"], b["step"]) == (12, 12)

@@ -38,7 +38,7 @@ NO_NETWORK = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.
 
 def _continue(data: Path, run: Path, backbone: str, *extra: str) -> list[str]:
     return ["continue", "--config", "fmnist-vicreg-continued", "--backbone", backbone,
-            "--data", str(data), "--run-dir", str(run),
+            "--data", str(data), "--out", str(run),
             *[a for s in TWO_STEPS for a in ("--set", s)], *extra]
 
 
@@ -296,7 +296,7 @@ def test_builtin_checkpoint_in_continue_eval_and_analyze(tmp_path, capsys):
                  x_test=f["x_test"][:32], y_test=f["y_test"][:32])
     run = tmp_path / "run"
     assert main(["continue", "--config", "fmnist-vicreg-continued", "--from",
-                 "builtin:demo-vicreg", "--data", str(small), "--run-dir", str(run),
+                 "builtin:demo-vicreg", "--data", str(small), "--out", str(run),
                  "--set", "training.batch_size=16", "--set", "training.max_steps=1",
                  "--set", "training.progress=false", "--set", "data.num_workers=0"]) == 0
     start = json.loads(RunDir(run).start.read_text())
@@ -309,6 +309,6 @@ def test_builtin_checkpoint_in_continue_eval_and_analyze(tmp_path, capsys):
     info = EvalDir(tmp_path / "e").load().info
     assert info["checkpoint_file"] == str(builtin_checkpoint("builtin:demo-vicreg"))
     assert main(["analyze", "builtin:demo-vicreg", "--data", str(small), "--num-samples", "32",
-                 "--knn-k", "5", "--no-progress", "--device", "cpu",
+                 "--knn-k", "5", "--quiet", "--device", "cpu",
                  "--out", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "report.html").is_file()

@@ -53,7 +53,7 @@ def test_analyze_page_tables_config_and_an_empty_metrics_file(tmp_path, capsys):
     run.metrics.write_text("")
     out = tmp_path / "an"
     code = main(["analyze", str(run.root), "--data", _npz(tmp_path / "d.npz"), "--num-samples",
-                 "0", "--knn-k", "5", "--no-progress", "--device", "cpu", "--out", str(out)])
+                 "0", "--knn-k", "5", "--quiet", "--device", "cpu", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     page = (out / "report.html").read_text()
     runs = page[page.index("<h2>Runs</h2>"):page.index("<h2>Settings</h2>")]  # runs last

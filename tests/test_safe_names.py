@@ -182,7 +182,7 @@ def test_a_name_that_is_not_utf8_through_analyze(tmp_path: Path, capsys,
     shutil.copy(ckpt, other)
     out = tmp_path / "an"
     assert main(["analyze", str(ckpt), str(other), "--data", str(data), "--num-samples", "16",
-                 "--knn-k", "3", "--no-progress", "--device", "cpu", "--out", str(out)]) == 0
+                 "--knn-k", "3", "--quiet", "--device", "cpu", "--out", str(out)]) == 0
     page = (out / "report.html").read_bytes().decode("utf-8")
     assert f"<h3>{SHOWN}</h3>" in page and "\udcff" not in page
     assert any(SHOWN in t for t in figure_texts)

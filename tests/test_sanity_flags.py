@@ -112,7 +112,7 @@ def test_images_an_epoch_drops_and_a_stop_inside_an_epoch_are_flagged(tmp_path: 
     base, data = tiny_base(tmp_path)  # 40 training images
     run = tmp_path / "run"
     assert main(["continue", "--config", "fmnist-vicreg-e2mc", "--from", str(base),
-                 "--data", str(data), "--run-dir", str(run),
+                 "--data", str(data), "--out", str(run),
                  *[a for s in TINY_RUN for a in ("--set", s)], "--set", "training.batch_size=16",
                  "--set", "training.max_steps=1"]) == 0
     assert ("note: every epoch leaves 8 of the 40 images out (batch 16: 2 step(s) per epoch; "

@@ -71,7 +71,7 @@ def test_a_run_applies_both_schedules(tmp_path: Path) -> None:
              y_train=np.arange(16) % 2)
     run = tmp_path / "run"
     assert main(["pretrain", "--config", "fmnist-dino-pretrain", "--data", str(data),
-                 "--run-dir", str(run), "--epochs", "1", "--set", "training.batch_size=4",
+                 "--out", str(run), "--epochs", "1", "--set", "training.batch_size=4",
                  "--set", "training.progress=false", "--set", "training.device=cpu",
                  "--set", "data.num_workers=0", "--set", "training.keep_epoch_checkpoints=false",
                  "--set", "optim.weight_decay_end=0.4", "--set", "optim.warmup_epochs=0",

@@ -209,7 +209,7 @@ def test_one_epoch_of_continue_per_method_and_addon(tmp_path: Path, tiny_data: P
                                                     method: str, addon: str) -> None:
     base = _base_checkpoint(tmp_path, method)
     run = tmp_path / "run"
-    rc = _cli("continue", "--config", PRESET[method], "--run-dir", str(run), "--from", str(base),
+    rc = _cli("continue", "--config", PRESET[method], "--out", str(run), "--from", str(base),
               "--data", str(tiny_data), "--epochs", "1", *TINY_MODEL, *METHOD_SETS[method],
               "--set", f"addon.name={addon}", "--set", "addon.params={}")
     assert rc == 0
@@ -255,13 +255,13 @@ def test_checkpoint_of_another_method_gives_the_loaders_error(
     torch.save({"epoch": 5, "model": {f"module.{k}": v for k, v in vicreg.state_dict().items()}},
                official)
     common = ["--data", str(tiny_data), "--epochs", "1", *TINY_MODEL, *METHOD_SETS["swav"]]
-    rc = _cli("continue", "--config", PRESET["swav"], "--run-dir", str(tmp_path / "a"),
+    rc = _cli("continue", "--config", PRESET["swav"], "--out", str(tmp_path / "a"),
               "--from", str(official), *common)
     err = capsys.readouterr().err
     assert rc == 2 and "error: " in err and "Traceback" not in err
     assert "swav" in err.lower() or "vicreg" in err.lower()
     project = _base_checkpoint(tmp_path, "vicreg")
-    rc = _cli("continue", "--config", PRESET["swav"], "--run-dir", str(tmp_path / "b"),
+    rc = _cli("continue", "--config", PRESET["swav"], "--out", str(tmp_path / "b"),
               "--from", str(project), *common)
     err = capsys.readouterr().err
     assert rc == 2 and "'vicreg' model" in err
@@ -270,7 +270,7 @@ def test_checkpoint_of_another_method_gives_the_loaders_error(
 
 def test_unknown_config_key_through_the_cli(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "e2mc", "continue", "--config", "swav-e2mc",
-                          "--run-dir", str(tmp_path), "--set", "optim.lr=0.1"],
+                          "--out", str(tmp_path), "--set", "optim.lr=0.1"],
                          env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "unknown config key 'optim.lr'" in out.stderr and "base_lr" in out.stderr
@@ -290,11 +290,11 @@ def test_corrupt_image_is_named_or_skipped_and_counted(
     args = ["continue", "--config", PRESET["vicreg"], "--from", str(base),
             "--data", str(tmp_path / "images"), "--epochs", "1", *TINY_MODEL,
             *METHOD_SETS["vicreg"]]
-    assert _cli(*args, "--run-dir", str(tmp_path / "a")) == 2
+    assert _cli(*args, "--out", str(tmp_path / "a")) == 2
     err = capsys.readouterr().err
     assert "error: " in err and "broken.png" in err and "Traceback" not in err
     with pytest.warns(UserWarning, match="skipped 1 corrupt"):
-        assert _cli(*args, "--run-dir", str(tmp_path / "b"), "--skip-corrupt") == 0
+        assert _cli(*args, "--out", str(tmp_path / "b"), "--skip-corrupt") == 0
     err = capsys.readouterr().err
     assert "15 images (1 unreadable skipped)" in err
     assert [m["step"] for m in RunDir(tmp_path / "b").read_metrics()] == [1]  # 15 // 8 batches
@@ -305,11 +305,11 @@ def test_swav_resume_with_queue_is_exact(tmp_path: Path, tiny_data: Path) -> Non
     base = _base_checkpoint(tmp_path, "swav")
     args = ["continue", "--config", PRESET["swav"], "--from", str(base), "--data",
             str(tiny_data), "--epochs", "2", *TINY_MODEL, *METHOD_SETS["swav"]]
-    assert _cli(*args, "--run-dir", str(tmp_path / "whole")) == 0
+    assert _cli(*args, "--out", str(tmp_path / "whole")) == 0
     parted = tmp_path / "parted"
-    assert _cli(*args, "--run-dir", str(parted), "--set", f"training.max_steps={stop_at}") == 0
+    assert _cli(*args, "--out", str(parted), "--set", f"training.max_steps={stop_at}") == 0
     assert torch.load(parted / "checkpoint.pt", weights_only=True)["step"] == stop_at
-    assert _cli(*args, "--run-dir", str(parted)) == 0
+    assert _cli(*args, "--out", str(parted)) == 0
     a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
     b = torch.load(parted / "checkpoint.pt", weights_only=True)
     assert torch.equal(a["training_state"]["queue"], b["training_state"]["queue"])

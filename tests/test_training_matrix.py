@@ -33,7 +33,7 @@ EPOCHS, STEPS_PER_EPOCH = 3, 2
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """16 JPEGs of 2 classes: 8 held out for the monitor, 8 for training (2 batches of 4)."""
-    from e2mc.data.synthetic import write_jpeg_folder
+    from synthetic_photos import write_jpeg_folder
 
     root = tmp_path_factory.mktemp("matrix") / "data"
     write_jpeg_folder(root / "train", 16, (36, 32), classes=2)
@@ -55,7 +55,7 @@ def train(images: Path, run: Path, method: str, pipeline: str, addon: str,
             "monitor.label_seeds=[0]", "monitor.probe_epochs=1", "monitor.batch_size=8",
             f"addon.name={addon}", *extra]
     argv = ["pretrain", "--config", f"fmnist-{method}-pretrain", "--data", str(images),
-            "--run-dir", str(run), "--epochs", str(EPOCHS)]
+            "--out", str(run), "--epochs", str(EPOCHS)]
     code = main(argv + [a for s in sets for a in ("--set", s)])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]

@@ -139,7 +139,7 @@ def test_a_search_over_images_that_changed_is_refused(base, tmp_path: Path,
 def _continue(checkpoint: Path, data: Path, run: Path, *sets: str, extra=()) -> int:
     args = [a for item in [*TINY_RUN, *sets] for a in ("--set", item)]
     return main(["continue", "--config", "fmnist-vicreg-continued", "--from", str(checkpoint),
-                 "--data", str(data), "--run-dir", str(run), *args, *extra])
+                 "--data", str(data), "--out", str(run), *args, *extra])
 
 
 def _checkpoint(run: Path) -> dict:
@@ -211,9 +211,9 @@ def test_a_planted_lock_link_is_refused_and_its_target_unchanged(
     for command in (["eval", str(checkpoint), "--data", str(data), "--out",
                      str(tmp_path / "e"), *EVAL],
                     ["continue", "--config", "fmnist-vicreg-continued", "--from",
-                     str(checkpoint), "--data", str(data), "--run-dir", str(tmp_path / "r"),
+                     str(checkpoint), "--data", str(data), "--out", str(tmp_path / "r"),
                      *[a for item in TINY_RUN for a in ("--set", item)]]):
-        out = Path(command[command.index("--out" if "--out" in command else "--run-dir") + 1])
+        out = Path(command[command.index("--out") + 1])
         out.mkdir()
         (out / LOCK).symlink_to(precious)
         capsys.readouterr()

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from e2mc.data import build_dataset, default_normalization, eval_transform, image_folder
+from e2mc.data import (
+    build_dataset,
+    build_views,
+    default_normalization,
+    eval_transform,
+    image_folder,
+)
 from e2mc.data.fast_views import FastViews
 from e2mc.evaluation.knn import knn_classify
 
@@ -126,7 +132,7 @@ def test_16bit_pil_image_through_the_eval_transform():
 def test_16bit_png_through_the_fast_pipeline(tmp_path, channels):
     path = tmp_path / "x.png"
     Image.fromarray(np.full((16, 16), 40000, np.uint16)).save(path)
-    fast = FastViews.from_recipe("vicreg", 8, channels, mode="device", draft=False)
+    fast = FastViews(build_views("vicreg", 8, channels), mode="device", draft=False)
     crops, _ = fast(path)
     for crop in crops:
         assert crop.shape == (channels, 8, 8)

@@ -158,7 +158,7 @@ def test_state_dict_mismatch_is_one_error_line(tmp_path, capsys):
                                       "addon.params.beta=abc"])
 def test_wrong_type_parameter_is_bad_input(tmp_path, capsys, override):
     key = override.split("=")[0]
-    code = main([*PRETRAIN, "--run-dir", str(tmp_path / "run"), "--set", override,
+    code = main([*PRETRAIN, "--out", str(tmp_path / "run"), "--set", override,
                  *(["--set", "addon.name=e2mc"] if key.startswith("addon") else [])])
     assert code == EXIT_INPUT
     assert key in _one_error_line(capsys.readouterr().err, "pretrain")
@@ -174,7 +174,7 @@ def test_numbers_written_as_text_are_converted():
 def test_unwritable_run_directory_is_bad_input(tmp_path, capsys, monkeypatch):
     parent = tmp_path / "mnt"
     parent.mkdir()
-    run = [*PRETRAIN, "--run-dir", str(parent / "run")]
+    run = [*PRETRAIN, "--out", str(parent / "run")]
     real_mkstemp = __import__("tempfile").mkstemp
 
     def read_only(*args, **kwargs):  # what a read-only file system answers
@@ -248,7 +248,7 @@ def test_yaml_loader_keeps_merges_and_small_aliases():
     (["--val-split", "0.1", "--set", "monitor.min_delta=0.5"], "monitor.min_delta"),
 ])
 def test_monitor_options_that_would_be_ignored_are_errors(tmp_path, capsys, args, match):
-    code = main([*PRETRAIN, "--run-dir", str(tmp_path / "run"), *args])
+    code = main([*PRETRAIN, "--out", str(tmp_path / "run"), *args])
     assert code == EXIT_INPUT
     line = _one_error_line(capsys.readouterr().err, "pretrain")
     assert match in line
@@ -272,7 +272,7 @@ def test_sigterm_during_start_up_exits_75_and_the_next_run_starts(tmp_path, caps
         return real_build(*args, **kwargs)
 
     run_dir = tmp_path / "run"
-    argv = [*PRETRAIN, "--run-dir", str(run_dir)]
+    argv = [*PRETRAIN, "--out", str(run_dir)]
     try:
         with monkeypatch.context() as patch:
             patch.setattr(run_module, "build_train_dataset", build_while_signalled)

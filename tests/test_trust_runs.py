@@ -34,7 +34,7 @@ def _pretrain(data: Path, run_dir: Path, *sets: str) -> int:
     args = [a for item in [*TINY_RUN, "data.val_split=0.2", "monitor.probe_epochs=2",
                            "monitor.knn_k=3", *sets] for a in ("--set", item)]
     return main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data),
-                 "--run-dir", str(run_dir), *args])
+                 "--out", str(run_dir), *args])
 
 
 def _step(run_dir: Path) -> int:
@@ -115,7 +115,7 @@ def test_the_keep_best_metric_cannot_change_within_a_run(data: Path, tmp_path: P
     args = [a for item in [*TINY_RUN, "data.val_split=0.2", "monitor.probe_epochs=2",
                            "monitor.knn_k=3", *main_args] for a in ("--set", item)]
     assert main(["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data),
-                 "--run-dir", str(run), "--override-config", *args]) == 2
+                 "--out", str(run), "--override-config", *args]) == 2
     assert _step(run) == 2
 
 

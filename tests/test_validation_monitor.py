@@ -243,7 +243,7 @@ def test_cli_bad_split_and_metric_exit_2_and_write_nothing(tmp_path: Path,
     sets = [a for item in TINY if not item.startswith("data.val_split")
             for a in ("--set", item)]
     common = ["pretrain", "--config", "fmnist-vicreg-pretrain", "--data", str(data),
-              "--run-dir", str(run), *sets]
+              "--out", str(run), *sets]
     assert main([*common, "--val-split", "0.9"]) == 2
     assert "less than one batch" in capsys.readouterr().err
     assert main([*common, "--val-split", "0.2", "--keep-best", "val/top1"]) == 2

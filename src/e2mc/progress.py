@@ -105,12 +105,6 @@ class PlainProgress:
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         self.postfix = str(s)
 
-    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
-        self.desc = desc
-
-    def refresh(self) -> None:
-        """Nothing to redraw: lines are printed as the count moves."""
-
     def close(self) -> None:
         if not self._closed and self.n != self._last_n:
             self._print()

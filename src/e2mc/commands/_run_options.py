@@ -14,11 +14,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
     parser.add_argument("--config", required=True,
                         help=f"preset name or YAML file; presets: {', '.join(_safe_presets())}")
-    parser.add_argument("--out", "--run-dir", dest="run_dir", required=True, type=Path,
-                        metavar="DIR",
+    parser.add_argument("--out", dest="run_dir", required=True, type=Path, metavar="DIR",
                         help="run directory (config.yaml, metrics.jsonl, checkpoints); running "
-                             "the same command again resumes from its checkpoint (--run-dir: "
-                             "the old spelling)")
+                             "the same command again resumes from its checkpoint")
     if mode == "continue":
         parser.add_argument("--from", dest="init_checkpoint", metavar="CHECKPOINT",
                             help="official (VICReg, SwAV, SimSiam), e2mc or backbone-only "

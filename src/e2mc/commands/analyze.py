@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from e2mc.commands._types import Renamed
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -46,8 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the sampled images less one, with a note)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="N",
                    help="seed of the sampled images and dimension pairs (default 0)")
-    p.add_argument("--seed", dest="sample_seed", type=int, action=Renamed, metavar="N",
-                   new="--sample-seed", command="analyze")
     p.add_argument("--accuracy-curve", action="store_true",
                    help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")
     p.add_argument("--accuracy-train-samples", type=int, default=5000,
@@ -55,8 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "5000)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow pickled (non weights-only) checkpoints from trusted sources")
-    p.add_argument("--quiet", "-q", "--no-progress", dest="quiet", action="store_true",
-                   help="no progress bars (--no-progress: the old spelling)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     p.add_argument("--last", action="store_true",
                    help="of each run directory, the last step's checkpoint instead of the kept "
                         "model (best.pt, when the run was trained with e2mc continue --keep-best)")

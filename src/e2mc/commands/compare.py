@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from e2mc.commands._types import Renamed, at_least
+from e2mc.commands._types import at_least
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="permutation / bootstrap resamples (default: 10000)")
     p.add_argument("--resample-seed", type=int, default=0, metavar="N",
                    help="seed of the permutation and bootstrap resampling (default: 0)")
-    p.add_argument("--seed", dest="resample_seed", type=int, action=Renamed, metavar="N",
-                   new="--resample-seed", command="compare")
     p.add_argument("--floor", default=None, metavar="EVAL_DIR",
                    help="evaluation of a random-init model of the same architecture (e.g. "
                         "'e2mc eval RUN/checkpoints/epoch_0000.pt ...'): shown as the first "

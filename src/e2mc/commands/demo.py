@@ -24,9 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--epochs", type=int, default=None, metavar="N",
                         help="continued epochs (default: 1; the paper's ratio would be 10%% of "
                         "the base's 16)")
-    parser.add_argument("--from", "--base", dest="base", default=None, metavar="CHECKPOINT",
+    parser.add_argument("--from", dest="base", default=None, metavar="CHECKPOINT",
                         help="a VICReg checkpoint to start from (default: the shipped "
-                             "builtin:demo-vicreg; --base: the old spelling)")
+                             "builtin:demo-vicreg)")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="device of training and evaluation: cpu, cuda, cuda:1 "
                              "(default: %(default)s)")

@@ -127,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=at_least(1), default=None,
                    help="evaluation image size (default: the size the checkpoint records it "
                         "was trained at; else the size of the --data images, with a note)")
-    p.add_argument("--trust-checkpoint", "--trust", dest="trust", action="store_true",
+    p.add_argument("--trust-checkpoint", dest="trust", action="store_true",
                    help="allow torch.load(weights_only=False) for a trusted checkpoint")
     p.add_argument("--epochs", type=at_least(1), default=None, metavar="N",
                    help="epochs of the linear probes and fine-tuning (default: the --method "

@@ -22,10 +22,10 @@ from .subsets import (
     Transformed,
     dataset_labels,
     label_fraction_indices,
-    label_fraction_subset,
     per_class_indices,
     read_file_list,
     subset_from_file_list,
+    subset_parts,
 )
 from .views import (
     DATASET_STATS,
@@ -66,7 +66,6 @@ __all__ = [
     "idx_dataset",
     "image_folder",
     "label_fraction_indices",
-    "label_fraction_subset",
     "load_idx",
     "mnist",
     "npz_dataset",
@@ -74,4 +73,5 @@ __all__ = [
     "read_file_list",
     "save_idx",
     "subset_from_file_list",
+    "subset_parts",
 ]

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
-from torch.utils.data import Dataset, Subset, default_collate, get_worker_info
+from torch.utils.data import Dataset, default_collate, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from e2mc.errors import CorruptImageError
@@ -52,9 +52,9 @@ from . import photometric_cv2
 from .image_folder import to_8bit
 from .multiview import ViewBatch
 from .photometric import apply_photometric, normalize_levels
-from .subsets import dataset_labels
+from .subsets import dataset_labels, subset_parts
 from .view_specs import PARAM_INDEX, ViewSpec, draw_view_params, view_specs
-from .views import MultiCropTransform, build_views
+from .views import MultiCropTransform
 
 __all__ = ["DeviceAugment", "FastViewDataset", "FastViews", "collate_device_views"]
 
@@ -100,17 +100,6 @@ class FastViews:
         # gathers of the selected samples); smaller ones are batched (fewer small operations)
         self.cpu_groups = [g2 for g in _groups(self.specs)
                            for g2 in ([g] if self.specs[g[0]].size < 128 else [[k] for k in g])]
-
-    @property
-    def num_views(self) -> int:
-        return len(self.specs)
-
-    @classmethod
-    def from_recipe(cls, recipe: str, image_size: int, channels: int = 3, mode: str = "cpu",
-                    draft: bool = True, backend: str = "auto", **kwargs: Any) -> FastViews:
-        """``FastViews(build_views(recipe, image_size, channels, **kwargs), ...)``."""
-        return cls(build_views(recipe, image_size, channels, **kwargs), mode=mode, draft=draft,
-                   backend=backend)
 
     # ------------------------------------------------------------------ decoding
     def _reduction(self, params: list[torch.Tensor]) -> int:
@@ -278,9 +267,7 @@ class FastViewDataset(Dataset):
     ``i`` is ``(views(path_i), label_i)``."""
 
     def __init__(self, folder: Any, views: FastViews) -> None:
-        indices = None
-        if isinstance(folder, Subset):  # e.g. data.limit
-            folder, indices = folder.dataset, list(folder.indices)
+        folder, indices = subset_parts(folder)  # e.g. data.limit, a validation split
         if not hasattr(folder, "samples"):
             raise ValueError(f"the fast pipeline reads image files; {type(folder).__name__} "
                              "is not an image folder (use data.pipeline=pil)")

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from e2mc.data.file_hashes import file_digests
+from e2mc.data.subsets import dataset_labels, subset_parts
 
 #: How the content hash is made: 2, files by their bytes (1, recorded by e2mc before it: files
 #: by path, size and times; arrays were hashed alike in both).
@@ -61,10 +62,10 @@ def update_content(h: Any, dataset: Any) -> None:
         h.update(b"tensors")
         for t in dataset.tensors:
             update_array(h, t)
-    elif hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
+    elif (parts := subset_parts(dataset))[1] is not None:
         h.update(b"subset")
-        update_array(h, np.asarray(dataset.indices, dtype=np.int64))
-        update_content(h, dataset.dataset)
+        update_array(h, parts[1])
+        update_content(h, parts[0])
     elif hasattr(dataset, "dataset") and hasattr(dataset, "transform"):
         update_content(h, dataset.dataset)  # a transform over a parent: the parent's content
     else:
@@ -82,17 +83,11 @@ def content_digest(dataset: Any) -> str:
     return h.hexdigest()
 
 
-def _labels(dataset: Any) -> np.ndarray | None:
-    from e2mc.data.subsets import dataset_labels
-
-    return dataset_labels(dataset, False)
-
-
 def data_identity(dataset: Any) -> dict[str, Any]:
     """``{"content", "size", "labels"}``: the content hash, the number of items and the SHA-256
     of the per-item label vector (None when the data set exposes no labels). Two identities
     are the same data exactly when they are equal (:func:`same_data`)."""
-    labels = _labels(dataset)
+    labels = dataset_labels(dataset, False)
     label_hash = None
     if labels is not None:
         h = hashlib.sha256()

@@ -1,5 +1,6 @@
-"""Label subsets for semi-supervised evaluation: stratified seeded fractions and SimCLR-style
-file lists (ImageNet's 1% and 10% splits, one file name per line)."""
+"""Subsets: the one subset type (:class:`LabeledSubset`, seen through by :func:`subset_parts`),
+label subsets for semi-supervised evaluation (stratified seeded fractions, SimCLR-style file
+lists: ImageNet's 1% and 10% splits, one file name per line) and the labels of a data set."""
 
 from __future__ import annotations
 
@@ -10,38 +11,45 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 __all__ = [
     "LabeledSubset",
     "dataset_labels",
     "fraction_label",
     "label_fraction_indices",
-    "label_fraction_subset",
     "per_class_indices",
     "read_file_list",
     "stratified_indices",
     "Transformed",
     "subset_from_file_list",
+    "subset_parts",
 ]
 
 
 class LabeledSubset(Dataset):
-    """``dataset`` restricted to ``indices``, keeping ``labels``/``targets`` (numpy) and
-    ``classes`` of the parent."""
+    """``dataset`` restricted to ``indices``: the package's one subset type (``data.limit``, a
+    validation split, a label fraction, a sample of images), keeping the parent's
+    ``labels``/``targets`` (numpy; None when the parent has none) and ``classes``. A subset of
+    a subset is one subset of the first parent, so ``dataset`` is never a subset itself and
+    :func:`subset_parts` sees through it in one step (the fast pipelines read the image files
+    of the folder beneath)."""
 
     def __init__(self, dataset: Any, indices: Sequence[int] | np.ndarray) -> None:
-        self.dataset = dataset
-        self.indices = np.asarray(indices, dtype=np.int64)
-        if self.indices.ndim != 1:
-            raise ValueError(f"indices must be 1-D, got shape {self.indices.shape}")
-        if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= len(dataset)):
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.ndim != 1:
+            raise ValueError(f"indices must be 1-D, got shape {indices.shape}")
+        if indices.size and (indices.min() < 0 or indices.max() >= len(dataset)):
             raise ValueError(f"indices out of range for a dataset of {len(dataset)} samples")
-        self.labels = dataset_labels(dataset)[self.indices]
+        dataset, parent = subset_parts(dataset)
+        self.dataset = dataset
+        self.indices = indices if parent is None else parent[indices]
+        labels = dataset_labels(dataset, False)
+        self.labels = None if labels is None else labels[self.indices]
         self.classes = getattr(dataset, "classes", None)
 
     @property
-    def targets(self) -> np.ndarray:
+    def targets(self) -> np.ndarray | None:
         """Alias of ``labels``."""
         return self.labels
 
@@ -50,6 +58,14 @@ class LabeledSubset(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[int(self.indices[index])]
+
+
+def subset_parts(dataset: Any) -> tuple[Any, np.ndarray | None]:
+    """``(parent, indices)`` of a subset (a :class:`LabeledSubset`, or torch's ``Subset`` a
+    caller made), else ``(dataset, None)``: the one way to see through a subset."""
+    if isinstance(dataset, (LabeledSubset, Subset)):
+        return dataset.dataset, np.asarray(dataset.indices, dtype=np.int64)
+    return dataset, None
 
 
 class Transformed(Dataset):
@@ -135,11 +151,6 @@ def stratified_indices(labels: np.ndarray | Sequence[int], fraction: float, seed
         else 0 for c, n in zip(classes, counts, strict=True)
     }
     return per_class_indices(labels, per_class, seed)
-
-
-def label_fraction_subset(dataset: Any, fraction: float, seed: int) -> LabeledSubset:
-    """``dataset`` restricted to :func:`label_fraction_indices` of its labels."""
-    return LabeledSubset(dataset, label_fraction_indices(dataset_labels(dataset), fraction, seed))
 
 
 def fraction_label(fraction: float) -> str:

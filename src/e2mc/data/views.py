@@ -134,10 +134,6 @@ class MultiCropTransform:
         self.transforms = list(transforms)
         self.num_main_views = num_main_views
 
-    @property
-    def num_views(self) -> int:
-        return len(self.transforms)
-
     def __call__(self, img: Image.Image) -> list[torch.Tensor]:
         return [t(img) for t in self.transforms]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
 from e2mc.artifacts import (
     CHECKPOINT,
@@ -32,6 +32,7 @@ from e2mc.artifacts import (
 )
 from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
+from e2mc.data.subsets import LabeledSubset
 from e2mc.diagnostics.embedding_stats import (
     embedding_statistics,
     marginal_values,
@@ -188,7 +189,7 @@ def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
     if num_samples is None or num_samples >= n:
         return dataset
     gen = torch.Generator().manual_seed(seed)
-    return Subset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values.tolist())
+    return LabeledSubset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values)
 
 
 def _sample_labels(dataset: Dataset) -> torch.Tensor | None:
@@ -196,12 +197,8 @@ def _sample_labels(dataset: Dataset) -> torch.Tensor | None:
     ``None`` where the data set has none."""
     from e2mc.data.subsets import dataset_labels
 
-    base, indices = (dataset.dataset, list(dataset.indices)) if isinstance(dataset, Subset) \
-        else (dataset, None)
-    labels = dataset_labels(base, required=False)
-    if labels is None:
-        return None
-    return torch.from_numpy(labels if indices is None else labels[indices])
+    labels = dataset_labels(dataset, required=False)
+    return None if labels is None else torch.from_numpy(labels)
 
 
 def _collapse_signals(src: RunSource, method: nn.Module | None,

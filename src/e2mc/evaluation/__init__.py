@@ -2,7 +2,7 @@
 
 Protocols: linear probes on cached features, all of an evaluation trained at once
 (:func:`train_linear_heads`, :func:`linear_protocol` with a learning-rate grid chosen on
-validation; :func:`train_linear_probe` is the sequential reference) or with per-epoch
+validation) or with per-epoch
 augmentation (:func:`train_augmented_linear_probe`), kNN (:func:`knn_classify`),
 semi-supervised fine-tuning (:func:`finetune`), transfer with linear SVMs
 (:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.significance`. Run directories and the
@@ -17,7 +17,7 @@ from e2mc.evaluation.compare_report import comparison_markdown, write_comparison
 from e2mc.evaluation.features import FeatureCache, extract_features
 from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import KNNResult, knn_classify
-from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe, train_linear_probe
+from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.probe_settings import (
     FinetuneConfig,
     LinearProbeConfig,
@@ -34,7 +34,7 @@ from e2mc.evaluation.significance import (
     pooled_permutation_test,
 )
 from e2mc.evaluation.svm import VOC07_COSTS, SVMResult, svm_transfer
-from e2mc.evaluation.sweep import SweepEntry, linear_protocol, linear_sweep, validation_split
+from e2mc.evaluation.sweep import SweepEntry, linear_protocol, validation_split
 from e2mc.evaluation.workflow import EvalData, evaluate_module
 
 __all__ = [
@@ -45,8 +45,7 @@ __all__ = [
     "compare_predictions", "compare_evaluations", "comparison_markdown", "evaluate_module",
     "extract_features",
     "finetune", "finetune_settings", "knn_classify", "linear_settings", "linear_protocol",
-    "linear_sweep",
     "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",
-    "train_augmented_linear_probe", "train_linear_heads", "train_linear_probe",
+    "train_augmented_linear_probe", "train_linear_heads",
     "validation_split", "write_comparison",
 ]

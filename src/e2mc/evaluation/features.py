@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 import e2mc.files as files
 from e2mc.data.identity import content_digest
+from e2mc.data.subsets import LabeledSubset, subset_parts
 from e2mc.processes import available_cores, loader_options
 
 
@@ -78,7 +79,7 @@ def extract_features(
     if sharded:
         per_rank = -(-n // world_size())
         lo, hi = min(n, rank() * per_rank), min(n, (rank() + 1) * per_rank)
-        part = Subset(dataset, range(lo, hi))
+        part = LabeledSubset(dataset, range(lo, hi))
     if num_workers is None:
         num_workers = default_num_workers() if len(part) > batch_size else 0  # type: ignore[arg-type]
     was_training = backbone.training
@@ -127,18 +128,16 @@ def extract_features(
 
 
 def _array_batches(dataset: Dataset, batch_size: int) -> Any:
-    """An in-memory image array (:class:`~e2mc.data.datasets.ArrayDataset`, or a
-    :class:`~torch.utils.data.Subset` of one) transformed a batch at a time, the same tensors as
-    a DataLoader of its items without a PIL image each (the per-image path was the slowest
-    part of extracting the shipped subset's features); None for any other data set."""
+    """An in-memory image array (:class:`~e2mc.data.datasets.ArrayDataset`, or a subset of
+    one) transformed a batch at a time, the same tensors as a DataLoader of its items without
+    a PIL image each (the per-image path was the slowest part of extracting the shipped
+    subset's features); None for any other data set."""
     from e2mc.data.datasets import ArrayDataset
 
-    indices = None
-    if isinstance(dataset, Subset) and isinstance(dataset.dataset, ArrayDataset):
-        dataset, indices = dataset.dataset, list(dataset.indices)
+    dataset, indices = subset_parts(dataset)
     if not isinstance(dataset, ArrayDataset):
         return None
-    return dataset.batches(batch_size, indices)
+    return dataset.batches(batch_size, None if indices is None else indices.tolist())
 
 
 def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
@@ -249,7 +248,7 @@ def state_dict_digest(module: nn.Module) -> str:
 
 
 def _transform_of(dataset: Any) -> Any:
-    """The transform of ``dataset`` or of the data set it wraps (``Subset`` and the like)."""
+    """The transform of ``dataset`` or of the data set it wraps (a subset and the like)."""
     while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
         dataset = dataset.dataset
     return getattr(dataset, "transform", None)

@@ -115,26 +115,6 @@ def class_scores(neighbour_sims: torch.Tensor, neighbour_labels: torch.Tensor, k
     return scores.scatter_add_(1, neighbour_labels[:, :k], weights)
 
 
-@torch.no_grad()
-def knn_scores(
-    train_x: torch.Tensor,
-    train_y: torch.Tensor,
-    test_x: torch.Tensor,
-    k: int,
-    temperature: float,
-    num_classes: int,
-    chunk_size: int = 1024,
-    weighting: str = "weighted",
-) -> torch.Tensor:
-    """Class scores ``[N_test, num_classes]`` of the cosine kNN rule above for one ``k``."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    bank = F.normalize(train_x.float(), dim=1)
-    queries = F.normalize(test_x.float(), dim=1)
-    sims, idx = nearest_neighbours(bank, queries, k, chunk_size)
-    return class_scores(sims, train_y[idx], k, num_classes, weighting, temperature)
-
-
 def knn_classify(
     train_x: np.ndarray,
     train_y: np.ndarray,

@@ -1,4 +1,6 @@
-"""Linear probes: on cached features (fast default) and with per-epoch augmentation.
+"""What a linear probe gives (:class:`ProbeResult`, recorded epoch by epoch by
+:class:`EpochTracker`), its initial layer, and the probe with per-epoch augmentation. The probes
+on cached features are heads of :func:`e2mc.evaluation.batched.train_linear_heads`.
 
 Protocol (docs/method.md): a linear layer on frozen pooled features, SGD momentum 0.9 (or LARS
 for SimSiam), cosine decay of the learning rate to 0 over the epochs (stepped per epoch, as the
@@ -9,7 +11,6 @@ both the last-epoch (reported by default: no test-set selection) and the best-ep
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.evaluation.probe_settings import LinearProbeConfig
-from e2mc.optim import cosine_factor
+from e2mc.optim import LARC, cosine_factor
 from e2mc.processes import loader_options
 
 
@@ -50,19 +51,6 @@ class ProbeResult:
                 "best_epoch": self.best_epoch}
 
 
-def _build_optimizer(params: list[nn.Parameter], config: LinearProbeConfig
-                     ) -> torch.optim.Optimizer:
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
-    # SimSiam's main_lincls.py: apex LARC(SGD(momentum, wd), trust_coefficient=0.001,
-    # clip=False), which e2mc.optim.LARC (with its defaults) reproduces.
-    from e2mc.optim import LARC
-
-    return LARC(params, lr=config.lr, momentum=config.momentum,
-                weight_decay=config.weight_decay)
-
-
 def init_head(dim: int, num_classes: int) -> nn.Linear:
     """The probe's initial layer: ``nn.Linear`` (float32, on the CPU, drawn from the global RNG)
     with weights re-drawn from N(0, 0.01^2) and zero bias. Seed the global RNG first."""
@@ -73,12 +61,16 @@ def init_head(dim: int, num_classes: int) -> nn.Linear:
 
 
 class _LinearTrainer:
-    """Head, optimizer and per-epoch cosine schedule shared by both probe variants."""
+    """The augmented probe's head, optimizer (SGD with momentum, or SimSiam's LARC: apex
+    ``LARC(SGD(momentum, wd), trust_coefficient=0.001, clip=False)``, which
+    :class:`e2mc.optim.LARC` reproduces) and per-epoch cosine schedule."""
 
     def __init__(self, dim: int, num_classes: int, config: LinearProbeConfig,
-                 device: torch.device, dtype: torch.dtype = torch.float32) -> None:
-        self.head = init_head(dim, num_classes).to(device=device, dtype=dtype)
-        self.optimizer = _build_optimizer(list(self.head.parameters()), config)
+                 device: torch.device) -> None:
+        self.head = init_head(dim, num_classes).to(device)
+        kind = torch.optim.SGD if config.optimizer == "sgd" else LARC
+        self.optimizer = kind(self.head.parameters(), lr=config.lr, momentum=config.momentum,
+                              weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda e: cosine_factor(e, config.epochs))  # stepped per epoch
         self.loss = nn.CrossEntropyLoss()
@@ -96,7 +88,7 @@ class _LinearTrainer:
 
 
 class EpochTracker:
-    """One probe's per-epoch test accuracy (sequential or batched): the history, the best epoch
+    """One probe's per-epoch test accuracy: the history, the best epoch
     (the first with the highest top-1) with its predictions, the last with its top-k labels."""
 
     def __init__(self, labels: torch.Tensor) -> None:
@@ -116,14 +108,12 @@ class EpochTracker:
         self.last, self.loss = (top1, top5, top), loss
 
     def update(self, logits: torch.Tensor) -> None:
-        self.update_top(logits.topk(min(5, logits.shape[1]), dim=1).indices)
-
-    def update_top(self, top: torch.Tensor, loss: float = float("nan")) -> None:
-        """Record one epoch from the top-k labels ``[N, k]`` (best first) of every test row."""
+        """Record one epoch from the logits ``[N, C]`` of every test row."""
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hit = top == self.labels[:, None]
         top1 = 100.0 * hit[:, 0].float().mean().item()
         top5 = 100.0 * hit.any(dim=1).float().mean().item()
-        self.add(top1, top5, top[:, 0].clone(), top, loss)
+        self.add(top1, top5, top[:, 0].clone(), top)
 
     def result(self) -> ProbeResult:
         assert self.best[3] is not None and self.last[2] is not None
@@ -135,102 +125,19 @@ class EpochTracker:
                            best_predictions=self.best[3].cpu().numpy(), loss_last=self.loss)
 
 
-def _check_arrays(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
-                  test_y: np.ndarray) -> None:
-    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
-        raise ValueError(f"features must be [N, D] with the same D, got {train_x.shape} and "
-                         f"{test_x.shape}")
-    if train_y.shape != (len(train_x),) or test_y.shape != (len(test_x),):
-        raise ValueError("labels must be 1-D class indices, one per feature row; got "
-                         f"{train_y.shape} for {len(train_x)} and {test_y.shape} for "
-                         f"{len(test_x)} rows")
-    if len(train_x) == 0 or len(test_x) == 0:
-        raise ValueError("empty training or test set")
-
-
-def train_linear_probe(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    test_x: np.ndarray,
-    test_y: np.ndarray,
-    config: LinearProbeConfig | None = None,
-    seed: int = 0,
-    num_classes: int | None = None,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    keep_weights: bool = False,
-) -> ProbeResult:
-    """Train a linear classifier on fixed features; evaluate on the test set every epoch.
-
-    The features live on ``device`` as one tensor and mini-batches are drawn by indexing a
-    seeded permutation (no DataLoader). ``seed`` fixes the initialization and the batch order.
-    This is the sequential reference of :func:`e2mc.evaluation.batched.train_linear_heads`,
-    which trains many such probes at once. ``dtype`` is the arithmetic (the initialization is
-    always drawn in float32); ``keep_weights`` returns the final weight and bias.
-    """
-    config = config or LinearProbeConfig()
-    train_y = np.asarray(train_y)
-    test_y = np.asarray(test_y)
-    _check_arrays(train_x, train_y, test_x, test_y)
-    device = torch.device(device)
-    num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
-    x = torch.as_tensor(train_x, device=device).to(dtype)
-    tx = torch.as_tensor(test_x, device=device).to(dtype)
-    if config.standardize:
-        mean, std = x.mean(dim=0), x.std(dim=0, unbiased=False).clamp_min(1e-6)
-        x, tx = (x - mean) / std, (tx - mean) / std
-    y = torch.as_tensor(train_y, dtype=torch.long, device=device)
-    ty = torch.as_tensor(test_y, dtype=torch.long, device=device)
-
-    torch.manual_seed(seed)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    trainer = _LinearTrainer(x.shape[1], num_classes, config, device, dtype)
-    tracker = EpochTracker(ty)
-    for _ in range(config.epochs):
-        order = torch.randperm(len(x), generator=gen).to(device)
-        for start in range(0, len(x), config.batch_size):
-            idx = order[start:start + config.batch_size]
-            trainer.step(x[idx], y[idx])
-        trainer.scheduler.step()
-        tracker.update(trainer.logits(tx))
-    result = tracker.result()
-    if keep_weights:
-        result.weight = trainer.head.weight.detach().T.cpu().numpy().copy()
-        result.bias = trainer.head.bias.detach().cpu().numpy().copy()
-    return result
-
-
 def random_resized_crop_flip(images: torch.Tensor, generator: torch.Generator,
                              scale: tuple[float, float] = (0.08, 1.0),
                              ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
-    """Independent random resized crop (torchvision's sampling rule) and horizontal flip of
-    every image of a ``[B, C, H, W]`` batch, output at the input size. Works on any device, so
-    the augmentation of already-normalized tensors can run on the accelerator."""
-    from torchvision.transforms.v2 import functional as F
+    """Independent random resized crop and horizontal flip (torchvision's) of every image of a
+    ``[B, C, H, W]`` batch, output at the input size, drawn from ``generator``. Works on any
+    device, so the augmentation of already-normalized tensors can run on the accelerator."""
+    from torchvision.transforms import v2 as T
 
-    b, _, h, w = images.shape
-    out = torch.empty_like(images)
-    area = h * w
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for i in range(b):
-        top, left, ch, cw = 0, 0, h, w
-        for _ in range(10):
-            target = area * (scale[0] + (scale[1] - scale[0]) * torch.rand(1, generator=generator)
-                             .item())
-            aspect = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0])
-                              * torch.rand(1, generator=generator).item())
-            cw_try = int(round(math.sqrt(target * aspect)))
-            ch_try = int(round(math.sqrt(target / aspect)))
-            if 0 < cw_try <= w and 0 < ch_try <= h:
-                top = int(torch.randint(0, h - ch_try + 1, (1,), generator=generator))
-                left = int(torch.randint(0, w - cw_try + 1, (1,), generator=generator))
-                ch, cw = ch_try, cw_try
-                break
-        crop = F.resized_crop(images[i], top, left, ch, cw, [h, w], antialias=True)
-        if torch.rand(1, generator=generator).item() < 0.5:
-            crop = crop.flip(-1)
-        out[i] = crop
-    return out
+    augment = T.Compose([T.RandomResizedCrop(tuple(images.shape[-2:]), scale, ratio,
+                                             antialias=True), T.RandomHorizontalFlip()])
+    with torch.random.fork_rng(devices=[]):  # torchvision draws from the global generator
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        return torch.stack([augment(image) for image in images])
 
 
 def train_augmented_linear_probe(
@@ -255,7 +162,7 @@ def train_augmented_linear_probe(
 
     config = config or LinearProbeConfig()
     if config.standardize:
-        raise ValueError("standardize=True needs fixed features; use train_linear_probe")
+        raise ValueError("standardize=True needs fixed features; use train_linear_heads")
     device = torch.device(device)
     backbone.eval().to(device)
     torch.manual_seed(seed)

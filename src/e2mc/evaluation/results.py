@@ -35,7 +35,7 @@ from e2mc.evaluation.compare_report import (
 
 #: What the comparison's modules define is re-exported: ``e2mc.evaluation.results`` stays the
 #: one import of evaluation results for users' code.
-__all__ = ["Comparison", "compare_evaluations", "comparison_markdown", "load_evaluation",
+__all__ = ["Comparison", "compare_evaluations", "comparison_markdown",
            "verdicts", "matched_correctness", "mean_se", "plot_comparison", "save_predictions",
            "summarize", "write_comparison", "write_results", "COMPARISON_STEM", "comparison_paths"]
 
@@ -59,11 +59,6 @@ def save_predictions(eval_dir: str | os.PathLike[str], name: str, predictions: n
 def write_results(eval_dir: str | os.PathLike[str], record: dict[str, Any]) -> Path:
     """Write ``results.json`` atomically, with its summary (:meth:`EvalDir.write`)."""
     return EvalDir(eval_dir).write(record)
-
-
-def load_evaluation(eval_dir: str | os.PathLike[str]) -> EvalResults:
-    """The checked ``results.json`` of an evaluation directory (:meth:`EvalDir.load`)."""
-    return EvalDir(eval_dir).load()
 
 
 def result_lines(results: EvalResults) -> list[str]:

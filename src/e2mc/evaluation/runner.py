@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
 from e2mc.artifacts import EvalDir, writer_lock
 from e2mc.data.subsets import (
+    LabeledSubset,
     fraction_label,
     label_fraction_indices,
     read_file_list,
@@ -259,7 +260,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
             for seed in options.seeds:
                 idx = label_fraction_indices(train_y, fraction, seed)
                 result = train_augmented_linear_probe(
-                    backbone, Subset(train_dataset, idx.tolist()), test_x, test_y,
+                    backbone, LabeledSubset(train_dataset, idx), test_x, test_y,
                     num_classes, linear_config(fraction), seed=seed, device=device,
                     num_workers=loader_workers, progress=options.progress)
                 entries.append(_probe_entry(eval_dir, "linear-aug", fraction, seed, result,
@@ -288,7 +289,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
             for seed in options.seeds:
                 idx = label_fraction_indices(train_y, fraction, seed)
                 result = finetune(backbone, feature_dim, num_classes,
-                                  Subset(train_dataset, idx.tolist()), test_dataset, config,
+                                  LabeledSubset(train_dataset, idx), test_dataset, config,
                                   seed=seed, device=device, num_workers=loader_workers,
                                   progress=options.progress)
                 entries.append(_probe_entry(eval_dir, "finetune", fraction, seed, result,

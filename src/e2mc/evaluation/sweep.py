@@ -10,10 +10,6 @@ stratified, ``val_fraction`` of the subset, at least one image of every class wi
 more); the point with the best last-epoch validation top-1 (ties: lower validation
 cross-entropy, then grid order) is then trained on the whole subset and evaluated on the test
 split. The test labels play no part in the choice.
-
-:func:`linear_sweep` keeps the older per-fraction interface; ``batched=False`` runs today's
-sequential probes (:func:`e2mc.evaluation.linear.train_linear_probe`), the reference that
-``benchmarks/eval_speed.py`` times the batched path against.
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ import torch
 
 from e2mc.data.subsets import label_fraction_indices, stratified_indices
 from e2mc.evaluation.batched import BEST_HEAD_RULE, HeadSpec, best_head, train_linear_heads
-from e2mc.evaluation.linear import ProbeResult, train_linear_probe
-from e2mc.evaluation.probe_settings import LinearProbeConfig, linear_settings
+from e2mc.evaluation.linear import ProbeResult
+from e2mc.evaluation.probe_settings import LinearProbeConfig
 
 
 @dataclass
@@ -148,42 +144,3 @@ def linear_protocol(
             for k, ((fraction, seed, idx, _, _), result) in enumerate(zip(plan, finals,
                                                                           strict=True))]
 
-
-def linear_sweep(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    test_x: np.ndarray,
-    test_y: np.ndarray,
-    fractions: Sequence[float] = (0.01, 0.1, 1.0),
-    seeds: Sequence[int] = (0, 1, 2),
-    method: str = "generic",
-    config_for: Callable[[float], LinearProbeConfig] | None = None,
-    device: str | torch.device = "cpu",
-    batched: bool = True,
-) -> dict[float, list[tuple[int, ProbeResult]]]:
-    """Train one probe per (fraction, seed) at the fraction's fixed preset. The seed picks the
-    stratified label subset (:func:`label_fraction_indices`) and the probe's initialization
-    and batch order; the config comes from ``config_for(fraction)`` or the method's preset
-    (:func:`linear_settings`). ``batched=False``: one :func:`train_linear_probe` after another."""
-    if not fractions or not seeds:
-        raise ValueError("need at least one fraction and one seed")
-
-    def config_of(fraction: float) -> LinearProbeConfig:
-        return config_for(fraction) if config_for else linear_settings(method, fraction)
-
-    out: dict[float, list[tuple[int, ProbeResult]]] = {}
-    if batched:
-        for e in linear_protocol(train_x, train_y, test_x, test_y, fractions, seeds, config_of,
-                                 device=device):
-            out.setdefault(e.fraction, []).append((e.seed, e.result))
-        return out
-    num_classes = int(max(np.max(train_y), np.max(test_y))) + 1
-    for fraction in fractions:
-        config = config_of(fraction)
-        out[fraction] = []
-        for seed in seeds:
-            idx = label_fraction_indices(train_y, fraction, seed)
-            result = train_linear_probe(train_x[idx], train_y[idx], test_x, test_y, config,
-                                        seed=seed, num_classes=num_classes, device=device)
-            out[fraction].append((seed, result))
-    return out

@@ -73,14 +73,15 @@ class EvalData:
 
 def _limit(dataset: Any, limit: int | None, seed: int | None) -> Any:
     import numpy as np
-    from torch.utils.data import Subset
+
+    from e2mc.data import LabeledSubset
 
     if limit is None or limit >= len(dataset):
         return dataset
     if seed is None:
-        return Subset(dataset, range(limit))
-    idx = np.sort(np.random.default_rng(seed).permutation(len(dataset))[:limit])
-    return Subset(dataset, idx.tolist())
+        return LabeledSubset(dataset, range(limit))
+    return LabeledSubset(dataset, np.sort(np.random.default_rng(seed).permutation(
+        len(dataset))[:limit]))
 
 
 def _check_same_classes(train: object, test: object, train_spec: str, test_spec: str) -> None:

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Subset
-
 from e2mc.artifacts import RunDir, run_model
 from e2mc.config import RunConfig, resolve_signals
 from e2mc.distributed import is_main_process
@@ -53,7 +51,7 @@ def training_images(cfg: RunConfig) -> Any:
     images), before the validation hold-out and without a transform (each consumer adds its
     own: the view recipe, or the evaluation transform of the monitor), and the number of
     unreadable images skipped."""
-    from e2mc.data import LabeledSubset, build_dataset, dataset_labels
+    from e2mc.data import LabeledSubset, build_dataset
 
     if cfg.data.dataset is None:
         raise ValueError("data.dataset is not set: give a data set ('builtin', an IDX folder, an "
@@ -62,8 +60,7 @@ def training_images(cfg: RunConfig) -> Any:
     skipped = int(getattr(base, "num_skipped", 0))
     if cfg.data.limit is not None:
         limited = range(min(cfg.data.limit, len(base)))
-        base = (LabeledSubset(base, limited) if dataset_labels(base, False) is not None
-                else Subset(base, limited))
+        base = LabeledSubset(base, limited)
     return base, skipped
 
 
@@ -94,11 +91,11 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
     validation ``split`` (:func:`holdout`) only its training part. ``images``: what
     :func:`training_images` returned (built here when not given). ``pipeline``: the value
     ``data.pipeline`` runs with (``auto`` chosen, :mod:`e2mc.training.hardware`)."""
-    from e2mc.data import MultiViewDataset, build_views
+    from e2mc.data import LabeledSubset, MultiViewDataset, build_views
 
     base, skipped = images or training_images(cfg)
     if split is not None:
-        base = Subset(base, split["train"])
+        base = LabeledSubset(base, split["train"])
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
     if pipeline in ("fast", "device"):

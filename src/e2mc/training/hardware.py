@@ -29,8 +29,10 @@ class Choice:
 
 def is_image_folder(dataset: Any) -> bool:
     """Whether the fast pipelines can read ``dataset``: image files (``samples``), also
-    under a :class:`~torch.utils.data.Subset`."""
-    return hasattr(getattr(dataset, "dataset", dataset), "samples")
+    under a subset (:func:`~e2mc.data.subsets.subset_parts`)."""
+    from e2mc.data.subsets import subset_parts
+
+    return hasattr(subset_parts(dataset)[0], "samples")
 
 
 def hardware_choices(cfg: RunConfig, device: torch.device,
