@@ -119,7 +119,8 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
                 "path and times, not their bytes: make that result again with this e2mc")
     if old.get("size") != new.get("size"):
         return f"{old.get('size')} images {then}, {new.get('size')} {now}"
-    what = "the labels" if old.get("content") == new.get("content") else "the images"
+    # (the content hash covers the labels too: their own hash tells which changed)
+    what = "the labels" if old.get("labels") != new.get("labels") else "the images"
     return (f"{what} differ: content {str(old.get('content'))[:12]} {then}, "
             f"{str(new.get('content'))[:12]} {now}, {new.get('size')} images each")
 

@@ -95,13 +95,14 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
     first row, ``floor_name``, shown for scale and tested against nothing.
 
-    Runs (and the floor) that differ from the first in image size, report kind
-    (``eval --report``), a
-    column's primary metric, a protocol's label fractions or a column's label seeds are
-    refused (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
+    Runs (and the floor) that differ from the first in the probes' training images or labels
+    (or a labelled subset), image size, report kind (``eval --report``), a column's primary
+    metric, a protocol's label fractions or a column's label seeds are refused
+    (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
     primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
     test (no seed in common with the reference, no saved predictions) is listed in
-    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant.
+    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant. A
+    recorded top-1 that its saved predictions do not score is refused (:func:`_check_value`).
     """
     if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
