@@ -188,3 +188,38 @@ def test_the_flags_describe_the_step_evaluated(tmp_path: Path, capsys) -> None:
         assert flags == ([f"flag: {name} was evaluated at step 15 of a run configured for 80 "
                           "steps: a model from the middle of the run, not its end"]
                          if said else [])
+
+
+def test_shared_items_count_test_images_by_content(tmp_path: Path) -> None:
+    """A test image copied into the training folder (another name, another class) is one
+    shared item, by its bytes; a subset counts its own items; arrays count by rows."""
+    import shutil
+
+    from PIL import Image
+    from torch.utils.data import Subset
+
+    from e2mc.data import build_dataset
+    from e2mc.data.identity import shared_items
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("c0", "c1"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(
+                    tmp_path / split / c / f"{i}.png")
+    shutil.copy(tmp_path / "test" / "c0" / "1.png", tmp_path / "train" / "c1" / "copy.png")
+    train, test = (build_dataset(str(tmp_path), split, None) for split in ("train", "test"))
+    assert shared_items(train, test) == 1
+    copy = next(i for i, (p, _) in enumerate(train.samples) if p.endswith("copy.png"))
+    assert shared_items(Subset(train, [i for i in range(7) if i != copy]), test) == 0
+
+    class Arrays:
+        def __init__(self, images):
+            self.images, self.labels = images, np.zeros(len(images), dtype=np.int64)
+
+        def __len__(self):
+            return len(self.images)
+
+    x = rng.integers(0, 256, (5, 4, 4), dtype=np.uint8)
+    assert shared_items(Arrays(x), Arrays(np.concatenate([x[2:4], 255 - x[:1]]))) == 2

@@ -136,7 +136,7 @@ def _item_keys(dataset: Any) -> list[Any] | None:
         return None if parent is None else [parent[i] for i in dataset.indices]
     if hasattr(dataset, "dataset") and hasattr(dataset, "transform"):
         return _item_keys(dataset.dataset)
-    images = (dataset.tensors[0].numpy() if isinstance(dataset, TensorDataset)
+    images = (dataset.tensors[0].detach().cpu().numpy() if isinstance(dataset, TensorDataset)
               else getattr(dataset, "images", None))
     if not isinstance(images, np.ndarray):
         return None
