@@ -89,6 +89,12 @@ def recorded_test_data(labels) -> dict:
     return data_identity(_Arrays(labels))
 
 
+def recorded_data(labels) -> dict:
+    """``test_data`` (:func:`recorded_test_data`) and ``train_data``, the same training data in
+    every hand-written evaluation directory: what ``e2mc compare`` checks the rows share."""
+    return {"test_data": recorded_test_data(labels), "train_data": recorded_test_data([0, 1])}
+
+
 def training_records(run_dir) -> list[dict]:
     """The training records of a run's ``metrics.jsonl``, one per logged step (the records
     with a ``loss``; the validation monitor's and the collapse monitor's are left out)."""
@@ -214,8 +220,7 @@ def one_column_eval_dir(root, correct: int, n: int = 200, classes: int = 2,
                         "metrics": {"top1": 100 * correct / n}, "fraction": fraction,
                         "seed": seed, "predictions": rel,
                         **({"config": config} if config else {})})
-    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels),
-                         **(info or {})})
+    EvalDir(root).write({"entries": entries, **recorded_data(labels), **(info or {})})
     return root
 
 

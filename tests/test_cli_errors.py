@@ -20,7 +20,7 @@ from e2mc.artifacts.layout import read_jsonl
 from e2mc.cli import build_parser, main
 from e2mc.demo import BASE_CHECKPOINT
 from e2mc.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_NONFINITE, describe
-from helpers import recorded_test_data
+from helpers import recorded_data
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +385,7 @@ def _eval_dir(root: Path, top1: float) -> Path:
     EvalDir(root).write({"entries": [{"protocol": "linear", "column": "linear 10%",
                                       "primary": "top1", "metrics": {"top1": top1},
                                       "fraction": 0.1, "seed": 0, "predictions": rel}],
-                         "test_data": recorded_test_data(labels)})
+                         **recorded_data(labels)})
     return root
 
 

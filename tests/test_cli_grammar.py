@@ -16,7 +16,7 @@ import pytest
 from e2mc.artifacts import EvalDir
 from e2mc.cli import build_parser, main
 from e2mc.errors import EXIT_INPUT
-from helpers import TINY_RUN, recorded_test_data, tiny_base
+from helpers import TINY_RUN, recorded_data, tiny_base
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -125,7 +125,7 @@ def _eval_dir(root: Path, correct: int) -> Path:
         entries.append({"protocol": "linear", "column": "linear 10%", "primary": "top1",
                         "metrics": {"top1": 100 * correct / 40}, "fraction": 0.1, "seed": seed,
                         "predictions": rel})
-    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels)})
+    EvalDir(root).write({"entries": entries, **recorded_data(labels)})
     return root
 
 

@@ -14,7 +14,7 @@ from e2mc.evaluation.results import (
     comparison_markdown,
     mean_se,
 )
-from helpers import recorded_test_data
+from helpers import recorded_data
 from test_evaluation_cli import tiny_run
 
 
@@ -77,7 +77,7 @@ def _eval(root, correct: np.ndarray, seeds=(0, 1), image_size: int = 28):
                                                 np.where(correct, 0, 1), labels)}
                for s in seeds]
     EvalDir(root).write({"entries": entries, "image_size": image_size,
-                         "test_data": recorded_test_data(labels)})
+                         **recorded_data(labels)})
     return str(root)
 
 

@@ -49,6 +49,8 @@ def test_eval_lr_grid_and_subset_file(tmp_path, capsys):
     assert record["settings"]["linear"]["50%"]["lr_grid"] == pytest.approx(
         [0.1 * preset_lr, preset_lr, 10 * preset_lr])
     assert record["settings"]["linear"]["50%"]["subset"]["size"] == 12
+    # the file, not the label seed, decides the subset: one identity at both seeds
+    assert len({e["subset"].pop("sha256") for e in half}) == 1
     for e in half:
         assert e["subset"] == {"kind": "file", "size": 12}
         sel = e["selection"]

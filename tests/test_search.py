@@ -11,7 +11,7 @@ import pytest
 from e2mc.artifacts import SEARCH_JSON
 from e2mc.cli import main
 from e2mc.search import Trial, file_trials, grid_trials, select
-from helpers import TINY_RUN, recorded_test_data, tiny_base
+from helpers import TINY_RUN, recorded_data, tiny_base
 
 TINY = [*TINY_RUN, "monitor.every=2", "monitor.probe_epochs=2", "monitor.knn_k=3"]
 
@@ -127,7 +127,7 @@ def _eval_dir(root: Path, correct: np.ndarray, seeds: tuple[int, ...]) -> Path:
         entries.append({"protocol": "linear", "column": "linear 1%", "fraction": 0.01,
                         "seed": seed, "primary": "top1",
                         "metrics": {"top1": 100 * correct.mean()}, "predictions": rel})
-    EvalDir(root).write({"entries": entries, "test_data": recorded_test_data(labels)})
+    EvalDir(root).write({"entries": entries, **recorded_data(labels)})
     return root
 
 

@@ -22,7 +22,7 @@ from e2mc.artifacts import GENERATIONS, EvalDir, writer_lock
 from e2mc.cli import main
 from e2mc.evaluation.results import compare_evaluations, save_predictions
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
-from helpers import recorded_test_data
+from helpers import recorded_data
 from test_evaluation_cli import data
 from test_faults import CHILDREN
 
@@ -224,7 +224,7 @@ def synthetic(root: Path, report: str = "last", seeds: tuple[int, ...] = (0, 1),
                             "predictions": rel})
     EvalDir(root).write({"reported_epoch": report, "fractions": list(fractions),
                          "seeds": list(seeds), "entries": entries,
-                         "test_data": recorded_test_data(labels)})
+                         **recorded_data(labels)})
     return root
 
 

@@ -77,7 +77,7 @@ from e2mc.artifacts.layout import (
     read_jsonl,
     write_jsonl,
 )
-from e2mc.artifacts.locks import DirectoryBusy, live_writer, writer_lock
+from e2mc.artifacts.locks import DirectoryBusy, describe_holder, live_writer, writer_lock
 from e2mc.artifacts.runs import (
     BUILTIN_CHECKPOINTS,
     BUILTIN_PREFIX,
@@ -93,6 +93,7 @@ __all__ = [
     "EPOCH_DIR", "GENERATIONS", "LOCK", "METRICS", "MONITOR_PLOT", "PREDICTIONS_DIR",
     "RESULTS", "RUN_DONE", "SEARCH_JSON", "SEARCH_MD", "START", "TENSORBOARD_DIR", "VAL_SPLIT",
     "DirectoryBusy", "EvalDir", "EvalEntry", "EvalResults", "EvalSetDir", "RunDir", "RunModel",
-    "SearchDir", "builtin_checkpoint", "evaluation_set_names", "live_writer", "mean_se",
-    "read_jsonl", "run_model", "slug_dir_name", "summarize", "write_jsonl", "writer_lock",
+    "SearchDir", "builtin_checkpoint", "describe_holder", "evaluation_set_names", "live_writer",
+    "mean_se", "read_jsonl", "run_model", "slug_dir_name", "summarize", "write_jsonl",
+    "writer_lock",
 ]

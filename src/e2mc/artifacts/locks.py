@@ -61,8 +61,9 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
         except OSError:
             holder = os.read(fd, 1 << 16).decode("utf-8", "replace")
             os.close(fd)
-            raise DirectoryBusy(f"{root} is being written by another process ({_holder(holder)})"
-                                "; wait for it to end or use another directory") from None
+            raise DirectoryBusy(f"{root} is being written by another process "
+                                f"({describe_holder(holder)}); wait for it to end or use "
+                                "another directory") from None
         try:  # the file may have been removed by its last holder between open and lock
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -75,7 +76,7 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         stale = os.read(fd, 1 << 16).decode("utf-8", "replace").strip()
         if stale:
-            print(f"note: {path} was left by a process that is gone ({_holder(stale)}); "
+            print(f"note: {path} was left by a process that is gone ({describe_holder(stale)}); "
                   "taking it over", file=sys.stderr)
         record = {**process_identity(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": sys.argv}
@@ -120,9 +121,11 @@ def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     return record if same_process(record) else None
 
 
-def _holder(text: str) -> str:
+def describe_holder(record: str | dict[str, Any]) -> str:
+    """A lock's record (its text, or :func:`live_writer`'s dict) in words: pid, host, since
+    when, command."""
     try:
-        r = json.loads(text)
+        r = json.loads(record) if isinstance(record, str) else record
         return (f"pid {r['pid']} on {r['host']} since {r['started']}: "
                 f"{' '.join(map(str, r.get('command', [])))}")
     except (ValueError, KeyError, TypeError):

@@ -16,9 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "run is tested against the first (McNemar + paired permutation test on the "
                     "per-image predictions of the same seed): one verdict line per run and "
                     "column first, then the table; '▲'/'▼' significantly better/worse (p<0.05 "
-                    "at every seed; doubled: p<0.01); '†' no "
-                    "paired test (no common seed). Runs evaluated differently (report kind, "
-                    "primary metric, fractions, seeds) are refused unless --allow-mismatch.")
+                    "at every seed; doubled: p<0.01); '†' no paired test (no common seed). "
+                    "Runs evaluated differently (the probes' training images or labels, report "
+                    "kind, primary metric, fractions, seeds) are refused unless "
+                    "--allow-mismatch.")
     p.add_argument("runs", nargs="+", help="run directories written by 'e2mc eval'")
     p.add_argument("--names", default=None, metavar="A,B,...",
                    help="comma-separated row names, one per run (default: their directory "
@@ -37,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "'e2mc eval RUN/checkpoints/epoch_0000.pt ...'): shown as the first "
                         "row, 'random init', and not tested (default: no floor row)")
     p.add_argument("--allow-mismatch", action="store_true",
-                   help="compare runs evaluated differently (report kind last/best, a "
-                        "column's primary metric, label fractions or label seeds; refused "
+                   help="compare runs evaluated differently (the probes' training images "
+                        "or labels, report kind last/best, a column's primary metric, label "
+                        "fractions or label seeds; refused "
                         "by default): each row shows its own metric and the table lists what "
                         "differs")
     p.set_defaults(func=run)

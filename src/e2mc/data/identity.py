@@ -114,6 +114,36 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
                 "path and times, not their bytes: make that result again with this e2mc")
     if old.get("size") != new.get("size"):
         return f"{old.get('size')} images {then}, {new.get('size')} {now}"
-    what = "the labels" if old.get("content") == new.get("content") else "the images"
+    # (the content hash covers the labels too: their own hash tells which changed)
+    what = "the labels" if old.get("labels") != new.get("labels") else "the images"
     return (f"{what} differ: content {str(old.get('content'))[:12]} {then}, "
             f"{str(new.get('content'))[:12]} {now}, {new.get('size')} images each")
+
+
+def _item_keys(dataset: Any) -> list[Any] | None:
+    """One key per item, equal exactly when two items' content is (the file's SHA-256, or the
+    SHA-256 of an array row), by the dispatch of :func:`update_content`; None for a data set
+    read item by item (its images would each be decoded)."""
+    if isinstance(getattr(dataset, "samples", None), list):
+        return file_digests([path for path, _ in dataset.samples])
+    if hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
+        parent = _item_keys(dataset.dataset)
+        return None if parent is None else [parent[i] for i in dataset.indices]
+    if hasattr(dataset, "dataset") and hasattr(dataset, "transform"):
+        return _item_keys(dataset.dataset)
+    images = (dataset.tensors[0].detach().cpu().numpy() if isinstance(dataset, TensorDataset)
+              else getattr(dataset, "images", None))
+    if not isinstance(images, np.ndarray):
+        return None
+    rows = np.ascontiguousarray(images).reshape(len(images), -1)
+    return [hashlib.sha256(row.view(np.uint8)).digest() for row in rows]
+
+
+def shared_items(train: Any, test: Any) -> int | None:
+    """How many items of ``test`` have the content of an item of ``train`` (a test image the
+    probes would be trained on); None when either is read item by item (not counted)."""
+    a, b = _item_keys(train), _item_keys(test)
+    if a is None or b is None:
+        return None
+    seen = set(a)
+    return sum(key in seen for key in b)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from e2mc.artifacts import EvalDir, EvalEntry, EvalResults, mean_se
+from e2mc.artifacts import RESULTS, EvalDir, EvalEntry, EvalResults, mean_se
 from e2mc.data.subsets import fraction_label
 from e2mc.errors import InputError
 from e2mc.evaluation.sanity import chance_columns, comparison_flags
@@ -95,13 +95,14 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
     first row, ``floor_name``, shown for scale and tested against nothing.
 
-    Runs (and the floor) that differ from the first in image size, report kind
-    (``eval --report``), a
-    column's primary metric, a protocol's label fractions or a column's label seeds are
-    refused (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
+    Runs (and the floor) that differ from the first in the probes' training images or labels
+    (or a labelled subset), image size, report kind (``eval --report``), a column's primary
+    metric, a protocol's label fractions or a column's label seeds are refused
+    (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
     primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
     test (no seed in common with the reference, no saved predictions) is listed in
-    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant.
+    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant. A
+    recorded top-1 that its saved predictions do not score is refused (:func:`_check_value`).
     """
     if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
@@ -150,6 +151,9 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
             if run is not base:
                 for ref, e in _matched_entries(base, run, column):
                     matched.append(_correctness(base, ref, run, e))
+                    for r, entry, correct in ((run, e, matched[-1][0]),
+                                              (base, ref, matched[-1][1])):
+                        _check_value(r, entry, correct)  # the table's number is the tests'
                     row = _paired_test(*matched[-1], n_resamples, seed)
                     row.update(run=name, reference=names[0], column=column, seed=e.seed)
                     tests.append(row)
@@ -217,17 +221,55 @@ def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:
                              f"against {where}); a paired test needs the same images")
 
 
+#: Primary metrics that are the share of the test images a saved prediction gets right.
+_TOP1 = ("top1", "top1_last", "top1_best", "accuracy")
+
+
+def _check_value(run: EvalResults, entry: EvalEntry, correct: np.ndarray) -> None:
+    """``entry``'s recorded top-1 (what the table shows) must be what its saved predictions
+    score (``correct``, what the paired tests and the verdicts read), to half an image;
+    otherwise an ``InputError``: the table and the verdicts would tell two numbers."""
+    scored = 100 * float(correct.mean())
+    if entry.primary in _TOP1 and not abs(entry.value - scored) < 50 / len(correct):
+        raise InputError(f"{run.dir / RESULTS}: {entry.column!r} seed {entry.seed} records "
+                         f"{entry.primary} {entry.value:.2f}, but its saved predictions score "
+                         f"{scored:.2f}: the file was changed after the evaluation wrote it; "
+                         f"evaluate again into {run.dir}")
+
+
+def _data_difference(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
+    """What differs between the images and labels the two runs' probes trained on (their
+    ``train_data`` identity; then each common (column, seed)'s labelled subset)."""
+    from e2mc.data.identity import describe_change, same_data
+
+    a, b = ref.info.get("train_data"), run.info.get("train_data")
+    if a is None or b is None:
+        who = " and ".join(n for n, i in ((ref_name, a), (name, b)) if i is None)
+        return [f"the probes' training images or labels ({who} recorded no identity of them: "
+                "made by an older e2mc, evaluate again)"]
+    if not same_data(a, b):
+        return [f"the probes' training images or labels ({describe_change(a, b, ref_name, name)})"]
+    for column in (c for c in ref.columns() if run.column(c)):
+        for x, y in _matched_entries(ref, run, column):
+            ids = [(e.extra.get("subset") or {}).get("sha256") for e in (x, y)]
+            if all(ids) and ids[0] != ids[1]:
+                return [f"the labelled subset of {column!r} seed {y.seed} ({ref_name}: "
+                        f"{ids[0][:12]}; {name}: {ids[1][:12]})"]
+    return []
+
+
 #: Protocols whose number depends on the report kind (``eval --report last|best``).
 _PROBES = ("linear", "linear-aug", "finetune")
 
 
 def _differences(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
-    """What makes ``run`` not comparable with ``ref``: the image size, the report kind, a common
-    column's primary metric or label seeds, a common protocol's label fractions."""
+    """What makes ``run`` not comparable with ``ref``: the probes' training data, the image
+    size, the report kind, a common column's primary metric or label seeds, a common protocol's
+    label fractions."""
     def listed(values: Any) -> str:
         return ", ".join(str(v) for v in values)
 
-    out = []
+    out = _data_difference(ref_name, ref, name, run)
     sizes = ref.info.get("image_size"), run.info.get("image_size")
     if all(sizes) and sizes[0] != sizes[1]:
         out.append(f"image size ({ref_name}: {sizes[0]} px; {name}: {sizes[1]} px)")

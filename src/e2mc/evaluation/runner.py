@@ -129,11 +129,22 @@ def _file_subsets(train_dataset: Dataset, files: dict[float, str]
     return subsets, info
 
 
+def _subset(kind: str, indices: np.ndarray) -> dict[str, Any]:
+    """An entry's ``subset``: how its labelled training rows were chosen, how many, and the
+    SHA-256 of their indices (with the training data's identity: which images and labels the
+    probe trained on, compared by ``e2mc compare``)."""
+    from e2mc.data.identity import update_array
+
+    h = hashlib.sha256()
+    update_array(h, np.asarray(indices, dtype=np.int64))
+    return {"kind": kind, "size": len(indices), "sha256": h.hexdigest()}
+
+
 def _linear_entry(eval_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
-                  subset: str, generation: str) -> dict[str, Any]:
+                  subset: dict[str, Any], generation: str) -> dict[str, Any]:
     out = _probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
                        report, generation)
-    out["subset"] = {"kind": subset, "size": entry.subset_size}
+    out["subset"] = subset
     out["config"] = {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay}
     if entry.selection is not None:
         out["selection"] = entry.selection
@@ -249,8 +260,10 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                                 val_fraction=options.val_fraction, subsets=subsets,
                                 device=device)
         for entry in sweep:
-            kind = "file" if entry.fraction in subsets else "stratified"
-            entries.append(_linear_entry(eval_dir, entry, test_y, options.report, kind,
+            chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
+            subset = (_subset("file", chosen) if chosen is not None else _subset(
+                "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
+            entries.append(_linear_entry(eval_dir, entry, test_y, options.report, subset,
                                          generation))
         timings["linear"] = time.perf_counter() - s
     if "linear-aug" in options.protocols:
@@ -263,8 +276,9 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                     backbone, LabeledSubset(train_dataset, idx), test_x, test_y,
                     num_classes, linear_config(fraction), seed=seed, device=device,
                     num_workers=loader_workers, progress=options.progress)
-                entries.append(_probe_entry(eval_dir, "linear-aug", fraction, seed, result,
-                                            test_y, options.report, generation))
+                entries.append({**_probe_entry(eval_dir, "linear-aug", fraction, seed,
+                                               result, test_y, options.report, generation),
+                                "subset": _subset("stratified", idx)})
     if "knn" in options.protocols:
         s = time.perf_counter()
         settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
@@ -292,8 +306,9 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                                   LabeledSubset(train_dataset, idx), test_dataset, config,
                                   seed=seed, device=device, num_workers=loader_workers,
                                   progress=options.progress)
-                entries.append(_probe_entry(eval_dir, "finetune", fraction, seed, result,
-                                            test_y, options.report, generation))
+                entries.append({**_probe_entry(eval_dir, "finetune", fraction, seed, result,
+                                               test_y, options.report, generation),
+                                "subset": _subset("stratified", idx)})
     if "svm" in options.protocols:
         settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
                            "normalize": True}

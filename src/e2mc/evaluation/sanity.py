@@ -15,7 +15,9 @@ the terminal, ``comparison.md`` and the page), one line each.
 - **dropped images**: a run trained with images left out of every epoch (the data set's size
   is not a multiple of the batch);
 - **stopped mid-epoch**: a run that ``training.max_steps`` stopped inside an epoch: its last
-  epoch saw part of the images, and its length is not the epochs it names;
+  epoch saw part of the images, and its length is not the epochs it names; **mid-run**: an
+  evaluated step before the end the run's configuration sets (the step read, not the
+  configuration's);
 - **seeds**: what the ± and the pooled tests run over: label-subset seeds of one trained model
   per row, not training seeds.
 """
@@ -236,28 +238,36 @@ def _dropped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[st
 
 
 def _stopped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
-    """Runs whose ``training.max_steps`` (recorded in the checkpoint's run configuration)
-    stopped them inside an epoch; runs stopped alike share a line."""
+    """Runs whose evaluated model (the checkpoint's step, else ``training.max_steps``) is not
+    the end its recorded run configuration sets, or ends inside an epoch; runs stopped alike
+    share a line. A kept model (keep-best's choice) is the run's answer, not flagged here."""
     alike: dict[tuple, list[str]] = {}
     for name, run in zip(names, runs, strict=True):
-        info = _checkpoint_info(run)
+        info, model = _checkpoint_info(run), run.info.get("model")
         use, cfg = info.get("epoch_use"), info.get("run_config")
         training = cfg.get("training") if isinstance(cfg, dict) else None
-        if not isinstance(use, dict) or not isinstance(training, dict):
+        if not isinstance(use, dict) or not isinstance(training, dict) or (
+                isinstance(model, dict) and model.get("kept_model")):
             continue
         most, epochs, steps = training.get("max_steps"), training.get("epochs"), use.get("steps")
-        if not all(isinstance(v, int) and v > 0 for v in (most, epochs, steps)):
+        if not all(isinstance(v, int) and v > 0 for v in (epochs, steps)):
             continue
-        if most < epochs * steps and most % steps:
-            key = (most, epochs, steps, use.get("images"), use.get("batch"))
+        end = min(most, epochs * steps) if isinstance(most, int) and most > 0 else epochs * steps
+        step = info.get("step") if isinstance(info.get("step"), int) else end
+        if step < end or step % steps:
+            key = (step, end, most, epochs, steps, use.get("images"), use.get("batch"))
             alike.setdefault(key, []).append(name)
     out = []
-    for (most, epochs, steps, images, batch), who in alike.items():
-        seen = (f"; its last epoch saw {(most % steps) * batch} of the {images} images"
+    for (step, end, most, epochs, steps, images, batch), who in alike.items():
+        was = f"{' and '.join(who)} {'was' if len(who) == 1 else 'were'}"
+        if step < end:  # a step from the middle of the run, whatever stopped it there
+            out.append(f"{was} evaluated at step {step} of a run configured for {end} steps: "
+                       "a model from the middle of the run, not its end")
+            continue
+        seen = (f"; its last epoch saw {(step % steps) * batch} of the {images} images"
                 if isinstance(batch, int) and isinstance(images, int) else "")
-        out.append(f"{' and '.join(who)} {'was' if len(who) == 1 else 'were'} stopped by "
-                   f"training.max_steps={most} inside an epoch: {most / steps:.2f} of "
-                   f"{epochs} epoch(s) of {steps} steps{seen}")
+        out.append(f"{was} stopped by training.max_steps={most} inside an epoch: "
+                   f"{step / steps:.2f} of {epochs} epoch(s) of {steps} steps{seen}")
     return out
 
 

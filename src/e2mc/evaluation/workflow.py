@@ -138,6 +138,7 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
 
     named = os.fspath(checkpoint)
     chosen = run_model(named, model.last)
+    _refuse_live_run(named, chosen)
     if chosen is not None and chosen.from_directory:
         log(f"model: {chosen.describe()}")
     # the file read: the run directory's model, the file named, or a URL's local copy
@@ -175,6 +176,24 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
     return _Loaded(named, chosen, path, backbone, feature_dim, info, channels, size)
 
 
+def _refuse_live_run(named: str, chosen: Any) -> None:
+    """A run directory (or its ``checkpoint.pt`` / ``best.pt``) that another process is still
+    training (it holds the run's lock, :func:`e2mc.artifacts.live_writer`) is an
+    ``InputError``: its latest checkpoint is a step in the middle of the run, which the
+    evaluation would record, and a comparison read, as the run's end. A per-epoch file of
+    ``checkpoints/`` is a fixed step and is evaluated as that step."""
+    from e2mc.artifacts import BEST, CHECKPOINT, describe_holder, live_writer
+
+    if chosen is None or not (chosen.from_directory or chosen.path.name in (CHECKPOINT, BEST)):
+        return
+    root = Path(named) if chosen.from_directory else chosen.path.parent
+    writer = live_writer(root)
+    if writer is not None and writer.get("pid") != os.getpid():
+        raise InputError(f"{root} is still being trained ({describe_holder(writer)}): its "
+                         f"{chosen.path.name} is a step in the middle of the run, not its end; "
+                         "evaluate it once the run has ended")
+
+
 def _architecture(info: dict[str, Any]) -> str | None:
     """The backbone's name a loaded checkpoint's info records (None for a module of its own)."""
     name = info.get("arch") or (info.get("hparams") or {}).get("backbone")
@@ -198,6 +217,32 @@ def _identities(train: Any, test: Any) -> dict[str, Any]:
     from e2mc.data.identity import data_identity
 
     return {"train_data": data_identity(train), "test_data": data_identity(test)}
+
+
+#: The share of test images the training split may hold (by content) before an evaluation is
+#: refused: a split mistake (a test folder copied into train, a concatenation) shares far
+#: more; public data sets hold a few exact duplicates, each of which moves a top-1 by at most
+#: one image.
+LEAK_SHARE = 0.01
+
+
+def _check_no_leak(train: Any, test: Any, data: EvalData, log: Callable[[str], None]
+                   ) -> dict[str, Any]:
+    """``{"test_in_train": N}``: the test images the probes' training split also holds, by
+    content (:func:`e2mc.data.identity.shared_items`); more than :data:`LEAK_SHARE` of them
+    is an ``InputError`` (the probes would be scored on images they were trained on), fewer
+    than that a warning."""
+    from e2mc.data.identity import shared_items
+
+    shared = shared_items(train, test)
+    if shared:
+        said = (f"{shared} of the {len(test)} test images of {data.test or data.train} are "
+                f"also images of the training split of {data.train} (by content)")
+        if shared > LEAK_SHARE * len(test):
+            raise InputError(f"{said}: the probes would be scored on images they were trained "
+                             "on; give a training split without the test images")
+        log(f"warning: {said}; each can move a top-1 by one image")
+    return {"test_in_train": shared}
 
 
 def _matching(out: str | os.PathLike[str], stamp: dict[str, Any]) -> EvalResults | None:
@@ -244,6 +289,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
     options = _resolved(options)
     loaded = _load(checkpoint, model, image_size, log, data)
     train, test = data.datasets(loaded.size, loaded.channels)
+    leak = _check_no_leak(train, test, data, log)
     identities = _identities(train, test)
     stamp = _stamp(loaded, data, options, identities)
     if reuse and (record := _matching(out, stamp)) is not None:
@@ -258,7 +304,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
         extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                       "model": chosen.record(info.get("step")) if chosen else None,
                       "checkpoint_info": _plain(info), "image_size": loaded.size,
-                      "device": options.device, "stamp": stamp, **identities,
+                      "device": options.device, "stamp": stamp, **identities, **leak,
                       **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
 
