@@ -77,20 +77,24 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
     assert [t["seed"] for t in tests] == [0, 1]
     for t in tests:
         assert 0 < t["mcnemar_p"] <= 1 and 0 < t["permutation_p"] <= 1
-    worst = max(max(x["mcnemar_p"], x["permutation_p"]) for x in tests)
-    shift = np.mean([t["difference"] for t in tests])
-    times = 2 if worst < 0.01 else 1 if worst < 0.05 else 0
-    expected = ("▲" if shift > 0 else "▼") * times
-    assert comp.cells["b"]["linear 50%"][2] == expected
-    assert any(m for run in comp.cells.values() for (_, _, m) in run.values())  # b is worse
-    # One pooled test per (run, column) over its two matched seeds, from the same predictions.
-    pooled = {t["column"]: t for t in comp.pooled}
+    # The cell's mark is its verdict's: one permutation test on each image's difference
+    # averaged over the two matched seeds (the reference formula), doubled at p < 0.01.
+    from e2mc.evaluation.compare import matched_correctness
+    from e2mc.evaluation.significance import pooled_permutation_test
+
+    verdicts = {v.column: v for v in comp.verdicts}
     per_column = {c: sum(t["column"] == c for t in comp.tests) for c in comp.columns}
-    assert set(pooled) == {c for c, n in per_column.items() if n >= 2}
-    p50 = pooled["linear 50%"]
-    assert p50["seeds"] == 2 and p50["run"] == "b" and 0 < p50["permutation_p"] <= 1
-    assert p50["difference"] == pytest.approx(np.mean([t["difference"] for t in tests]))
-    assert "Pooled over seeds" in comparison_markdown(comp)
+    assert set(verdicts) == set(per_column) - {c for c, n in per_column.items() if n == 0}
+    v50 = verdicts["linear 50%"]
+    diff, p = pooled_permutation_test(matched_correctness(a, b, "linear 50%"), 200, 0)
+    assert v50.seeds == 2 and v50.run == "b" and v50.p == p and 0 < p <= 1
+    assert v50.difference == pytest.approx(100 * diff)
+    assert v50.difference == pytest.approx(np.mean([t["difference"] for t in tests]))
+    times = 2 if p < 0.01 else 1 if p < 0.05 else 0
+    assert comp.cells["b"]["linear 50%"][2] == ("▲" if diff > 0 else "▼") * times
+    assert any(m for run in comp.cells.values() for (_, _, m) in run.values())  # b is worse
+    text = comparison_markdown(comp)
+    assert f"- b, linear 50%: {v50.word} a" in text and f"p {p:.2g};" in text
     # Runs on different test labels cannot be paired.
     record = json.loads((b / "results.json").read_text())
     entry = record["entries"][0]
