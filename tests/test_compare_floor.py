@@ -142,9 +142,9 @@ def test_compare_chart_names_the_reference_and_explains_the_marks(
     fig = shown[0]
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts[:3] == ["random init (floor, not tested)", "a (reference)", "b"]
-    assert texts[3].replace("\n", " ").startswith(
-        "▲ / ▼: better / worse than a; differences: filled = BETTER or WORSE, hollow = not; "
-        + RULE[:40])
+    assert texts[3].replace("\n", " ") == (
+        "▲ / ▼, filled: BETTER / WORSE than a, p < 0.05 (▲▲ / ▼▼: p < 0.01); hollow: not; p: "
+        "paired permutation test over the test images, pooled over the label-subset seeds")
     groups = ["linear", "knn", "svm"]
     assert len(fig.axes) == 2 * len(groups)  # the values, and the differences from a
     said = {v.column: v.direction in ("better", "worse") for v in comp.verdicts}

@@ -229,7 +229,7 @@ def diagnostics_section(report: Path, out: Path, settings: DemoSettings) -> tupl
     if marginals.is_file():
         src = html.escape(marginals.relative_to(out).as_posix()
                           if marginals.is_relative_to(out) else str(marginals))
-        body += (f'<figure><img src="{src}" alt="2-D marginals" style="max-width:900px">'
+        body += (f'<figure><img src="{src}" alt="2-D marginals" style="max-width:min(900px,100%)">'
                  "<figcaption>2-D marginals of a random pair of projector dimensions, "
                  "coloured by position in the base model</figcaption></figure>")
     return ("Diagnostics: how the embeddings moved", body)

@@ -298,6 +298,7 @@ def _runs_section(runs: Sequence[RunDiagnostics]) -> str:
 
 _STYLE = HEAD_STYLE + """
 body{max-width:1600px}.hint{color:#888;font-weight:normal;font-size:11px}
+tr>th:first-child{white-space:normal;min-width:9em}
 td.dir{text-align:left;color:#555}tr.lower td.dir{color:#1a4d99}
 td.better,span.better{color:#0a6b2b;font-weight:normal}td.worse,span.worse{color:#b00;
 font-weight:normal}.verdict li{margin:0.3em 0}

@@ -10,13 +10,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from e2mc.evaluation.compare import BETTER, RULE, WORSE, Comparison
+from e2mc.evaluation.compare import BETTER, WORSE, Comparison
 
 #: What the x axis of a protocol's panel varies (its columns after the protocol's name).
 _CHART_X = {"linear": "labels used", "linear-aug": "labels used", "finetune": "labels used",
             "knn": "neighbours k (u: majority vote, else similarity-weighted)"}
 #: Points of the chart's text: large enough at a phone's width (the page shrinks the image).
-_FONT = 11
+_FONT = 13
 
 
 def _groups(columns: list[str]) -> dict[str, list[str]]:
@@ -51,7 +51,7 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     run's paired difference from the reference in points: filled where its verdict is BETTER
     or WORSE, hollow where it is not (:data:`~e2mc.evaluation.compare.RULE`, the rule of the
     marks too). The y range follows the data; the legend, below, names the reference and the
-    floor and gives the rule."""
+    floor and gives the rule in short."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -62,7 +62,7 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     verdicts = {(v.run, v.column): v for v in comp.verdicts}
     tested = [r for r in comp.runs if any(v.run == r for v in comp.verdicts)]
     per = 2 if tested else 1
-    fig, axes = plt.subplots(per * len(groups), 1, figsize=(5.2, 2.7 * per * len(groups) + 1.2),
+    fig, axes = plt.subplots(per * len(groups), 1, figsize=(4.8, 2.6 * per * len(groups) + 1.4),
                              squeeze=False, layout="constrained")
     n = len(comp.runs)
     offsets = [(i - (n - 1) / 2) * min(0.8 / max(n, 1), 0.2) for i in range(n)]
@@ -120,18 +120,20 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
             a.grid(axis="y", alpha=0.3)
             a.tick_params(axis="y", labelsize=_FONT - 1)
         axes[per * g + per - 1][0].set_xlabel(
-            textwrap.fill(_CHART_X.get(protocol, ""), 50), fontsize=_FONT - 1)
+            textwrap.fill(_CHART_X.get(protocol, ""), 40), fontsize=_FONT - 1)
     blank = Line2D([], [], linestyle="none")
     legend = [(handles[r], f"{r} (reference)" if r == comp.reference and compared else
                f"{r} (floor, not tested)" if r == comp.floor else r)
               for r in comp.runs if r in handles]
-    if compared:
-        legend.append((blank, f"{BETTER} / {WORSE}: better / worse than {comp.reference}; "
-                       + ("differences: filled = BETTER or WORSE, hollow = not; "
-                          if per == 2 else "") + RULE))
+    if compared:  # the rule in short: the page and comparison.md give it whole
+        legend.append((blank, f"{BETTER} / {WORSE}" + (", filled" if per == 2 else "")
+                       + f": BETTER / WORSE than {comp.reference}, p < 0.05 ({BETTER * 2} / "
+                       f"{WORSE * 2}: p < 0.01)" + ("; hollow: not" if per == 2 else "")
+                       + "; p: paired permutation test over the test images, pooled over the "
+                       "label-subset seeds"))
     if comp.untested:
         legend.append((blank, "†: no paired test"))
-    fig.legend([h for h, _ in legend], [textwrap.fill(t, 58) for _, t in legend],
+    fig.legend([h for h, _ in legend], [textwrap.fill(t, 44) for _, t in legend],
                loc="outside lower center", ncols=1, fontsize=_FONT - 1, frameon=False)
     fig.suptitle(f"tested against {comp.reference}" if compared else "accuracy by column",
                  fontsize=_FONT + 1)

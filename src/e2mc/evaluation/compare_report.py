@@ -19,12 +19,30 @@ __all__ = ["answer_lines", "comparison_markdown", "headline_parts", "headlines",
            "print_answer", "verdict_sentence", "verdict_sentences", "write_comparison"]
 
 
-def _cell_text(cell: tuple[float, float | None, str] | None, untested: bool = False) -> str:
-    if cell is None:
+def cell_text(comp: Comparison, run: str, column: str) -> str:
+    """A cell of the table: ``mean ± se`` with its verdict's mark, `` †`` where untested."""
+    if (cell := comp.cells[run].get(column)) is None:
         return "-"
     mean, se, mark = cell
-    return (f"{mean:.2f} ± {se:.2f}" if se is not None else f"{mean:.2f}") + mark + \
-        (" †" if untested else "")
+    return (f"{mean:.2f}" + (f" ± {se:.2f}" if se is not None else "") + mark
+            + (" †" if column in comp.untested.get(run, {}) else ""))
+
+
+#: The columns of the per-seed tests (:func:`seed_test_rows`).
+SEED_TEST_HEAD = ("run", "column", "seed", "diff", "n10", "n01", "McNemar p", "permutation p",
+             "Cohen's d", "95% CI")
+
+
+def seed_test_rows(comp: Comparison) -> list[list[str]]:
+    """The per-seed paired tests as text, one row each (:data:`SEED_TEST_HEAD`)."""
+    return [[t["run"], t["column"], str(t["seed"]), f"{t['difference']:+.2f}", str(t["n10"]),
+             str(t["n01"]), f"{t['mcnemar_p']:.3g} ({t['mcnemar_method']})",
+             f"{t['permutation_p']:.3g}", f"{t['cohens_d']:.3f}",
+             f"[{t['ci95_low']:+.2f}, {t['ci95_high']:+.2f}]"] for t in comp.tests]
+
+
+#: What the per-seed tests' n10 and n01 count.
+TESTS_NOTE = "Per seed (n10: images only the run gets right, n01: only the reference):"
 
 
 def verdict_sentence(v: Verdict, reference: str) -> str:
@@ -67,14 +85,17 @@ def headline_parts(comp: Comparison, run: str) -> list[tuple[str, str]]:
     return [(text, kind) for text, kind in parts if text]
 
 
-def headlines(comp: Comparison, last: str | None = None) -> list[str]:
-    """One line per run tested against the reference (:func:`headline_parts`), ``last``'s
+def tested_runs(comp: Comparison, last: str | None = None) -> list[str]:
+    """The runs tested against the reference (or with a cell that could not be), ``last``'s
     last."""
     runs = [r for r in comp.runs if r not in (comp.reference, comp.floor)
             and (any(v.run == r for v in comp.verdicts) or r in comp.untested)]
-    if last in runs:
-        runs = [*(r for r in runs if r != last), last]
-    return ["".join(t for t, _ in headline_parts(comp, r)) for r in runs]
+    return [*(r for r in runs if r != last), *(r for r in runs if r == last)]
+
+
+def headlines(comp: Comparison, last: str | None = None) -> list[str]:
+    """One line per tested run (:func:`headline_parts`, :func:`tested_runs`)."""
+    return ["".join(t for t, _ in headline_parts(comp, r)) for r in tested_runs(comp, last)]
 
 
 def key_line(comp: Comparison) -> str:
@@ -156,25 +177,18 @@ def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
                   *[f"- flag: {markdown_text(f)}" for f in comp.flags], ""]
     lines += ["| run | " + " | ".join(markdown_text(c) for c in comp.columns) + " |",
               "|---|" + "---|" * len(comp.columns)]
-    for run in comp.runs:
-        untested = comp.untested.get(run, {})
-        lines.append(f"| {markdown_text(run)} | " + " | ".join(
-            _cell_text(comp.cells[run].get(c), c in untested) for c in comp.columns) + " |")
+    lines += [f"| {markdown_text(run)} | " + " | ".join(cell_text(comp, run, c)
+                                                         for c in comp.columns) + " |"
+              for run in comp.runs]
     lines += ["", *[markdown_text(r) for r in rules(comp)]]
     if comp.verdicts:
         lines += ["", "Every verdict:", "",
                   *[f"- {markdown_text(v)}" for v in verdict_sentences(comp)]]
     if comp.tests and per_seed:
-        lines += ["", "Per seed (n10: images only the run gets right, n01: only the reference):",
-                  "", "| run | column | seed | diff | n10 | n01 | McNemar p | permutation p | "
-                  "Cohen's d | 95% CI |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for t in comp.tests:
-            lines.append(
-                f"| {markdown_text(t['run'])} | {markdown_text(t['column'])} | {t['seed']} | "
-                f"{t['difference']:+.2f} | "
-                f"{t['n10']} | {t['n01']} | {t['mcnemar_p']:.3g} ({t['mcnemar_method']}) | "
-                f"{t['permutation_p']:.3g} | {t['cohens_d']:.3f} | "
-                f"[{t['ci95_low']:+.2f}, {t['ci95_high']:+.2f}] |")
+        lines += ["", TESTS_NOTE, "", f"| {' | '.join(SEED_TEST_HEAD)} |",
+                  "|" + "---|" * len(SEED_TEST_HEAD)]
+        lines += [f"| {' | '.join(markdown_text(c) for c in row)} |"
+                  for row in seed_test_rows(comp)]
     return "\n".join(lines) + "\n"
 
 
@@ -191,9 +205,10 @@ def comparison_paths(out_prefix: str | os.PathLike[str]) -> list[Path]:
 
 
 def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> list[Path]:
-    """Write ``<prefix>.md`` (the table, with the chart), ``<prefix>.png`` (the accuracy
-    chart, :func:`plot_comparison`), ``<prefix>.csv`` (one row per run
-    and column) and ``<prefix>_tests.csv`` (one row per paired test)."""
+    """Write ``<prefix>.md`` (:func:`comparison_markdown`, with the chart), ``<prefix>.png``
+    (the chart, :func:`~e2mc.evaluation.compare_chart.plot_comparison`), ``<prefix>.csv`` (one
+    row per run and column: its cell, its verdict's direction and p) and ``<prefix>_tests.csv``
+    (one row per paired test)."""
     from e2mc.files import atomic_write, atomic_write_text
 
     md, png, table, tests = comparison_paths(out_prefix)
@@ -203,17 +218,19 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
     atomic_write_text(md, comparison_markdown(comp)
                       + f"\n![accuracy by run and column]({chart.name})\n")
 
+    verdicts = {(v.run, v.column): v for v in comp.verdicts}
+
     def write_table(f: Any) -> None:
         w = csv.writer(f)
-        w.writerow(["run", "column", "mean", "se", "marker", "no_paired_test"])
+        w.writerow(["run", "column", "mean", "se", "marker", "verdict", "p", "no_paired_test"])
         for run in comp.runs:
-            for c in comp.columns:
-                if c in comp.cells[run]:
-                    mean, se, mark = comp.cells[run][c]
-                    why = ("floor" if run == comp.floor else "reference"
-                           if run == comp.reference else comp.untested.get(run, {}).get(c, ""))
-                    w.writerow([run, c, f"{mean:.4f}", "" if se is None else f"{se:.4f}", mark,
-                                why])
+            for c in (c for c in comp.columns if c in comp.cells[run]):
+                mean, se, mark = comp.cells[run][c]
+                v = verdicts.get((run, c))
+                why = ("floor" if run == comp.floor else "reference"
+                       if run == comp.reference else comp.untested.get(run, {}).get(c, ""))
+                w.writerow([run, c, f"{mean:.4f}", "" if se is None else f"{se:.4f}", mark,
+                            v.direction if v else "", f"{v.p:.4g}" if v else "", why])
 
     keys = ["run", "reference", "column", "seed", "difference", "n10", "n01", "mcnemar_stat",
             "mcnemar_p", "mcnemar_method", "permutation_p", "cohens_d", "ci95_low", "ci95_high"]

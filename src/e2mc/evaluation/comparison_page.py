@@ -21,10 +21,14 @@ from typing import Any
 
 from e2mc.evaluation.compare import BETTER, WORSE, Comparison
 from e2mc.evaluation.compare_report import (
+    SEED_TEST_HEAD,
+    TESTS_NOTE,
+    cell_text,
     headline_parts,
-    headlines,
     key_line,
     rules,
+    seed_test_rows,
+    tested_runs,
     verdict_sentences,
 )
 
@@ -35,6 +39,7 @@ PAGE = "comparison.html"
 #: width, a wide table scrolls inside its box, a number does not break across lines.
 HEAD_STYLE = """
 body{font-family:sans-serif;margin:1em;max-width:1200px;line-height:1.4}
+h1{font-size:1.6em}ul{padding-left:1.2em}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:0.5em 0 1em}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;font-size:14px;white-space:nowrap}
@@ -50,6 +55,7 @@ _STYLE = HEAD_STYLE + """
 .answer li{margin:0.25em 0}
 .flags{border-left:4px solid #c77700;background:#fff8ec;padding:0.3em 1em;margin:0.6em 0}
 .flags li{margin:0.2em 0}
+.side{display:flex;flex-wrap:wrap;gap:0 1.5em;align-items:flex-start}.side>div{flex:1 1 300px}
 """
 
 
@@ -82,17 +88,11 @@ def _table(comp: Comparison) -> str:
     for run in comp.runs:
         cells = []
         for column in comp.columns:
-            cell = comp.cells[run].get(column)
-            if cell is None:
-                cells.append("<td>-</td>")
-                continue
-            mean, se, mark = cell
-            text = f"{mean:.2f}" + (f" ± {se:.2f}" if se is not None else "") + mark
-            cls = "better" if mark.startswith(BETTER) else "worse" if mark.startswith(
+            mark = comp.cells[run].get(column, (0, 0, ""))[2]
+            kind = "better" if mark.startswith(BETTER) else "worse" if mark.startswith(
                 WORSE) else ""
-            dagger = " †" if column in comp.untested.get(run, {}) else ""
-            cells.append(f'<td class="{cls}">{_e(text)}{dagger}</td>' if cls
-                         else f"<td>{_e(text)}{dagger}</td>")
+            cells.append(f'<td class="{kind}">' if kind else "<td>")
+            cells[-1] += f"{_e(cell_text(comp, run, column))}</td>"
         role = (" (reference)" if run == comp.reference else " (floor, not tested)"
                 if run == comp.floor else "")
         body.append([f"<td><b>{_e(run)}</b>{_e(role)}</td>", *cells])
@@ -102,15 +102,10 @@ def _table(comp: Comparison) -> str:
 def _tests(comp: Comparison) -> str:
     if not comp.tests:
         return ""
-    rows = [[f"<td>{_e(t['run'])}</td>", f"<td>{_e(t['column'])}</td>", f"<td>{t['seed']}</td>",
-             f"<td>{t['difference']:+.2f}</td>", f"<td>{t['n10']}</td>", f"<td>{t['n01']}</td>",
-             f"<td>{t['mcnemar_p']:.3g} ({_e(t['mcnemar_method'])})</td>",
-             f"<td>{t['permutation_p']:.3g}</td>", f"<td>{t['cohens_d']:.3f}</td>",
-             f"<td>[{t['ci95_low']:+.2f}, {t['ci95_high']:+.2f}]</td>"] for t in comp.tests]
-    return ("<h2>The tests</h2><details><summary>per-seed paired tests</summary><p>Per seed "
-            "(n10: images only the run gets right, n01: only the reference):</p>"
-            + table(["run", "column", "seed", "diff", "n10", "n01", "McNemar p",
-                     "permutation p", "Cohen's d", "95% CI"], rows) + "</details>")
+    rows = [[f"<td>{_e(c)}</td>" for c in row] for row in seed_test_rows(comp)]
+    return ("<h2>The tests</h2><details><summary>per-seed paired tests</summary>"
+            f"<p>{_e(TESTS_NOTE)}</p>" + table([_e(h) for h in SEED_TEST_HEAD], rows)
+            + "</details>")
 
 
 def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
@@ -121,10 +116,9 @@ def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
     the caller's own HTML (the demo's diagnostics)."""
     title = title or f"e2mc comparison against {comp.reference}"
     body = [f"<h1>{_e(title)}</h1>"]
-    runs = [line.split(" against ", 1)[0] for line in headlines(comp)]
     if comp.verdicts:
         body.append('<div class="answer"><ul>' + "".join(
-            f"<li>{_headline(comp, run)}</li>" for run in runs)
+            f"<li>{_headline(comp, run)}</li>" for run in tested_runs(comp))
             + f'</ul><p class="note">{_e(key_line(comp))}</p></div>')
     else:
         body.append(f'<div class="answer">No run was tested against {_e(comp.reference)} '
@@ -135,19 +129,21 @@ def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
     body.append(_table(comp))
     body.append(f'<p class="note">{BETTER} / {WORSE}: significantly better / worse than '
                 f"{_e(comp.reference)} (the same test as the verdicts); † no paired test; the "
-                "rules are below the chart.</p>")
-    if chart is not None and Path(chart).is_file():
+                "rules are beside the chart.</p>")
+    marks = ("<div><h2>What the marks mean</h2><ul>"
+             + "".join(f"<li>{_e(r)}</li>" for r in rules(comp)) + "</ul></div>")
+    if chart is not None and Path(chart).is_file():  # side by side on a wide screen
         data = base64.b64encode(Path(chart).read_bytes()).decode("ascii")
-        body.append("<h2>Accuracy and paired differences</h2>"
-                    f'<img src="data:image/png;base64,{data}" alt="{_e(Path(chart).name)}">')
+        marks = ('<h2>Accuracy and paired differences</h2><div class="side">'
+                 f'<img src="data:image/png;base64,{data}" alt="{_e(Path(chart).name)}">'
+                 f"{marks}</div>")
+    body.append(marks)
     for heading, section in sections:
         body.append(f"<h2>{_e(heading)}</h2>{section}")
     if comp.verdicts:
         body.append("<h2>Every verdict</h2><ul>" + "".join(
             f'<li class="{v.direction}">{_e(text)}</li>'
             for v, text in zip(comp.verdicts, verdict_sentences(comp), strict=True)) + "</ul>")
-    body.append("<h2>What the marks mean</h2><ul>"
-                + "".join(f"<li>{_e(r)}</li>" for r in rules(comp)) + "</ul>")
     body.append(_tests(comp))
     return html_page(title, _STYLE, "".join(body))
 
