@@ -58,8 +58,7 @@ class Verdict:
     seeds_worse: int = 0
 
     @property
-    def direction(self) -> str:
-        """``better``, ``worse``, ``same`` (no significant difference) or ``unjudged``."""
+    def direction(self) -> str:  # "same": no significant difference
         if not self.judged:
             return "unjudged"
         if self.p >= ALPHA or self.difference == 0:
@@ -67,22 +66,17 @@ class Verdict:
         return "better" if self.difference > 0 else "worse"
 
     @property
-    def mark(self) -> str:
-        """``▲`` / ``▼``, doubled at p < 0.01; empty unless better or worse."""
+    def mark(self) -> str:  # empty unless better or worse
         times = 2 if self.p < 0.01 else 1
         return {"better": BETTER * times, "worse": WORSE * times}.get(self.direction, "")
 
     @property
-    def word(self) -> str:
-        """``BETTER than`` / ``WORSE than`` / ``no significant difference from`` / ``not judged
-        (at or near chance) against``: how a sentence names the direction."""
+    def word(self) -> str:  # how a sentence names the direction
         return {"better": "BETTER than", "worse": "WORSE than",
                 "same": "no significant difference from",
                 "unjudged": "not judged (at or near chance) against"}[self.direction]
 
-    def size(self) -> str:
-        """The signed difference, with ``± se`` where there are several seeds: ``+0.87 ±
-        0.50``."""
+    def size(self) -> str:  # "+0.87 ± 0.50"; no ± for one seed
         return f"{self.difference:+.2f}" + (f" ± {self.se:.2f}" if self.se is not None else "")
 
 

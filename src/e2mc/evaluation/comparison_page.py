@@ -1,15 +1,7 @@
-"""``comparison.html``: the page with the answer of ``e2mc compare`` and of the demo.
-
-It opens on the answer (a headline per run, :func:`~e2mc.evaluation.compare_report.
-headline_parts`, and the key to its numbers), the flags, then the table with its marks, the
-chart of the accuracies and the paired differences, the caller's sections (the demo's
-diagnostics), every verdict, the rules (:data:`~e2mc.evaluation.compare.RULE`, and how many
-verdicts a comparison of this many cells gets wrong by chance); the per-seed tests come last,
-folded. It fits a phone's screen: :data:`HEAD_STYLE`, :func:`html_page`, :func:`table`.
-
-Every user-given name (runs, columns, notes) is escaped: the page holds no raw HTML of theirs.
-The chart is embedded (base64), so the single file can be mailed or archived.
-"""
+"""``comparison.html``, the page of ``e2mc compare`` and the demo: the headlines and their key
+(:mod:`~e2mc.evaluation.compare_report`), the flags, the table, the chart beside the rules, the
+caller's sections, every verdict, the per-seed tests folded. Names are escaped; the chart is
+embedded (base64), so the one file can be mailed. It fits a phone (:func:`html_page`)."""
 
 from __future__ import annotations
 
