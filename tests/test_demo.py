@@ -61,7 +61,8 @@ def test_quick_demo_through_the_entry_point(tmp_path: Path) -> None:
     page = (out / "comparison.html").read_text()
     answer, table = page.index('class="answer"'), page.index("<table>")
     assert answer < table < page.index("Diagnostics: how the embeddings moved")
-    assert "e2mc</b>" in page[answer:table] and "continued</b>" in page[answer:table]
+    assert "<li>e2mc against continued: " in page[answer:table]  # the headlines
+    assert "<li>base against continued: " in page[answer:table]
     import html
 
     found = json.loads((out / "analysis" / "diagnostics.json").read_text())["verdict"]
