@@ -139,7 +139,7 @@ def test_compare_out_is_a_directory_and_its_resample_seed_gives_the_same_numbers
     names = ["comparison.html", "comparison.md", "comparison.png", "comparison.csv",
              "comparison_tests.csv"]
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == sorted(names)
-    assert f"wrote {tmp_path / 'new' / 'comparison.md'}" in out
+    assert f"paired tests in {tmp_path / 'new' / 'comparison.md'}" in out
     tests = list(csv.DictReader((tmp_path / "new" / "comparison_tests.csv").open()))
     assert [float(t["difference"]) for t in tests] == [25.0, 25.0]
     assert main(["compare", *args, "--out", str(tmp_path / "again"), "--resample-seed", "3"]) == 0

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from e2mc.artifacts import EvalDir
+from e2mc.evaluation.compare import RULE
 from e2mc.evaluation.results import (
     compare_evaluations,
     comparison_markdown,
     mean_se,
 )
+from e2mc.files import markdown_text
 from helpers import recorded_data
 from test_evaluation_cli import tiny_run
 
@@ -41,7 +43,8 @@ def test_floor_is_the_first_row_and_not_the_reference(evals: tuple[Path, Path, P
     table = md.index("| run | " + " | ".join(comp.columns) + " |")
     assert md[table + 2].startswith("| random init |")  # first row under the header
     text = "\n".join(md)
-    assert "worse than a: p < 0.05" in text and "at every seed" in text and "not tested" in text
+    assert f"Verdicts and marks against a: {markdown_text(RULE)}." in text
+    assert "not tested" in text
     assert "random init, " not in text  # the floor gets no verdict
     with pytest.raises(ValueError, match="also a run's name"):
         compare_evaluations([str(a), str(b)], names=["random init", "b"], floor=str(floor))
@@ -57,11 +60,13 @@ def test_compare_command_floor_option(evals: tuple[Path, Path, Path], tmp_path: 
     code = main(["compare", str(a), str(b), "--floor", str(floor), "--out",
                  str(tmp_path / "cmp"), "--resamples", "100"])
     assert code == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert rows[1].startswith("| random init |") and rows[2].startswith("| a |")
+    printed = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith("| ") for line in printed)  # the table: in the files
+    assert printed[-2].startswith("b against a: ")  # the floor gets no headline
+    assert not any(line.startswith("random init against") for line in printed)
     written = [line for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
                if line.startswith("| ")]
-    assert written[1].startswith("| random init |")
+    assert written[1].startswith("| random init |") and written[2].startswith("| a |")
     assert main(["compare", str(a), "--floor", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("e2mc compare: error:")
 
@@ -83,7 +88,7 @@ def _eval(root, correct: np.ndarray, seeds=(0, 1), image_size: int = 28):
 
 def test_a_significantly_worse_row_is_marked_and_called_worse(tmp_path, capsys):
     """The mark and the verdict carry the direction: 60 of 200 images lost is ▼▼ and WORSE,
-    40 gained is ▲▲ and BETTER; the verdicts are the first lines compare prints."""
+    40 gained is ▲▲ and BETTER, in the headlines compare prints and in comparison.md."""
     from e2mc.cli import main
 
     ref = _eval(tmp_path / "ref", np.arange(200) < 150)
@@ -96,11 +101,16 @@ def test_a_significantly_worse_row_is_marked_and_called_worse(tmp_path, capsys):
     assert main(["compare", ref, worse, better, "--names", "continued,e2mc,other",
                  "--out", str(tmp_path / "cmp"), "--resamples", "500"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("Verdict against continued")
-    assert out[2].startswith("- e2mc, linear 1%: WORSE than continued (-30.00 ± 0.00 points "
-                             "over 2 label-subset seed(s); 0 significantly better, 2 worse;")
-    assert out[3].startswith("- other, linear 1%: BETTER than continued (+20.00")
-    assert "| e2mc | 45.00 ± 0.00▼▼ |" in out
+    assert out[-3:-1] == ["e2mc against continued: WORSE at linear 1% ▼▼ (-30.00 ± 0.00, p "
+                          "0.002)", "other against continued: BETTER at linear 1% ▲▲ (+20.00 ± "
+                          "0.00, p 0.002)"]
+    md = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+    assert md[0].startswith("Verdict against continued")
+    assert "- e2mc, linear 1%: WORSE than continued ▼▼ (-30.00 ± 0.00 points over 2 label-subset "\
+           "seed(s), p 0.002; significant alone at 0 seed(s) better, 2 worse)" in md
+    assert any(line.startswith("- other, linear 1%: BETTER than continued ▲▲ (+20.00")
+               for line in md)
+    assert "| e2mc | 45.00 ± 0.00▼▼ |" in md
 
 
 def test_compare_refuses_evaluations_at_different_image_sizes(tmp_path, capsys):
@@ -116,12 +126,13 @@ def test_compare_refuses_evaluations_at_different_image_sizes(tmp_path, capsys):
 
 def test_compare_chart_names_the_reference_and_explains_the_marks(
         evals: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chart's legend says which run is the reference and which the floor and what the
-    marks mean; its second row draws each run's paired difference from the reference (the
-    verdicts' numbers), filled where the verdict is significant."""
+    """The chart's legend says which run is the reference and which the floor and gives the
+    rule of the marks; under each protocol's values a panel draws each run's paired difference
+    from the reference (the verdicts' numbers), filled exactly where the verdict is BETTER or
+    WORSE, and the values carry the cells' marks."""
     import matplotlib.pyplot as plt
 
-    from e2mc.evaluation.results import plot_comparison, verdicts
+    from e2mc.evaluation.results import plot_comparison
 
     floor, a, b = evals
     comp = compare_evaluations([str(a), str(b)], n_resamples=100, floor=str(floor))
@@ -131,15 +142,17 @@ def test_compare_chart_names_the_reference_and_explains_the_marks(
     fig = shown[0]
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts[:3] == ["random init (floor, not tested)", "a (reference)", "b"]
-    assert texts[3].startswith("▲ / ▼: better / worse than a at every seed, p < 0.05")
+    assert texts[3].replace("\n", " ") == (
+        "▲ / ▼, filled: BETTER / WORSE than a, p < 0.05 (▲▲ / ▼▼: p < 0.01); hollow: not; p: "
+        "paired permutation test over the test images, pooled over the label-subset seeds")
     groups = ["linear", "knn", "svm"]
     assert len(fig.axes) == 2 * len(groups)  # the values, and the differences from a
-    said = {v.split(":")[0].removeprefix("b, "): "BETTER" in v or "WORSE" in v
-            for v in verdicts(comp)}
+    said = {v.column: v.direction in ("better", "worse") for v in comp.verdicts}
     assert any(said.values()) and not all(said.values())  # both kinds of marker drawn
-    for g, protocol in enumerate(groups):
-        low = fig.axes[len(groups) + g]
-        assert low.get_title() == f"{protocol}: difference from a (points)"
+    for protocol in groups:
+        top, low = (next(ax for ax in fig.axes if ax.get_title() == title) for title in (
+            f"{protocol}: mean ± SE over seeds" if protocol == "linear" else f"{protocol}: "
+            "one seed", f"{protocol}: difference from a"))
         points = [line for line in low.lines if line.get_marker() == "o"]
         columns = [c for c in comp.columns if c.split(" ", 1)[0] == protocol]
         assert len(points) == len(columns)
@@ -148,6 +161,8 @@ def test_compare_chart_names_the_reference_and_explains_the_marks(
                               if t["run"] == "b" and t["column"] == column)
             assert line.get_ydata()[0] == pytest.approx(mean)
             assert (line.get_markerfacecolor() != "white") == said[column]
+        marks = [t.get_text() for t in top.texts]  # the values' marks: the verdicts'
+        assert marks == [comp.cells["b"][c][2] for c in columns if comp.cells["b"][c][2]]
     plt.close(fig)
     shown.clear()
     plot_comparison(compare_evaluations([str(a)]), tmp_path / "alone.png")  # nothing tested

@@ -40,16 +40,29 @@ def test_quick_demo_through_the_entry_point(tmp_path: Path) -> None:
     for row in ("continued", "e2mc", "base"):
         assert row in table
     assert "linear 10%" in table and "knn" in table
-    assert "diagnostics:" in proc.stdout and (out / "analysis" / "report.html").exists()
+    assert (out / "analysis" / "report.html").exists()
+    # the last screen is the answer: at most 25 rows of a 100-column terminal, each flag once,
+    # a headline per run (E2MC's last), the page; the table and every verdict are in the files
+    lines = proc.stdout.rstrip("\n").splitlines()
+    last = lines[next(i for i, line in enumerate(lines) if line.endswith("] done")) + 1:]
+    assert sum(max(1, -(-len(line) // 100)) for line in last) <= 25, "\n".join(last)
+    assert last[1] == (f"files: the table, every verdict and the paired tests in "
+                       f"{out / 'comparison.md'}; diagnostics: {out / 'analysis' / 'report.html'}")
+    flags = [line for line in last if line.startswith("flag: ")]
+    assert flags and len(flags) == len(set(flags))
+    assert [line.split(":")[0] for line in last if " against continued: " in line] == [
+        "base against continued", "e2mc against continued"]
+    assert not any(line.startswith(("| ", "- ")) for line in lines)
     # the page it ends on opens with the answer, then the table; the diagnostics follow
-    assert proc.stdout.strip().splitlines()[-1].endswith(str(out / "comparison.html"))
+    assert last[-1] == f"page: {out / 'comparison.html'}"
     assert "--quick checks the installation" in proc.stdout
     # said first too, before any work
     assert proc.stdout.splitlines()[0].startswith("--quick: an installation check")
     page = (out / "comparison.html").read_text()
     answer, table = page.index('class="answer"'), page.index("<table>")
     assert answer < table < page.index("Diagnostics: how the embeddings moved")
-    assert "e2mc</b>" in page[answer:table] and "continued</b>" in page[answer:table]
+    assert "<li>e2mc against continued: " in page[answer:table]  # the headlines
+    assert "<li>base against continued: " in page[answer:table]
     import html
 
     found = json.loads((out / "analysis" / "diagnostics.json").read_text())["verdict"]

@@ -77,20 +77,23 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
     assert [t["seed"] for t in tests] == [0, 1]
     for t in tests:
         assert 0 < t["mcnemar_p"] <= 1 and 0 < t["permutation_p"] <= 1
-    worst = max(max(x["mcnemar_p"], x["permutation_p"]) for x in tests)
-    shift = np.mean([t["difference"] for t in tests])
-    times = 2 if worst < 0.01 else 1 if worst < 0.05 else 0
-    expected = ("▲" if shift > 0 else "▼") * times
-    assert comp.cells["b"]["linear 50%"][2] == expected
+    # The cell's mark is its verdict's: one permutation test on each image's difference
+    # averaged over the two matched seeds (the reference formula), doubled at p < 0.01.
+    from e2mc.evaluation.compare import matched_correctness
+    from e2mc.evaluation.significance import pooled_permutation_test
+
+    verdicts = {v.column: v for v in comp.verdicts}
+    assert set(verdicts) == {t["column"] for t in comp.tests}  # one per tested column
+    v50 = verdicts["linear 50%"]
+    diff, p = pooled_permutation_test(matched_correctness(a, b, "linear 50%"), 200, 0)
+    assert v50.seeds == 2 and v50.run == "b" and v50.p == p and 0 < p <= 1
+    assert v50.difference == pytest.approx(100 * diff)
+    assert v50.difference == pytest.approx(np.mean([t["difference"] for t in tests]))
+    times = 2 if p < 0.01 else 1 if p < 0.05 else 0
+    assert comp.cells["b"]["linear 50%"][2] == ("▲" if diff > 0 else "▼") * times
     assert any(m for run in comp.cells.values() for (_, _, m) in run.values())  # b is worse
-    # One pooled test per (run, column) over its two matched seeds, from the same predictions.
-    pooled = {t["column"]: t for t in comp.pooled}
-    per_column = {c: sum(t["column"] == c for t in comp.tests) for c in comp.columns}
-    assert set(pooled) == {c for c, n in per_column.items() if n >= 2}
-    p50 = pooled["linear 50%"]
-    assert p50["seeds"] == 2 and p50["run"] == "b" and 0 < p50["permutation_p"] <= 1
-    assert p50["difference"] == pytest.approx(np.mean([t["difference"] for t in tests]))
-    assert "Pooled over seeds" in comparison_markdown(comp)
+    text = comparison_markdown(comp)
+    assert f"- b, linear 50%: {v50.word} a" in text and f"p {p:.2g};" in text
     # Runs on different test labels cannot be paired.
     record = json.loads((b / "results.json").read_text())
     entry = record["entries"][0]
@@ -110,7 +113,8 @@ def test_compare_command_writes_markdown_and_csv(tmp_path):
     proc = cli("compare", str(a), str(b), "--names", "base,e2mc", "--out", str(out),
                "--resamples", "200")
     assert proc.returncode == 0, proc.stderr
-    assert "| base |" in proc.stdout and "| e2mc |" in proc.stdout
+    assert proc.stdout.splitlines()[-2].startswith("e2mc against base: ")  # the answer
+    assert "| base |" not in proc.stdout  # the table: in the files
     md = (out / "comparison.md").read_text().splitlines()
     assert md[0].startswith("Verdict against base")  # the verdicts first, then the table
     assert "| run | linear 50% | linear 100% | knn k=5 | knn k=5 uniform | svm |" in md
@@ -118,6 +122,9 @@ def test_compare_command_writes_markdown_and_csv(tmp_path):
     assert any(line.startswith("| run | column | seed |") for line in md)
     rows = list(csv.DictReader((out / "comparison.csv").open()))
     assert {r["run"] for r in rows} == {"base", "e2mc"} and len(rows) == 10
+    comp = compare_evaluations([str(a), str(b)], names=["base", "e2mc"], n_resamples=200)
+    assert [(r["marker"], r["verdict"], r["p"]) for r in rows if r["run"] == "e2mc"] == [
+        (v.mark, v.direction, f"{v.p:.4g}") for v in comp.verdicts]  # each cell's verdict
     tests = list(csv.DictReader((out / "comparison_tests.csv").open()))
     assert len(tests) == 2 + 2 + 2 + 1  # two seeds x two linear columns, 2 kNN, SVM
     bad = cli("compare", str(tmp_path / "missing"))

@@ -34,11 +34,16 @@ def test_the_answer_is_last_a_headline_per_run_then_the_page(tmp_path: Path, cap
     b = _eval_dir(tmp_path / "b", 190)
     lines = _compare(tmp_path, a, b, capsys)
     assert lines[-1] == f"page: {tmp_path / 'cmp' / 'comparison.html'}"
-    assert lines[-2].startswith("e2mc against continued: BETTER at linear 1% (+20.00 ± 0.00 "
-                                "points, pooled permutation p ")
-    assert lines[-3] == ("flag: seeds: each row is one trained model; its ± and the pooled "
-                         "tests are over 2 label-subset seeds (which labelled images the probes "
-                         "train on), not over training seeds")
+    assert lines[-2] == "e2mc against continued: BETTER at linear 1% ▲▲ (+20.00 ± 0.00, p 0.005)"
+    # beside the ± and the p: what each is taken over
+    assert lines[-3] == ("key: difference from continued in top-1 points ± over 2 label-subset "
+                         "seeds (the probes' labelled images; not training seeds); p: paired "
+                         "permutation test over 200 test images, pooled over the seeds; ▲ ▼ "
+                         "p < 0.05, ▲▲ ▼▼ p < 0.01")
+    assert lines[-4] == (f"files: the table, every verdict and the paired tests in "
+                         f"{tmp_path / 'cmp' / 'comparison.md'} (beside it: .png, .csv, "
+                         "_tests.csv)")
+    assert lines[-5] == ""  # the answer is all the command prints
 
 
 def test_a_headline_without_significance_still_gives_sizes_and_p_values(tmp_path: Path,
@@ -50,8 +55,9 @@ def test_a_headline_without_significance_still_gives_sizes_and_p_values(tmp_path
     a = _eval_dir(tmp_path / "a", 150)
     b = _eval_dir(tmp_path / "b", 152)  # +1 point, not significant on 200 images
     lines = _compare(tmp_path, a, b, capsys)
-    verdict = next(line for line in lines if line.startswith("- e2mc, linear 1%: "))
-    p = re.search(r"pooled permutation p ([0-9.e-]+)\)$", verdict).group(1)
+    md = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+    verdict = next(line for line in md if line.startswith("- e2mc, linear 1%: "))
+    p = re.search(r"seed\(s\), p ([0-9.e-]+);", verdict).group(1)
     assert "no significant difference from continued (+1.00 ± 0.00 points" in verdict
     assert lines[-2] == ("e2mc against continued: no significant difference at linear 1% "
                          f"(+1.00 ± 0.00, p {p})")
@@ -69,9 +75,10 @@ def test_a_run_at_chance_is_flagged_by_name(tmp_path: Path, capsys) -> None:
     assert lines[-2] == ("e2mc against continued: not judged at linear 1% (at or near chance: "
                          "the flag above)")
     page = (tmp_path / "cmp" / "comparison.html").read_text()  # on the page and in the .md
-    assert "<b>e2mc</b>: <span class=\"same\">not judged</span> at <b>linear 1%</b>" in page
-    assert ("e2mc, linear 1%: <span class=\"unjudged\">not judged (at or near chance) "
-            "against") in page
+    assert ('<li>e2mc against continued: <span class="unjudged">not judged at linear 1% (at or '
+            "near chance: the flag above)</span></li>") in page
+    assert ('<li class="unjudged">e2mc, linear 1%: not judged (at or near chance) against '
+            "continued (") in page
     md = (tmp_path / "cmp" / "comparison.md").read_text()
     assert "e2mc, linear 1%: not judged (at or near chance) against continued" in md
     assert "| e2mc | 10.00 |" in md  # and no ▼ in its cell
@@ -139,12 +146,19 @@ def test_images_an_epoch_drops_and_a_stop_inside_an_epoch_are_flagged(tmp_path: 
 
 
 @pytest.mark.parametrize("seeds", [(0,), (0, 1, 2)])
-def test_the_seeds_flag_only_where_there_are_label_seeds(tmp_path: Path, capsys,
-                                                         seeds: tuple[int, ...]) -> None:
+def test_the_key_says_what_the_spread_and_p_are_over(tmp_path: Path, capsys,
+                                                     seeds: tuple[int, ...]) -> None:
+    """Label-subset seeds where there are several (not training seeds), none where there is
+    one; the test images always."""
     a = _eval_dir(tmp_path / "a", 120, seeds=seeds)
     b = _eval_dir(tmp_path / "b", 120, seeds=seeds)
-    said = [line for line in _compare(tmp_path, a, b, capsys) if line.startswith("flag: seeds")]
-    assert len(said) == (len(seeds) > 1)
+    said = [line for line in _compare(tmp_path, a, b, capsys) if line.startswith("key: ")]
+    assert said == ["key: difference from continued in top-1 points" + (
+        " ± over 3 label-subset seeds (the probes' labelled images; not training seeds); p: "
+        "paired permutation test over 200 test images, pooled over the seeds" if len(seeds) > 1
+        else " (one seed, no ±); p: paired permutation test over 200 test images")
+        + "; ▲ ▼ p < 0.05, ▲▲ ▼▼ p < 0.01"]
+    assert not any("seeds:" in line for line in _compare(tmp_path, a, b, capsys))
 
 
 def _with_knn(root: Path, correct: int, k: int, num_train: int, classes: int = 10) -> Path:
@@ -172,14 +186,14 @@ def _with_knn(root: Path, correct: int, k: int, num_train: int, classes: int = 1
 def test_probes_at_chance_beside_a_knn_above_it_are_the_probes(tmp_path: Path, capsys) -> None:
     """A run whose kNN is far above chance and whose linear probe is at it: the probe learned
     nothing, not the model; a run at chance everywhere: the model."""
-    a = _with_knn(_eval_dir(tmp_path / "a", 150, classes=10, seeds=(0,)), 150, 20, 4000)
-    b = _with_knn(_eval_dir(tmp_path / "b", 20, classes=10, seeds=(0,)), 140, 20, 4000)
+    a = _with_knn(_eval_dir(tmp_path / "a", 150, classes=10, seeds=(0,)), 150, 20, 10000)
+    b = _with_knn(_eval_dir(tmp_path / "b", 20, classes=10, seeds=(0,)), 140, 20, 10000)
     flags = [line for line in _compare(tmp_path, a, b, capsys) if line.startswith("flag: ")]
     assert flags == ["flag: e2mc's linear 1% at or near chance (linear 1% 10.00 %; chance "
                      "10.00 %, the most common test class) while its knn k=20 70.00 % is above "
                      "it: those probes learned next to nothing (their settings, or too few "
                      "labels), and a difference there means nothing"]
-    c = _with_knn(_eval_dir(tmp_path / "c", 20, classes=10, seeds=(0,)), 24, 20, 4000)
+    c = _with_knn(_eval_dir(tmp_path / "c", 20, classes=10, seeds=(0,)), 24, 20, 10000)
     flags = [line for line in _compare(tmp_path, a, c, capsys) if line.startswith("flag: ")]
     assert flags[0].startswith("flag: e2mc is at or near chance (linear 1% 10.00 %, knn k=20 "
                                "12.00 %;") and flags[0].endswith("it collapsed or learned "
@@ -194,7 +208,7 @@ def test_a_knn_k_beyond_a_class_of_the_bank_is_flagged(tmp_path: Path, capsys) -
         return _with_knn(_eval_dir(tmp_path / name, 150, classes=10, seeds=(0,)), 150, k, train)
 
     flags = [line for line in _compare(tmp_path, run("a", 200, 400), run("b", 200, 400), capsys)
-             if line.startswith("flag: ")]
+             if line.startswith("flag: ") and "linear 1%" not in line]  # 4 labels: few
     assert flags == ["flag: continued and e2mc: knn k=200 votes over 200 of 400 training "
                      "images, more than the 40 a class has on average (10 classes): the vote "
                      "leans to the class frequencies, whatever the neighbours"]

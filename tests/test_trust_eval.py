@@ -273,16 +273,17 @@ def test_compare_says_which_rows_have_no_paired_test(tmp_path: Path,
     b = synthetic(tmp_path / "b", seeds=(2, 3), right=90)  # far better, but no common seed
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c"), "--resamples", "50",
                  "--allow-mismatch"]) == 0
-    out = capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-2] == "b against a: no paired test (†)"
+    out = (tmp_path / "c" / "comparison.md").read_text()
     row = next(line for line in out.splitlines() if line.startswith("| b |"))
     assert row == "| b | 92.50 ± 0.50 † |"
     assert "† no paired test (no common seed): b at linear 10%" in out
     comp = compare_evaluations([str(a), str(b)], n_resamples=50, allow_mismatch=True)
     assert comp.tests == [] and comp.untested == {"b": {"linear 10%": "no common seed"}}
     rows = (tmp_path / "c" / "comparison.csv").read_text().splitlines()
-    assert rows[0] == "run,column,mean,se,marker,no_paired_test"
-    assert rows[1:] == ["a,linear 10%,60.5000,0.5000,,reference",
-                        "b,linear 10%,92.5000,0.5000,,no common seed"]
+    assert rows[0] == "run,column,mean,se,marker,verdict,p,no_paired_test"
+    assert rows[1:] == ["a,linear 10%,60.5000,0.5000,,,,reference",
+                        "b,linear 10%,92.5000,0.5000,,,,no common seed"]
 
 
 def test_compare_refuses_probes_trained_with_other_settings(tmp_path: Path,

@@ -5,7 +5,8 @@
 2. Continued training from it with the add-on ``none`` ("continued") and with ``e2mc``.
 3. Linear probes at 1%, 10% and 100% labels (several label-subset seeds) and kNN on frozen
    features of all three, paired McNemar / permutation tests against "continued", and the
-   diagnostics figures; the comparison table is printed at the end.
+   diagnostics figures; the answer (a headline per run, the flags, the page) is printed at
+   the end, the table and every verdict go to the files.
 """
 
 from __future__ import annotations
@@ -99,9 +100,8 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
               "mean nothing", flush=True)
     print("loading PyTorch and the evaluation libraries", flush=True)  # (seconds, or more)
     from e2mc.diagnostics.analyze import analyze
-    from e2mc.evaluation import compare_evaluations, comparison_markdown, write_comparison
-    from e2mc.evaluation.answer import print_answer
-    from e2mc.evaluation.compare_report import COMPARISON_STEM
+    from e2mc.evaluation import compare_evaluations, write_comparison
+    from e2mc.evaluation.compare_report import COMPARISON_STEM, print_answer
     from e2mc.evaluation.comparison_page import write_comparison_page
 
     out = Path(out_dir)
@@ -149,14 +149,13 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
                                  title="e2mc demo: E2MC against plain continued training",
                                  sections=[diagnostics_section(report, out, settings)])
     stage("done")
-    print("\n" + comparison_markdown(comparison, per_seed=False))  # per seed: in the files
-    print(f"\ntables: {', '.join(str(p) for p in table_paths)}")
-    print(f"diagnostics: {report}")
-    # the answer last: the flags, a headline per run (E2MC's last), the page
+    # the answer last, on one screen: where the files are, the flags, a headline per run
+    # (E2MC's last), the page
     notes = ["--quick checks the installation: its runs are too short and its test set too "
              "small for these verdicts to mean anything; run e2mc demo without --quick for "
              "the measurement"] if settings.check_only else []
-    print_answer(comparison, page, last="e2mc", notes=notes)
+    print_answer(comparison, page, files=table_paths[0], also=f"; diagnostics: {report}",
+                 last="e2mc", notes=notes)
     return next(p for p in table_paths if p.suffix == ".md")
 
 
@@ -229,7 +228,7 @@ def diagnostics_section(report: Path, out: Path, settings: DemoSettings) -> tupl
     if marginals.is_file():
         src = html.escape(marginals.relative_to(out).as_posix()
                           if marginals.is_relative_to(out) else str(marginals))
-        body += (f'<figure><img src="{src}" alt="2-D marginals" style="max-width:900px">'
+        body += (f'<figure><img src="{src}" alt="2-D marginals" style="max-width:min(900px,100%)">'
                  "<figcaption>2-D marginals of a random pair of projector dimensions, "
                  "coloured by position in the base model</figcaption></figure>")
     return ("Diagnostics: how the embeddings moved", body)

@@ -14,12 +14,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare", help="compare evaluation runs: mean ± SE table and paired tests",
         description="Rows = runs, columns = protocol/fraction (mean ± SE over seeds). Every "
                     "run is tested against the first (McNemar + paired permutation test on the "
-                    "per-image predictions of the same seed): one verdict line per run and "
-                    "column first, then the table; '▲'/'▼' significantly better/worse (p<0.05 "
-                    "at every seed; doubled: p<0.01); '†' no paired test (no common seed). "
-                    "Runs evaluated differently (the probes' training images or labels, report "
-                    "kind, primary metric, fractions, seeds) are refused unless "
-                    "--allow-mismatch.")
+                    "per-image predictions of the same seed). It prints the answer, a headline "
+                    "per run, and writes the table and every verdict to --out; one test, the "
+                    "paired permutation test pooled over the seeds, gives each verdict "
+                    "(BETTER/WORSE at p<0.05) and its mark ('▲'/'▼'; doubled: p<0.01); '†' no "
+                    "paired test (no common seed). Runs evaluated differently (the probes' "
+                    "training images or labels, report kind, primary metric, fractions, seeds) "
+                    "are refused unless --allow-mismatch.")
     p.add_argument("runs", nargs="+", help="run directories written by 'e2mc eval'")
     p.add_argument("--names", default=None, metavar="A,B,...",
                    help="comma-separated row names, one per run (default: their directory "
@@ -48,13 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from e2mc.config import comma_list
-    from e2mc.evaluation.answer import print_answer
     from e2mc.evaluation.compare import compare_evaluations
-    from e2mc.evaluation.compare_report import (
-        COMPARISON_STEM,
-        comparison_markdown,
-        write_comparison,
-    )
+    from e2mc.evaluation.compare_report import COMPARISON_STEM, print_answer, write_comparison
     from e2mc.evaluation.comparison_page import write_comparison_page
     from e2mc.files import display_name
 
@@ -71,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else Path(args.runs[0]).resolve().parent
     paths = write_comparison(comp, out / COMPARISON_STEM)
     page = write_comparison_page(comp, out, chart=paths[1])
-    print(comparison_markdown(comp, per_seed=False))  # the per-seed tests: in the files
+    # the answer, on one screen: where the files are, the flags, a headline per run, the page
     # (a directory whose name is not UTF-8 shown with \xff, never a UnicodeEncodeError)
-    print("wrote " + ", ".join(display_name(p) for p in [*paths, page]))
-    print_answer(comp, display_name(page))  # the answer last: flags, a headline per run, the page
+    print_answer(comp, display_name(page), files=display_name(paths[0]),
+                 also=" (beside it: .png, .csv, _tests.csv)")
     return 0
 
 

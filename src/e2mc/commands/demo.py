@@ -11,8 +11,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the whole path on the shipped Fashion-MNIST subset and base model",
         description="Continue the shipped VICReg base model with and without E2MC, evaluate "
         "all three with linear probes (1%, 10%, 100% labels) and kNN, test the differences, "
-        "draw the diagnostics, print the verdicts and the table, and write the page with the "
-        "answer, OUT/comparison.html (verdicts, table, chart, diagnostics). About a minute "
+        "draw the diagnostics, print the answer (a headline per run) and write the page with "
+        "it, OUT/comparison.html (verdicts, table, chart, diagnostics). About a minute "
         "on a 2-core CPU.",
     )
     parser.add_argument("--out", default="e2mc-demo", metavar="DIR",
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="device of training and evaluation: cpu, cuda, cuda:1 "
                              "(default: %(default)s)")
     parser.add_argument("--quiet", "-q", action="store_true",
-                        help="no progress bars (the stages and the table are still printed)")
+                        help="no progress bars (the stages and the answer are still printed)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="override a key of both continued runs' config, e.g. --set "

@@ -1,8 +1,8 @@
 """The comparison of evaluations (``e2mc compare``): every run against the first on the same
-test images, per (column, seed), with paired McNemar and permutation tests, and a pooled
-permutation test over the seeds; the rows must have been scored on the same test images
-(their recorded content identity) and evaluated alike (or ``allow_mismatch``). Its table,
-chart and files: :mod:`e2mc.evaluation.compare_report`."""
+test images, per (column, seed), with paired McNemar and permutation tests, and one
+:class:`Verdict` per run and column (:data:`RULE`); the rows must have been scored on the same
+test images (their recorded content identity) and evaluated alike (or ``allow_mismatch``). Its
+table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
 
 from __future__ import annotations
 
@@ -26,18 +26,72 @@ from e2mc.evaluation.significance import (
 )
 from e2mc.files import display_name
 
+#: Significance marks with their direction: the run is better (worse) than the reference.
+BETTER, WORSE = "▲", "▼"
+ALPHA = 0.05
+
+#: The one rule of every verdict, word and mark (the table, the chart, the files, the page).
+RULE = ("p: the paired permutation test over the test images, each image's difference averaged "
+        "over the label-subset seeds (one seed: that seed's test); BETTER ▲ / WORSE ▼ at "
+        "p < 0.05, ▲▲ / ▼▼ at p < 0.01; none where the run or the reference is at or near "
+        "chance")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run against the reference at one column: the paired difference (the run's top-1
+    minus the reference's, points) over the ``seeds`` matched label-subset seeds, its ``se``
+    over them (None for one), ``p`` of :data:`RULE` over the ``images`` test images,
+    ``judged`` False where the run or the reference is at or near chance, and how many seeds
+    alone were significant under McNemar and the permutation test (``seeds_better``,
+    ``seeds_worse``)."""
+
+    run: str
+    column: str
+    difference: float
+    se: float | None
+    seeds: int
+    images: int
+    p: float
+    judged: bool = True
+    seeds_better: int = 0
+    seeds_worse: int = 0
+
+    @property
+    def direction(self) -> str:  # "same": no significant difference
+        if not self.judged:
+            return "unjudged"
+        if self.p >= ALPHA or self.difference == 0:
+            return "same"
+        return "better" if self.difference > 0 else "worse"
+
+    @property
+    def mark(self) -> str:  # empty unless better or worse
+        times = 2 if self.p < 0.01 else 1
+        return {"better": BETTER * times, "worse": WORSE * times}.get(self.direction, "")
+
+    @property
+    def word(self) -> str:  # how a sentence names the direction
+        return {"better": "BETTER than", "worse": "WORSE than",
+                "same": "no significant difference from",
+                "unjudged": "not judged (at or near chance) against"}[self.direction]
+
+    def size(self) -> str:  # "+0.87 ± 0.50"; no ± for one seed
+        return f"{self.difference:+.2f}" + (f" ± {self.se:.2f}" if self.se is not None else "")
+
 
 @dataclass
 class Comparison:
-    """``cells[run][column] = (mean, se, marker)``; ``tests`` one row per (run, column, seed)
-    paired test against the first run."""
+    """``cells[run][column] = (mean, se, mark)``, the mark that of the cell's :class:`Verdict`;
+    ``tests`` one row per (run, column, seed) paired test against the first run; ``verdicts``
+    one per (run, column) tested."""
 
     runs: list[str]
     columns: list[str]
     cells: dict[str, dict[str, tuple[float, float | None, str]]]
     tests: list[dict[str, Any]] = field(default_factory=list)
     metric_note: str = ""
-    pooled: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
     #: Name of the random-init floor row (shown first, tested against nothing), if any.
     floor: str | None = None
     #: ``untested[run][column]``: why a cell of a run other than the reference has no paired
@@ -50,28 +104,13 @@ class Comparison:
     #: were compared with ``allow_mismatch``), for the chart's axis labels.
     primaries: dict[str, list[str]] = field(default_factory=dict)
     #: What the verdicts rest on, one line each (:func:`e2mc.evaluation.sanity.comparison_flags`):
-    #: a run at chance, two runs of the same weights, a grid's edge, dropped images, the seeds.
+    #: a run at chance, two runs of the same weights, a grid's edge, dropped images, few labels.
     flags: list[str] = field(default_factory=list)
-    #: ``unjudged[run]``: the columns where the run or the reference is at or near chance
-    #: (:func:`e2mc.evaluation.sanity.chance_columns`): no verdict and no mark there.
-    unjudged: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def reference(self) -> str:
         """The run every other run is tested against: the first one after the floor."""
         return next(r for r in self.runs if r != self.floor)
-
-
-#: Significance marks with their direction: the run is better (worse) than the reference.
-BETTER, WORSE = "▲", "▼"
-ALPHA = 0.05
-
-
-def _marker(p: float, difference: float) -> str:
-    """``▲`` (``▲▲`` at p < 0.01) when significantly better than the reference, ``▼`` (``▼▼``)
-    when significantly worse, else nothing."""
-    times = 2 if p < 0.01 else 1 if p < ALPHA else 0
-    return (BETTER if difference > 0 else WORSE) * times
 
 
 def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
@@ -80,12 +119,10 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     """Table of mean ± SE (each column's primary metric) and paired tests of every run
     against the first on the same (column, seed) test predictions.
 
-    A cell is marked ``▲`` (better than the first run) or ``▼`` (worse), doubled at 0.01, when
-    the largest p-value over its matched seeds, taking the larger of McNemar's and the
-    permutation test's, is below 0.05: i.e. the difference is significant at every seed under
-    both tests; the direction is the sign of the mean difference. With two or more matched
-    seeds, :func:`~e2mc.evaluation.significance.pooled_permutation_test` also gives one p-value
-    over all of them (``Comparison.pooled``).
+    Each tested (run, column) gets one :class:`Verdict` (``Comparison.verdicts``) by
+    :data:`RULE`: :func:`~e2mc.evaluation.significance.pooled_permutation_test` over its matched
+    seeds gives the p-value of both its word (BETTER / WORSE) and its cell's mark (``▲`` /
+    ``▼``, doubled at 0.01).
 
     The names (``names``, else the directories' own, :func:`evaluation_names`) are kept as
     :func:`e2mc.files.display_name` shows them (a byte that is not UTF-8 as ``\\xff``), so the
@@ -134,52 +171,40 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                          f"differently: {shown}. Pass --allow-mismatch (allow_mismatch=True) "
                          "to compare them anyway")
     mismatches = [f"{name} against {names[0]}: {'; '.join(diffs)}" for name, diffs in differing]
+    # no verdict where the run or the reference is at or near chance
+    at_chance = [chance_columns(run) for run in runs]
     cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
     untested: dict[str, dict[str, str]] = {}
     tests: list[dict[str, Any]] = []
-    pooled: list[dict[str, Any]] = []
+    verdicts: list[Verdict] = []
     base = runs[0]
-    for name, run in zip(names, runs, strict=True):
+    for name, run, own_chance in zip(names, runs, at_chance, strict=True):
         cells[name] = {}
         for column in columns:
             entries = run.column(column)
             if not entries:
                 continue
             mean, se = mean_se([e.value for e in entries])  # each run's own primary metric
-            worst_p: float | None = None
-            matched: list[tuple[np.ndarray, np.ndarray]] = []
+            verdict = None
             if run is not base:
+                matched, rows = [], []
                 for ref, e in _matched_entries(base, run, column):
                     matched.append(_correctness(base, ref, run, e))
                     for r, entry, correct in ((run, e, matched[-1][0]),
                                               (base, ref, matched[-1][1])):
                         _check_value(r, entry, correct)  # the table's number is the tests'
-                    row = _paired_test(*matched[-1], n_resamples, seed)
-                    row.update(run=name, reference=names[0], column=column, seed=e.seed)
-                    tests.append(row)
-                    p = max(row["mcnemar_p"], row["permutation_p"])
-                    worst_p = p if worst_p is None else max(worst_p, p)
-                if not matched:
+                    rows.append(_paired_test(*matched[-1], n_resamples, seed))
+                    rows[-1].update(run=name, reference=names[0], column=column, seed=e.seed)
+                tests += rows
+                if matched:
+                    verdict = _verdict(name, column, matched, rows, n_resamples, seed,
+                                       judged=column not in own_chance + at_chance[0])
+                    verdicts.append(verdict)
+                else:
                     untested.setdefault(name, {})[column] = _why_untested(
                         base, run, column, names[0])
-            if len(matched) >= 2:
-                diff, p = pooled_permutation_test(matched, n_resamples, seed)
-                pooled.append({"run": name, "reference": names[0], "column": column,
-                               "seeds": len(matched), "difference": 100 * diff,
-                               "permutation_p": p})
-            shift = float(np.mean([_paired_difference(*m) for m in matched])) if matched else 0.0
-            cells[name][column] = (mean, se, _marker(worst_p, shift) if worst_p is not None
-                                   else "")
+            cells[name][column] = (mean, se, verdict.mark if verdict else "")
     shown_runs = list(zip(names, runs, strict=True))
-    # no mark where the run or the reference is at or near chance: no verdict there either
-    at_chance = [chance_columns(run) for run in runs]
-    unjudged = {name: cols for name, own in zip(names[1:], at_chance[1:], strict=True)
-                if (cols := [c for c in columns if c in cells[name]
-                             and (c in own or c in at_chance[0])])}
-    for name, cols in unjudged.items():
-        for column in cols:
-            mean, se, _ = cells[name][column]
-            cells[name][column] = (mean, se, "")
     if floor_run is not None:
         floor_cells = {}
         for column in columns:
@@ -191,14 +216,25 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
         names = [floor_name, *names]
         shown_runs.insert(0, (floor_name, floor_run))
     return Comparison(runs=names, columns=columns, cells=cells, tests=tests,
-                      metric_note=_metric_note(columns, shown_runs), pooled=pooled,
+                      metric_note=_metric_note(columns, shown_runs), verdicts=verdicts,
                       floor=floor_name if floor is not None else None, untested=untested,
                       mismatches=mismatches,
                       primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
                                                        for e in r.column(c)))
                                  for c in columns},
-                      flags=comparison_flags(*zip(*shown_runs, strict=True)),
-                      unjudged=unjudged)
+                      flags=comparison_flags(*zip(*shown_runs, strict=True)))
+
+
+def _verdict(run: str, column: str, matched: list[tuple[np.ndarray, np.ndarray]],
+             rows: list[dict[str, Any]], n_resamples: int, seed: int, judged: bool) -> Verdict:
+    """The :class:`Verdict` of ``run`` at ``column`` from its matched seeds' correctness and
+    paired tests (:data:`RULE`: one pooled permutation test over the seeds)."""
+    difference, p = pooled_permutation_test(matched, n_resamples, seed)
+    _, se = mean_se([t["difference"] for t in rows])
+    alone = [t for t in rows if max(t["mcnemar_p"], t["permutation_p"]) < ALPHA]
+    return Verdict(run, column, 100 * difference, se, len(rows), len(matched[0][0]), p, judged,
+                   seeds_better=sum(t["difference"] > 0 for t in alone),
+                   seeds_worse=sum(t["difference"] < 0 for t in alone))
 
 
 def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:

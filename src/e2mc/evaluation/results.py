@@ -24,20 +24,21 @@ import numpy as np
 
 from e2mc.artifacts import EvalDir, EvalResults, mean_se, summarize
 from e2mc.evaluation.compare import Comparison, compare_evaluations, matched_correctness
+from e2mc.evaluation.compare_chart import plot_comparison
 from e2mc.evaluation.compare_report import (
     COMPARISON_STEM,
     comparison_markdown,
     comparison_paths,
-    plot_comparison,
-    verdicts,
+    verdict_sentences,
     write_comparison,
 )
 
 #: What the comparison's modules define is re-exported: ``e2mc.evaluation.results`` stays the
 #: one import of evaluation results for users' code.
 __all__ = ["Comparison", "compare_evaluations", "comparison_markdown",
-           "verdicts", "matched_correctness", "mean_se", "plot_comparison", "save_predictions",
-           "summarize", "write_comparison", "write_results", "COMPARISON_STEM", "comparison_paths"]
+           "verdict_sentences", "matched_correctness", "mean_se", "plot_comparison",
+           "save_predictions", "summarize", "write_comparison", "write_results",
+           "COMPARISON_STEM", "comparison_paths"]
 
 
 def save_predictions(eval_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,

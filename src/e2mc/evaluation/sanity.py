@@ -18,8 +18,11 @@ the terminal, ``comparison.md`` and the page), one line each.
   epoch saw part of the images, and its length is not the epochs it names; **mid-run**: an
   evaluated step before the end the run's configuration sets (the step read, not the
   configuration's);
-- **seeds**: what the ± and the pooled tests run over: label-subset seeds of one trained model
-  per row, not training seeds.
+- **few labels**: a probe column trained on fewer than :data:`FEW_LABELS` labelled images a
+  class (e.g. linear 1% of 500 images of 10 classes: 5 images, 0.5 a class).
+
+What the ± and the p-values run over (label-subset seeds, test images) is not a flag: the key
+under the headlines says it (:func:`e2mc.evaluation.compare_report.key_line`).
 """
 
 from __future__ import annotations
@@ -271,14 +274,41 @@ def _stopped_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[st
     return out
 
 
-def _seeds_flag(runs: Sequence[EvalResults]) -> str | None:
-    seeds = sorted({e.seed for run in runs for e in run.entries
-                    if e.seed is not None and e.protocol != "knn"}, key=str)
-    if len(seeds) < 2:
-        return None
-    return (f"seeds: each row is one trained model; its ± and the pooled tests are over "
-            f"{len(seeds)} label-subset seeds (which labelled images the probes train on), "
-            "not over training seeds")
+#: A probe column trained on fewer labelled images a class than this is flagged.
+FEW_LABELS = 5
+#: The protocols that train on a labelled subset of the training images.
+_PROBES = ("linear", "linear-aug", "finetune")
+
+
+def _labelled(entry: Any, num_train: Any) -> int | None:
+    """The labelled images a probe entry trained on: recorded (``subset.size``), else about
+    its fraction of the training images."""
+    subset = entry.extra.get("subset")
+    if isinstance(subset, dict) and isinstance(subset.get("size"), int):
+        return subset["size"]
+    if isinstance(num_train, int) and entry.fraction is not None:
+        return round(entry.fraction * num_train)
+    return None
+
+
+def _few_labels_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
+    """Probe columns trained on fewer than :data:`FEW_LABELS` labelled images a class (runs
+    evaluated alike share a line)."""
+    alike: dict[tuple[str, int, int], list[str]] = {}
+    for name, run in zip(names, runs, strict=True):
+        labels = _test_labels(run)
+        if labels is None:
+            continue
+        classes = len(np.unique(labels))
+        for column in run.columns():
+            sizes = [n for e in run.column(column) if e.protocol in _PROBES
+                     and (n := _labelled(e, run.info.get("num_train"))) is not None]
+            if classes >= 2 and sizes and min(sizes) < FEW_LABELS * classes:
+                alike.setdefault((column, min(sizes), classes), []).append(name)
+    return [f"{' and '.join(who)}: {column} trains its probes on {size} labelled images, "
+            f"{size / classes:.2g} a class of {classes} (fewer than {FEW_LABELS}): its number "
+            "rests on a handful of images a class and moves with which ones the label seed drew"
+            for (column, size, classes), who in alike.items()]
 
 
 def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[str]:
@@ -293,6 +323,5 @@ def comparison_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> list[
     flags += _knn_bank_flags(names, runs)
     flags += _dropped_flags(names, runs)
     flags += _stopped_flags(names, runs)
-    if (seeds := _seeds_flag(runs)) is not None:
-        flags.append(seeds)
+    flags += _few_labels_flags(names, runs)
     return flags
