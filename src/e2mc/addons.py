@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
-from e2mc.distributed import gather_with_grad
+from e2mc.distributed import broadcast_from_main, gather_with_grad
 from e2mc.ranges import Bound, OneOf, above, at_least, check_values
 
 ViewReduction = Literal["mean", "sum"]
@@ -206,17 +206,73 @@ class MMCR(Addon):
         return {"loss": -self.lam * nuclear, "nuclear_norm": nuclear.detach()}
 
 
+# --------------------------------------------------------------------------- SIGReg (LeJEPA)
+def epps_pulley(x: torch.Tensor, t: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The Epps-Pulley statistic of each column of ``x`` ([n, s]: n samples of s slices) against
+    N(0, 1), averaged over the slices: ``n * integral |ECF(t) - exp(-t^2/2)|^2 exp(-t^2/2) dt``
+    over ``[-t_max, t_max]``, by the trapezoidal rule on the knots ``t`` >= 0 (the integrand is
+    even; ``weights`` are the doubled trapezoid weights times ``exp(-t^2/2)``)."""
+    xt = x.unsqueeze(-1) * t  # [n, s, knots]
+    phi = torch.exp(-t.square() / 2)
+    error = (xt.cos().mean(0) - phi).square() + xt.sin().mean(0).square()  # [s, knots]
+    return ((error @ weights) * x.shape[0]).mean()
+
+
+class SIGReg(Addon):
+    """SIGReg, LeJEPA's regularizer (Balestriero & LeCun 2025), as an add-on (docs/method.md).
+
+    ``loss = weight * mean_v mean_slices EP(z_v a_s)``: each view's embeddings projected on
+    ``num_slices`` random unit directions ``a_s``, each projection's Epps-Pulley distance to
+    N(0, 1) (:func:`epps_pulley`), so the loss pulls the embeddings towards an isotropic Gaussian.
+    The directions are drawn afresh every step from torch's default generator of the
+    embeddings' device (the run's seeded one, saved in ``checkpoint.pt`` and restored on
+    resume), on rank 0 and broadcast under ``torch.distributed``; equal to lightly's ``SIGReg``
+    on the stacked views for the same directions (``tests/test_lightly_oracle.py``).
+    """
+
+    min_views = 1
+    param_ranges = {"weight": at_least(0), "num_slices": at_least(1), "knots": at_least(2),
+                    "t_max": above(0)}
+
+    def __init__(self, weight: float = 0.05, num_slices: int = 1024, knots: int = 17,
+                 t_max: float = 3.0, gather: bool = True) -> None:
+        super().__init__(gather)
+        check_values(self.param_ranges, locals())
+        self.weight, self.num_slices = float(weight), num_slices
+        self.knots, self.t_max = knots, t_max
+        t = torch.linspace(0, t_max, knots, dtype=torch.float64)
+        weights = torch.full((knots,), 2 * t_max / (knots - 1), dtype=torch.float64)
+        weights[[0, -1]] /= 2
+        self.register_buffer("t", t, persistent=False)  # not in the state dict: from the params
+        self.register_buffer("weights", weights * torch.exp(-t.square() / 2), persistent=False)
+
+    def directions(self, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``[dim, num_slices]`` random unit columns, drawn as lightly's ``SIGReg`` draws them."""
+        a = broadcast_from_main(torch.randn(dim, self.num_slices, device=device, dtype=dtype))
+        return a / a.norm(dim=0)
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = self._prepare(embeddings)
+        with torch.autocast(device_type=views[0].device.type, enabled=False):
+            a = self.directions(views[0].shape[1], views[0].device, views[0].dtype)
+            t, weights = self.t.to(views[0].dtype), self.weights.to(views[0].dtype)
+            value = torch.stack([epps_pulley(z @ a, t, weights) for z in views]).mean()
+        return {"loss": self.weight * value, "sigreg": value.detach()}
+
+
 ADDONS: dict[str, type[Addon]] = {
     "none": NoAddon,
     "e2mc": E2MC,
     "vcreg": VCReg,
     "uniformity": Uniformity,
     "mmcr": MMCR,
+    "sigreg": SIGReg,
 }
 
 
 def build_addon(name: str, **kwargs: Any) -> Addon:
-    """Build an add-on by name: ``none``, ``e2mc``, ``vcreg``, ``uniformity`` or ``mmcr``."""
+    """Build an add-on by name: ``none``, ``e2mc``, ``vcreg``, ``uniformity``, ``mmcr`` or
+    ``sigreg``."""
     if name not in ADDONS:
         raise ValueError(f"unknown add-on {name!r}; choose one of {', '.join(ADDONS)}")
     try:
