@@ -224,10 +224,16 @@ class SIGReg(Addon):
     ``loss = weight * mean_v mean_slices EP(z_v a_s)``: each view's embeddings projected on
     ``num_slices`` random unit directions ``a_s``, each projection's Epps-Pulley distance to
     N(0, 1) (:func:`epps_pulley`), so the loss pulls the embeddings towards an isotropic Gaussian.
-    The directions are drawn afresh every step from torch's default generator of the
-    embeddings' device (the run's seeded one, saved in ``checkpoint.pt`` and restored on
-    resume), on rank 0 and broadcast under ``torch.distributed``; equal to lightly's ``SIGReg``
-    on the stacked views for the same directions (``tests/test_lightly_oracle.py``).
+    Equal to lightly's ``SIGReg`` on the stacked views for the same directions
+    (``tests/test_lightly_oracle.py``).
+
+    The directions are drawn afresh at every call, from a generator seeded with the run's seed
+    (``torch.initial_seed()`` when the add-on is built: ``training.seed``) and the number of
+    draws so far, on the embeddings' device. Both numbers are the add-on's state (in
+    ``checkpoint.pt``), so a resumed run draws the directions the uninterrupted one drew, on any
+    device; under ``torch.distributed`` rank 0's seed is broadcast once, so every rank draws the
+    same directions. Nothing else draws from that generator, nor does the add-on draw from
+    torch's default one.
     """
 
     min_views = 1
@@ -240,15 +246,28 @@ class SIGReg(Addon):
         check_values(self.param_ranges, locals())
         self.weight, self.num_slices = float(weight), num_slices
         self.knots, self.t_max = knots, t_max
+        self.seed, self.draws, self._seed_shared = torch.initial_seed() % 2**63, 0, False
         t = torch.linspace(0, t_max, knots, dtype=torch.float64)
         weights = torch.full((knots,), 2 * t_max / (knots - 1), dtype=torch.float64)
         weights[[0, -1]] /= 2
         self.register_buffer("t", t, persistent=False)  # not in the state dict: from the params
         self.register_buffer("weights", weights * torch.exp(-t.square() / 2), persistent=False)
 
+    def get_extra_state(self) -> dict[str, int]:
+        return {"seed": self.seed, "draws": self.draws}
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        self.seed, self.draws, self._seed_shared = int(state["seed"]), int(state["draws"]), False
+
     def directions(self, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``[dim, num_slices]`` random unit columns, drawn as lightly's ``SIGReg`` draws them."""
-        a = broadcast_from_main(torch.randn(dim, self.num_slices, device=device, dtype=dtype))
+        """The next ``[dim, num_slices]`` random unit columns (normal draws, normalised)."""
+        if not self._seed_shared:
+            shared = broadcast_from_main(torch.tensor(self.seed, dtype=torch.int64,
+                                                      device=device))
+            self.seed, self._seed_shared = int(shared), True
+        generator = torch.Generator(device).manual_seed(hash((self.seed, self.draws)) % 2**63)
+        self.draws += 1
+        a = torch.randn(dim, self.num_slices, generator=generator, device=device, dtype=dtype)
         return a / a.norm(dim=0)
 
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
