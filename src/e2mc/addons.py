@@ -274,7 +274,7 @@ class SIGReg(Addon):
         views = self._prepare(embeddings)
         with torch.autocast(device_type=views[0].device.type, enabled=False):
             a = self.directions(views[0].shape[1], views[0].device, views[0].dtype)
-            t, weights = self.t.to(views[0].dtype), self.weights.to(views[0].dtype)
+            t, weights = (b.to(views[0].device, views[0].dtype) for b in (self.t, self.weights))
             value = torch.stack([epps_pulley(z @ a, t, weights) for z in views]).mean()
         return {"loss": self.weight * value, "sigreg": value.detach()}
 
