@@ -3,9 +3,11 @@
 Compares, in one run, at the paper's shapes (n = 512; d = 8192 VICReg, 128 SwAV, 2048 SimSiam):
 
 * ``straightforward``: the paper's Algorithm 1 as written: ``d x d`` covariance and
-  ``torch.sort(dim=0)`` under autograd;
+  ``torch.sort(dim=0)`` under autograd (the reference of the ratios);
 * ``gram``: the ``n x n`` Gram matrix for the covariance, sort still under autograd;
-* ``e2mc``: the package (Gram path, contiguous row sort, analytic spacing backward).
+* ``e2mc``: the package (Gram path, contiguous row sort, analytic spacing backward);
+* ``sigreg``: the package's SIGReg add-on (LeJEPA) at its defaults: 1024 fresh random slices,
+  17 knots (the directions' draw included).
 
 Time: median of ``--repeats`` runs after a warm-up, the variants taking turns. Peak memory:
 the rise of the peak resident set size (VmHWM, reset through /proc/self/clear_refs) of a fresh
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from e2mc.addons import SIGReg
 from e2mc.criterion import compact_transform, covariance_penalty, m_spacings_entropy
 from run_meta import run_meta
 
@@ -68,10 +71,18 @@ def package(z: torch.Tensor) -> torch.Tensor:
     return -m_spacings_entropy(x).mean() + covariance_penalty(x)
 
 
+_SIGREG = SIGReg(weight=1.0)
+
+
+def sigreg(z: torch.Tensor) -> torch.Tensor:
+    return _SIGREG([z])["loss"]
+
+
 VARIANTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "straightforward": straightforward,
     "gram": gram_only,
     "e2mc": package,
+    "sigreg": sigreg,
 }
 
 

@@ -58,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default=",".join(PAPER_METHODS),
                    help=f"comma-separated, of {','.join(METHODS)} (default: the paper's three)")
     p.add_argument("--seeds", type=_ints, help="training seeds of the continued runs")
-    p.add_argument("--addons", help="criteria of the continued runs besides 'none' (default: "
+    p.add_argument("--addons", help="criteria of the continued runs besides 'none', for every "
+                                    "method, of e2mc,vcreg,uniformity,mmcr,sigreg (default: "
                                     "e2mc, and for SwAV also vcreg,uniformity,mmcr)")
     p.add_argument("--label-seeds", type=_ints, help="label-subset seeds of the probes")
     p.add_argument("--stages", default=",".join(STAGES),

@@ -27,6 +27,7 @@ CASES = {
     "vcreg": dict(),
     "uniformity": dict(),
     "mmcr": dict(lam=0.1),
+    "sigreg": dict(weight=1.0, num_slices=32),
 }
 VIEWS = {"mmcr": 4}
 
@@ -42,8 +43,12 @@ def global_data(case: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     return xs, weight
 
 
-def run_case(case: str, rows: slice, ddp: bool) -> dict[str, torch.Tensor]:
-    """Loss, embedding gradients of the given rows and the linear encoder's weight gradient."""
+def run_case(case: str, rows: slice, ddp: bool, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Loss, embedding gradients of the given rows and the linear encoder's weight gradient.
+    ``seed``: the run's seed when the add-on is built (SIGReg's directions); rank 1 runs with
+    another one than rank 0 and the one process, so only rank 0's broadcast seed makes the
+    ranks draw the one process's directions."""
+    torch.manual_seed(seed)
     xs, weight = global_data(case)
     encoder = nn.Linear(D_IN, D, bias=False).double()
     with torch.no_grad():
@@ -68,7 +73,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     try:
         half = N // WORLD
         rows = slice(rank * half, (rank + 1) * half)
-        results = {case: run_case(case, rows, ddp=True) for case in CASES}
+        results = {case: run_case(case, rows, ddp=True, seed=rank) for case in CASES}
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
         dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:

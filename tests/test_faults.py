@@ -102,14 +102,19 @@ class BestLoss(Callback):
         self.best = state["best"]
 
 
-def _trainer(run_dir: Path) -> Trainer:
+#: The add-ons the runs are made with: none, and SIGReg, whose random directions come from the
+#: run's seeded generator (restored from checkpoint.pt's ``rng`` on resume).
+ADDONS = {"none": {}, "sigreg": {"weight": 0.1, "num_slices": 16}}
+
+
+def _trainer(run_dir: Path, addon: str = "none") -> Trainer:
     from e2mc.addons import build_addon
 
     cfg = RunConfig()
     cfg.training.batch_size, cfg.training.epochs, cfg.training.log_every = BATCH, EPOCHS, 1
     cfg.training.checkpoint_every_steps, cfg.training.progress = 4, False
     cfg.optim.base_lr, cfg.optim.lr_scaling = 0.05, "none"
-    return Trainer(Tiny(), build_addon("none"), Pairs(), cfg, run_dir,
+    return Trainer(Tiny(), build_addon(addon, **ADDONS[addon]), Pairs(), cfg, run_dir,
                    runtime=Runtime(torch.device("cpu")), callbacks=[BestLoss()])
 
 
@@ -177,18 +182,19 @@ def _install_kill(target: tuple[str, int] | None, step_delay: float = 0.0) -> No
     BestLoss.on_step_end = on_step_end  # type: ignore[method-assign]
 
 
-def _child_train(run_dir: str, target: tuple[str, int] | None, step_delay: float) -> None:
+def _child_train(run_dir: str, target: tuple[str, int] | None, step_delay: float,
+                 addon: str) -> None:
     torch.set_num_threads(1)
     _install_kill(target, step_delay)
-    _trainer(Path(run_dir)).fit()
+    _trainer(Path(run_dir), addon).fit()
 
 
-def _run_killed(run_dir: Path, target: tuple[str, int] | None = None,
+def _run_killed(run_dir: Path, addon: str, target: tuple[str, int] | None = None,
                 kill_after_s: float | None = None, step_delay: float = 0.0) -> int:
     """Train in a forked child that is killed as ``target`` / ``kill_after_s`` say; returns its
     exit code (-9 when killed)."""
     assert CHILDREN is not None
-    proc = CHILDREN.Process(target=_child_train, args=(str(run_dir), target, step_delay))
+    proc = CHILDREN.Process(target=_child_train, args=(str(run_dir), target, step_delay, addon))
     proc.start()
     if kill_after_s is not None:
         proc.join(kill_after_s)
@@ -241,13 +247,15 @@ def _check_like_reference(run_dir: Path, ref: Path) -> None:
     ma, mb = read_jsonl(reference.metrics), read_jsonl(run.metrics)  # a cut line would raise
     assert [m["step"] for m in mb] == list(range(1, TOTAL_STEPS + 1))  # each step once
     assert [m["loss"] for m in ma] == [m["loss"] for m in mb]
+    assert [m.get("addon/sigreg") for m in ma] == [m.get("addon/sigreg") for m in mb]
     FAULT_STATS["files checked"] += 1
     FAULT_STATS["resumes bit-identical"] += 1
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter[str]]:
-    """The uninterrupted run, and how many writes of each kind it made."""
+@pytest.fixture(scope="module", params=list(ADDONS))
+def reference(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter[str], str]:
+    """The uninterrupted run, how many writes of each kind it made, and its add-on."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("reference")
     counts: Counter[str] = Counter()
@@ -259,13 +267,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter[s
 
     ckio.atomic_write = counting
     try:
-        result = _trainer(root).fit()
+        result = _trainer(root, request.param).fit()
     finally:
         ckio.atomic_write = original
     assert result.completed and result.step == TOTAL_STEPS
     counts["metrics"] = len(read_jsonl(RunDir(root).metrics))
     assert counts["checkpoint"] == 6 and counts["epoch"] == EPOCHS + 1 and counts["best"] >= 3
-    return root, counts
+    if request.param == "sigreg":  # the add-on is on: its statistic is logged every step
+        assert all(m["addon/sigreg"] > 0 for m in read_jsonl(RunDir(root).metrics))
+    return root, counts, request.param
 
 
 def _scenarios(counts: Counter[str]) -> list[tuple[str, int]]:
@@ -282,31 +292,31 @@ def _scenarios(counts: Counter[str]) -> list[tuple[str, int]]:
 
 # ----------------------------------------------------------------------------- the tests
 def test_kill_during_every_kind_of_write_then_resume(tmp_path: Path, reference) -> None:
-    ref, counts = reference
+    ref, counts, addon = reference
     for kind, n in _scenarios(counts):
         run_dir = tmp_path / f"{kind}-{n}"
-        assert _run_killed(run_dir, (kind, n)) == -signal.SIGKILL, (kind, n)
+        assert _run_killed(run_dir, addon, (kind, n)) == -signal.SIGKILL, (kind, n)
         if kind != "step":  # the kill left a half-written temporary file or line behind
             assert RunDir(run_dir).stale_temp_files() or kind == "metrics", (kind, n)
-        assert _trainer(run_dir).fit().completed
+        assert _trainer(run_dir, addon).fit().completed
         _check_like_reference(run_dir, ref)
 
 
 def test_kills_at_random_times_and_during_resumes(tmp_path: Path, reference) -> None:
-    ref, counts = reference
+    ref, counts, addon = reference
     rng = random.Random(16)
     for i in range(3):  # from outside, at a random time (steps slowed to 20 ms)
         run_dir = tmp_path / f"async-{i}"
-        _run_killed(run_dir, kill_after_s=rng.uniform(0.05, 0.4), step_delay=0.02)
-        assert _trainer(run_dir).fit().completed
+        _run_killed(run_dir, addon, kill_after_s=rng.uniform(0.05, 0.4), step_delay=0.02)
+        assert _trainer(run_dir, addon).fit().completed
         _check_like_reference(run_dir, ref)
     kinds = ["checkpoint", "epoch", "best", "metrics"]
     for i in range(2):  # killed, resumed and killed again during the resume, resumed
         run_dir = tmp_path / f"twice-{i}"
         first, second = (rng.choice(kinds), 2), (rng.choice(kinds), 2)
-        assert _run_killed(run_dir, first) == -signal.SIGKILL
-        assert _run_killed(run_dir, second) in (-signal.SIGKILL, 0)
-        assert _trainer(run_dir).fit().completed
+        assert _run_killed(run_dir, addon, first) == -signal.SIGKILL
+        assert _run_killed(run_dir, addon, second) in (-signal.SIGKILL, 0)
+        assert _trainer(run_dir, addon).fit().completed
         _check_like_reference(run_dir, ref)
 
 

@@ -1,7 +1,8 @@
 """The new methods' losses against lightly's (the issue's oracle), in value and gradient on
 random inputs, in one process (under 2 gloo processes: ``test_methods_ddp.py``).
 
-lightly has Barlow Twins, NT-Xent (SimCLR), BYOL's negative cosine similarity and DINO's loss;
+lightly has Barlow Twins, NT-Xent (SimCLR), BYOL's negative cosine similarity, DINO's loss and
+LeJEPA's SIGReg (the ``sigreg`` add-on);
 it has no MoCo v3 loss (its NT-Xent also scores a query against the other queries, MoCo v3 does
 not), so MoCo v3 is checked against the official ``contrastive_loss`` written out in
 ``tests/reference.py`` (``test_methods_ssl.py``, ``test_methods_ddp.py``).
@@ -83,3 +84,21 @@ def test_dino_teacher_temperature_schedule_equals_lightly():
     for epoch in range(40):
         lightly_temp = (float(fn.teacher_temp_schedule[epoch]) if epoch < 30 else fn.teacher_temp)
         assert teacher_temperature(epoch, 0.07, 0.04, 30) == pytest.approx(lightly_temp, rel=1e-6)
+
+
+@pytest.mark.parametrize("n_views, knots, t_max, weight", [(2, 17, 3.0, 1.0), (3, 9, 2.0, 0.05)])
+def test_sigreg_equals_lightly_for_the_same_directions(n_views, knots, t_max, weight):
+    """Our add-on on a list of views is lightly's ``SIGReg`` on the stacked ``(V, n, d)`` views
+    (the mean over views and slices), times ``weight``; both get the same unit directions."""
+    from e2mc.addons import SIGReg
+
+    zs = _inputs(*[(32, 8)] * n_views, seed=n_views)
+    ours_fn = SIGReg(weight=weight, num_slices=64, knots=knots, t_max=t_max)
+    directions = ours_fn.directions(8, torch.device("cpu"), torch.float32)
+    ours_fn.directions = lambda dim, device, dtype: directions
+    theirs_fn = lightly_loss.SIGReg(knots=knots, t_max=t_max, num_vectors=64)
+    theirs_fn._generate_unit_vectors = lambda device, dtype, num_features: directions
+    out = ours_fn(zs)
+    theirs = theirs_fn(torch.stack(zs))
+    torch.testing.assert_close(out["sigreg"], theirs.detach(), rtol=1e-5, atol=1e-5)
+    _same_value_and_grad(out["loss"], weight * theirs, zs)

@@ -179,6 +179,12 @@ def test_e2mc_overrides_reach_only_the_e2mc_runs(tmp_path: Path) -> None:
     assert (e2mc_cfg.addon.params["beta"], e2mc_cfg.addon.params["gamma"]) == (7.0, 0.0)
     assert none_cfg.addon.name == "none" and "beta" not in none_cfg.addon.params
     assert e2mc_cfg.optim.base_lr == none_cfg.optim.base_lr == 0.0123
+    # a criterion with a preset of its own takes it (fmnist-vicreg-sigreg), another one the
+    # continued preset with its default parameters
+    sigreg_cfg = continue_config(s, "vicreg", "sigreg", 0, 2, start)
+    assert (sigreg_cfg.name, sigreg_cfg.addon.params["weight"]) == ("fmnist-vicreg-sigreg", 0.05)
+    vcreg_cfg = continue_config(s, "vicreg", "vcreg", 0, 2, start)
+    assert (vcreg_cfg.name, vcreg_cfg.addon.name) == ("fmnist-vicreg-continued", "vcreg")
 
 
 def test_addons_restrict_the_criteria_of_the_continued_runs(tmp_path: Path) -> None:
@@ -186,7 +192,10 @@ def test_addons_restrict_the_criteria_of_the_continued_runs(tmp_path: Path) -> N
 
     assert ReproSettings().addons_of("swav") == ("none", "e2mc", "vcreg", "uniformity", "mmcr")
     assert ReproSettings(addons=("e2mc",)).addons_of("swav") == ("none", "e2mc")
-    assert ReproSettings(addons=("mmcr",)).addons_of("vicreg") == ("none",)
+    # --addons names the criteria of every method, beyond its defaults (the SIGReg study)
+    assert ReproSettings(addons=("mmcr",)).addons_of("vicreg") == ("none", "mmcr")
+    assert ReproSettings(addons=("e2mc", "sigreg", "vcreg")).addons_of("simsiam") == (
+        "none", "e2mc", "sigreg", "vcreg")
     with pytest.raises(ValueError, match="--addons"):
         ReproSettings(out=tmp_path, addons=("byol",)).validate()
 

@@ -16,7 +16,7 @@ from e2mc.artifacts import RunDir
 from repro.settings import ReproSettings
 
 RUN_DIR_NAMES = {"none": "continued", "e2mc": "e2mc", "vcreg": "vcreg",
-                 "uniformity": "uniformity", "mmcr": "mmcr"}
+                 "uniformity": "uniformity", "mmcr": "mmcr", "sigreg": "sigreg"}
 
 
 def epoch_checkpoint(run_dir: Path, epoch: int) -> Path:
@@ -58,11 +58,14 @@ def base_config(s: ReproSettings, method: str) -> Any:
 
 def continue_config(s: ReproSettings, method: str, addon: str, seed: int, epochs: int,
                     start: Path, extra: list[str] | None = None) -> Any:
-    """Preset ``fmnist-<method>-continued`` / ``-e2mc`` (``addon.name`` overridden for the other
-    criteria, whose parameters keep the paper's defaults), starting from ``start``."""
-    from e2mc.config import load_config
+    """Preset ``fmnist-<method>-<addon>`` where there is one (``-e2mc``, ``-sigreg``), else
+    ``fmnist-<method>-continued`` with ``addon.name`` overridden (the other criteria, whose
+    parameters keep the paper's defaults), starting from ``start``."""
+    from e2mc.config import load_config, preset_names
 
-    preset = f"fmnist-{method}-" + ("e2mc" if addon == "e2mc" else "continued")
+    preset = f"fmnist-{method}-{addon}"
+    if preset not in preset_names():
+        preset = f"fmnist-{method}-continued"
     overrides = [*_common(s, epochs, seed), f"addon.name={addon}",
                  f"init.checkpoint={start}", *s.continue_overrides,
                  *(s.e2mc_overrides if addon == "e2mc" else []), *(extra or [])]

@@ -17,7 +17,7 @@ ADDONS = {"vicreg": ("none", "e2mc"), "swav": ("none", "e2mc", "vcreg", "uniform
           "simclr": ("none", "e2mc"), "byol": ("none", "e2mc"), "mocov3": ("none", "e2mc"),
           "dino": ("none", "e2mc")}
 ROW_NAMES = {"none": "continued", "e2mc": "+E2MC", "vcreg": "+VCReg", "uniformity": "+AUH",
-             "mmcr": "+MMCR"}
+             "mmcr": "+MMCR", "sigreg": "+SIGReg"}
 #: The paper's Table A.2 grid as multiples of the method's preset (beta, gamma): for SwAV
 #: (beta, gamma) = (1, 25) these are exactly the paper's pairs; (0, 0) is "continued".
 PAPER_ABLATION = ((0, 0), (1, 0), (0, 0.04), (1, 1), (1, 0.004), (0.1, 0.04), (1, 0.04),
@@ -92,9 +92,8 @@ class ReproSettings:
             raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
         if self.epochs_methods is not None and not set(self.epochs_methods) <= set(METHODS):
             raise ValueError(f"--epochs-methods must be among {METHODS}")
-        known = {a for addons in ADDONS.values() for a in addons}
-        if self.addons is not None and not set(self.addons) <= known:
-            raise ValueError(f"--addons must be among {sorted(known)}, got {list(self.addons)}")
+        if self.addons is not None and not set(self.addons) <= set(ROW_NAMES):
+            raise ValueError(f"--addons must be among {sorted(ROW_NAMES)}, got {list(self.addons)}")
         if self.ablation_method not in METHODS:
             raise ValueError(f"--ablation-method must be one of {METHODS}")
         if not self.seeds or not self.label_seeds:
@@ -113,9 +112,11 @@ class ReproSettings:
                 raise ValueError(f"--base-run {m}={path}: no checkpoint.pt in that directory")
 
     def addons_of(self, method: str) -> tuple[str, ...]:
-        """The continued-training criteria of ``method`` in this run ("none" always first)."""
-        return tuple(a for a in ADDONS[method]
-                     if self.addons is None or a == "none" or a in self.addons)
+        """The continued-training criteria of ``method`` in this run ("none" always first):
+        ``--addons`` for every method, else the method's default criteria (``ADDONS``)."""
+        if self.addons is None:
+            return ADDONS[method]
+        return ("none", *(a for a in self.addons if a != "none"))
 
     @property
     def long_methods(self) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
-from e2mc.distributed import gather_with_grad
+from e2mc.distributed import broadcast_from_main, gather_with_grad
 from e2mc.ranges import Bound, OneOf, above, at_least, checked
 
 ViewReduction = Literal["mean", "sum"]
@@ -207,17 +207,91 @@ class MMCR(Addon):
         return {"loss": -self.lam * nuclear, "nuclear_norm": nuclear.detach()}
 
 
+# --------------------------------------------------------------------------- SIGReg (LeJEPA)
+def epps_pulley(x: torch.Tensor, t: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The Epps-Pulley statistic of each column of ``x`` ([n, s]: n samples of s slices) against
+    N(0, 1), averaged over the slices: ``n * integral |ECF(t) - exp(-t^2/2)|^2 exp(-t^2/2) dt``
+    over ``[-t_max, t_max]``, by the trapezoidal rule on the knots ``t`` >= 0 (the integrand is
+    even; ``weights`` are the doubled trapezoid weights times ``exp(-t^2/2)``)."""
+    xt = x.unsqueeze(-1) * t  # [n, s, knots]
+    phi = torch.exp(-t.square() / 2)
+    error = (xt.cos().mean(0) - phi).square() + xt.sin().mean(0).square()  # [s, knots]
+    return ((error @ weights) * x.shape[0]).mean()
+
+
+class SIGReg(Addon):
+    """SIGReg, LeJEPA's regularizer (Balestriero & LeCun 2025), as an add-on (docs/method.md).
+
+    ``loss = weight * mean_v mean_slices EP(z_v a_s)``: each view's embeddings projected on
+    ``num_slices`` random unit directions ``a_s``, each projection's Epps-Pulley distance to
+    N(0, 1) (:func:`epps_pulley`), so the loss pulls the embeddings towards an isotropic Gaussian.
+    Equal to lightly's ``SIGReg`` on the stacked views for the same directions
+    (``tests/test_lightly_oracle.py``).
+
+    The directions are drawn afresh at every call, from a generator seeded with the run's seed
+    (``torch.initial_seed()`` when the add-on is built: ``training.seed``) and the number of
+    draws so far, on the embeddings' device. Both numbers are the add-on's state (in
+    ``checkpoint.pt``), so a resumed run draws the directions the uninterrupted one drew, on any
+    device; under ``torch.distributed`` rank 0's seed is broadcast once, so every rank draws the
+    same directions. Nothing else draws from that generator, nor does the add-on draw from
+    torch's default one.
+    """
+
+    min_views = 1
+    param_ranges = {"weight": at_least(0), "num_slices": at_least(1), "knots": at_least(2),
+                    "t_max": above(0)}
+
+    def __init__(self, weight: float = 0.05, num_slices: int = 1024, knots: int = 17,
+                 t_max: float = 3.0, gather: bool = True) -> None:
+        super().__init__(gather)
+        self.weight, self.num_slices = float(weight), num_slices
+        self.knots, self.t_max = knots, t_max
+        self.seed, self.draws, self._seed_shared = torch.initial_seed() % 2**63, 0, False
+        t = torch.linspace(0, t_max, knots, dtype=torch.float64)
+        weights = torch.full((knots,), 2 * t_max / (knots - 1), dtype=torch.float64)
+        weights[[0, -1]] /= 2
+        self.register_buffer("t", t, persistent=False)  # not in the state dict: from the params
+        self.register_buffer("weights", weights * torch.exp(-t.square() / 2), persistent=False)
+
+    def get_extra_state(self) -> dict[str, int]:
+        return {"seed": self.seed, "draws": self.draws}
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        self.seed, self.draws, self._seed_shared = int(state["seed"]), int(state["draws"]), False
+
+    def directions(self, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The next ``[dim, num_slices]`` random unit columns (normal draws, normalised)."""
+        if not self._seed_shared:
+            shared = broadcast_from_main(torch.tensor(self.seed, dtype=torch.int64,
+                                                      device=device))
+            self.seed, self._seed_shared = int(shared), True
+        generator = torch.Generator(device).manual_seed(hash((self.seed, self.draws)) % 2**63)
+        self.draws += 1
+        a = torch.randn(dim, self.num_slices, generator=generator, device=device, dtype=dtype)
+        return a / a.norm(dim=0)
+
+    def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = self._prepare(embeddings)
+        with torch.autocast(device_type=views[0].device.type, enabled=False):
+            a = self.directions(views[0].shape[1], views[0].device, views[0].dtype)
+            t, weights = (b.to(views[0].device, views[0].dtype) for b in (self.t, self.weights))
+            value = torch.stack([epps_pulley(z @ a, t, weights) for z in views]).mean()
+        return {"loss": self.weight * value, "sigreg": value.detach()}
+
+
 ADDONS: dict[str, type[Addon]] = {
     "none": NoAddon,
     "e2mc": E2MC,
     "vcreg": VCReg,
     "uniformity": Uniformity,
     "mmcr": MMCR,
+    "sigreg": SIGReg,
 }
 
 
 def build_addon(name: str, **kwargs: Any) -> Addon:
-    """Build an add-on by name: ``none``, ``e2mc``, ``vcreg``, ``uniformity`` or ``mmcr``."""
+    """Build an add-on by name: ``none``, ``e2mc``, ``vcreg``, ``uniformity``, ``mmcr`` or
+    ``sigreg``."""
     if name not in ADDONS:
         raise ValueError(f"unknown add-on {name!r}; choose one of {', '.join(ADDONS)}")
     try:

@@ -131,6 +131,14 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(all_gather(x.contiguous()), dim=0)
 
 
+def broadcast_from_main(x: torch.Tensor) -> torch.Tensor:
+    """Overwrite ``x`` in place with rank 0's (no gradient), e.g. random directions every rank
+    must share; returns ``x``. Outside a process group ``x`` is returned unchanged."""
+    if is_distributed():
+        dist.broadcast(x, src=0)
+    return x
+
+
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """In-place sum over ranks without gradient (e.g. Sinkhorn-Knopp marginals); returns ``x``."""
     if is_distributed():
