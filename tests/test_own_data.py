@@ -186,7 +186,7 @@ def test_analyze_leaves_out_the_embeddings_of_new_heads(tmp_path: Path, capsys) 
     capsys.readouterr()
     assert main(["analyze", str(base), str(step0), str(run), "--data", str(data),
                  "--names", "base,step0,continued", "--num-samples", "24", "--knn-k", "5",
-                 "--no-progress", "--device", "cpu", "--out", str(tmp_path / "an")]) == 0
+                 "--quiet", "--device", "cpu", "--out", str(tmp_path / "an")]) == 0
     err = capsys.readouterr().err
     assert (f"note: {base}: starting weights, a plain state dict (no heads); analysing "
             "backbone features only") in err

@@ -22,7 +22,7 @@ def _eval(root: Path, entries: list[dict], info: dict | None = None) -> str:
     ``right`` (a boolean array; default: all but the first ``wrong``)."""
     from e2mc.artifacts import EvalDir
     from e2mc.evaluation.results import save_predictions
-    from helpers import recorded_test_data
+    from helpers import recorded_data
 
     labels = np.arange(N) % CLASSES
     written = []
@@ -35,7 +35,7 @@ def _eval(root: Path, entries: list[dict], info: dict | None = None) -> str:
                         "predictions": save_predictions(
                             root, f"e{i}", np.where(ok, labels, (labels + 1) % CLASSES),
                             labels)})
-    EvalDir(root).write({"entries": written, "test_data": recorded_test_data(labels),
+    EvalDir(root).write({"entries": written, **recorded_data(labels),
                          **(info or {})})
     return str(root)
 

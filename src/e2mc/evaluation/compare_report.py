@@ -120,6 +120,8 @@ def answer_lines(comp: Comparison, page: str | Path | None = None, *,
     lines = ([f"files: the table, every verdict and the paired tests in {files}{also}"]
              if files is not None else [])
     lines += [f"flag: {f}" for f in dict.fromkeys([*notes, *comp.flags])]
+    lines += [f"Not evaluated alike, compared anyway (--allow-mismatch): {m}."
+              for m in comp.mismatches]
     if comp.verdicts:
         lines.append(key_line(comp))
     lines += headlines(comp, last)
