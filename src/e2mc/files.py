@@ -1,9 +1,7 @@
-"""Writing files safely: atomically (a temporary file beside the target, then a rename), into
-directories checked for write permission first, never through a symbolic link at a path e2mc
-makes (:func:`refuse_link`: a link planted there is refused, its target never changed); a
-user's name made safe for a file name (:func:`safe_name`); and the SHA-256 that identifies a
-file's content. No torch: checkpoints are written through
-:func:`e2mc.checkpoints.io.atomic_save`."""
+"""Writing files safely (atomically, into checked directories, never through a symbolic link at
+a path e2mc makes), names made safe for file names and for display, and a file's SHA-256.
+No torch: checkpoints are written through :func:`e2mc.checkpoints.io.atomic_save`.
+"""
 
 from __future__ import annotations
 

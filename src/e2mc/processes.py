@@ -1,11 +1,6 @@
-"""Processes: what identifies one beyond its pid (its start time and the boot, the host),
-whether a process holds a file's lock, and how many CPU cores this one may use. Locks
-(:func:`e2mc.artifacts.writer_lock`) and the jobs' record (``jobs.json``) keep this identity,
-so that a pid given to another process after a crash (a reboot, a wrap-around) or a process of
-another host is never taken for the one that wrote them, and nothing waits for a process that
-is gone.
-
-Imports nothing from e2mc (and neither torch nor numpy).
+"""Processes: what identifies one beyond its pid (start time, boot, host), so that a reused pid or
+another host's process is never taken for the writer of a lock or ``jobs.json``; whether a
+process holds a file's lock; how many CPU cores this one may use. Imports nothing from e2mc.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Progress display: a tqdm bar on a terminal (or in a Jupyter kernel), plain lines elsewhere.
-
-A bar redraws itself with carriage returns, which fill a log file (a SLURM job's output, a
-redirected ``2>run.log``) with thousands of partial lines. :func:`progress_bar` returns a tqdm
-bar when its stream is a terminal, and otherwise a :class:`PlainProgress` with the part of
-tqdm's interface the package uses (iteration, ``update``, ``set_postfix``,
-``set_postfix_str``, ``n``, ``close``, a context manager) that prints one line, no carriage
-return, at 25, 50, 75 and 100 % of ``total`` and otherwise at most every ``every`` seconds.
-``disable=True`` (a command's ``--quiet``) prints nothing either way.
+"""Progress display: a tqdm bar on a terminal (or in a Jupyter kernel); elsewhere (a log file,
+where carriage returns would pile up) a :class:`PlainProgress` printing whole lines.
 """
 
 from __future__ import annotations

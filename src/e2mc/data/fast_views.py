@@ -1,31 +1,10 @@
 """The fast view pipeline: the recipes of :func:`~e2mc.data.views.build_views`, drawn the same way
-and applied to uint8/float tensors instead of PIL images.
-
-For each image file (in a DataLoader worker):
-
-1. read the bytes and the JPEG header (size) without decoding;
-2. draw every view's parameters by walking the recipe's own torchvision transforms in order and
-   calling their ``get_params`` / ``torch.rand`` exactly as their ``forward`` does, so a seed gives
-   the same crops, flips and factors as :func:`build_views` and the distributions are those of
-   the recipe by construction (:func:`draw_view_params`);
-3. decode once: at 1/2, 1/4 or 1/8 scale with libjpeg's DCT scaling (PIL ``draft``) when every
-   crop of the image still has at least the view's side in pixels at that scale, else at full
-   size with ``torchvision.io.decode_jpeg`` (libjpeg-turbo);
-4. crop and resize every view on the uint8 tensor (``torchvision.transforms.v2.functional``,
-   antialiased, the recipe's interpolation);
-5. ``mode="cpu"``: flip, colour jitter (per-sample order), grayscale, blur and solarize (with
-   OpenCV per view, or with torch batched by size: :mod:`e2mc.data.photometric`), rounded to
-   gray levels as the official pipeline's 8-bit images are, then normalised, returning float
-   views like :func:`build_views` (the trainer's loader takes whole batches of the 8-bit images,
-   :meth:`FastViewDataset.collated`, and normalises them on its device); ``mode="device"``:
-   return the uint8 crops and their parameters, and :class:`DeviceAugment` applies the same
-   operations batched on the training device.
-
-Differences from the PIL path, none of which changes a parameter distribution: the photometric
-operations run in float without rounding to uint8 between them, only after the last (within
-about one gray level),
-the hue is shifted in float HSV instead of PIL's 8-bit HSV, and reduced-scale decoding replaces
-part of the antialiasing of the resize by libjpeg's DCT scaling.
+(:func:`~e2mc.data.view_specs.draw_view_params`, so a seed gives the same crops, flips and
+factors) but decoded once (at 1/2-1/8 scale by libjpeg's DCT scaling when every crop keeps its
+view's side), cropped and resized on uint8 tensors, and jittered with OpenCV or torch
+(``mode="cpu"``) or on the training device (``mode="device"``, :class:`DeviceAugment`).
+Differences from the PIL path (none changes a parameter distribution): no rounding to uint8
+between photometric steps, hue shifted in float HSV, part of the antialiasing done by DCT scaling.
 """
 
 from __future__ import annotations

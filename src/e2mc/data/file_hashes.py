@@ -1,17 +1,8 @@
-"""The SHA-256 of image files' bytes, remembered between runs so that a data set's content
-identity (:mod:`e2mc.data.identity`) reads each file once.
-
-:func:`file_digests` hashes every file whose ``stat`` (device, inode, size, mtime and ctime, in
-nanoseconds) is not in the table yet, and reads the digest of every other one from it. The table
-is a cache and nothing more: a stat change alone (``touch``, ``cp -p``, another path or a link
-to the same file) reads the bytes again and gives the same digest, so only other bytes change an
-identity. A file rewritten with the same size within one mtime tick keeps its stat only where
-the filesystem's times are coarse; its ctime still changes on every local filesystem.
-
-The table is an SQLite file, ``$E2MC_HASH_CACHE`` or ``~/.cache/e2mc/file-hashes.sqlite3``,
-safe for several processes at once (SQLite's locking). A table that cannot be read or written
-(read-only, corrupt, locked too long) is left aside with one ``warning:`` line, and the files
-are hashed.
+"""The SHA-256 of image files' bytes, remembered between runs in an SQLite table
+(``$E2MC_HASH_CACHE`` or ``~/.cache/e2mc/file-hashes.sqlite3``) keyed by the file's stat (device,
+inode, size, mtime and ctime in ns). The table is only a cache: a stat change re-reads the bytes
+and gives the same digest, so only other bytes change an identity. A table that cannot be read
+or written is left aside with one ``warning:`` line and the files are hashed.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""The one identity of a data set's content: what a result made from data is bound to.
-
-:func:`data_identity` is recorded wherever a result is made from data (a training run's start
-record and checkpoint, ``results.json``'s train and test data, ``search.json``), and every
-reuse, resume and pairing compares identities, never the text of a path: new images written at
-the same paths are other data. The feature cache keys its entries on the same content hash.
-
-What the content hash covers (:func:`content_digest`), the content alone, never how it is named
-or when it was written:
-
-* files (``samples`` of ``(path, label)``, image folders): each file's bytes (their SHA-256,
-  read once and remembered by :mod:`e2mc.data.file_hashes`) and label, in order; the same bytes
-  under another spelling of the path, through a link or after ``touch`` are the same data;
-* in-memory data (``images``/``labels`` arrays, ``TensorDataset``): the arrays' bytes;
-* a subset: its indices and its parent; a wrapper that only transforms (``data.Transformed``):
-  its parent;
-* anything else: every item as it is returned (one pass over the data).
+"""The one identity of a data set's content (:func:`data_identity`), recorded wherever a result is
+made from data and compared on every reuse, resume and pairing (never the text of a path). It
+covers the content alone: files by their bytes (:mod:`e2mc.data.file_hashes`) and labels, arrays
+and tensors by their bytes, a subset by its indices and parent, a transform wrapper by its parent,
+anything else item by item.
 """
 
 from __future__ import annotations

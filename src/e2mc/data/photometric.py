@@ -1,19 +1,8 @@
-"""Photometric augmentations on batches of float images in [0, 1] with per-sample parameters.
-
-The operations of torchvision's ``ColorJitter`` (brightness, contrast, saturation, hue),
-``RandomGrayscale``, ``GaussianBlur`` and ``RandomSolarize`` and a horizontal flip, with the same
-formulas as torchvision's tensor kernels (``torchvision.transforms.v2.functional``), but each sample
-of a ``[B, C, H, W]`` batch gets its own parameters (a factor, a sigma, an on/off flag, its own
-order of the four jitter operations). torchvision's transforms draw one parameter set per call,
-that is per batch, so they cannot do this; kornia can, but draws the jitter order once per batch
-and is one more dependency. The same code runs in DataLoader workers (on the views of one image)
-and batched on the training device.
-
-Two implementation choices keep it fast on a CPU core: the Gaussian blur is separable (two 1-D
-passes of shifted multiply-adds, reflect padding as torchvision; taps whose weight is below
-``1e-7`` of the total are dropped, a change below 1e-4 gray levels), and the hue shift rebuilds RGB
-from (value, chroma, hue) with the closed form ``V - C * clamp(min(k, 4 - k), 0, 1)``,
-``k = (n + 6 h) mod 6``, ``n = 5, 3, 1``, instead of a full RGB -> HSV -> RGB round trip.
+"""Photometric augmentations (torchvision's ``ColorJitter``, ``RandomGrayscale``,
+``GaussianBlur``, ``RandomSolarize`` and a flip, with torchvision's formulas) on float
+``[B, C, H, W]`` batches in [0, 1] where each sample has its own parameters and jitter order
+(torchvision draws one set per batch). The blur is separable (taps below ``1e-7`` of the mass
+dropped); the hue shift rebuilds RGB from value, chroma and hue in closed form.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The photometric augmentations of one view with OpenCV (float32, height x width x channels).
-
-Used by the fast pipeline in DataLoader workers when ``opencv-python-headless`` is installed (the
-``fast`` extra); :mod:`e2mc.data.photometric` (torch, batched) is the fallback and the on-device
-version. OpenCV's colour conversions and separable filters are vectorised, which makes a 224 px
-view's jitter, blur and normalisation several times cheaper than with PIL or with elementwise
-torch operations on one core. The formulas are torchvision's on float images:
-
-* brightness ``clamp(x f)``; contrast ``clamp(f x + (1 - f) mean(luma))``; saturation
-  ``clamp(f x + (1 - f) luma)``; hue: RGB -> HSV (float, hue in degrees), hue + 360 h mod 360,
-  back to RGB; grayscale: luma in every channel (OpenCV's 0.299/0.587/0.114 weights,
-  torchvision's 0.2989: a difference below 1e-4);
-* blur: ``cv2.GaussianBlur`` with the recipe's square kernel and sigma, ``BORDER_REFLECT_101``
-  (torchvision's ``reflect`` padding); OpenCV samples the Gaussian at the same integer offsets;
-* solarize: ``1 - x`` where ``x >= threshold``.
+"""The photometric augmentations of one view with OpenCV (float32, height x width x channels):
+the fast pipeline's worker path when ``opencv-python-headless`` is installed (the ``fast``
+extra), with torchvision's formulas on float images (:mod:`e2mc.data.photometric` is the torch
+fallback). Grayscale uses OpenCV's 0.299 luma weight (torchvision 0.2989: below 1e-4); the blur's
+``BORDER_REFLECT_101`` is torchvision's ``reflect`` padding.
 """
 
 from __future__ import annotations

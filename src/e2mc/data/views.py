@@ -1,21 +1,7 @@
-"""View recipes (data augmentations) as the official VICReg, SwAV and SimSiam code builds them,
-parameterized by image size and channel count, and the evaluation transform.
-
-Official sources: VICReg ``augmentations.py`` (facebookresearch/vicreg), SwAV
-``src/multicropdataset.py`` (facebookresearch/swav), SimSiam ``main_simsiam.py``
-(facebookresearch/simsiam, the MoCo-v2 recipe).
-
-Adaptations (documented in ``docs/data.md``):
-
-* Blur: SwAV blurs with OpenCV (23x23 kernel), VICReg and SimSiam with PIL's Gaussian filter,
-  all with sigma ~ U(0.1, 2.0). Here it is torchvision's ``GaussianBlur`` with that sigma range and
-  a kernel of ~10% of the image side (odd, at least 3): 23 px at 224 px (SwAV's kernel; within one
-  gray level of PIL's filter on average), 3 px at 28-32 px, so the blur scales with the image
-  instead of erasing a 28 px image. As in SwAV, its small crops use the full-size crop's kernel.
-* ``channels=1``: colour jitter keeps brightness and contrast only (saturation and hue do not exist
-  for one channel) and random grayscale is left out (a no-op on grayscale).
-* Every random draw uses torch's RNG (no ``random``/``numpy``), so seeding torch (and DataLoader
-  workers) makes the views reproducible, which exact resume relies on.
+"""View recipes as the official VICReg, SwAV and SimSiam code builds them, parameterized by image
+size and channel count, and the evaluation transform (adaptations: ``docs/data.md``). Every random
+draw uses torch's RNG, so seeding torch and the workers makes the views reproducible (exact
+resume relies on it).
 """
 
 from __future__ import annotations
