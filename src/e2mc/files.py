@@ -31,9 +31,8 @@ def _new_file_mode(target: Path) -> int:
 
 
 def refuse_link(path: str | os.PathLike[str]) -> None:
-    """Raise :class:`~e2mc.errors.InputError` (one line) when ``path`` is a symbolic link: a
-    path e2mc writes, creates or cleans inside its directories is its own, and a link planted
-    there would send the write (or the deletion) to a file it does not own."""
+    """Raise :class:`~e2mc.errors.InputError` (one line) when ``path`` is a symbolic link: one
+    planted where e2mc writes or cleans would send the write (or deletion) to another file."""
     if os.path.islink(path):
         raise InputError(f"{path} is a symbolic link; e2mc writes only files it owns and does "
                          "not follow links at the paths it makes: remove the link or use "
@@ -69,9 +68,8 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` as it may become a file name: refused (:class:`~e2mc.errors.InputError`, one
-    line) when it is empty, ``.`` or ``..``, or holds a path separator or a control character,
-    so that no user-given name (a run, trial or class name) writes outside its folder."""
+    """``name`` as it may become a file name; :class:`~e2mc.errors.InputError` (one line) when
+    it is empty, ``.``, ``..`` or holds a path separator or control character."""
     if not name or name in (".", "..") or _UNSAFE.search(name):
         raise InputError(f"{what} {name!r} cannot be a file name (empty, '.', '..', a '/' or "
                          "'\\', or a control character); choose another")
@@ -101,10 +99,9 @@ codecs.register_error(UNENCODABLE_AS_TEXT, _unencodable_as_text)
 
 
 def display_name(text: object) -> str:
-    r"""``text`` (a user's name: a run, directory, trial or column name) as it can be shown in
-    the terminal and written into any text file or figure: bytes that are not UTF-8 (a name from
-    ``argv`` or a file name, which Python carries as surrogate escapes, ``os.fsdecode``) as
-    ``\xff``, control characters as ``\n``, ``\x1b``, ``\u202e``; everything else as it is."""
+    r"""``text`` (a user's name) as it can be shown in a terminal, text file or figure: bytes
+    that are not UTF-8 (surrogate escapes) as ``\xff``, control characters as ``\n``,
+    ``\x1b``, ``\u202e``; everything else as it is."""
     shown = str(text).encode("utf-8", UNENCODABLE_AS_TEXT).decode("utf-8")
     return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), shown)
 
@@ -119,14 +116,10 @@ _MARKDOWN_BLOCK = re.compile(r"^(\s*)([#+\-=]|\d+[.)])")
 
 
 def markdown_text(text: object) -> str:
-    r"""``text`` (a user's name, or a sentence with names) as plain text in a Markdown file
-    that e2mc writes (``comparison.md``, ``search.md``, ``confirm.md``): shown as
-    :func:`display_name` shows it, one line; ``<``, ``>`` and ``&`` as HTML entities (no raw
-    HTML such as ``<script>`` or ``<img>``); the marks a viewer would act on backslash-escaped:
-    ``[`` and ``]`` (no link, no remote image: ``![x](http://...)`` stays text), ``*``,
-    ``_`` at a word's edge, `````, ``~``, ``$``, ``|`` (which would end a table cell), a ``\``
-    before punctuation, and a heading, list or quote mark at its start. A viewer shows the
-    name as it was given."""
+    r"""``text`` (a user's name, or a sentence with names) as plain text in a Markdown file e2mc
+    writes: one line as :func:`display_name` shows it, ``<>&`` as HTML entities (no raw HTML),
+    and every mark a viewer would act on (links, images, emphasis, code, table cells, a leading
+    heading/list/quote mark) backslash-escaped, so a viewer shows the name as it was given."""
     import html
 
     out = html.escape(display_name(text), quote=False)
@@ -146,11 +139,9 @@ def open_append(path: str | os.PathLike[str]) -> Any:
 
 def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> None:
     """Call ``write(file)`` on a temporary file beside ``path`` (``mode`` ``"wb"`` or ``"w"``),
-    flush and fsync it, then ``os.replace`` it onto ``path``; on failure nothing is left and
-    ``path`` is untouched. The file gets the mode a plain write would give (umask). A full disk
-    is an ``OSError(ENOSPC)`` naming ``path``. A temporary file left by a killed process is
-    named ``.NAME.XXXXXXXX.tmp`` (:func:`is_temp_file`). A symbolic link at ``path`` is refused
-    (:func:`refuse_link`), never written through nor replaced."""
+    fsync it and ``os.replace`` it onto ``path`` (with the umask's mode); on failure nothing is
+    left and ``path`` is untouched. A full disk is an ``OSError(ENOSPC)`` naming ``path``; a
+    symbolic link at ``path`` is refused (:func:`refuse_link`)."""
     target = Path(path)
     refuse_link(target)
     if target.is_dir():
@@ -181,9 +172,8 @@ def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> 
 
 
 class _Recording:
-    """A file object whose failed writes are recorded in ``failed`` (then raised as usual):
-    a writer such as ``torch.save`` turns an ``OSError`` into its own ``RuntimeError``, and
-    :func:`atomic_write` still reports what the file system said."""
+    """A file whose failed writes are recorded in ``failed`` (then raised): ``torch.save`` turns
+    an ``OSError`` into a ``RuntimeError``, and :func:`atomic_write` still reports the cause."""
 
     def __init__(self, f: Any, failed: list[OSError]) -> None:
         self._f, self._failed = f, failed
@@ -201,9 +191,8 @@ class _Recording:
 
 def check_writable_dir(path: str | os.PathLike[str], what: str = "directory") -> None:
     """Raise :class:`~e2mc.errors.InputError` (one line naming ``path``) unless a file can be
-    created in the directory ``path`` or, when it does not exist yet, in its nearest existing
-    parent: a read-only file system or a directory without write permission is found before
-    any work is done, not at the first write. Nothing is left behind."""
+    created in the directory ``path`` (or its nearest existing parent): found before any work
+    is done, not at the first write. Nothing is left behind."""
     target = Path(path)
     where = target
     while not where.exists() and where != where.parent:
@@ -234,8 +223,8 @@ def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     """SHA-256 (hex) of a file's content, read in ``chunk``-byte blocks: the one identity of a
-    file's bytes (checkpoints, downloads, predictions)."""
-    digest = hashlib.sha256()
+    file's bytes (checkpoints, downloads, predictions, images)."""
+    digest = hashlib.sha256()  # releases the GIL on large blocks: threads hash in parallel
     with open(path, "rb") as f:
         while block := f.read(chunk):
             digest.update(block)

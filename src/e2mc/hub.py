@@ -13,10 +13,8 @@ PROBE_TIMEOUT = 5.0
 
 
 def unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
-    """Why the hub cannot be reached (``"HF_HUB_OFFLINE is set"``, ``"http://... did not
-    answer (ConnectError: ...)"``, a ``ConnectTimeout`` after ``timeout`` seconds), None when
-    its endpoint answers (any HTTP status) or ``huggingface_hub`` is not installed (nothing to
-    probe: the caller's import fails)."""
+    """Why the hub cannot be reached (``"HF_HUB_OFFLINE is set"``, ``"URL did not answer
+    (...)"``); None when its endpoint answers (any status) or ``huggingface_hub`` is absent."""
     try:
         from huggingface_hub import constants
         from huggingface_hub.utils import get_session

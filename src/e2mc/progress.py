@@ -11,8 +11,7 @@ from typing import IO, Any
 
 __all__ = ["PLAIN_EVERY_S", "PlainProgress", "is_terminal", "progress_bar"]
 
-#: Seconds between two plain lines that no quarter of the total prompted (no phase of a
-#: command stays silent much longer: a log shows it is alive).
+#: Seconds between two plain lines that no quarter of the total prompted (a log shows life).
 PLAIN_EVERY_S = 10.0
 
 
@@ -29,10 +28,8 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, total: float | None =
                  initial: float = 0, desc: str | None = None, unit: str = "it",
                  disable: bool = False, leave: bool = True, file: IO[str] | None = None,
                  every: float = PLAIN_EVERY_S, **tqdm_options: Any) -> Any:
-    """A progress display over ``iterable`` (or updated by hand with ``total``): a tqdm bar
-    (``tqdm_options`` passed on) when ``file`` (default ``sys.stderr``) is a terminal or the
-    process is a Jupyter kernel, else a :class:`PlainProgress`; nothing at all with
-    ``disable``."""
+    """A progress display over ``iterable`` (or updated by hand): a tqdm bar when ``file``
+    (default stderr) is a terminal or in Jupyter, else a :class:`PlainProgress`."""
     stream = sys.stderr if file is None else file
     if not disable and (is_terminal(stream) or "ipykernel" in sys.modules):
         from tqdm.auto import tqdm

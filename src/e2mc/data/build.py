@@ -50,15 +50,9 @@ def build_dataset(
     transform: Callable[[Image.Image], Any] | None = None,
     skip_corrupt: bool = False,
 ) -> Dataset:
-    """The dataset described by ``spec`` for ``split``:
-
-    * ``"builtin"`` or ``"builtin:fashion-mnist"``: the shipped Fashion-MNIST subset;
-    * an ``.npz`` file with ``x_<split>``/``y_<split>`` arrays;
-    * a folder with the four Fashion-MNIST/MNIST IDX files (``.gz`` or not), directly or in
-      torchvision's ``<folder>/FashionMNIST/raw`` or ``<folder>/MNIST/raw``;
-    * a folder with ``train/`` and ``test/`` (or ``val/``) subfolders of class folders: an image
-      folder of the split (``skip_corrupt`` drops unreadable images, counting them).
-    """
+    """The dataset described by ``spec`` for ``split``: ``builtin``, an ``.npz`` file, a folder of
+    IDX files or an image folder with ``train/`` and ``test/`` (or ``val/``) subfolders (what
+    each needs: the error below; ``skip_corrupt`` drops unreadable images, counting them)."""
     if spec.startswith("builtin"):
         if spec not in BUILTIN_SPECS:
             raise ValueError(f"unknown built-in dataset {spec!r}; available: {list(BUILTIN_SPECS)}")

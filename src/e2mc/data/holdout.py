@@ -25,14 +25,9 @@ def holdout_size(n: int, size: float) -> int:
 
 def holdout_split(n: int, size: float, seed: int, labels: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """``(train, validation, stratified)``: sorted, disjoint index arrays covering ``range(n)``.
-
-    With ``labels`` (one class index per image) the split is stratified (each class keeps its
-    share, ``sklearn.model_selection.train_test_split``) when every class has at least two images
-    and the validation part can hold one of each; otherwise, and without labels, it is a seeded
-    random draw. The result depends only on ``(n, size, seed, labels)``, so every process of a
-    distributed run computes the same split.
-    """
+    """``(train, validation, stratified)``: sorted, disjoint index arrays covering ``range(n)``,
+    stratified by ``labels`` when every class has two images and the validation part can hold
+    one of each, else a seeded draw. Depends only on the arguments (every rank agrees)."""
     from sklearn.model_selection import train_test_split
 
     count = holdout_size(n, size)

@@ -17,8 +17,7 @@ from torch.utils.data import TensorDataset
 from e2mc.data.file_hashes import file_digests
 from e2mc.data.subsets import dataset_labels, subset_parts
 
-#: How the content hash is made: 2, files by their bytes (1, recorded by e2mc before it: files
-#: by path, size and times; arrays were hashed alike in both).
+#: How the content hash is made: 2, files by their bytes (1: by path, size and times).
 SCHEME = 2
 
 
@@ -72,9 +71,8 @@ def content_digest(dataset: Any) -> str:
 
 
 def data_identity(dataset: Any) -> dict[str, Any]:
-    """``{"content", "size", "labels"}``: the content hash, the number of items and the SHA-256
-    of the per-item label vector (None when the data set exposes no labels). Two identities
-    are the same data exactly when they are equal (:func:`same_data`)."""
+    """``{"content", "size", "labels", "scheme"}``: the content hash, the number of items and the
+    SHA-256 of the labels (None without labels); compared by :func:`same_data`."""
     labels = dataset_labels(dataset, False)
     label_hash = None
     if labels is not None:
@@ -109,9 +107,8 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
 
 
 def _item_keys(dataset: Any) -> list[Any] | None:
-    """One key per item, equal exactly when two items' content is (the file's SHA-256, or the
-    SHA-256 of an array row), by the dispatch of :func:`update_content`; None for a data set
-    read item by item (its images would each be decoded)."""
+    """One key per item, equal exactly when two items' content is (a file's or an array row's
+    SHA-256); None for a data set read item by item."""
     if isinstance(getattr(dataset, "samples", None), list):
         return file_digests([path for path, _ in dataset.samples])
     if hasattr(dataset, "dataset") and hasattr(dataset, "indices"):

@@ -1,6 +1,5 @@
-"""What a data set's images are (:func:`image_shape`): their size, channels and class count,
-read off the images themselves. The presets for your own data take these from the data, and
-an evaluation of a file that records no training size evaluates at its data's size."""
+"""What a data set's images are (:func:`image_shape`): size, channels and class count, read off
+the images themselves (the presets for your own data take them from it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Subsets: the one subset type (:class:`LabeledSubset`, seen through by :func:`subset_parts`),
-label subsets for semi-supervised evaluation (stratified seeded fractions, SimCLR-style file
-lists: ImageNet's 1% and 10% splits, one file name per line) and the labels of a data set."""
+"""Subsets (:class:`LabeledSubset`, :func:`subset_parts`), label subsets for semi-supervised
+evaluation (stratified seeded fractions, SimCLR-style file lists) and a data set's labels."""
 
 from __future__ import annotations
 
@@ -13,27 +12,15 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
-__all__ = [
-    "LabeledSubset",
-    "dataset_labels",
-    "fraction_label",
-    "label_fraction_indices",
-    "per_class_indices",
-    "read_file_list",
-    "stratified_indices",
-    "Transformed",
-    "subset_from_file_list",
-    "subset_parts",
-]
+__all__ = ["LabeledSubset", "dataset_labels", "fraction_label", "label_fraction_indices",
+           "per_class_indices", "read_file_list", "stratified_indices", "Transformed",
+           "subset_from_file_list", "subset_parts"]
 
 
 class LabeledSubset(Dataset):
-    """``dataset`` restricted to ``indices``: the package's one subset type (``data.limit``, a
-    validation split, a label fraction, a sample of images), keeping the parent's
-    ``labels``/``targets`` (numpy; None when the parent has none) and ``classes``. A subset of
-    a subset is one subset of the first parent, so ``dataset`` is never a subset itself and
-    :func:`subset_parts` sees through it in one step (the fast pipelines read the image files
-    of the folder beneath)."""
+    """``dataset`` restricted to ``indices`` (the package's one subset type), keeping the parent's
+    ``labels``/``targets`` and ``classes``. A subset of a subset is one subset of the first
+    parent, so :func:`subset_parts` sees through it in one step."""
 
     def __init__(self, dataset: Any, indices: Sequence[int] | np.ndarray) -> None:
         indices = np.asarray(indices, dtype=np.int64)
@@ -109,9 +96,8 @@ def _check_labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
 def per_class_indices(
     labels: np.ndarray | Sequence[int], per_class: int | dict[int, int], seed: int
 ) -> np.ndarray:
-    """Sorted indices of ``per_class`` samples drawn without replacement from each class (an int
-    for every class, or a dict class -> count). Classes are visited in ascending order with one
-    ``numpy.random.default_rng(seed)``, so the result depends only on labels, counts and seed."""
+    """Sorted indices of ``per_class`` samples (an int, or a dict class -> count) drawn without
+    replacement from each class in ascending order with one ``default_rng(seed)``."""
     labels = _check_labels(labels)
     rng = np.random.default_rng(seed)
     chosen = []
@@ -127,12 +113,8 @@ def per_class_indices(
 def label_fraction_indices(
     labels: np.ndarray | Sequence[int], fraction: float, seed: int
 ) -> np.ndarray:
-    """Stratified, seeded indices of about ``fraction`` of the labelled samples.
-
-    Each class c with n_c samples contributes ``max(1, floor(fraction * n_c + 0.5))`` samples
-    (round half up, at least one), drawn without replacement; ``fraction == 1`` returns every
-    index. Deterministic for a given seed; different seeds give different subsets.
-    """
+    """Stratified, seeded indices of about ``fraction`` of the samples: a class of ``n_c`` gives
+    ``max(1, floor(fraction * n_c + 0.5))`` (:func:`stratified_indices`)."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)):
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
     if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
@@ -173,17 +155,12 @@ def read_file_list(path: str | Path) -> list[str]:
 
 
 def subset_from_file_list(dataset: Any, names: Iterable[str]) -> LabeledSubset:
-    """The samples of an image-folder ``dataset`` (anything with torchvision's ``samples`` list of
-    ``(path, class)``) whose file name equals one of ``names``. Names are compared by base name,
-    so ``n01440764_10026.JPEG`` and ``n01440764/n01440764_10026.JPEG`` both match. The subset
-    keeps the dataset's order. ``ValueError`` listing the names that match no sample, or that
-    match several."""
+    """The samples of an image-folder ``dataset`` whose base name is one of ``names``, in the
+    dataset's order; ``ValueError`` listing names that match no sample, or several."""
     samples = getattr(dataset, "samples", None)
     if samples is None:
-        raise ValueError(
-            f"{type(dataset).__name__} has no 'samples' (file paths); file lists need an "
-            "image-folder dataset"
-        )
+        raise ValueError(f"{type(dataset).__name__} has no 'samples' (file paths); file lists "
+                         "need an image-folder dataset")
     wanted = [Path(n).name for n in names]
     if not wanted:
         raise ValueError("empty list of file names")
@@ -192,13 +169,10 @@ def subset_from_file_list(dataset: Any, names: Iterable[str]) -> LabeledSubset:
         where.setdefault(Path(path).name, []).append(i)
     missing = [n for n in wanted if n not in where]
     if missing:
-        raise ValueError(
-            f"{len(missing)} of {len(wanted)} listed file(s) not found in the dataset "
-            f"({len(samples)} samples), e.g. {missing[:10]}"
-        )
+        raise ValueError(f"{len(missing)} of {len(wanted)} listed file(s) not found in the "
+                         f"dataset ({len(samples)} samples), e.g. {missing[:10]}")
     ambiguous = [n for n in wanted if len(where[n]) > 1]
     if ambiguous:
-        raise ValueError(
-            f"{len(ambiguous)} listed name(s) match several files, e.g. {ambiguous[:5]}"
-        )
+        raise ValueError(f"{len(ambiguous)} listed name(s) match several files, e.g. "
+                         f"{ambiguous[:5]}")
     return LabeledSubset(dataset, np.sort([where[n][0] for n in wanted]))
