@@ -20,8 +20,7 @@ from e2mc.errors import InputError
 
 
 def _new_file_mode(target: Path) -> int:
-    """The mode a plain ``open(target, "w")`` would give: the existing file's, else 0o666 less
-    the umask (``mkstemp`` would leave 0o600, unreadable for colleagues)."""
+    """The mode ``open(target, "w")`` would give (``mkstemp``'s 0o600 is unreadable to others)."""
     try:
         return target.stat().st_mode & 0o777
     except FileNotFoundError:
@@ -40,8 +39,7 @@ def refuse_link(path: str | os.PathLike[str]) -> None:
 
 
 def own_dir(path: str | os.PathLike[str]) -> Path:
-    """Make the folder ``path`` (and its parents) that e2mc writes into, refusing a symbolic
-    link at ``path`` itself (:func:`refuse_link`); returns it."""
+    """Make the folder ``path`` (and parents), refusing a symbolic link there; returns it."""
     refuse_link(path)
     Path(path).mkdir(parents=True, exist_ok=True)
     refuse_link(path)  # (planted between the check and the mkdir)
@@ -53,8 +51,7 @@ _TEMP_FILE = re.compile(r"^\.(.+)\.[a-z0-9_]{8}\.tmp$")
 
 
 def is_temp_file(name: str) -> bool:
-    """Whether the file name ``name`` is one of :func:`atomic_write`'s temporary files (a
-    killed writer's leftovers are removed by name; no other file is ever removed so)."""
+    """Whether ``name`` is one of :func:`atomic_write`'s temporary files (a killed writer's)."""
     return bool(_TEMP_FILE.match(name))
 
 
@@ -81,9 +78,8 @@ def safe_name(name: str, what: str = "name") -> str:
 _INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-#: The codec error handler that writes a character UTF-8 cannot encode (a lone surrogate) as
-#: text: the byte a surrogate escape stands for (``os.fsdecode``: a byte of a name that is not
-#: UTF-8) as ``\xff``, any other surrogate as ``\udXXX``.
+#: The codec error handler writing a lone surrogate as text: the byte a surrogate escape stands
+#: for (a name that is not UTF-8) as ``\xff``, any other as ``\udXXX``.
 UNENCODABLE_AS_TEXT = "e2mc.unencodable-as-text"
 
 
@@ -129,8 +125,7 @@ def markdown_text(text: object) -> str:
 
 
 def open_append(path: str | os.PathLike[str]) -> Any:
-    """Open the text file ``path`` for appending (created with the umask's mode), never
-    through a symbolic link (:func:`refuse_link`); returns the file object."""
+    """The text file ``path`` opened for appending, never through a symbolic link."""
     refuse_link(path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                  0o666)
@@ -190,9 +185,8 @@ class _Recording:
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str = "directory") -> None:
-    """Raise :class:`~e2mc.errors.InputError` (one line naming ``path``) unless a file can be
-    created in the directory ``path`` (or its nearest existing parent): found before any work
-    is done, not at the first write. Nothing is left behind."""
+    """Raise :class:`~e2mc.errors.InputError` (one line) unless a file can be created in the
+    directory ``path`` (or its nearest existing parent): before any work, not at the first write."""
     target = Path(path)
     where = target
     while not where.exists() and where != where.parent:
@@ -222,8 +216,7 @@ def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    """SHA-256 (hex) of a file's content, read in ``chunk``-byte blocks: the one identity of a
-    file's bytes (checkpoints, downloads, predictions, images)."""
+    """SHA-256 (hex) of a file's bytes: the one identity of a file's content."""
     digest = hashlib.sha256()  # releases the GIL on large blocks: threads hash in parallel
     with open(path, "rb") as f:
         while block := f.read(chunk):

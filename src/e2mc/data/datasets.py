@@ -39,9 +39,8 @@ Transform = Callable[[Image.Image], Any]
 
 
 class ArrayDataset(Dataset):
-    """A dataset over a uint8 image array ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` with C in
-    {1, 3} (C = 1 is treated as grayscale). Items are ``(transform(PIL image), label)``; the
-    label is ``-1`` when ``labels`` is None. Without a transform the PIL image is returned."""
+    """A dataset over a uint8 image array ``[N, H, W]`` or ``[N, H, W, C]`` with C in {1, 3}: items
+    ``(transform(PIL image), label)``, the label ``-1`` when ``labels`` is None."""
 
     def __init__(
         self,
@@ -130,9 +129,8 @@ def _has_idx_files(folder: Path) -> bool:
 def find_idx_folder(
     root: str | Path, subfolders: Sequence[str] = ("FashionMNIST", "MNIST")
 ) -> Path:
-    """The folder holding the four IDX files: ``root`` itself or torchvision's
-    ``root/<name>/raw`` layout for each name in ``subfolders``. ``ValueError`` if none has all four
-    or if several do."""
+    """The folder holding the four IDX files: ``root`` or ``root/<name>/raw`` for a name in
+    ``subfolders``; ``ValueError`` if none or several do."""
     root = Path(root)
     candidates = [root] + [root / name / "raw" for name in subfolders]
     found = [c for c in candidates if c.is_dir() and _has_idx_files(c)]
@@ -180,8 +178,7 @@ def mnist(
 def npz_dataset(
     path: str | Path, split: str = "train", transform: Transform | None = None
 ) -> ArrayDataset:
-    """An :class:`ArrayDataset` from arrays ``x_<split>`` (uint8 images) and ``y_<split>``
-    (integer labels) of an ``.npz`` file; an optional ``classes`` array names the classes."""
+    """An :class:`ArrayDataset` from arrays ``x_<split>``, ``y_<split>`` (and ``classes``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"npz file not found: {path}")

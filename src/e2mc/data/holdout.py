@@ -8,8 +8,7 @@ import numpy as np
 
 
 def holdout_size(n: int, size: float) -> int:
-    """Number of held-out images: ``round(size * n)`` for a fraction in (0, 1), ``size`` for a
-    whole count >= 1. At least one image must stay on each side."""
+    """Held-out images: ``round(size * n)`` for a fraction, else the whole count ``size``."""
     if 0 < size < 1:
         count = int(round(size * n))
     elif size >= 1 and float(size).is_integer():

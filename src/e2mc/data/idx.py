@@ -28,9 +28,8 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def load_idx(path: str | Path) -> np.ndarray:
-    """An IDX file (``.gz`` or not, told by its content) as a native-byte-order numpy array;
-    ``ValueError`` naming the file for a bad magic number or type, or a size that does not match
-    the header (truncated or padded)."""
+    """An IDX file (``.gz`` or not) as a native-byte-order numpy array; ``ValueError`` naming the
+    file for a bad magic number or type, or a size not matching the header."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"IDX file not found: {path}")

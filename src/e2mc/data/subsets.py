@@ -18,9 +18,8 @@ __all__ = ["LabeledSubset", "dataset_labels", "fraction_label", "label_fraction_
 
 
 class LabeledSubset(Dataset):
-    """``dataset`` restricted to ``indices`` (the package's one subset type), keeping the parent's
-    ``labels``/``targets`` and ``classes``. A subset of a subset is one subset of the first
-    parent, so :func:`subset_parts` sees through it in one step."""
+    """``dataset`` restricted to ``indices`` (the one subset type), keeping the parent's ``labels``
+    and ``classes``; a subset of a subset is a subset of the first parent (seen through once)."""
 
     def __init__(self, dataset: Any, indices: Sequence[int] | np.ndarray) -> None:
         indices = np.asarray(indices, dtype=np.int64)
@@ -57,8 +56,7 @@ def subset_parts(dataset: Any) -> tuple[Any, np.ndarray | None]:
 
 class Transformed(Dataset):
     """``dataset`` (items ``(image, label)``) with ``transform`` applied to each image, keeping
-    ``labels`` and ``classes`` of the parent: one data set read once, seen through two
-    transforms (a run's training views and its validation monitor)."""
+    the parent's ``labels`` and ``classes`` (one data set seen through two transforms)."""
 
     def __init__(self, dataset: Any, transform: Any) -> None:
         self.dataset, self.transform = dataset, transform

@@ -23,10 +23,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SWAV_IMAGENET_STD = (0.228, 0.224, 0.225)  # as in SwAV's multicropdataset.py
 DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
-    "fashion-mnist": ((0.2860,), (0.3530,)),
-    "mnist": ((0.1307,), (0.3081,)),
-}
+    "imagenet": (IMAGENET_MEAN, IMAGENET_STD), "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,))}
 RECIPES = ("vicreg", "swav", "simsiam")
 BLUR_SIGMA = (0.1, 2.0)
 
@@ -220,11 +218,9 @@ class EvalTransform:
         return images.dtype == np.uint8 and images.shape[1:3] == (self.image_size,) * 2 and \
             (self.to_mode.mode == "L") == gray and (gray or images.shape[3] == 3)
 
-    def batch(self, images: np.ndarray) -> torch.Tensor | None:
+    def batch(self, images: np.ndarray) -> torch.Tensor:
         """The transform of uint8 images ``[N, H, W]`` or ``[N, H, W, 3]`` at once, bit-identical
-        to stacking :meth:`__call__` of each; None unless :meth:`batchable`."""
-        if not self.batchable(images):
-            return None
+        to stacking :meth:`__call__` of each, for images :meth:`batchable` takes."""
         gray = images.ndim == 3
         x = torch.from_numpy(np.ascontiguousarray(images))
         x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2)
