@@ -65,8 +65,7 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` as it may become a file name; :class:`~e2mc.errors.InputError` (one line) when
-    it is empty, ``.``, ``..`` or holds a path separator or control character."""
+    """``name`` as a file name, or one-line InputError (empty, ., .., a separator or control)."""
     if not name or name in (".", "..") or _UNSAFE.search(name):
         raise InputError(f"{what} {name!r} cannot be a file name (empty, '.', '..', a '/' or "
                          "'\\', or a control character); choose another")

@@ -13,8 +13,7 @@ PROBE_TIMEOUT = 5.0
 
 
 def unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
-    """Why the hub cannot be reached (``"HF_HUB_OFFLINE is set"``, ``"URL did not answer
-    (...)"``); None when its endpoint answers (any status) or ``huggingface_hub`` is absent."""
+    """Why the hub cannot be reached; None when it answers or ``huggingface_hub`` is absent."""
     try:
         from huggingface_hub import constants
         from huggingface_hub.utils import get_session
@@ -32,8 +31,7 @@ def unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
 
 @contextlib.contextmanager
 def cache_if_offline(timeout: float = PROBE_TIMEOUT) -> Iterator[str | None]:
-    """Run the block in ``huggingface_hub``'s offline mode when the hub is unreachable; yields
-    the reason (None when the hub answered and the block may download)."""
+    """Run the block offline when the hub is unreachable; yields the reason (else None)."""
     reason = unreachable(timeout)
     if reason is None:
         yield None

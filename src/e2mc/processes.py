@@ -44,8 +44,7 @@ def exit_if_orphaned(parent: int, worker_id: int) -> None:
 
 
 def loader_options(num_workers: int) -> dict[str, Any]:
-    """The ``DataLoader`` arguments of its workers (:func:`loader_start_method`,
-    :func:`exit_if_orphaned`); none without workers."""
+    """The ``DataLoader`` arguments of its workers (start method, orphan exit); none without."""
     if num_workers <= 0:
         return {}
     return {"multiprocessing_context": loader_start_method(num_workers),
@@ -53,8 +52,7 @@ def loader_options(num_workers: int) -> dict[str, Any]:
 
 
 def lock_held(path: str | os.PathLike[str]) -> bool | None:
-    """Whether a process holds the POSIX lock of ``path`` (``F_GETLK``, without taking it);
-    ``None`` where that cannot be asked."""
+    """Whether a process holds the POSIX lock of ``path`` (``F_GETLK``); None if unknown."""
     import fcntl
     import struct
 
@@ -92,8 +90,7 @@ def boot_id() -> str | None:
 
 
 def process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22);
-    ``None`` when it is gone or there is no ``/proc``."""
+    """Process ``pid``'s start, in clock ticks since boot; None when gone or without /proc."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
         return int(stat[stat.rindex(")") + 2:].split()[19])
@@ -102,8 +99,7 @@ def process_start(pid: int) -> int | None:
 
 
 def process_identity(pid: int | None = None) -> dict[str, Any]:
-    """What identifies process ``pid`` (this one by default) beyond its pid: ``{"pid", "host",
-    "boot_id", "start_ticks"}``, as locks and jobs.json record it."""
+    """``{pid, host, boot_id, start_ticks}`` of process ``pid`` (default: this one)."""
     pid = os.getpid() if pid is None else pid
     return {"pid": pid, "host": socket.gethostname(), "boot_id": boot_id(),
             "start_ticks": process_start(pid)}

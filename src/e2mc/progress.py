@@ -28,8 +28,7 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, total: float | None =
                  initial: float = 0, desc: str | None = None, unit: str = "it",
                  disable: bool = False, leave: bool = True, file: IO[str] | None = None,
                  every: float = PLAIN_EVERY_S, **tqdm_options: Any) -> Any:
-    """A progress display over ``iterable`` (or updated by hand): a tqdm bar when ``file``
-    (default stderr) is a terminal or in Jupyter, else a :class:`PlainProgress`."""
+    """A tqdm bar on a terminal or in Jupyter, else a :class:`PlainProgress`."""
     stream = sys.stderr if file is None else file
     if not disable and (is_terminal(stream) or "ipykernel" in sys.modules):
         from tqdm.auto import tqdm

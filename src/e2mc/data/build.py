@@ -34,8 +34,7 @@ def _folder_splits_text(split: str) -> str:
 
 
 def _idx_classes(folder: Path) -> tuple[str, ...] | None:
-    """Class names guessed from the folder path: Fashion-MNIST if it mentions 'fashion', MNIST if it
-    mentions 'mnist', otherwise unknown (the IDX files themselves do not say)."""
+    """Class names guessed from the folder path ('fashion', 'mnist'), else None."""
     text = str(folder.resolve()).lower()
     if "fashion" in text:
         return FASHION_MNIST_CLASSES

@@ -39,8 +39,7 @@ Transform = Callable[[Image.Image], Any]
 
 
 class ArrayDataset(Dataset):
-    """A dataset over a uint8 image array ``[N, H, W]`` or ``[N, H, W, C]`` with C in {1, 3}: items
-    ``(transform(PIL image), label)``, the label ``-1`` when ``labels`` is None."""
+    """Items ``(transform(PIL image), label)`` of uint8 images ``[N, H, W(, 1/3)]``; no labels: -1."""
 
     def __init__(
         self,
@@ -129,8 +128,7 @@ def _has_idx_files(folder: Path) -> bool:
 def find_idx_folder(
     root: str | Path, subfolders: Sequence[str] = ("FashionMNIST", "MNIST")
 ) -> Path:
-    """The folder holding the four IDX files: ``root`` or ``root/<name>/raw`` for a name in
-    ``subfolders``; ``ValueError`` if none or several do."""
+    """The folder of the IDX files: ``root`` or one ``root/<subfolder>/raw``, else ValueError."""
     root = Path(root)
     candidates = [root] + [root / name / "raw" for name in subfolders]
     found = [c for c in candidates if c.is_dir() and _has_idx_files(c)]
@@ -199,7 +197,6 @@ def builtin_fashion_mnist_path() -> Path:
 
 
 def builtin_fashion_mnist(split: str = "train", transform: Transform | None = None) -> ArrayDataset:
-    """The shipped Fashion-MNIST subset: 1,000 training and 200 test images per class of the
-    official splits (``scripts/make_fashion_mnist_subset.py``; MIT: its ``NOTICE``)."""
+    """The shipped Fashion-MNIST subset (``scripts/make_fashion_mnist_subset.py``; MIT)."""
     _check_split(split, ("train", "test"))
     return npz_dataset(builtin_fashion_mnist_path(), split, transform)

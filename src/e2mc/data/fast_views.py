@@ -225,8 +225,7 @@ class DeviceAugment:
 
 
 class FastViewDataset(Dataset):
-    """An image folder (``samples`` of ``(path, label)``, or a subset of one) read through
-    ``views``: item ``i`` is ``(views(path_i), label_i)``."""
+    """An image folder (or a subset of one): item ``i`` is ``(views(path_i), label_i)``."""
 
     def __init__(self, folder: Any, views: FastViews) -> None:
         folder, indices = subset_parts(folder)  # e.g. data.limit, a validation split

@@ -71,8 +71,7 @@ def content_digest(dataset: Any) -> str:
 
 
 def data_identity(dataset: Any) -> dict[str, Any]:
-    """``{"content", "size", "labels", "scheme"}``: the content hash, the number of items and the
-    SHA-256 of the labels (None without labels); compared by :func:`same_data`."""
+    """The content hash, item count and labels' SHA-256 of ``dataset`` (:func:`same_data`)."""
     labels = dataset_labels(dataset, False)
     label_hash = None
     if labels is not None:
@@ -91,8 +90,7 @@ def same_data(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
                    then: str = "then", now: str = "now") -> str:
-    """What differs between two identities, in words for a one-line message (``then`` and
-    ``now`` name the two sides)."""
+    """What differs between two identities, in words (``then``/``now`` name the sides)."""
     if old is None:
         return "no content identity was recorded (made by an older e2mc)"
     if old.get("scheme", 1) != new.get("scheme", 1) and old.get("content") != new.get("content"):
@@ -107,8 +105,7 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
 
 
 def _item_keys(dataset: Any) -> list[Any] | None:
-    """One key per item, equal exactly when two items' content is (a file's or an array row's
-    SHA-256); None for a data set read item by item."""
+    """Per item, a key equal exactly when the content is; None if read item by item."""
     if isinstance(getattr(dataset, "samples", None), list):
         return file_digests([path for path, _ in dataset.samples])
     if hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
@@ -125,8 +122,7 @@ def _item_keys(dataset: Any) -> list[Any] | None:
 
 
 def shared_items(train: Any, test: Any) -> int | None:
-    """How many items of ``test`` have the content of an item of ``train`` (a test image the
-    probes would be trained on); None when either is read item by item (not counted)."""
+    """How many items of ``test`` have the content of one of ``train`` (None: not counted)."""
     a, b = _item_keys(train), _item_keys(test)
     if a is None or b is None:
         return None

@@ -44,8 +44,7 @@ def to_8bit(img: Image.Image) -> Image.Image:
 
 
 def _load_rgb_or_l(path: str) -> Image.Image:
-    """Decode an image fully; keep grayscale as ``L`` (scaled by :func:`to_8bit` from 16-bit,
-    32-bit and float), everything else becomes ``RGB``."""
+    """Decode an image fully: grayscale as ``L`` (:func:`to_8bit`), anything else ``RGB``."""
     try:
         with Image.open(path) as img:
             img.load()

@@ -15,16 +15,14 @@ __all__ = ["MultiViewDataset", "ViewBatch", "collate_views"]
 
 
 class ViewBatch(NamedTuple):
-    """A batch its data set collated itself (``FastViewDataset.collated``): ``[B, C, S, S]`` per
-    view and the labels; :func:`collate_views` returns it as it is."""
+    """A batch its data set collated itself; :func:`collate_views` returns it as it is."""
 
     views: list[torch.Tensor]
     labels: torch.Tensor
 
 
 class MultiViewDataset(Dataset):
-    """Wrap a dataset returning ``(PIL image, label)`` (built with ``transform=None``) so that
-    items are ``(views_fn(image), label)``, e.g. with ``views_fn = build_views(...)``."""
+    """Items ``(views_fn(image), label)`` of a dataset of ``(PIL image, label)`` items."""
 
     def __init__(self, dataset: Any, views_fn: Callable[[Image.Image], list[torch.Tensor]]) -> None:
         self.dataset = dataset
@@ -50,8 +48,7 @@ class MultiViewDataset(Dataset):
 def collate_views(
     batch: Sequence[tuple[Sequence[torch.Tensor], int]] | ViewBatch,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """``(views, label)`` items as ``([B x C x S_v x S_v per view v], labels)``; a
-    :class:`ViewBatch` is already collated."""
+    """``(views, label)`` items as ``([B x C x S_v x S_v per view v], labels)``."""
     if isinstance(batch, ViewBatch):
         return batch.views, batch.labels
     if not batch:

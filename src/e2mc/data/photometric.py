@@ -58,8 +58,7 @@ def adjust_saturation(x: torch.Tensor, factor: torch.Tensor | float) -> torch.Te
 
 
 def adjust_hue(x: torch.Tensor, shift: torch.Tensor | float) -> torch.Tensor:
-    """Rotate the HSV hue of each RGB image by ``shift`` (a fraction of a turn): torchvision's
-    ``adjust_hue`` up to float rounding, RGB rebuilt from value, chroma and hue in closed form."""
+    """Rotate each RGB image's hue by ``shift`` turns (torchvision's, in closed form)."""
     if x.shape[-3] == 1:
         return x
     r, g, b = x.unbind(-3)
@@ -96,8 +95,7 @@ def gaussian_kernels(sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
 
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
-    """Blur each sample with its own ``sigma`` (``[B]``): torchvision's ``gaussian_blur`` with a
-    square ``kernel_size`` kernel and reflect padding, computed as two separable passes."""
+    """Blur each sample with its own ``sigma`` (torchvision's, reflect padding), separably."""
     if kernel_size % 2 != 1 or kernel_size < 1:
         raise ValueError(f"kernel_size must be odd and positive, got {kernel_size}")
     kernels = gaussian_kernels(sigma, kernel_size)
@@ -128,8 +126,7 @@ _JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue
 
 def normalize_levels(levels: torch.Tensor, spec: ViewSpec, out: torch.Tensor | None = None
                      ) -> torch.Tensor:
-    """``(levels / 255 - mean) / std`` of a ``[B, C, S, S]`` batch of gray levels as float32
-    (the recipe's ``ToTensor`` and ``Normalize``), into ``out`` or new memory, in place."""
+    """``(levels / 255 - mean) / std`` of gray levels as float32, into ``out`` or new memory."""
     std = torch.tensor(spec.std, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     mean = torch.tensor(spec.mean, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     if out is None:

@@ -94,8 +94,7 @@ _JITTER = (_brightness, _contrast, _saturation, _hue)
 
 
 def blur_size(sigma: float, kernel_size: int, tail: float = BLUR_TAIL) -> int:
-    """The smallest odd kernel, at most ``kernel_size``, holding all but ``tail`` of the mass of
-    the recipe's ``kernel_size`` Gaussian kernel."""
+    """The smallest odd kernel holding all but ``tail`` of the recipe's kernel's mass."""
     half = kernel_size // 2
     weights = [math.exp(-0.5 * (i / sigma) ** 2) for i in range(half + 1)]
     total = weights[0] + 2 * sum(weights[1:])
@@ -116,8 +115,7 @@ def _normalization_matrix(mean: tuple[float, ...], std: tuple[float, ...]) -> np
 
 
 def normalize_chw(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """``(x - mean) / std`` of a float32 ``H x W x C`` (or ``H x W``) view, as a ``C x H x W``
-    view of the result (one pass; the caller's copy makes it contiguous)."""
+    """``(x - mean) / std`` of a float32 ``H x W [x C]`` view, as a ``C x H x W`` view."""
     if x.ndim == 2:
         return (x * np.float32(1.0 / std[0]) + np.float32(-mean[0] / std[0]))[None]
     return cv2.transform(x, _normalization_matrix(tuple(mean), tuple(std))).transpose(2, 0, 1)
@@ -129,8 +127,7 @@ def gray_levels(x: np.ndarray) -> np.ndarray:
 
 
 def copy_chw(levels: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """An ``H x W x C`` (or ``H x W``) image copied into the ``C x H x W`` array ``out``,
-    mirrored left-right when ``flip``."""
+    """An ``H x W [x C]`` image copied into the ``C x H x W`` ``out``, mirrored if ``flip``."""
     chw = levels[None] if levels.ndim == 2 else levels.transpose(2, 0, 1)
     np.copyto(out, chw[..., ::-1] if flip else chw)
 

@@ -37,8 +37,7 @@ class ImageShape:
 
 
 def image_shape(dataset: Any) -> ImageShape:
-    """The shape of the images of ``dataset`` (items ``(PIL image, label)`` without a
-    transform, as :func:`e2mc.data.build_dataset` gives them)."""
+    """The shape of the images of ``dataset`` (items ``(PIL image, label)``)."""
     if len(dataset) == 0:
         raise ValueError("the data set holds no images")
     sides: Counter[int] = Counter()

@@ -47,16 +47,14 @@ class LabeledSubset(Dataset):
 
 
 def subset_parts(dataset: Any) -> tuple[Any, np.ndarray | None]:
-    """``(parent, indices)`` of a subset (a :class:`LabeledSubset`, or torch's ``Subset`` a
-    caller made), else ``(dataset, None)``: the one way to see through a subset."""
+    """``(parent, indices)`` of a subset (ours or torch's), else ``(dataset, None)``."""
     if isinstance(dataset, (LabeledSubset, Subset)):
         return dataset.dataset, np.asarray(dataset.indices, dtype=np.int64)
     return dataset, None
 
 
 class Transformed(Dataset):
-    """``dataset`` (items ``(image, label)``) with ``transform`` applied to each image, keeping
-    the parent's ``labels`` and ``classes`` (one data set seen through two transforms)."""
+    """``dataset`` with ``transform`` applied to each image, keeping its ``labels``/``classes``."""
 
     def __init__(self, dataset: Any, transform: Any) -> None:
         self.dataset, self.transform = dataset, transform
@@ -72,8 +70,7 @@ class Transformed(Dataset):
 
 
 def dataset_labels(dataset: Any, required: bool = True) -> np.ndarray | None:
-    """The class labels of ``dataset`` (``labels``, else ``targets``; int64 numpy). Without them
-    a ``ValueError``, or ``None`` when not ``required``."""
+    """``dataset``'s ``labels`` (else ``targets``) as int64; missing: error or None."""
     for attr in ("labels", "targets"):
         if getattr(dataset, attr, None) is not None:
             return np.asarray(getattr(dataset, attr), dtype=np.int64)
@@ -94,8 +91,7 @@ def _check_labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
 def per_class_indices(
     labels: np.ndarray | Sequence[int], per_class: int | dict[int, int], seed: int
 ) -> np.ndarray:
-    """Sorted indices of ``per_class`` samples (an int, or a dict class -> count) drawn without
-    replacement from each class in ascending order with one ``default_rng(seed)``."""
+    """Sorted indices of ``per_class`` (int or dict) samples per class, drawn with ``seed``."""
     labels = _check_labels(labels)
     rng = np.random.default_rng(seed)
     chosen = []
@@ -111,8 +107,7 @@ def per_class_indices(
 def label_fraction_indices(
     labels: np.ndarray | Sequence[int], fraction: float, seed: int
 ) -> np.ndarray:
-    """Stratified, seeded indices of about ``fraction`` of the samples: a class of ``n_c`` gives
-    ``max(1, floor(fraction * n_c + 0.5))`` (:func:`stratified_indices`)."""
+    """Stratified, seeded indices of about ``fraction`` (:func:`stratified_indices`, keep 0)."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)):
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
     if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
@@ -134,14 +129,12 @@ def stratified_indices(labels: np.ndarray | Sequence[int], fraction: float, seed
 
 
 def fraction_label(fraction: float) -> str:
-    """How a label fraction is written in column and metric names: ``0.01 -> '1%'``,
-    ``0.125 -> '12.5%'``."""
+    """A label fraction in column and metric names: ``0.01 -> '1%'``, ``0.125 -> '12.5%'``."""
     return f"{100 * fraction:g}%"
 
 
 def read_file_list(path: str | Path) -> list[str]:
-    """File names of a SimCLR-style subset list (e.g. ``1percent.txt``): one per line, blank lines
-    ignored. ``ValueError`` if the list is empty or repeats a name."""
+    """The names of a SimCLR-style file list (one a line); ``ValueError`` if empty or repeated."""
     path = Path(path)
     names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not names:
@@ -153,8 +146,7 @@ def read_file_list(path: str | Path) -> list[str]:
 
 
 def subset_from_file_list(dataset: Any, names: Iterable[str]) -> LabeledSubset:
-    """The samples of an image-folder ``dataset`` whose base name is one of ``names``, in the
-    dataset's order; ``ValueError`` listing names that match no sample, or several."""
+    """The samples whose base name is in ``names``; ValueError if one is missing or ambiguous."""
     samples = getattr(dataset, "samples", None)
     if samples is None:
         raise ValueError(f"{type(dataset).__name__} has no 'samples' (file paths); file lists "

@@ -46,8 +46,7 @@ def _unwrap(t: Any) -> list[Any]:
 
 
 def view_specs(views: MultiCropTransform) -> list[ViewSpec]:
-    """The views of a ``MultiCropTransform`` of ``Compose`` (:func:`build_views`); ``ValueError``
-    on a transform the fast pipeline lacks or photometric steps in another order."""
+    """The :class:`ViewSpec` of each view; ``ValueError`` on what the fast pipeline lacks."""
     specs = []
     for compose in views.transforms:
         if not isinstance(compose, T.Compose):
@@ -123,8 +122,7 @@ def _draw_one(t: Any, p: list[float], width: int, height: int) -> None:
 
 
 def draw_view_params(spec: ViewSpec, width: int, height: int) -> torch.Tensor:
-    """One view's parameters (``PARAM_FIELDS``) for a ``width x height`` image, drawn from torch's
-    global generator with the same calls, in the same order, as the recipe's transforms."""
+    """One view's ``PARAM_FIELDS`` for a ``width x height`` image, drawn as the recipe draws."""
     p = list(_IDENTITY)
     for t in spec.transforms:
         _draw_one(t, p, width, height)

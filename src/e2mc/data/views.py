@@ -102,8 +102,7 @@ def _blur(size: int, p: float, crop_size: int | None = None) -> list[Callable]:
 
 
 class MultiCropTransform:
-    """Apply each of ``transforms`` to one image: returns a list of tensors, one per view.
-    The first ``num_main_views`` views are the full-size ones that add-ons use."""
+    """Each of ``transforms`` applied to one image; the first ``num_main_views`` are full-size."""
 
     def __init__(self, transforms: Sequence[Callable], num_main_views: int = 2) -> None:
         self.transforms = list(transforms)
