@@ -39,7 +39,7 @@ Transform = Callable[[Image.Image], Any]
 
 
 class ArrayDataset(Dataset):
-    """Items ``(transform(PIL image), label)`` of uint8 images ``[N, H, W(, 1/3)]``; no labels: -1."""
+    """Items ``(transform(PIL image), label)`` of uint8 images ``[N, H, W(, C)]``; -1: no label."""
 
     def __init__(
         self,
