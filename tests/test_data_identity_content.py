@@ -73,8 +73,8 @@ def test_each_file_is_read_once_and_the_table_is_only_a_cache(tmp_path: Path,
     root = _folder(tmp_path / "imgs")
     monkeypatch.setenv("E2MC_HASH_CACHE", str(tmp_path / "hashes.sqlite3"))
     read: list[str] = []
-    real = file_hashes._sha256
-    monkeypatch.setattr(file_hashes, "_sha256", lambda p: read.append(p) or real(p))
+    real = file_hashes.sha256_file
+    monkeypatch.setattr(file_hashes, "sha256_file", lambda p: read.append(p) or real(p))
     reference = _identity(root)
     assert len(read) == 12
     assert _identity(root) == reference and len(read) == 12  # nothing read again

@@ -37,7 +37,7 @@ RGB = Image.fromarray(RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8))
 )
 def test_views_shapes_and_randomness(recipe, image, size, channels, sizes) -> None:
     views_fn = build_views(recipe, size, channels)
-    assert views_fn.num_views == len(sizes) and views_fn.num_main_views == 2
+    assert len(views_fn.transforms) == len(sizes) and views_fn.num_main_views == 2
     torch.manual_seed(0)
     views = views_fn(image)
     assert [tuple(v.shape) for v in views] == [(channels, s, s) for s in sizes]

@@ -1,9 +1,7 @@
-"""Writing files safely: atomically (a temporary file beside the target, then a rename), into
-directories checked for write permission first, never through a symbolic link at a path e2mc
-makes (:func:`refuse_link`: a link planted there is refused, its target never changed); a
-user's name made safe for a file name (:func:`safe_name`); and the SHA-256 that identifies a
-file's content. No torch: checkpoints are written through
-:func:`e2mc.checkpoints.io.atomic_save`."""
+"""Writing files safely (atomically, into checked directories, never through a symbolic link at
+a path e2mc makes), names made safe for file names and for display, and a file's SHA-256.
+No torch: checkpoints are written through :func:`e2mc.checkpoints.io.atomic_save`.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ from e2mc.errors import InputError
 
 
 def _new_file_mode(target: Path) -> int:
-    """The mode a plain ``open(target, "w")`` would give: the existing file's, else 0o666 less
-    the umask (``mkstemp`` would leave 0o600, unreadable for colleagues)."""
+    """The mode ``open(target, "w")`` would give (``mkstemp``'s 0o600 is unreadable to others)."""
     try:
         return target.stat().st_mode & 0o777
     except FileNotFoundError:
@@ -33,9 +30,8 @@ def _new_file_mode(target: Path) -> int:
 
 
 def refuse_link(path: str | os.PathLike[str]) -> None:
-    """Raise :class:`~e2mc.errors.InputError` (one line) when ``path`` is a symbolic link: a
-    path e2mc writes, creates or cleans inside its directories is its own, and a link planted
-    there would send the write (or the deletion) to a file it does not own."""
+    """Raise :class:`~e2mc.errors.InputError` (one line) when ``path`` is a symbolic link: one
+    planted where e2mc writes or cleans would send the write (or deletion) to another file."""
     if os.path.islink(path):
         raise InputError(f"{path} is a symbolic link; e2mc writes only files it owns and does "
                          "not follow links at the paths it makes: remove the link or use "
@@ -43,8 +39,7 @@ def refuse_link(path: str | os.PathLike[str]) -> None:
 
 
 def own_dir(path: str | os.PathLike[str]) -> Path:
-    """Make the folder ``path`` (and its parents) that e2mc writes into, refusing a symbolic
-    link at ``path`` itself (:func:`refuse_link`); returns it."""
+    """Make the folder ``path`` (and parents), refusing a symbolic link there; returns it."""
     refuse_link(path)
     Path(path).mkdir(parents=True, exist_ok=True)
     refuse_link(path)  # (planted between the check and the mkdir)
@@ -56,8 +51,7 @@ _TEMP_FILE = re.compile(r"^\.(.+)\.[a-z0-9_]{8}\.tmp$")
 
 
 def is_temp_file(name: str) -> bool:
-    """Whether the file name ``name`` is one of :func:`atomic_write`'s temporary files (a
-    killed writer's leftovers are removed by name; no other file is ever removed so)."""
+    """Whether ``name`` is one of :func:`atomic_write`'s temporary files (a killed writer's)."""
     return bool(_TEMP_FILE.match(name))
 
 
@@ -71,9 +65,7 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` as it may become a file name: refused (:class:`~e2mc.errors.InputError`, one
-    line) when it is empty, ``.`` or ``..``, or holds a path separator or a control character,
-    so that no user-given name (a run, trial or class name) writes outside its folder."""
+    """``name`` as a file name, or one-line InputError (empty, ., .., a separator or control)."""
     if not name or name in (".", "..") or _UNSAFE.search(name):
         raise InputError(f"{what} {name!r} cannot be a file name (empty, '.', '..', a '/' or "
                          "'\\', or a control character); choose another")
@@ -85,9 +77,8 @@ def safe_name(name: str, what: str = "name") -> str:
 _INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-#: The codec error handler that writes a character UTF-8 cannot encode (a lone surrogate) as
-#: text: the byte a surrogate escape stands for (``os.fsdecode``: a byte of a name that is not
-#: UTF-8) as ``\xff``, any other surrogate as ``\udXXX``.
+#: The codec error handler writing a lone surrogate as text: the byte a surrogate escape stands
+#: for (a name that is not UTF-8) as ``\xff``, any other as ``\udXXX``.
 UNENCODABLE_AS_TEXT = "e2mc.unencodable-as-text"
 
 
@@ -103,10 +94,9 @@ codecs.register_error(UNENCODABLE_AS_TEXT, _unencodable_as_text)
 
 
 def display_name(text: object) -> str:
-    r"""``text`` (a user's name: a run, directory, trial or column name) as it can be shown in
-    the terminal and written into any text file or figure: bytes that are not UTF-8 (a name from
-    ``argv`` or a file name, which Python carries as surrogate escapes, ``os.fsdecode``) as
-    ``\xff``, control characters as ``\n``, ``\x1b``, ``\u202e``; everything else as it is."""
+    r"""``text`` (a user's name) as it can be shown in a terminal, text file or figure: bytes
+    that are not UTF-8 (surrogate escapes) as ``\xff``, control characters as ``\n``,
+    ``\x1b``, ``\u202e``; everything else as it is."""
     shown = str(text).encode("utf-8", UNENCODABLE_AS_TEXT).decode("utf-8")
     return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), shown)
 
@@ -121,14 +111,10 @@ _MARKDOWN_BLOCK = re.compile(r"^(\s*)([#+\-=]|\d+[.)])")
 
 
 def markdown_text(text: object) -> str:
-    r"""``text`` (a user's name, or a sentence with names) as plain text in a Markdown file
-    that e2mc writes (``comparison.md``, ``search.md``, ``confirm.md``): shown as
-    :func:`display_name` shows it, one line; ``<``, ``>`` and ``&`` as HTML entities (no raw
-    HTML such as ``<script>`` or ``<img>``); the marks a viewer would act on backslash-escaped:
-    ``[`` and ``]`` (no link, no remote image: ``![x](http://...)`` stays text), ``*``,
-    ``_`` at a word's edge, `````, ``~``, ``$``, ``|`` (which would end a table cell), a ``\``
-    before punctuation, and a heading, list or quote mark at its start. A viewer shows the
-    name as it was given."""
+    r"""``text`` (a user's name, or a sentence with names) as plain text in a Markdown file e2mc
+    writes: one line as :func:`display_name` shows it, ``<>&`` as HTML entities (no raw HTML),
+    and every mark a viewer would act on (links, images, emphasis, code, table cells, a leading
+    heading/list/quote mark) backslash-escaped, so a viewer shows the name as it was given."""
     import html
 
     out = html.escape(display_name(text), quote=False)
@@ -138,8 +124,7 @@ def markdown_text(text: object) -> str:
 
 
 def open_append(path: str | os.PathLike[str]) -> Any:
-    """Open the text file ``path`` for appending (created with the umask's mode), never
-    through a symbolic link (:func:`refuse_link`); returns the file object."""
+    """The text file ``path`` opened for appending, never through a symbolic link."""
     refuse_link(path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                  0o666)
@@ -148,11 +133,9 @@ def open_append(path: str | os.PathLike[str]) -> Any:
 
 def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> None:
     """Call ``write(file)`` on a temporary file beside ``path`` (``mode`` ``"wb"`` or ``"w"``),
-    flush and fsync it, then ``os.replace`` it onto ``path``; on failure nothing is left and
-    ``path`` is untouched. The file gets the mode a plain write would give (umask). A full disk
-    is an ``OSError(ENOSPC)`` naming ``path``. A temporary file left by a killed process is
-    named ``.NAME.XXXXXXXX.tmp`` (:func:`is_temp_file`). A symbolic link at ``path`` is refused
-    (:func:`refuse_link`), never written through nor replaced."""
+    fsync it and ``os.replace`` it onto ``path`` (with the umask's mode); on failure nothing is
+    left and ``path`` is untouched. A full disk is an ``OSError(ENOSPC)`` naming ``path``; a
+    symbolic link at ``path`` is refused (:func:`refuse_link`)."""
     target = Path(path)
     refuse_link(target)
     if target.is_dir():
@@ -183,9 +166,8 @@ def atomic_write(path: str | os.PathLike[str], write: Any, mode: str = "wb") -> 
 
 
 class _Recording:
-    """A file object whose failed writes are recorded in ``failed`` (then raised as usual):
-    a writer such as ``torch.save`` turns an ``OSError`` into its own ``RuntimeError``, and
-    :func:`atomic_write` still reports what the file system said."""
+    """A file whose failed writes are recorded in ``failed`` (then raised): ``torch.save`` turns
+    an ``OSError`` into a ``RuntimeError``, and :func:`atomic_write` still reports the cause."""
 
     def __init__(self, f: Any, failed: list[OSError]) -> None:
         self._f, self._failed = f, failed
@@ -202,10 +184,8 @@ class _Recording:
 
 
 def check_writable_dir(path: str | os.PathLike[str], what: str = "directory") -> None:
-    """Raise :class:`~e2mc.errors.InputError` (one line naming ``path``) unless a file can be
-    created in the directory ``path`` or, when it does not exist yet, in its nearest existing
-    parent: a read-only file system or a directory without write permission is found before
-    any work is done, not at the first write. Nothing is left behind."""
+    """Raise :class:`~e2mc.errors.InputError` (one line) unless a file can be created in the
+    directory ``path`` (or its nearest existing parent): before any work, not at the first write."""
     target = Path(path)
     where = target
     while not where.exists() and where != where.parent:
@@ -235,9 +215,8 @@ def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    """SHA-256 (hex) of a file's content, read in ``chunk``-byte blocks: the one identity of a
-    file's bytes (checkpoints, downloads, predictions)."""
-    digest = hashlib.sha256()
+    """SHA-256 (hex) of a file's bytes: the one identity of a file's content."""
+    digest = hashlib.sha256()  # releases the GIL on large blocks: threads hash in parallel
     with open(path, "rb") as f:
         while block := f.read(chunk):
             digest.update(block)

@@ -1,11 +1,6 @@
-"""The Hugging Face hub, reached once or not at all: an unreachable hub means the cache only.
-
-``huggingface_hub`` retries a failed look-up of a file that is not in its cache five times with
-backoff (1, 2, 4, 8, 8 s), once per candidate file: offline, a ``timm:ARCH.TAG`` backbone
-printed 20 "Retrying in Ns" lines over about a minute before its error. :func:`cache_if_offline`
-asks the hub's endpoint (``HF_ENDPOINT``, through the library's own HTTP session, so with its
-proxies) one question with a short timeout first; when nothing answers, the block runs in the
-library's offline mode (``HF_HUB_OFFLINE``): a cached file loads, a missing one fails at once.
+"""The Hugging Face hub, reached once or not at all: :func:`cache_if_offline` probes the endpoint
+with a short timeout and, when nothing answers, runs the block in offline mode (a cached file
+loads, a missing one fails at once instead of ``huggingface_hub``'s minute of retries).
 """
 
 from __future__ import annotations
@@ -18,10 +13,7 @@ PROBE_TIMEOUT = 5.0
 
 
 def unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
-    """Why the hub cannot be reached (``"HF_HUB_OFFLINE is set"``, ``"http://... did not
-    answer (ConnectError: ...)"``, a ``ConnectTimeout`` after ``timeout`` seconds), None when
-    its endpoint answers (any HTTP status) or ``huggingface_hub`` is not installed (nothing to
-    probe: the caller's import fails)."""
+    """Why the hub cannot be reached; None when it answers or ``huggingface_hub`` is absent."""
     try:
         from huggingface_hub import constants
         from huggingface_hub.utils import get_session
@@ -39,8 +31,7 @@ def unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
 
 @contextlib.contextmanager
 def cache_if_offline(timeout: float = PROBE_TIMEOUT) -> Iterator[str | None]:
-    """Run the block in ``huggingface_hub``'s offline mode when the hub is unreachable; yields
-    the reason (None when the hub answered and the block may download)."""
+    """Run the block offline when the hub is unreachable; yields the reason (else None)."""
     reason = unreachable(timeout)
     if reason is None:
         yield None

@@ -1,11 +1,6 @@
-"""Processes: what identifies one beyond its pid (its start time and the boot, the host),
-whether a process holds a file's lock, and how many CPU cores this one may use. Locks
-(:func:`e2mc.artifacts.writer_lock`) and the jobs' record (``jobs.json``) keep this identity,
-so that a pid given to another process after a crash (a reboot, a wrap-around) or a process of
-another host is never taken for the one that wrote them, and nothing waits for a process that
-is gone.
-
-Imports nothing from e2mc (and neither torch nor numpy).
+"""Processes: what identifies one beyond its pid (start time, boot, host), so that a reused pid or
+another host's process is never taken for the writer of a lock or ``jobs.json``; whether a
+process holds a file's lock; how many CPU cores this one may use. Imports nothing from e2mc.
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ from typing import Any
 
 
 def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity: a SLURM job's or a container's
-    share, not the machine's count); the machine's count where affinity is unknown."""
+    """The CPU cores this process may run on (its affinity), else the machine's count."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
@@ -28,12 +22,9 @@ def available_cores() -> int:
 
 
 def loader_start_method(num_workers: int) -> str | None:
-    """How a ``DataLoader`` of ``num_workers`` starts them (its ``multiprocessing_context``):
-    ``None`` (the default, and without workers) unless the default is
-    ``forkserver`` (Python 3.14 on Linux, or a program that chose it), then ``fork`` on Linux,
-    else ``spawn``. torch's workers stop when their parent pid changes; a forkserver's workers
-    have the server as parent, so the workers of a trainer that was killed (SIGKILL, the OOM
-    killer) would wait forever, each holding its memory."""
+    """A ``DataLoader``'s ``multiprocessing_context``: None unless the default is ``forkserver``,
+    then ``fork`` on Linux, else ``spawn`` (a forkserver's workers have the server as parent, so
+    they would outlive a killed trainer, each holding its memory)."""
     import multiprocessing
 
     # the method set, else the platform's default (the first listed), without fixing it: a
@@ -46,18 +37,14 @@ def loader_start_method(num_workers: int) -> str | None:
 
 
 def exit_if_orphaned(parent: int, worker_id: int) -> None:
-    """A DataLoader worker's ``worker_init_fn``: end the worker at once when its parent is no
-    longer ``parent`` (the process that made the loader). torch's watchdog compares the parent
-    pid with the one the worker finds when it starts, so a worker that starts after its trainer
-    was killed (spawn, a loaded machine: a worker still importing) would wait forever."""
+    """A DataLoader worker's ``worker_init_fn``: exit when the parent is no longer ``parent``
+    (torch's watchdog misses a trainer killed before the worker started)."""
     if os.getppid() != parent:
         os._exit(0)
 
 
 def loader_options(num_workers: int) -> dict[str, Any]:
-    """The ``DataLoader`` arguments of its worker processes: how they start
-    (:func:`loader_start_method`) and :func:`exit_if_orphaned` of this process; none without
-    workers."""
+    """The ``DataLoader`` arguments of its workers (start method, orphan exit); none without."""
     if num_workers <= 0:
         return {}
     return {"multiprocessing_context": loader_start_method(num_workers),
@@ -65,8 +52,7 @@ def loader_options(num_workers: int) -> dict[str, Any]:
 
 
 def lock_held(path: str | os.PathLike[str]) -> bool | None:
-    """Whether a process holds the POSIX lock of ``path`` (``F_GETLK``, without taking it);
-    ``None`` where that cannot be asked."""
+    """Whether a process holds the POSIX lock of ``path`` (``F_GETLK``); None if unknown."""
     import fcntl
     import struct
 
@@ -91,7 +77,7 @@ def process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -104,9 +90,7 @@ def boot_id() -> str | None:
 
 
 def process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``, field 22):
-    with :func:`boot_id`, what tells a process from a later one given the same pid; ``None``
-    when it is gone or there is no ``/proc``."""
+    """Process ``pid``'s start, in clock ticks since boot; None when gone or without /proc."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
         return int(stat[stat.rindex(")") + 2:].split()[19])
@@ -115,8 +99,7 @@ def process_start(pid: int) -> int | None:
 
 
 def process_identity(pid: int | None = None) -> dict[str, Any]:
-    """What identifies process ``pid`` (this one by default) beyond its pid: ``{"pid", "host",
-    "boot_id", "start_ticks"}``, as locks and jobs.json record it."""
+    """``{pid, host, boot_id, start_ticks}`` of process ``pid`` (default: this one)."""
     pid = os.getpid() if pid is None else pid
     return {"pid": pid, "host": socket.gethostname(), "boot_id": boot_id(),
             "start_ticks": process_start(pid)}
@@ -124,9 +107,8 @@ def process_identity(pid: int | None = None) -> dict[str, Any]:
 
 def same_process(record: dict[str, Any]) -> bool:
     """Whether the process of ``record`` (:func:`process_identity`) is alive: on this host, with
-    the same boot id and start time as recorded (a pid given to another process after a reboot
-    or a wrap-around is not it). A process of another host cannot be seen from here: ``False``
-    (the caller does not wait for it; its lock still refuses a second writer)."""
+    the recorded boot id and start time. Another host's process is ``False`` (not waited for;
+    its lock still refuses a second writer)."""
     try:
         pid, host = int(record["pid"]), str(record["host"])
     except (KeyError, TypeError, ValueError):

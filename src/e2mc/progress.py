@@ -1,12 +1,5 @@
-"""Progress display: a tqdm bar on a terminal (or in a Jupyter kernel), plain lines elsewhere.
-
-A bar redraws itself with carriage returns, which fill a log file (a SLURM job's output, a
-redirected ``2>run.log``) with thousands of partial lines. :func:`progress_bar` returns a tqdm
-bar when its stream is a terminal, and otherwise a :class:`PlainProgress` with the part of
-tqdm's interface the package uses (iteration, ``update``, ``set_postfix``,
-``set_postfix_str``, ``n``, ``close``, a context manager) that prints one line, no carriage
-return, at 25, 50, 75 and 100 % of ``total`` and otherwise at most every ``every`` seconds.
-``disable=True`` (a command's ``--quiet``) prints nothing either way.
+"""Progress display: a tqdm bar on a terminal (or in a Jupyter kernel); elsewhere (a log file,
+where carriage returns would pile up) a :class:`PlainProgress` printing whole lines.
 """
 
 from __future__ import annotations
@@ -18,8 +11,7 @@ from typing import IO, Any
 
 __all__ = ["PLAIN_EVERY_S", "PlainProgress", "is_terminal", "progress_bar"]
 
-#: Seconds between two plain lines that no quarter of the total prompted (no phase of a
-#: command stays silent much longer: a log shows it is alive).
+#: Seconds between two plain lines that no quarter of the total prompted (a log shows life).
 PLAIN_EVERY_S = 10.0
 
 
@@ -36,10 +28,7 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, total: float | None =
                  initial: float = 0, desc: str | None = None, unit: str = "it",
                  disable: bool = False, leave: bool = True, file: IO[str] | None = None,
                  every: float = PLAIN_EVERY_S, **tqdm_options: Any) -> Any:
-    """A progress display over ``iterable`` (or updated by hand with ``total``): a tqdm bar
-    (``tqdm_options`` passed on) when ``file`` (default ``sys.stderr``) is a terminal or the
-    process is a Jupyter kernel, else a :class:`PlainProgress`; nothing at all with
-    ``disable``."""
+    """A tqdm bar on a terminal or in Jupyter, else a :class:`PlainProgress`."""
     stream = sys.stderr if file is None else file
     if not disable and (is_terminal(stream) or "ipykernel" in sys.modules):
         from tqdm.auto import tqdm

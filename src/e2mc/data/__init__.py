@@ -1,7 +1,7 @@
 """Data for continued pre-training and evaluation: datasets (IDX, image folders, numpy arrays,
 the shipped Fashion-MNIST subset), label-fraction subsets, view recipes and the eval transform."""
 
-from .build import BUILTIN_SPECS, build_dataset
+from .build import build_dataset
 from .datasets import (
     FASHION_MNIST_CLASSES,
     MNIST_CLASSES,
@@ -9,7 +9,6 @@ from .datasets import (
     builtin_fashion_mnist,
     builtin_fashion_mnist_path,
     fashion_mnist,
-    find_idx_folder,
     idx_dataset,
     mnist,
     npz_dataset,
@@ -29,49 +28,17 @@ from .subsets import (
 )
 from .views import (
     DATASET_STATS,
-    RECIPES,
-    EvalTransform,
-    MultiCropTransform,
     blur_kernel_size,
     build_views,
     default_normalization,
     eval_transform,
 )
 
-__all__ = [
-    "BUILTIN_SPECS",
-    "DATASET_STATS",
-    "FASHION_MNIST_CLASSES",
-    "MNIST_CLASSES",
-    "RECIPES",
-    "ArrayDataset",
-    "EvalTransform",
-    "LabeledSubset",
-    "MultiCropTransform",
-    "MultiViewDataset",
-    "SafeImageFolder",
-    "Transformed",
-    "blur_kernel_size",
-    "build_dataset",
-    "build_views",
-    "builtin_fashion_mnist",
-    "builtin_fashion_mnist_path",
-    "ViewBatch",
-    "collate_views",
-    "dataset_labels",
-    "default_normalization",
-    "eval_transform",
-    "fashion_mnist",
-    "find_idx_folder",
-    "idx_dataset",
-    "image_folder",
-    "label_fraction_indices",
-    "load_idx",
-    "mnist",
-    "npz_dataset",
-    "per_class_indices",
-    "read_file_list",
-    "save_idx",
-    "subset_from_file_list",
-    "subset_parts",
-]
+__all__ = ["DATASET_STATS", "FASHION_MNIST_CLASSES", "MNIST_CLASSES", "ArrayDataset",
+           "LabeledSubset", "MultiViewDataset", "SafeImageFolder", "Transformed",
+           "blur_kernel_size", "build_dataset", "build_views", "builtin_fashion_mnist",
+           "builtin_fashion_mnist_path", "ViewBatch", "collate_views", "dataset_labels",
+           "default_normalization", "eval_transform", "fashion_mnist", "idx_dataset",
+           "image_folder", "label_fraction_indices", "load_idx", "mnist", "npz_dataset",
+           "per_class_indices", "read_file_list", "save_idx", "subset_from_file_list",
+           "subset_parts"]

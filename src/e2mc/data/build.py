@@ -34,8 +34,7 @@ def _folder_splits_text(split: str) -> str:
 
 
 def _idx_classes(folder: Path) -> tuple[str, ...] | None:
-    """Class names guessed from the folder path: Fashion-MNIST if it mentions 'fashion', MNIST if it
-    mentions 'mnist', otherwise unknown (the IDX files themselves do not say)."""
+    """Class names guessed from the folder path ('fashion', 'mnist'), else None."""
     text = str(folder.resolve()).lower()
     if "fashion" in text:
         return FASHION_MNIST_CLASSES
@@ -50,15 +49,9 @@ def build_dataset(
     transform: Callable[[Image.Image], Any] | None = None,
     skip_corrupt: bool = False,
 ) -> Dataset:
-    """The dataset described by ``spec`` for ``split``:
-
-    * ``"builtin"`` or ``"builtin:fashion-mnist"``: the shipped Fashion-MNIST subset;
-    * an ``.npz`` file with ``x_<split>``/``y_<split>`` arrays;
-    * a folder with the four Fashion-MNIST/MNIST IDX files (``.gz`` or not), directly or in
-      torchvision's ``<folder>/FashionMNIST/raw`` or ``<folder>/MNIST/raw``;
-    * a folder with ``train/`` and ``test/`` (or ``val/``) subfolders of class folders: an image
-      folder of the split (``skip_corrupt`` drops unreadable images, counting them).
-    """
+    """The dataset described by ``spec`` for ``split``: ``builtin``, an ``.npz`` file, a folder of
+    IDX files or an image folder with ``train/`` and ``test/`` (or ``val/``) subfolders (what
+    each needs: the error below; ``skip_corrupt`` drops unreadable images, counting them)."""
     if spec.startswith("builtin"):
         if spec not in BUILTIN_SPECS:
             raise ValueError(f"unknown built-in dataset {spec!r}; available: {list(BUILTIN_SPECS)}")

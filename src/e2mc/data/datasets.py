@@ -1,9 +1,5 @@
-"""In-memory datasets: numpy arrays, Fashion-MNIST / MNIST IDX folders, ``.npz`` files and the
-Fashion-MNIST subset shipped with the package.
-
-Every dataset here returns ``(transform(PIL image), int label)`` and exposes ``labels`` (and the
-torchvision-style alias ``targets``) as an ``int64`` numpy array, plus ``classes`` when known.
-"""
+"""In-memory datasets (numpy arrays, IDX folders, ``.npz`` files, the shipped Fashion-MNIST
+subset): items ``(transform(PIL image), int label)``, ``labels``/``targets`` int64 numpy."""
 
 from __future__ import annotations
 
@@ -19,18 +15,9 @@ from torch.utils.data import Dataset
 
 from .idx import load_idx
 
-__all__ = [
-    "FASHION_MNIST_CLASSES",
-    "MNIST_CLASSES",
-    "ArrayDataset",
-    "builtin_fashion_mnist",
-    "builtin_fashion_mnist_path",
-    "fashion_mnist",
-    "find_idx_folder",
-    "idx_dataset",
-    "mnist",
-    "npz_dataset",
-]
+__all__ = ["FASHION_MNIST_CLASSES", "MNIST_CLASSES", "ArrayDataset", "builtin_fashion_mnist",
+           "builtin_fashion_mnist_path", "fashion_mnist", "find_idx_folder", "idx_dataset", "mnist",
+           "npz_dataset"]
 
 FASHION_MNIST_CLASSES: tuple[str, ...] = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -52,9 +39,7 @@ Transform = Callable[[Image.Image], Any]
 
 
 class ArrayDataset(Dataset):
-    """A dataset over a uint8 image array ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` with C in
-    {1, 3} (C = 1 is treated as grayscale). Items are ``(transform(PIL image), label)``; the
-    label is ``-1`` when ``labels`` is None. Without a transform the PIL image is returned."""
+    """Items ``(transform(PIL image), label)`` of uint8 images ``[N, H, W(, C)]``; -1: no label."""
 
     def __init__(
         self,
@@ -69,10 +54,8 @@ class ArrayDataset(Dataset):
         if images.ndim == 4 and images.shape[-1] == 1:
             images = images[..., 0]
         if not (images.ndim == 3 or (images.ndim == 4 and images.shape[-1] == 3)):
-            raise ValueError(
-                f"images must have shape [N, H, W] or [N, H, W, C] with C in (1, 3), "
-                f"got {images.shape}"
-            )
+            raise ValueError(f"images must have shape [N, H, W] or [N, H, W, C] with C in (1, 3), "
+                             f"got {images.shape}")
         n = images.shape[0]
         if labels is None:
             labels = np.full(n, -1, dtype=np.int64)
@@ -86,9 +69,8 @@ class ArrayDataset(Dataset):
         self.transform = transform
         self.classes = list(classes) if classes is not None else None
         if self.classes is not None and n and self.labels.max() >= len(self.classes):
-            raise ValueError(
-                f"label {self.labels.max()} out of range for {len(self.classes)} classes"
-            )
+            raise ValueError(f"label {self.labels.max()} out of range for {len(self.classes)} "
+                             "classes")
 
     @property
     def targets(self) -> np.ndarray:
@@ -106,10 +88,9 @@ class ArrayDataset(Dataset):
 
     def batches(self, batch_size: int, indices: Sequence[int] | None = None
                 ) -> Iterator[tuple[Any, torch.Tensor]] | None:
-        """The items ``indices`` (default: all, in order) as ``(images, labels)`` batches, the
-        images transformed a batch at a time: equal to collating :meth:`__getitem__`'s items,
-        without a PIL image per item. None when the transform has no batch form for these
-        images (:meth:`~e2mc.data.views.EvalTransform.batch`); then use a DataLoader."""
+        """The items ``indices`` (default: all) as ``(images, labels)`` batches, equal to collating
+        :meth:`__getitem__`'s, transformed a batch at a time; None when the transform has no
+        batch form for these images (then use a DataLoader)."""
         batchable = getattr(self.transform, "batchable", None)
         if batchable is None or not batchable(self.images):
             return None
@@ -124,10 +105,8 @@ class ArrayDataset(Dataset):
         return generate()
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(n={len(self)}, image_shape={self.images.shape[1:]}, "
-            f"classes={len(self.classes) if self.classes else None})"
-        )
+        return (f"{type(self).__name__}(n={len(self)}, image_shape={self.images.shape[1:]}, "
+                f"classes={len(self.classes) if self.classes else None})")
 
 
 def _check_split(split: str, allowed: Sequence[str]) -> None:
@@ -149,9 +128,7 @@ def _has_idx_files(folder: Path) -> bool:
 def find_idx_folder(
     root: str | Path, subfolders: Sequence[str] = ("FashionMNIST", "MNIST")
 ) -> Path:
-    """The folder holding the four IDX files: ``root`` itself or torchvision's
-    ``root/<name>/raw`` layout for each name in ``subfolders``. ``ValueError`` if none has all four
-    or if several do."""
+    """The folder of the IDX files: ``root`` or one ``root/<subfolder>/raw``, else ValueError."""
     root = Path(root)
     candidates = [root] + [root / name / "raw" for name in subfolders]
     found = [c for c in candidates if c.is_dir() and _has_idx_files(c)]
@@ -177,9 +154,8 @@ def idx_dataset(
     images = load_idx(_idx_file(folder, image_stem))
     labels = load_idx(_idx_file(folder, label_stem))
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(
-            f"{folder}: inconsistent IDX files: images {images.shape}, labels {labels.shape}"
-        )
+        raise ValueError(f"{folder}: inconsistent IDX files: images {images.shape}, "
+                         f"labels {labels.shape}")
     return ArrayDataset(images, labels, transform=transform, classes=classes)
 
 
@@ -200,8 +176,7 @@ def mnist(
 def npz_dataset(
     path: str | Path, split: str = "train", transform: Transform | None = None
 ) -> ArrayDataset:
-    """An :class:`ArrayDataset` from arrays ``x_<split>`` (uint8 images) and ``y_<split>``
-    (integer labels) of an ``.npz`` file; an optional ``classes`` array names the classes."""
+    """An :class:`ArrayDataset` from arrays ``x_<split>``, ``y_<split>`` (and ``classes``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"npz file not found: {path}")
@@ -210,10 +185,8 @@ def npz_dataset(
         x_key, y_key = f"x_{split}", f"y_{split}"
         if x_key not in keys or y_key not in keys:
             splits = sorted(k[2:] for k in keys if k.startswith("x_") and f"y_{k[2:]}" in keys)
-            raise ValueError(
-                f"{path}: no arrays {x_key!r}/{y_key!r}; splits available: {splits}, "
-                f"arrays: {sorted(keys)}"
-            )
+            raise ValueError(f"{path}: no arrays {x_key!r}/{y_key!r}; splits available: "
+                             f"{splits}, arrays: {sorted(keys)}")
         classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
         return ArrayDataset(npz[x_key], npz[y_key], transform=transform, classes=classes)
 
@@ -224,9 +197,6 @@ def builtin_fashion_mnist_path() -> Path:
 
 
 def builtin_fashion_mnist(split: str = "train", transform: Transform | None = None) -> ArrayDataset:
-    """The Fashion-MNIST subset shipped with the package: 10,000 training images (1,000 per class,
-    from the official training set) and 2,000 test images (200 per class, from the official test
-    set), 28x28 uint8. Made by ``scripts/make_fashion_mnist_subset.py``; MIT license, see
-    ``e2mc/assets/FASHION_MNIST_NOTICE.txt``."""
+    """The shipped Fashion-MNIST subset (``scripts/make_fashion_mnist_subset.py``; MIT)."""
     _check_split(split, ("train", "test"))
     return npz_dataset(builtin_fashion_mnist_path(), split, transform)

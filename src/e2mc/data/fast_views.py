@@ -1,31 +1,10 @@
 """The fast view pipeline: the recipes of :func:`~e2mc.data.views.build_views`, drawn the same way
-and applied to uint8/float tensors instead of PIL images.
-
-For each image file (in a DataLoader worker):
-
-1. read the bytes and the JPEG header (size) without decoding;
-2. draw every view's parameters by walking the recipe's own torchvision transforms in order and
-   calling their ``get_params`` / ``torch.rand`` exactly as their ``forward`` does, so a seed gives
-   the same crops, flips and factors as :func:`build_views` and the distributions are those of
-   the recipe by construction (:func:`draw_view_params`);
-3. decode once: at 1/2, 1/4 or 1/8 scale with libjpeg's DCT scaling (PIL ``draft``) when every
-   crop of the image still has at least the view's side in pixels at that scale, else at full
-   size with ``torchvision.io.decode_jpeg`` (libjpeg-turbo);
-4. crop and resize every view on the uint8 tensor (``torchvision.transforms.v2.functional``,
-   antialiased, the recipe's interpolation);
-5. ``mode="cpu"``: flip, colour jitter (per-sample order), grayscale, blur and solarize (with
-   OpenCV per view, or with torch batched by size: :mod:`e2mc.data.photometric`), rounded to
-   gray levels as the official pipeline's 8-bit images are, then normalised, returning float
-   views like :func:`build_views` (the trainer's loader takes whole batches of the 8-bit images,
-   :meth:`FastViewDataset.collated`, and normalises them on its device); ``mode="device"``:
-   return the uint8 crops and their parameters, and :class:`DeviceAugment` applies the same
-   operations batched on the training device.
-
-Differences from the PIL path, none of which changes a parameter distribution: the photometric
-operations run in float without rounding to uint8 between them, only after the last (within
-about one gray level),
-the hue is shifted in float HSV instead of PIL's 8-bit HSV, and reduced-scale decoding replaces
-part of the antialiasing of the resize by libjpeg's DCT scaling.
+(:func:`~e2mc.data.view_specs.draw_view_params`, so a seed gives the same crops, flips and
+factors) but decoded once (at 1/2-1/8 scale by libjpeg's DCT scaling when every crop keeps its
+view's side), cropped and resized on uint8 tensors, and jittered with OpenCV or torch
+(``mode="cpu"``) or on the training device (``mode="device"``, :class:`DeviceAugment`).
+Differences from the PIL path (none changes a parameter distribution): no rounding to uint8
+between photometric steps, hue shifted in float HSV, part of the antialiasing done by DCT scaling.
 """
 
 from __future__ import annotations
@@ -62,8 +41,7 @@ _DCT_SCALES = (8, 4, 2)
 
 
 def _groups(specs: Sequence[ViewSpec]) -> list[list[int]]:
-    """Indices of views that can be processed as one batch (same size, kernel, normalisation,
-    jitter ranges and solarize threshold)."""
+    """Indices of views that can be processed as one batch (every field of their spec alike)."""
     groups: dict[tuple, list[int]] = {}
     for k, s in enumerate(specs):
         key = (s.size, s.blur_kernel, s.mean, s.std, s.jitter, s.solarize_threshold, s.channels)
@@ -72,12 +50,10 @@ def _groups(specs: Sequence[ViewSpec]) -> list[list[int]]:
 
 
 class FastViews:
-    """The views of ``build_views(recipe, ...)`` from an image file, through the fast pipeline.
-
-    ``FastViews(build_views("vicreg", 224))(path)`` returns the float views (``mode="cpu"``) or
-    ``(uint8 crops, params)`` for :class:`DeviceAugment` (``mode="device"``). ``draft=False``
-    always decodes at full size. An unreadable file raises :class:`CorruptImageError` naming it.
-    """
+    """``FastViews(build_views("vicreg", 224))(path)``: the float views of an image file
+    (``mode="cpu"``) or ``(uint8 crops, params)`` for :class:`DeviceAugment` (``mode="device"``).
+    ``draft=False`` always decodes at full size; an unreadable file raises
+    :class:`CorruptImageError` naming it."""
 
     def __init__(self, views: MultiCropTransform, mode: str = "cpu", draft: bool = True,
                  backend: str = "auto") -> None:
@@ -96,15 +72,13 @@ class FastViews:
         self.mode = mode
         self.draft = draft
         self.channels = self.specs[0].channels
-        # in a worker, views of at least 128 px go one by one (whole-batch operations, no
-        # gathers of the selected samples); smaller ones are batched (fewer small operations)
+        # in a worker, views of >= 128 px go one by one (no gathers), smaller ones batched
         self.cpu_groups = [g2 for g in _groups(self.specs)
                            for g2 in ([g] if self.specs[g[0]].size < 128 else [[k] for k in g])]
 
     # ------------------------------------------------------------------ decoding
     def _reduction(self, params: list[torch.Tensor]) -> int:
-        """The largest DCT scale reduction (8, 4, 2) at which every crop keeps at least its view's
-        side in pixels; 1 if none."""
+        """The largest DCT scale reduction at which every crop keeps its view's side; else 1."""
         for r in _DCT_SCALES:
             if all(min(float(p[2]), float(p[3])) / r >= s.size
                    for p, s in zip(params, self.specs, strict=True)):
@@ -152,19 +126,16 @@ class FastViews:
             y0, x0 = round(top * scale_y), round(left * scale_x)
             y1 = min(max(round((top + h) * scale_y), y0 + 1), image.shape[-2])
             x1 = min(max(round((left + w) * scale_x), x0 + 1), image.shape[-1])
-            # the crop made a contiguous channels-last batch of one: torch's antialiased uint8
-            # resize takes its vectorised path only for that (a strided crop of the decoded
-            # image took the generic one: 1.2-2.2x the time for the same pixels)
+            # a contiguous channels-last batch of one: the only input for which torch's
+            # antialiased uint8 resize takes its vectorised path
             crop = image[None, :, y0:y1, x0:x1].contiguous(memory_format=torch.channels_last)
             crops.append(TF.resize(crop, [s.size, s.size], interpolation=s.interpolation,
                                    antialias=True)[0])
         return crops, params
 
     def __call__(self, path: str | Path, out: Sequence[torch.Tensor] | None = None) -> Any:
-        """The views of the image file ``path``. With ``out`` (``mode="cpu"``; one uint8
-        ``[C, S, S]`` tensor per view, e.g. rows of :meth:`new_batch`): the views as 8-bit images
-        (gray levels ``round(255 x)``, before the normalisation that :class:`DeviceAugment`
-        with ``photometric=False`` applies in the training process) written into it."""
+        """The views of the image file ``path``; with ``out`` (``mode="cpu"``, one uint8
+        ``[C, S, S]`` tensor per view) written into it as 8-bit images, not normalised."""
         crops, params = self._crops(path)
         if self.mode == "device":
             if out is not None:
@@ -185,10 +156,8 @@ class FastViews:
         return views
 
     def new_batch(self, n: int) -> list[torch.Tensor]:
-        """Per view, an uninitialised uint8 ``[n, C, S, S]`` batch for ``__call__(path,
-        out=...)``: in a DataLoader worker in shared memory, allocated as ``default_collate``
-        allocates a batch, so that it is handed over without a copy (a quarter of the bytes of
-        float views)."""
+        """Per view, an uninitialised uint8 ``[n, C, S, S]`` batch for ``__call__(path, out=...)``
+        (in a worker in shared memory, as ``default_collate`` allocates, so it is sent uncopied)."""
         return [_batch_tensor((n, s.channels, s.size, s.size)) for s in self.specs]
 
     @staticmethod
@@ -228,17 +197,11 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class DeviceAugment:
-    """What :class:`FastViews` leaves to the training device, on whole uint8 batches.
-
-    ``DeviceAugment(fast_views)(crops, params)`` (``mode="device"``): ``crops[v]`` is the uint8
-    ``[B, C, S, S]`` batch of view ``v`` (on any device), ``params[v]`` its
-    ``[B, len(PARAM_FIELDS)]`` parameters (drawn in the workers, so resuming replays them): the
-    photometric steps, then the normalisation. ``DeviceAugment(fast_views,
-    photometric=False)(views, out=...)``: the normalisation of the finished 8-bit views of
-    :meth:`FastViewDataset.collated` (``mode="cpu"``), into ``out`` (float tensors of the views'
-    shapes, e.g. the previous batch's, which the trainer reuses on a CPU) when it is given.
-    Returns the float, normalised views.
-    """
+    """What :class:`FastViews` leaves to the training device, on whole uint8 batches; returns the
+    float, normalised views. ``(crops, params)`` (``mode="device"``): per view, the uint8
+    ``[B, C, S, S]`` crops and their parameters (drawn in the workers, so resuming replays them)
+    through the photometric steps. ``photometric=False``, ``(views, out=...)``: the finished
+    8-bit views of :meth:`FastViewDataset.collated`, into ``out`` when its shapes match."""
 
     def __init__(self, views: FastViews | MultiCropTransform, photometric: bool = True) -> None:
         self.specs = views.specs if isinstance(views, FastViews) else view_specs(views)
@@ -262,9 +225,7 @@ class DeviceAugment:
 
 
 class FastViewDataset(Dataset):
-    """An image folder (``samples`` of ``(path, label)``, e.g. :class:`SafeImageFolder`, whose
-    ``skip_corrupt`` scan has already dropped unreadable files) read through ``views``: item
-    ``i`` is ``(views(path_i), label_i)``."""
+    """An image folder (or a subset of one): item ``i`` is ``(views(path_i), label_i)``."""
 
     def __init__(self, folder: Any, views: FastViews) -> None:
         folder, indices = subset_parts(folder)  # e.g. data.limit, a validation split
@@ -297,12 +258,9 @@ class FastViewDataset(Dataset):
 
     def collated(self, indices: Sequence[int],
                  contexts: Sequence[AbstractContextManager] | None = None) -> ViewBatch:
-        """Items ``indices`` as one collated batch of 8-bit views, every image's views written
-        straight into it: no per-image tensors, no stacking copy, a quarter of the bytes of
-        float views (in a DataLoader worker the batch is in shared memory).
-        ``DeviceAugment(views, photometric=False)`` normalises them in the training process.
-        ``contexts[k]`` (e.g. the sample's seeding) is entered around item ``k``. Normalised,
-        the views of ``self[i]``."""
+        """Items ``indices`` as one batch of 8-bit views written straight into it (shared memory
+        in a worker; ``DeviceAugment(views, photometric=False)`` normalises them to the views of
+        ``self[i]``). ``contexts[k]`` (e.g. the sample's seeding) is entered around item ``k``."""
         if not self.collates:
             raise ValueError("collated() is for mode='cpu'; mode='device' collates uint8 crops "
                              "with collate_device_views")
@@ -317,8 +275,7 @@ class FastViewDataset(Dataset):
 
 
 def collate_device_views(items: Sequence[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Collate ``((crops, params), label)`` items of a ``mode="device"`` dataset into per-view
-    uint8 batches and parameter batches (the labels are dropped)."""
+    """Per-view uint8 crop and parameter batches of ``((crops, params), label)`` items."""
     per_item = [it[0] if isinstance(it, tuple) and len(it) == 2 and isinstance(it[1], int)
                 else it for it in items]
     n_views = len(per_item[0][0])

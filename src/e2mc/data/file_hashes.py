@@ -1,23 +1,13 @@
-"""The SHA-256 of image files' bytes, remembered between runs so that a data set's content
-identity (:mod:`e2mc.data.identity`) reads each file once.
-
-:func:`file_digests` hashes every file whose ``stat`` (device, inode, size, mtime and ctime, in
-nanoseconds) is not in the table yet, and reads the digest of every other one from it. The table
-is a cache and nothing more: a stat change alone (``touch``, ``cp -p``, another path or a link
-to the same file) reads the bytes again and gives the same digest, so only other bytes change an
-identity. A file rewritten with the same size within one mtime tick keeps its stat only where
-the filesystem's times are coarse; its ctime still changes on every local filesystem.
-
-The table is an SQLite file, ``$E2MC_HASH_CACHE`` or ``~/.cache/e2mc/file-hashes.sqlite3``,
-safe for several processes at once (SQLite's locking). A table that cannot be read or written
-(read-only, corrupt, locked too long) is left aside with one ``warning:`` line, and the files
-are hashed.
+"""The SHA-256 of image files' bytes, remembered between runs in an SQLite table
+(``$E2MC_HASH_CACHE`` or ``~/.cache/e2mc/file-hashes.sqlite3``) keyed by the file's stat (device,
+inode, size, mtime and ctime in ns). The table is only a cache: a stat change re-reads the bytes
+and gives the same digest, so only other bytes change an identity. A table that cannot be read
+or written is left aside with one ``warning:`` line and the files are hashed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sqlite3
 import sys
@@ -25,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from e2mc.files import sha256_file
 from e2mc.processes import available_cores
 from e2mc.progress import progress_bar
 
@@ -42,16 +33,13 @@ def hash_cache_path() -> Path:
                 or Path.home() / ".cache" / "e2mc" / "file-hashes.sqlite3")
 
 
-def _sha256(path: str, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()  # releases the GIL on large blocks: threads read in parallel
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _warn(problem: str, err: Exception, then: str = "hashing every file") -> None:
+    print(f"warning: the file-hash cache {hash_cache_path()} {problem} ({err}); {then}",
+          file=sys.stderr)
 
 
 def _open_table(path: Path) -> sqlite3.Connection | None:
@@ -61,8 +49,7 @@ def _open_table(path: Path) -> sqlite3.Connection | None:
         db.execute(_SCHEMA)
         return db
     except (OSError, sqlite3.Error) as err:
-        print(f"warning: the file-hash cache {path} is not usable ({err}); hashing every file",
-              file=sys.stderr)
+        _warn("is not usable", err)
         return None
 
 
@@ -79,8 +66,7 @@ def file_digests(paths: Sequence[str], desc: str = "hashing images") -> list[str
                 if row is not None and tuple(row[:3]) == key[2:]:
                     found[i] = row[3]
         except sqlite3.Error as err:
-            print(f"warning: the file-hash cache {hash_cache_path()} could not be read "
-                  f"({err}); hashing every file", file=sys.stderr)
+            _warn("could not be read", err)
             db.close()
             db = None
     todo = [i for i, d in enumerate(found) if d is None]
@@ -88,7 +74,7 @@ def file_digests(paths: Sequence[str], desc: str = "hashing images") -> list[str
         with ThreadPoolExecutor(max(1, min(8, 2 * available_cores()))) as pool, \
                 progress_bar(total=len(todo), desc=desc, unit="file",
                              disable=len(todo) < _SHOW_FROM) as bar:
-            for i, digest in zip(todo, pool.map(_sha256, (paths[i] for i in todo)),
+            for i, digest in zip(todo, pool.map(sha256_file, (paths[i] for i in todo)),
                                  strict=True):
                 found[i] = digest
                 bar.update(1)
@@ -102,6 +88,5 @@ def file_digests(paths: Sequence[str], desc: str = "hashing images") -> list[str
                     db.executemany("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?)",
                                    rows)
             except sqlite3.Error as err:
-                print(f"warning: the file-hash cache {hash_cache_path()} could not be written "
-                      f"({err}); the files will be hashed again next time", file=sys.stderr)
+                _warn("could not be written", err, "the files will be hashed again next time")
     return [d for d in found if d is not None]

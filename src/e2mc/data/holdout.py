@@ -8,8 +8,7 @@ import numpy as np
 
 
 def holdout_size(n: int, size: float) -> int:
-    """Number of held-out images: ``round(size * n)`` for a fraction in (0, 1), ``size`` for a
-    whole count >= 1. At least one image must stay on each side."""
+    """Held-out images: ``round(size * n)`` for a fraction, else the whole count ``size``."""
     if 0 < size < 1:
         count = int(round(size * n))
     elif size >= 1 and float(size).is_integer():
@@ -25,14 +24,9 @@ def holdout_size(n: int, size: float) -> int:
 
 def holdout_split(n: int, size: float, seed: int, labels: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """``(train, validation, stratified)``: sorted, disjoint index arrays covering ``range(n)``.
-
-    With ``labels`` (one class index per image) the split is stratified (each class keeps its
-    share, ``sklearn.model_selection.train_test_split``) when every class has at least two images
-    and the validation part can hold one of each; otherwise, and without labels, it is a seeded
-    random draw. The result depends only on ``(n, size, seed, labels)``, so every process of a
-    distributed run computes the same split.
-    """
+    """``(train, validation, stratified)``: sorted, disjoint index arrays covering ``range(n)``,
+    stratified by ``labels`` when every class has two images and the validation part can hold
+    one of each, else a seeded draw. Depends only on the arguments (every rank agrees)."""
     from sklearn.model_selection import train_test_split
 
     count = holdout_size(n, size)

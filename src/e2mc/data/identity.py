@@ -1,20 +1,8 @@
-"""The one identity of a data set's content: what a result made from data is bound to.
-
-:func:`data_identity` is recorded wherever a result is made from data (a training run's start
-record and checkpoint, ``results.json``'s train and test data, ``search.json``), and every
-reuse, resume and pairing compares identities, never the text of a path: new images written at
-the same paths are other data. The feature cache keys its entries on the same content hash.
-
-What the content hash covers (:func:`content_digest`), the content alone, never how it is named
-or when it was written:
-
-* files (``samples`` of ``(path, label)``, image folders): each file's bytes (their SHA-256,
-  read once and remembered by :mod:`e2mc.data.file_hashes`) and label, in order; the same bytes
-  under another spelling of the path, through a link or after ``touch`` are the same data;
-* in-memory data (``images``/``labels`` arrays, ``TensorDataset``): the arrays' bytes;
-* a subset: its indices and its parent; a wrapper that only transforms (``data.Transformed``):
-  its parent;
-* anything else: every item as it is returned (one pass over the data).
+"""The one identity of a data set's content (:func:`data_identity`), recorded wherever a result is
+made from data and compared on every reuse, resume and pairing (never the text of a path). It
+covers the content alone: files by their bytes (:mod:`e2mc.data.file_hashes`) and labels, arrays
+and tensors by their bytes, a subset by its indices and parent, a transform wrapper by its parent,
+anything else item by item.
 """
 
 from __future__ import annotations
@@ -29,8 +17,7 @@ from torch.utils.data import TensorDataset
 from e2mc.data.file_hashes import file_digests
 from e2mc.data.subsets import dataset_labels, subset_parts
 
-#: How the content hash is made: 2, files by their bytes (1, recorded by e2mc before it: files
-#: by path, size and times; arrays were hashed alike in both).
+#: How the content hash is made: 2, files by their bytes (1: by path, size and times).
 SCHEME = 2
 
 
@@ -84,9 +71,7 @@ def content_digest(dataset: Any) -> str:
 
 
 def data_identity(dataset: Any) -> dict[str, Any]:
-    """``{"content", "size", "labels"}``: the content hash, the number of items and the SHA-256
-    of the per-item label vector (None when the data set exposes no labels). Two identities
-    are the same data exactly when they are equal (:func:`same_data`)."""
+    """The content hash, item count and labels' SHA-256 of ``dataset`` (:func:`same_data`)."""
     labels = dataset_labels(dataset, False)
     label_hash = None
     if labels is not None:
@@ -105,8 +90,7 @@ def same_data(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
                    then: str = "then", now: str = "now") -> str:
-    """What differs between two identities, in words for a one-line message (``then`` and
-    ``now`` name the two sides)."""
+    """What differs between two identities, in words (``then``/``now`` name the sides)."""
     if old is None:
         return "no content identity was recorded (made by an older e2mc)"
     if old.get("scheme", 1) != new.get("scheme", 1) and old.get("content") != new.get("content"):
@@ -121,9 +105,7 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any],
 
 
 def _item_keys(dataset: Any) -> list[Any] | None:
-    """One key per item, equal exactly when two items' content is (the file's SHA-256, or the
-    SHA-256 of an array row), by the dispatch of :func:`update_content`; None for a data set
-    read item by item (its images would each be decoded)."""
+    """Per item, a key equal exactly when the content is; None if read item by item."""
     if isinstance(getattr(dataset, "samples", None), list):
         return file_digests([path for path, _ in dataset.samples])
     if hasattr(dataset, "dataset") and hasattr(dataset, "indices"):
@@ -140,8 +122,7 @@ def _item_keys(dataset: Any) -> list[Any] | None:
 
 
 def shared_items(train: Any, test: Any) -> int | None:
-    """How many items of ``test`` have the content of an item of ``train`` (a test image the
-    probes would be trained on); None when either is read item by item (not counted)."""
+    """How many items of ``test`` have the content of one of ``train`` (None: not counted)."""
     a, b = _item_keys(train), _item_keys(test)
     if a is None or b is None:
         return None

@@ -11,20 +11,13 @@ import numpy as np
 __all__ = ["load_idx", "save_idx"]
 
 # IDX type code (third byte of the magic number) -> big-endian numpy dtype.
-_IDX_DTYPES: dict[int, str] = {
-    0x08: ">u1",
-    0x09: ">i1",
-    0x0B: ">i2",
-    0x0C: ">i4",
-    0x0D: ">f4",
-    0x0E: ">f8",
-}
+_IDX_DTYPES: dict[int, str] = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
+                               0x0E: ">f8"}
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _read_bytes(path: Path) -> bytes:
-    """Read a file, decompressing it when it starts with the gzip magic (any gzip variant,
-    including multi-member files as produced by re-gzipping)."""
+    """A file's bytes, gunzipped (every member) when they start with the gzip magic."""
     raw = path.read_bytes()
     if not raw.startswith(_GZIP_MAGIC):
         return raw
@@ -35,22 +28,16 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def load_idx(path: str | Path) -> np.ndarray:
-    """Load an IDX file (``.gz`` or uncompressed, detected from the content) as a numpy array.
-
-    The header is ``0x00 0x00 <type> <ndim>`` followed by ``ndim`` big-endian uint32 sizes.
-    ``uint8`` data (images, labels) is returned as a native ``uint8`` array; other types are
-    converted to native byte order. Raises ``ValueError`` naming the file for a bad magic number,
-    an unknown type code, or a size that does not match the header (truncated or padded file).
-    """
+    """An IDX file (``.gz`` or not) as a native-byte-order numpy array; ``ValueError`` naming the
+    file for a bad magic number or type, or a size not matching the header."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"IDX file not found: {path}")
     data = _read_bytes(path)
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(
-            f"{path}: not an IDX file (magic number {data[:4].hex() or 'missing'}, "
-            "expected 0000<type><ndim>, e.g. 00000803 for images, 00000801 for labels)"
-        )
+        raise ValueError(f"{path}: not an IDX file (magic number {data[:4].hex() or 'missing'}, "
+                         "expected 0000<type><ndim>, e.g. 00000803 for images, 00000801 for "
+                         "labels)")
     type_code, ndim = data[2], data[3]
     if type_code not in _IDX_DTYPES:
         raise ValueError(f"{path}: unknown IDX data type code 0x{type_code:02x}")
@@ -65,10 +52,8 @@ def load_idx(path: str | Path) -> np.ndarray:
     got = len(data) - header_len
     if got != expected:
         kind = "truncated" if got < expected else "has trailing bytes"
-        raise ValueError(
-            f"{path}: IDX file {kind}: header shape {shape} needs {expected} data bytes, "
-            f"found {got}"
-        )
+        raise ValueError(f"{path}: IDX file {kind}: header shape {shape} needs {expected} data "
+                         f"bytes, found {got}")
     array = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)
     return array.astype(dtype.newbyteorder("="), copy=True)
 

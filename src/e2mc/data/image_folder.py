@@ -25,16 +25,9 @@ EVAL_SPLITS = ("test", "val")
 
 def to_8bit(img: Image.Image) -> Image.Image:
     """A 16-bit, 32-bit integer or float grayscale image scaled to ``L`` (PIL's ``convert``
-    clips these at 255); any other image is returned as it is.
-
-    * 16 bits (``I;16*``), and ``I`` whose values lie in [0, 65535] (how 16-bit files are often
-      read): ``round(v / 257)``, so 0 -> 0 and 65535 -> 255;
-    * ``F`` with values in [0, 1]: ``round(v * 255)``;
-    * any other ``I`` or ``F`` range: the image's own range is stretched to 0-255
-      (``round(255 * (v - min) / (max - min))``; a constant image becomes 0).
-
-    Non-finite float values raise ``ValueError``.
-    """
+    clips at 255): ``round(v / 257)`` for integers in [0, 65535], ``round(255 v)`` for ``F`` in
+    [0, 1], else the image's own range stretched to 0-255 (a constant image becomes 0).
+    Non-finite values raise ``ValueError``; any other image is returned as it is."""
     if not (img.mode.startswith("I") or img.mode == "F"):
         return img
     v = np.asarray(img).astype(np.float64)
@@ -51,8 +44,7 @@ def to_8bit(img: Image.Image) -> Image.Image:
 
 
 def _load_rgb_or_l(path: str) -> Image.Image:
-    """Decode an image fully; keep grayscale as ``L`` (scaled by :func:`to_8bit` from 16-bit,
-    32-bit and float), everything else becomes ``RGB``."""
+    """Decode an image fully: grayscale as ``L`` (:func:`to_8bit`), anything else ``RGB``."""
     try:
         with Image.open(path) as img:
             img.load()
@@ -94,17 +86,10 @@ def _walk_once(directory: str, seen: set[str], reserved: set[str]) -> list[str]:
 
 class SafeImageFolder(ImageFolder):
     """torchvision ``ImageFolder`` whose loader raises :class:`CorruptImageError` naming the file.
-
-    ``classes`` fixes the class list (index = position): a split lacking some of them keeps the
-    indices, a class folder not in the list is a ``ValueError`` naming it. Symlinks are followed,
-    but every real directory is walked once (a symlink loop adds no image, a link to the root or
-    to another class folder is not entered); 16-bit and float images are scaled by
-    :func:`to_8bit`.
-
-    With ``skip_corrupt=True`` every file is decoded once at construction (in threads) and the
-    unreadable ones are dropped; ``skipped_files`` lists them, ``num_skipped`` counts them and a
-    warning says how many. ``labels``/``targets`` are int64 numpy arrays.
-    """
+    ``classes`` fixes the class list (a missing class keeps the indices, an extra class folder is
+    a ``ValueError``); every real directory is walked once (:func:`_walk_once`). With
+    ``skip_corrupt`` every file is decoded once (in threads) and the unreadable ones are dropped
+    (``skipped_files``, with a warning). ``labels``/``targets`` are int64 numpy arrays."""
 
     def __init__(
         self,
@@ -191,11 +176,9 @@ def image_folder(
     skip_corrupt: bool = False,
     classes: Sequence[str] | None = None,
 ) -> SafeImageFolder:
-    """An image-folder dataset (``root/<class>/<image>``); see :class:`SafeImageFolder`.
-
-    The class list is ``classes`` if given; else, for a ``test`` or ``val`` split beside a
-    ``train`` folder (``ROOT/{train,test,val}/<class>/``), train's class folders, so that every
-    split numbers the classes alike; else the class folders of ``root``."""
+    """An image-folder dataset (``root/<class>/<image>``, :class:`SafeImageFolder`) whose class
+    list is ``classes``, else train's for a ``test``/``val`` split beside a ``train`` folder (every
+    split numbers the classes alike), else the class folders of ``root``."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder not found: {root}")

@@ -15,17 +15,14 @@ __all__ = ["MultiViewDataset", "ViewBatch", "collate_views"]
 
 
 class ViewBatch(NamedTuple):
-    """A batch its data set collated itself (e.g.
-    :meth:`~e2mc.data.fast_views.FastViewDataset.collated`): ``[B, C, S_v, S_v]`` per view and
-    the labels. :func:`collate_views` returns it as it is."""
+    """A batch its data set collated itself; :func:`collate_views` returns it as it is."""
 
     views: list[torch.Tensor]
     labels: torch.Tensor
 
 
 class MultiViewDataset(Dataset):
-    """Wrap a dataset returning ``(PIL image, label)`` (built with ``transform=None``) so that
-    items are ``(views_fn(image), label)``, e.g. with ``views_fn = build_views(...)``."""
+    """Items ``(views_fn(image), label)`` of a dataset of ``(PIL image, label)`` items."""
 
     def __init__(self, dataset: Any, views_fn: Callable[[Image.Image], list[torch.Tensor]]) -> None:
         self.dataset = dataset
@@ -43,19 +40,15 @@ class MultiViewDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int]:
         image, label = self.dataset[index]
         if not isinstance(image, Image.Image):
-            raise TypeError(
-                f"MultiViewDataset needs PIL images from the wrapped dataset, got "
-                f"{type(image).__name__}; build that dataset with transform=None"
-            )
+            raise TypeError(f"MultiViewDataset needs PIL images from the wrapped dataset, got "
+                            f"{type(image).__name__}; build that dataset with transform=None")
         return self.views_fn(image), int(label)
 
 
 def collate_views(
     batch: Sequence[tuple[Sequence[torch.Tensor], int]] | ViewBatch,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Collate ``(views, label)`` items into ``([B x C x S_v x S_v for each view v], labels)``:
-    each view index is stacked across the batch (view sizes may differ between indices). A
-    :class:`ViewBatch` is already collated."""
+    """``(views, label)`` items as ``([B x C x S_v x S_v per view v], labels)``."""
     if isinstance(batch, ViewBatch):
         return batch.views, batch.labels
     if not batch:
@@ -63,8 +56,7 @@ def collate_views(
     n_views = len(batch[0][0])
     if any(len(views) != n_views for views, _ in batch):
         raise ValueError("all items of a batch must have the same number of views")
-    # default_collate stacks straight into shared memory in a DataLoader worker (one copy, not
-    # a stack and then a move into shared memory when the batch is sent)
+    # default_collate stacks straight into shared memory in a DataLoader worker (one copy)
     views = [default_collate([item[0][v] for item in batch]) for v in range(n_views)]
     labels = torch.as_tensor([int(item[1]) for item in batch], dtype=torch.long)
     return views, labels

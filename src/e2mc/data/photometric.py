@@ -1,19 +1,8 @@
-"""Photometric augmentations on batches of float images in [0, 1] with per-sample parameters.
-
-The operations of torchvision's ``ColorJitter`` (brightness, contrast, saturation, hue),
-``RandomGrayscale``, ``GaussianBlur`` and ``RandomSolarize`` and a horizontal flip, with the same
-formulas as torchvision's tensor kernels (``torchvision.transforms.v2.functional``), but each sample
-of a ``[B, C, H, W]`` batch gets its own parameters (a factor, a sigma, an on/off flag, its own
-order of the four jitter operations). torchvision's transforms draw one parameter set per call,
-that is per batch, so they cannot do this; kornia can, but draws the jitter order once per batch
-and is one more dependency. The same code runs in DataLoader workers (on the views of one image)
-and batched on the training device.
-
-Two implementation choices keep it fast on a CPU core: the Gaussian blur is separable (two 1-D
-passes of shifted multiply-adds, reflect padding as torchvision; taps whose weight is below
-``1e-7`` of the total are dropped, a change below 1e-4 gray levels), and the hue shift rebuilds RGB
-from (value, chroma, hue) with the closed form ``V - C * clamp(min(k, 4 - k), 0, 1)``,
-``k = (n + 6 h) mod 6``, ``n = 5, 3, 1``, instead of a full RGB -> HSV -> RGB round trip.
+"""Photometric augmentations (torchvision's ``ColorJitter``, ``RandomGrayscale``,
+``GaussianBlur``, ``RandomSolarize`` and a flip, with torchvision's formulas) on float
+``[B, C, H, W]`` batches in [0, 1] where each sample has its own parameters and jitter order
+(torchvision draws one set per batch). The blur is separable (taps below ``1e-7`` of the mass
+dropped); the hue shift rebuilds RGB from value, chroma and hue in closed form.
 """
 
 from __future__ import annotations
@@ -25,19 +14,9 @@ import torch.nn.functional as F
 
 from .view_specs import PARAM_INDEX, ViewSpec
 
-__all__ = [
-    "GRAY_WEIGHTS",
-    "adjust_brightness",
-    "adjust_contrast",
-    "adjust_hue",
-    "adjust_saturation",
-    "apply_photometric",
-    "gaussian_blur",
-    "gaussian_kernels",
-    "grayscale",
-    "normalize_levels",
-    "solarize",
-]
+__all__ = ["GRAY_WEIGHTS", "adjust_brightness", "adjust_contrast", "adjust_hue",
+           "adjust_saturation", "apply_photometric", "gaussian_blur", "gaussian_kernels",
+           "grayscale", "normalize_levels", "solarize"]
 
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale (ITU-R 601-2)
 _TAP_CUTOFF = 1e-7
@@ -79,11 +58,7 @@ def adjust_saturation(x: torch.Tensor, factor: torch.Tensor | float) -> torch.Te
 
 
 def adjust_hue(x: torch.Tensor, shift: torch.Tensor | float) -> torch.Tensor:
-    """Rotate the HSV hue of each RGB image by ``shift`` (a fraction of a turn, in [-0.5, 0.5]).
-
-    Same result as torchvision's ``adjust_hue`` on float tensors (up to float rounding): value and
-    chroma are kept and RGB is rebuilt from the shifted hue in closed form.
-    """
+    """Rotate each RGB image's hue by ``shift`` turns (torchvision's, in closed form)."""
     if x.shape[-3] == 1:
         return x
     r, g, b = x.unbind(-3)
@@ -120,8 +95,7 @@ def gaussian_kernels(sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
 
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
-    """Blur each sample with its own ``sigma`` (``[B]``): torchvision's ``gaussian_blur`` with a
-    square ``kernel_size`` kernel and reflect padding, computed as two separable passes."""
+    """Blur each sample with its own ``sigma`` (torchvision's, reflect padding), separably."""
     if kernel_size % 2 != 1 or kernel_size < 1:
         raise ValueError(f"kernel_size must be odd and positive, got {kernel_size}")
     kernels = gaussian_kernels(sigma, kernel_size)
@@ -133,27 +107,18 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> tor
     kernels = (kernels / kernels.sum(dim=1, keepdim=True)).to(x.dtype)
     if radius == 0:
         return x
-    size = kernels.shape[1]
-    w = kernels.view(-1, 1, 1, 1, size)
-    h_pad = min(radius, x.shape[-1] - 1)
-    v_pad = min(radius, x.shape[-2] - 1)
-    if h_pad < radius or v_pad < radius:  # image smaller than the kernel: torchvision's own op
+    if radius >= min(x.shape[-2:]):  # image smaller than the kernel: torchvision's own op
         import torchvision.transforms.v2.functional as TF
 
         return torch.stack([TF.gaussian_blur(xi, [kernel_size, kernel_size], [float(s)] * 2)
                             for xi, s in zip(x, sigma, strict=True)])
-    out = F.pad(x, (radius, radius, 0, 0), mode="reflect")
-    width = x.shape[-1]
-    acc = out[..., 0:width] * w[..., 0]
-    for j in range(1, size):
-        acc.addcmul_(out[..., j: j + width], w[..., j])
-    out = F.pad(acc, (0, 0, radius, radius), mode="reflect")
-    height = x.shape[-2]
-    wv = kernels.view(-1, 1, 1, size, 1)
-    acc = out[..., 0:height, :] * wv[..., 0, :]
-    for j in range(1, size):
-        acc.addcmul_(out[..., j: j + height, :], wv[..., j, :])
-    return acc
+    taps = kernels.t().reshape(kernels.shape[1], -1, 1, 1, 1)  # taps[j]: [B, 1, 1, 1]
+    for dim, pad in ((-1, (radius, radius, 0, 0)), (-2, (0, 0, radius, radius))):
+        padded, n = F.pad(x, pad, mode="reflect"), x.shape[dim]
+        x = padded.narrow(dim, 0, n) * taps[0]
+        for j in range(1, len(taps)):
+            x.addcmul_(padded.narrow(dim, j, n), taps[j])
+    return x
 
 
 _JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
@@ -161,10 +126,7 @@ _JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue
 
 def normalize_levels(levels: torch.Tensor, spec: ViewSpec, out: torch.Tensor | None = None
                      ) -> torch.Tensor:
-    """``(levels / 255 - mean) / std`` of a ``[B, C, S, S]`` batch of gray levels (uint8, or
-    float holding integers) as float32 (the recipe's ``ToTensor`` and ``Normalize``), into
-    ``out`` (any memory format) or new memory: one conversion and two in-place passes (a
-    division, an allocation and a broadcast ``addcmul`` cost 4x more on a CPU)."""
+    """``(levels / 255 - mean) / std`` of gray levels as float32, into ``out`` or new memory."""
     std = torch.tensor(spec.std, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     mean = torch.tensor(spec.mean, dtype=torch.float32, device=levels.device).view(1, -1, 1, 1)
     if out is None:
@@ -173,10 +135,9 @@ def normalize_levels(levels: torch.Tensor, spec: ViewSpec, out: torch.Tensor | N
 
 
 def apply_photometric(x: torch.Tensor, params: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
-    """Flip, jitter, grayscale, blur and solarize a float ``[B, C, S, S]`` batch in [0, 1] of
-    views of ``spec``, sample ``b`` with ``params[b]``, and round it to gray levels: returns
-    ``round(255 x)`` (float), the 8-bit images the official pipeline ends with, which
-    :func:`normalize_levels` normalises. ``x`` is overwritten (the callers pass a new batch)."""
+    """Flip, jitter, grayscale, blur and solarize a float ``[B, C, S, S]`` batch in [0, 1] (sample
+    ``b`` with ``params[b]``; ``x`` is overwritten) and return its gray levels ``round(255 x)``,
+    the official pipeline's 8-bit images."""
     cpu = params.detach().to("cpu", torch.float32)
     dev = params.to(x.device)
 

@@ -1,18 +1,8 @@
-"""The photometric augmentations of one view with OpenCV (float32, height x width x channels).
-
-Used by the fast pipeline in DataLoader workers when ``opencv-python-headless`` is installed (the
-``fast`` extra); :mod:`e2mc.data.photometric` (torch, batched) is the fallback and the on-device
-version. OpenCV's colour conversions and separable filters are vectorised, which makes a 224 px
-view's jitter, blur and normalisation several times cheaper than with PIL or with elementwise
-torch operations on one core. The formulas are torchvision's on float images:
-
-* brightness ``clamp(x f)``; contrast ``clamp(f x + (1 - f) mean(luma))``; saturation
-  ``clamp(f x + (1 - f) luma)``; hue: RGB -> HSV (float, hue in degrees), hue + 360 h mod 360,
-  back to RGB; grayscale: luma in every channel (OpenCV's 0.299/0.587/0.114 weights,
-  torchvision's 0.2989: a difference below 1e-4);
-* blur: ``cv2.GaussianBlur`` with the recipe's square kernel and sigma, ``BORDER_REFLECT_101``
-  (torchvision's ``reflect`` padding); OpenCV samples the Gaussian at the same integer offsets;
-* solarize: ``1 - x`` where ``x >= threshold``.
+"""The photometric augmentations of one view with OpenCV (float32, height x width x channels):
+the fast pipeline's worker path when ``opencv-python-headless`` is installed (the ``fast``
+extra), with torchvision's formulas on float images (:mod:`e2mc.data.photometric` is the torch
+fallback). Grayscale uses OpenCV's 0.299 luma weight (torchvision 0.2989: below 1e-4); the blur's
+``BORDER_REFLECT_101`` is torchvision's ``reflect`` padding.
 """
 
 from __future__ import annotations
@@ -32,10 +22,8 @@ except ImportError:  # pragma: no cover - exercised where OpenCV is absent
 __all__ = ["BLUR_TAIL", "available", "blur_size", "copy_chw", "decode_rgb_hwc", "gray_levels",
            "normalize_chw", "photometric_hwc"]
 
-# The blur drops the outer taps of the recipe's kernel whose mass is at most this fraction: a
-# pixel moves by at most 1/1024 of the range, a quarter of an 8-bit gray level, less than the
-# rounding the official (PIL, uint8) pipeline applies after every step. It halves the taps of a
-# typical sigma (mean kernel 7.6 instead of 10.9 taps over sigma ~ U(0.1, 2), 23-tap recipe).
+# The blur drops the kernel's outer taps holding at most this mass: a quarter of a gray level,
+# less than the official pipeline's uint8 rounding after every step; about half the taps.
 BLUR_TAIL = 1.0 / 1024
 
 _THREADS_SET_IN: int | None = None
@@ -47,12 +35,9 @@ def available() -> bool:
 
 
 def decode_rgb_hwc(data: bytes, width: int, height: int) -> np.ndarray | None:
-    """An RGB JPEG decoded by OpenCV's libjpeg-turbo into ``height x width x 3`` uint8 (the
-    same pixels as PIL and ``torchvision.io.decode_jpeg``; EXIF orientation ignored, as they
-    do), or None when OpenCV is absent or the result does not have the header's size. The
-    interleaved layout makes each crop's channels-last copy (which torch's vectorised uint8
-    antialiased resize needs) a copy of rows, and the resized views feed the OpenCV photometric
-    steps without an interleaving copy."""
+    """An RGB JPEG decoded by OpenCV into ``height x width x 3`` uint8 (PIL's pixels, EXIF
+    orientation ignored as PIL does; interleaved, as torch's fast uint8 resize and the OpenCV
+    steps want it), or None without OpenCV or when the size is not the header's."""
     if cv2 is None:
         return None
     _one_thread()
@@ -109,9 +94,7 @@ _JITTER = (_brightness, _contrast, _saturation, _hue)
 
 
 def blur_size(sigma: float, kernel_size: int, tail: float = BLUR_TAIL) -> int:
-    """The smallest odd kernel, at most ``kernel_size``, holding all but ``tail`` of the mass of
-    the recipe's ``kernel_size`` Gaussian kernel (the dropped taps change a pixel by at most
-    ``tail`` of the range)."""
+    """The smallest odd kernel holding all but ``tail`` of the recipe's kernel's mass."""
     half = kernel_size // 2
     weights = [math.exp(-0.5 * (i / sigma) ** 2) for i in range(half + 1)]
     total = weights[0] + 2 * sum(weights[1:])
@@ -132,22 +115,19 @@ def _normalization_matrix(mean: tuple[float, ...], std: tuple[float, ...]) -> np
 
 
 def normalize_chw(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """``(x - mean) / std`` of a float32 ``H x W x C`` (or ``H x W``) view, as a ``C x H x W``
-    view of the result (one pass; the caller's copy makes it contiguous)."""
+    """``(x - mean) / std`` of a float32 ``H x W [x C]`` view, as a ``C x H x W`` view."""
     if x.ndim == 2:
         return (x * np.float32(1.0 / std[0]) + np.float32(-mean[0] / std[0]))[None]
     return cv2.transform(x, _normalization_matrix(tuple(mean), tuple(std))).transpose(2, 0, 1)
 
 
 def gray_levels(x: np.ndarray) -> np.ndarray:
-    """A float32 view in [0, 1] as the 8-bit image ``round(255 x)`` (same layout): the
-    official pipeline's views are 8-bit images until ``ToTensor``."""
+    """A float32 view in [0, 1] as the 8-bit image ``round(255 x)`` (same layout)."""
     return cv2.convertScaleAbs(x, alpha=255.0)  # rounded half to even, saturated to [0, 255]
 
 
 def copy_chw(levels: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """An ``H x W x C`` (or ``H x W``) image copied into the ``C x H x W`` array ``out``,
-    mirrored left-right when ``flip``."""
+    """An ``H x W [x C]`` image copied into the ``C x H x W`` ``out``, mirrored if ``flip``."""
     chw = levels[None] if levels.ndim == 2 else levels.transpose(2, 0, 1)
     np.copyto(out, chw[..., ::-1] if flip else chw)
 
@@ -156,10 +136,8 @@ def photometric_hwc(x: np.ndarray, p: Sequence[float], index: dict[str, int],
                     jitter_ranges: Sequence[object], blur_kernel: int, threshold: float
                     ) -> np.ndarray:
     """Jitter (in the drawn order), grayscale, blur and solarize one float32 view in [0, 1]
-    (``H x W x 3`` or ``H x W``) with its parameter vector ``p`` (fields at ``index``). Returns a
-    float32 array in [0, 1] (same layout). The flip and the normalisation are left to the
-    caller: the flip commutes with every step here (pointwise, a global mean, a symmetric kernel
-    with a mirrored border), so the final copy can do it at no cost."""
+    (``H x W x 3`` or ``H x W``) with its parameters ``p`` (fields at ``index``); same layout.
+    The flip commutes with every step, so the caller's final copy does it."""
     _one_thread()
     if p[index["jitter"]] > 0.5:
         factors = [p[index[k]] for k in ("brightness", "contrast", "saturation", "hue")]

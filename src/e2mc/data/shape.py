@@ -1,6 +1,5 @@
-"""What a data set's images are (:func:`image_shape`): their size, channels and class count,
-read off the images themselves. The presets for your own data take these from the data, and
-an evaluation of a file that records no training size evaluates at its data's size."""
+"""What a data set's images are (:func:`image_shape`): size, channels and class count, read off
+the images themselves (the presets for your own data take them from it)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class ImageShape:
 
 
 def image_shape(dataset: Any) -> ImageShape:
-    """The shape of the images of ``dataset`` (items ``(PIL image, label)`` without a
-    transform, as :func:`e2mc.data.build_dataset` gives them)."""
+    """The shape of the images of ``dataset`` (items ``(PIL image, label)``)."""
     if len(dataset) == 0:
         raise ValueError("the data set holds no images")
     sides: Counter[int] = Counter()

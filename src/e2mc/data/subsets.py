@@ -1,6 +1,5 @@
-"""Subsets: the one subset type (:class:`LabeledSubset`, seen through by :func:`subset_parts`),
-label subsets for semi-supervised evaluation (stratified seeded fractions, SimCLR-style file
-lists: ImageNet's 1% and 10% splits, one file name per line) and the labels of a data set."""
+"""Subsets (:class:`LabeledSubset`, :func:`subset_parts`), label subsets for semi-supervised
+evaluation (stratified seeded fractions, SimCLR-style file lists) and a data set's labels."""
 
 from __future__ import annotations
 
@@ -13,27 +12,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
-__all__ = [
-    "LabeledSubset",
-    "dataset_labels",
-    "fraction_label",
-    "label_fraction_indices",
-    "per_class_indices",
-    "read_file_list",
-    "stratified_indices",
-    "Transformed",
-    "subset_from_file_list",
-    "subset_parts",
-]
+__all__ = ["LabeledSubset", "dataset_labels", "fraction_label", "label_fraction_indices",
+           "per_class_indices", "read_file_list", "stratified_indices", "Transformed",
+           "subset_from_file_list", "subset_parts"]
 
 
 class LabeledSubset(Dataset):
-    """``dataset`` restricted to ``indices``: the package's one subset type (``data.limit``, a
-    validation split, a label fraction, a sample of images), keeping the parent's
-    ``labels``/``targets`` (numpy; None when the parent has none) and ``classes``. A subset of
-    a subset is one subset of the first parent, so ``dataset`` is never a subset itself and
-    :func:`subset_parts` sees through it in one step (the fast pipelines read the image files
-    of the folder beneath)."""
+    """``dataset`` restricted to ``indices`` (the one subset type), keeping the parent's ``labels``
+    and ``classes``; a subset of a subset is a subset of the first parent (seen through once)."""
 
     def __init__(self, dataset: Any, indices: Sequence[int] | np.ndarray) -> None:
         indices = np.asarray(indices, dtype=np.int64)
@@ -61,17 +47,14 @@ class LabeledSubset(Dataset):
 
 
 def subset_parts(dataset: Any) -> tuple[Any, np.ndarray | None]:
-    """``(parent, indices)`` of a subset (a :class:`LabeledSubset`, or torch's ``Subset`` a
-    caller made), else ``(dataset, None)``: the one way to see through a subset."""
+    """``(parent, indices)`` of a subset (ours or torch's), else ``(dataset, None)``."""
     if isinstance(dataset, (LabeledSubset, Subset)):
         return dataset.dataset, np.asarray(dataset.indices, dtype=np.int64)
     return dataset, None
 
 
 class Transformed(Dataset):
-    """``dataset`` (items ``(image, label)``) with ``transform`` applied to each image, keeping
-    ``labels`` and ``classes`` of the parent: one data set read once, seen through two
-    transforms (a run's training views and its validation monitor)."""
+    """``dataset`` with ``transform`` applied to each image, keeping its ``labels``/``classes``."""
 
     def __init__(self, dataset: Any, transform: Any) -> None:
         self.dataset, self.transform = dataset, transform
@@ -87,8 +70,7 @@ class Transformed(Dataset):
 
 
 def dataset_labels(dataset: Any, required: bool = True) -> np.ndarray | None:
-    """The class labels of ``dataset`` (``labels``, else ``targets``; int64 numpy). Without them
-    a ``ValueError``, or ``None`` when not ``required``."""
+    """``dataset``'s ``labels`` (else ``targets``) as int64; missing: error or None."""
     for attr in ("labels", "targets"):
         if getattr(dataset, attr, None) is not None:
             return np.asarray(getattr(dataset, attr), dtype=np.int64)
@@ -109,9 +91,7 @@ def _check_labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
 def per_class_indices(
     labels: np.ndarray | Sequence[int], per_class: int | dict[int, int], seed: int
 ) -> np.ndarray:
-    """Sorted indices of ``per_class`` samples drawn without replacement from each class (an int
-    for every class, or a dict class -> count). Classes are visited in ascending order with one
-    ``numpy.random.default_rng(seed)``, so the result depends only on labels, counts and seed."""
+    """Sorted indices of ``per_class`` (int or dict) samples per class, drawn with ``seed``."""
     labels = _check_labels(labels)
     rng = np.random.default_rng(seed)
     chosen = []
@@ -127,12 +107,7 @@ def per_class_indices(
 def label_fraction_indices(
     labels: np.ndarray | Sequence[int], fraction: float, seed: int
 ) -> np.ndarray:
-    """Stratified, seeded indices of about ``fraction`` of the labelled samples.
-
-    Each class c with n_c samples contributes ``max(1, floor(fraction * n_c + 0.5))`` samples
-    (round half up, at least one), drawn without replacement; ``fraction == 1`` returns every
-    index. Deterministic for a given seed; different seeds give different subsets.
-    """
+    """Stratified, seeded indices of about ``fraction`` (:func:`stratified_indices`, keep 0)."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)):
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
     if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
@@ -154,14 +129,12 @@ def stratified_indices(labels: np.ndarray | Sequence[int], fraction: float, seed
 
 
 def fraction_label(fraction: float) -> str:
-    """How a label fraction is written in column and metric names: ``0.01 -> '1%'``,
-    ``0.125 -> '12.5%'``."""
+    """A label fraction in column and metric names: ``0.01 -> '1%'``, ``0.125 -> '12.5%'``."""
     return f"{100 * fraction:g}%"
 
 
 def read_file_list(path: str | Path) -> list[str]:
-    """File names of a SimCLR-style subset list (e.g. ``1percent.txt``): one per line, blank lines
-    ignored. ``ValueError`` if the list is empty or repeats a name."""
+    """The names of a SimCLR-style file list (one a line); ``ValueError`` if empty or repeated."""
     path = Path(path)
     names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not names:
@@ -173,17 +146,11 @@ def read_file_list(path: str | Path) -> list[str]:
 
 
 def subset_from_file_list(dataset: Any, names: Iterable[str]) -> LabeledSubset:
-    """The samples of an image-folder ``dataset`` (anything with torchvision's ``samples`` list of
-    ``(path, class)``) whose file name equals one of ``names``. Names are compared by base name,
-    so ``n01440764_10026.JPEG`` and ``n01440764/n01440764_10026.JPEG`` both match. The subset
-    keeps the dataset's order. ``ValueError`` listing the names that match no sample, or that
-    match several."""
+    """The samples whose base name is in ``names``; ValueError if one is missing or ambiguous."""
     samples = getattr(dataset, "samples", None)
     if samples is None:
-        raise ValueError(
-            f"{type(dataset).__name__} has no 'samples' (file paths); file lists need an "
-            "image-folder dataset"
-        )
+        raise ValueError(f"{type(dataset).__name__} has no 'samples' (file paths); file lists "
+                         "need an image-folder dataset")
     wanted = [Path(n).name for n in names]
     if not wanted:
         raise ValueError("empty list of file names")
@@ -192,13 +159,10 @@ def subset_from_file_list(dataset: Any, names: Iterable[str]) -> LabeledSubset:
         where.setdefault(Path(path).name, []).append(i)
     missing = [n for n in wanted if n not in where]
     if missing:
-        raise ValueError(
-            f"{len(missing)} of {len(wanted)} listed file(s) not found in the dataset "
-            f"({len(samples)} samples), e.g. {missing[:10]}"
-        )
+        raise ValueError(f"{len(missing)} of {len(wanted)} listed file(s) not found in the "
+                         f"dataset ({len(samples)} samples), e.g. {missing[:10]}")
     ambiguous = [n for n in wanted if len(where[n]) > 1]
     if ambiguous:
-        raise ValueError(
-            f"{len(ambiguous)} listed name(s) match several files, e.g. {ambiguous[:5]}"
-        )
+        raise ValueError(f"{len(ambiguous)} listed name(s) match several files, e.g. "
+                         f"{ambiguous[:5]}")
     return LabeledSubset(dataset, np.sort([where[n][0] for n in wanted]))

@@ -1,8 +1,6 @@
-"""A view recipe read as parameters: each view of a :func:`~e2mc.data.views.build_views`
-``Compose`` as a :class:`ViewSpec`, and one image's view parameters drawn with the recipe's own
-torchvision transforms (:func:`draw_view_params`), so that a seed gives the crops, flips and
-factors of :func:`build_views` and the distributions are the recipe's by construction. The fast
-pipeline (:mod:`e2mc.data.fast_views`) applies them to tensors."""
+"""A view recipe read as parameters (:class:`ViewSpec`), and one image's view parameters drawn
+with the recipe's own torchvision transforms (:func:`draw_view_params`: a seed gives the crops,
+flips and factors of :func:`~e2mc.data.views.build_views`) for the fast pipeline."""
 
 from __future__ import annotations
 
@@ -48,9 +46,7 @@ def _unwrap(t: Any) -> list[Any]:
 
 
 def view_specs(views: MultiCropTransform) -> list[ViewSpec]:
-    """Parse the views of :func:`build_views` (or any ``MultiCropTransform`` of ``Compose`` made of
-    the same transform types). Raises ``ValueError`` on a transform the fast pipeline lacks or on
-    photometric steps in another order than jitter, grayscale, blur, solarize."""
+    """The :class:`ViewSpec` of each view; ``ValueError`` on what the fast pipeline lacks."""
     specs = []
     for compose in views.transforms:
         if not isinstance(compose, T.Compose):
@@ -126,8 +122,7 @@ def _draw_one(t: Any, p: list[float], width: int, height: int) -> None:
 
 
 def draw_view_params(spec: ViewSpec, width: int, height: int) -> torch.Tensor:
-    """One view's parameters (``PARAM_FIELDS``) for a ``width x height`` image, drawn from torch's
-    global generator with the same calls, in the same order, as the recipe's transforms."""
+    """One view's ``PARAM_FIELDS`` for a ``width x height`` image, drawn as the recipe draws."""
     p = list(_IDENTITY)
     for t in spec.transforms:
         _draw_one(t, p, width, height)

@@ -1,21 +1,7 @@
-"""View recipes (data augmentations) as the official VICReg, SwAV and SimSiam code builds them,
-parameterized by image size and channel count, and the evaluation transform.
-
-Official sources: VICReg ``augmentations.py`` (facebookresearch/vicreg), SwAV
-``src/multicropdataset.py`` (facebookresearch/swav), SimSiam ``main_simsiam.py``
-(facebookresearch/simsiam, the MoCo-v2 recipe).
-
-Adaptations (documented in ``docs/data.md``):
-
-* Blur: SwAV blurs with OpenCV (23x23 kernel), VICReg and SimSiam with PIL's Gaussian filter,
-  all with sigma ~ U(0.1, 2.0). Here it is torchvision's ``GaussianBlur`` with that sigma range and
-  a kernel of ~10% of the image side (odd, at least 3): 23 px at 224 px (SwAV's kernel; within one
-  gray level of PIL's filter on average), 3 px at 28-32 px, so the blur scales with the image
-  instead of erasing a 28 px image. As in SwAV, its small crops use the full-size crop's kernel.
-* ``channels=1``: colour jitter keeps brightness and contrast only (saturation and hue do not exist
-  for one channel) and random grayscale is left out (a no-op on grayscale).
-* Every random draw uses torch's RNG (no ``random``/``numpy``), so seeding torch (and DataLoader
-  workers) makes the views reproducible, which exact resume relies on.
+"""View recipes as the official VICReg, SwAV and SimSiam code builds them, parameterized by image
+size and channel count, and the evaluation transform (adaptations: ``docs/data.md``). Every random
+draw uses torch's RNG, so seeding torch and the workers makes the views reproducible (exact
+resume relies on it).
 """
 
 from __future__ import annotations
@@ -30,25 +16,15 @@ from torchvision.transforms import InterpolationMode
 
 from .image_folder import to_8bit
 
-__all__ = [
-    "DATASET_STATS",
-    "RECIPES",
-    "EvalTransform",
-    "MultiCropTransform",
-    "blur_kernel_size",
-    "build_views",
-    "default_normalization",
-    "eval_transform",
-]
+__all__ = ["DATASET_STATS", "RECIPES", "EvalTransform", "MultiCropTransform", "blur_kernel_size",
+           "build_views", "default_normalization", "eval_transform"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SWAV_IMAGENET_STD = (0.228, 0.224, 0.225)  # as in SwAV's multicropdataset.py
 DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
-    "fashion-mnist": ((0.2860,), (0.3530,)),
-    "mnist": ((0.1307,), (0.3081,)),
-}
+    "imagenet": (IMAGENET_MEAN, IMAGENET_STD), "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,))}
 RECIPES = ("vicreg", "swav", "simsiam")
 BLUR_SIGMA = (0.1, 2.0)
 
@@ -76,8 +52,7 @@ def _check_size(name: str, size: int) -> None:
 
 
 class _ToMode:
-    """Convert a PIL image to ``L`` (1 channel) or ``RGB`` (3 channels); 16-bit and float images
-    are scaled by :func:`~e2mc.data.image_folder.to_8bit`, not clipped."""
+    """A PIL image as ``L`` (1 channel) or ``RGB`` (3), scaled by :func:`to_8bit`."""
 
     def __init__(self, channels: int) -> None:
         self.mode = "L" if channels == 1 else "RGB"
@@ -127,8 +102,7 @@ def _blur(size: int, p: float, crop_size: int | None = None) -> list[Callable]:
 
 
 class MultiCropTransform:
-    """Apply each of ``transforms`` to one image: returns a list of tensors, one per view.
-    The first ``num_main_views`` views are the full-size ones that add-ons use."""
+    """Each of ``transforms`` applied to one image; the first ``num_main_views`` are full-size."""
 
     def __init__(self, transforms: Sequence[Callable], num_main_views: int = 2) -> None:
         self.transforms = list(transforms)
@@ -197,20 +171,10 @@ def build_views(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
 ) -> MultiCropTransform:
-    """The view recipe ``recipe`` as a callable ``PIL image -> list[Tensor]`` (float32, C x S x S).
-
-    * ``"vicreg"``: asymmetric pair. RandomResizedCrop(scale 0.08-1, bicubic), flip 0.5,
-      ColorJitter(0.4, 0.4, 0.2, 0.1) p 0.8, grayscale p 0.2, blur p 1.0 / 0.1,
-      solarize p 0.0 / 0.2, normalize.
-    * ``"swav"``: multi-crop. 2 x ``image_size`` at scale (0.14, 1) and ``num_small_crops`` (6) x
-      ``small_crop_size`` (default ``round(image_size * 96 / 224)``) at scale (0.05, 0.14); each
-      flip 0.5, ColorJitter(0.8, 0.8, 0.8, 0.2) p 0.8, grayscale p 0.2, blur p 0.5, normalize
-      (ImageNet std 0.228/0.224/0.225 as in SwAV). ``small_crop_size`` is ignored by the others.
-    * ``"simsiam"``: MoCo-v2 pair. RandomResizedCrop(scale 0.2-1), ColorJitter(0.4, 0.4, 0.4, 0.1)
-      p 0.8, grayscale p 0.2, blur p 0.5, flip 0.5, normalize.
-
-    Normalization defaults to :func:`default_normalization` (``mean``/``std`` override it).
-    """
+    """The view recipe ``recipe`` (``vicreg``, ``swav``, ``simsiam``; their parameters:
+    ``docs/data.md``) as a callable ``PIL image -> list[Tensor]`` (float32, C x S x S). SwAV's
+    small crops default to ``round(image_size * 96 / 224)``; normalization defaults to
+    :func:`default_normalization` (``mean``/``std`` override it)."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown view recipe {recipe!r}; choose one of {list(RECIPES)}")
     _check_size("image_size", image_size)
@@ -221,20 +185,16 @@ def build_views(
         return MultiCropTransform(_simsiam(image_size, channels, _normalize(channels, mean, std)))
     small = round(image_size * 96 / 224) if small_crop_size is None else small_crop_size
     _check_size("small_crop_size", small)
-    if (
-        isinstance(num_small_crops, bool)
-        or not isinstance(num_small_crops, int)
-        or num_small_crops < 0
-    ):
+    if isinstance(num_small_crops, bool) or not isinstance(num_small_crops, int) \
+            or num_small_crops < 0:
         raise ValueError(f"num_small_crops must be an integer >= 0, got {num_small_crops!r}")
     norm = _normalize(channels, mean, std, default_std=SWAV_IMAGENET_STD)
     return MultiCropTransform(_swav(image_size, small, num_small_crops, channels, norm))
 
 
 class EvalTransform:
-    """Deterministic evaluation transform: an image already ``image_size`` square is only converted
-    to a tensor and normalized; any other is resized (shorter side ``round(image_size * 256/224)``,
-    bilinear) and center-cropped to ``image_size`` first, as in the standard ImageNet protocol."""
+    """Evaluation transform: an image not already ``image_size`` square is first resized (shorter
+    side ``round(image_size * 256/224)``) and center-cropped, the ImageNet protocol."""
 
     def __init__(self, image_size: int, channels: int, normalize: T.Normalize) -> None:
         self.image_size = image_size
@@ -252,19 +212,14 @@ class EvalTransform:
         return self.to_tensor(img)
 
     def batchable(self, images: np.ndarray) -> bool:
-        """Whether :meth:`batch` takes these images: uint8, already ``image_size`` square, and
-        in this transform's mode (no resize, no mode conversion)."""
+        """Whether :meth:`batch` takes these images (uint8, square, this mode: no conversion)."""
         gray = images.ndim == 3
         return images.dtype == np.uint8 and images.shape[1:3] == (self.image_size,) * 2 and \
             (self.to_mode.mode == "L") == gray and (gray or images.shape[3] == 3)
 
-    def batch(self, images: np.ndarray) -> torch.Tensor | None:
-        """The transform of a stack of uint8 images ``[N, H, W]`` (grayscale) or
-        ``[N, H, W, 3]`` (RGB) at once, bit-identical to stacking :meth:`__call__` of each
-        (the same float32 ``/ 255``, ``- mean``, ``/ std``, elementwise); None where the
-        images need a resize or a mode conversion (the per-image path does those)."""
-        if not self.batchable(images):
-            return None
+    def batch(self, images: np.ndarray) -> torch.Tensor:
+        """The transform of uint8 images ``[N, H, W]`` or ``[N, H, W, 3]`` at once, bit-identical
+        to stacking :meth:`__call__` of each, for images :meth:`batchable` takes."""
         gray = images.ndim == 3
         x = torch.from_numpy(np.ascontiguousarray(images))
         x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2)
