@@ -79,7 +79,7 @@ def test_compare_marks_and_rejects_mismatched_test_sets(tmp_path):
         assert 0 < t["mcnemar_p"] <= 1 and 0 < t["permutation_p"] <= 1
     # The cell's mark is its verdict's: one permutation test on each image's difference
     # averaged over the two matched seeds (the reference formula), doubled at p < 0.01.
-    from e2mc.evaluation.compare import matched_correctness
+    from e2mc.evaluation.pairing import matched_correctness
     from e2mc.evaluation.significance import pooled_permutation_test
 
     verdicts = {v.column: v for v in comp.verdicts}

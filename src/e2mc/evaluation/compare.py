@@ -6,16 +6,21 @@ table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from e2mc.artifacts import RESULTS, EvalDir, EvalEntry, EvalResults, mean_se
-from e2mc.data.subsets import fraction_label
+from e2mc.artifacts import EvalDir, EvalResults, mean_se
 from e2mc.errors import InputError
+from e2mc.evaluation.pairing import (
+    check_same_test_images,
+    check_value,
+    correctness,
+    differences,
+    matched_entries,
+)
 from e2mc.evaluation.sanity import chance_columns, comparison_flags
 from e2mc.evaluation.significance import (
     bootstrap_difference_ci,
@@ -139,7 +144,7 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
     test (no seed in common with the reference, no saved predictions) is listed in
     ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant. A
-    recorded top-1 that its saved predictions do not score is refused (:func:`_check_value`).
+    recorded top-1 that its saved predictions do not score is refused (:func:`check_value`).
     """
     if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
@@ -155,14 +160,14 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
     if floor is not None and floor_name in names:
         raise ValueError(f"the floor's name {floor_name!r} is also a run's name")
     floor_run = EvalDir(floor).load() if floor is not None else None
-    _check_same_test_images([*zip(names, eval_dirs, runs, strict=True),
+    check_same_test_images([*zip(names, eval_dirs, runs, strict=True),
                              *([(floor_name, floor, floor_run)] if floor_run else [])])
     columns = list(dict.fromkeys(c for run in runs for c in run.columns()))
     others = list(zip(names[1:], runs[1:], strict=True))
     if floor_run is not None:
         others.append((floor_name, floor_run))
     differing = [(name, diffs) for name, run in others
-                 if (diffs := _differences(names[0], runs[0], name, run))]
+                 if (diffs := differences(names[0], runs[0], name, run))]
     if differing and not allow_mismatch:
         name, diffs = differing[0]
         shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4
@@ -188,11 +193,11 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
             verdict = None
             if run is not base:
                 matched, rows = [], []
-                for ref, e in _matched_entries(base, run, column):
-                    matched.append(_correctness(base, ref, run, e))
+                for ref, e in matched_entries(base, run, column):
+                    matched.append(correctness(base, ref, run, e))
                     for r, entry, correct in ((run, e, matched[-1][0]),
                                               (base, ref, matched[-1][1])):
-                        _check_value(r, entry, correct)  # the table's number is the tests'
+                        check_value(r, entry, correct)  # the table's number is the tests'
                     rows.append(_paired_test(*matched[-1], n_resamples, seed))
                     rows[-1].update(run=name, reference=names[0], column=column, seed=e.seed)
                 tests += rows
@@ -237,143 +242,6 @@ def _verdict(run: str, column: str, matched: list[tuple[np.ndarray, np.ndarray]]
                    seeds_worse=sum(t["difference"] < 0 for t in alone))
 
 
-def _check_same_test_images(runs: list[tuple[str, Any, EvalResults]]) -> None:
-    """Every row must be scored on the same test images: the same content identity
-    (:func:`e2mc.data.identity.data_identity`: files and their bytes' stamps, or the arrays)
-    and the same per-image labels. Otherwise an ``InputError`` naming the first that differs;
-    ``--allow-mismatch`` never relaxes this (a paired test of other images means nothing)."""
-    from e2mc.data.identity import describe_change, same_data
-
-    ref_name, ref_dir, ref = runs[0]
-    for _, where, run in runs:
-        if run.info.get("test_data") is None:
-            raise InputError(f"{where} records no content identity of its test images (made by "
-                             "an older e2mc); evaluate it again to compare it")
-    for name, where, run in runs[1:]:
-        a, b = ref.info["test_data"], run.info["test_data"]
-        if not same_data(a, b):
-            raise InputError(f"cannot pair {name} with {ref_name}: they were scored on other "
-                             f"test images ({describe_change(a, b, ref_name, name)}; {ref_dir} "
-                             f"against {where}); a paired test needs the same images")
-
-
-#: Primary metrics that are the share of the test images a saved prediction gets right.
-_TOP1 = ("top1", "top1_last", "top1_best", "accuracy")
-
-
-def _check_value(run: EvalResults, entry: EvalEntry, correct: np.ndarray) -> None:
-    """``entry``'s recorded top-1 (what the table shows) must be what its saved predictions
-    score (``correct``, what the paired tests and the verdicts read), to half an image;
-    otherwise an ``InputError``: the table and the verdicts would tell two numbers."""
-    scored = 100 * float(correct.mean())
-    if entry.primary in _TOP1 and not abs(entry.value - scored) < 50 / len(correct):
-        raise InputError(f"{run.dir / RESULTS}: {entry.column!r} seed {entry.seed} records "
-                         f"{entry.primary} {entry.value:.2f}, but its saved predictions score "
-                         f"{scored:.2f}: the file was changed after the evaluation wrote it; "
-                         f"evaluate again into {run.dir}")
-
-
-def _data_difference(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
-    """What differs between the images and labels the two runs' probes trained on (their
-    ``train_data`` identity; then each common (column, seed)'s labelled subset)."""
-    from e2mc.data.identity import describe_change, same_data
-
-    a, b = ref.info.get("train_data"), run.info.get("train_data")
-    if a is None or b is None:
-        who = " and ".join(n for n, i in ((ref_name, a), (name, b)) if i is None)
-        return [f"the probes' training images or labels ({who} recorded no identity of them: "
-                "made by an older e2mc, evaluate again)"]
-    if not same_data(a, b):
-        return [f"the probes' training images or labels ({describe_change(a, b, ref_name, name)})"]
-    for column in (c for c in ref.columns() if run.column(c)):
-        for x, y in _matched_entries(ref, run, column):
-            ids = [(e.extra.get("subset") or {}).get("sha256") for e in (x, y)]
-            if all(ids) and ids[0] != ids[1]:
-                return [f"the labelled subset of {column!r} seed {y.seed} ({ref_name}: "
-                        f"{ids[0][:12]}; {name}: {ids[1][:12]})"]
-    return []
-
-
-#: Protocols whose number depends on the report kind (``eval --report last|best``).
-_PROBES = ("linear", "linear-aug", "finetune")
-
-
-def _differences(ref_name: str, ref: EvalResults, name: str, run: EvalResults) -> list[str]:
-    """What makes ``run`` not comparable with ``ref``: the probes' training data, the image
-    size, the report kind, a common column's primary metric or label seeds, a common protocol's
-    label fractions."""
-    def listed(values: Any) -> str:
-        return ", ".join(str(v) for v in values)
-
-    out = _data_difference(ref_name, ref, name, run)
-    sizes = ref.info.get("image_size"), run.info.get("image_size")
-    if all(sizes) and sizes[0] != sizes[1]:
-        out.append(f"image size ({ref_name}: {sizes[0]} px; {name}: {sizes[1]} px)")
-    kinds = ref.info.get("reported_epoch"), run.info.get("reported_epoch")
-    if all(kinds) and kinds[0] != kinds[1] and all(
-            any(e.protocol in _PROBES for e in r.entries) for r in (ref, run)):
-        out.append(f"report kind ({ref_name}: {kinds[0]}; {name}: {kinds[1]})")
-    protocols = dict.fromkeys(e.protocol for e in ref.entries)
-    for protocol in (p for p in protocols if any(e.protocol == p for e in run.entries)):
-        fractions = [sorted({e.fraction for e in r.entries
-                             if e.protocol == protocol and e.fraction is not None})
-                     for r in (ref, run)]
-        if fractions[0] != fractions[1]:
-            a, b = ([fraction_label(f) for f in fs] for fs in fractions)
-            out.append(f"fractions of {protocol} ({ref_name}: {listed(a)}; {name}: {listed(b)})")
-    for column in (c for c in ref.columns() if run.column(c)):
-        primaries = [sorted({e.primary for e in r.column(column)}) for r in (ref, run)]
-        if primaries[0] != primaries[1]:
-            out.append(f"primary metric of {column!r} ({ref_name}: {listed(primaries[0])}; "
-                       f"{name}: {listed(primaries[1])})")
-        seeds = [sorted({e.seed for e in r.column(column)}, key=str) for r in (ref, run)]
-        if seeds[0] != seeds[1]:
-            out.append(f"label seeds of {column!r} ({ref_name}: {listed(seeds[0])}; "
-                       f"{name}: {listed(seeds[1])})")
-    return out + _setting_differences(ref_name, ref, name, run)
-
-
-#: Settings that say which columns exist, not how a common column is computed.
-_COLUMN_SETTINGS = {"knn": ("k", "weightings")}
-
-
-def _setting_differences(ref_name: str, ref: EvalResults, name: str,
-                         run: EvalResults) -> list[str]:
-    """The protocols' recorded settings (``results.json`` ``settings``: a probe's epochs,
-    learning rate, weight decay, standardisation, grids per label fraction; kNN's temperature
-    and similarity) where both runs have the protocol (and, for a probe, the fraction) and they
-    differ: the same column computed another way (another ``--method`` probe preset, another
-    grid) is not a paired comparison of the models."""
-    a_all, b_all = ref.info.get("settings") or {}, run.info.get("settings") or {}
-    out = []
-    for protocol in (p for p in a_all if p in b_all):
-        a, b = a_all[protocol], b_all[protocol]
-        if not isinstance(a, dict) or not isinstance(b, dict):
-            continue
-        nested = all(isinstance(v, dict) for v in (*a.values(), *b.values()))
-        pairs = ([(f"{protocol} {k}", a[k], b[k]) for k in a if k in b] if nested
-                 else [(protocol, a, b)])
-        for label, x, y in pairs:
-            keys = [k for k in dict.fromkeys([*x, *y])
-                    if k not in _COLUMN_SETTINGS.get(protocol, ()) and x.get(k) != y.get(k)]
-            if keys:
-                shown = [", ".join(f"{k} {_setting(r.get(k))}" for k in keys) for r in (x, y)]
-                out.append(f"settings of {label} ({ref_name}: {shown[0]}; {name}: {shown[1]})")
-    presets = ref.info.get("method_preset"), run.info.get("method_preset")
-    if out and presets[0] != presets[1]:
-        out.insert(0, f"probe preset, --method ({ref_name}: {_setting(presets[0])}; {name}: "
-                      f"{_setting(presets[1])})")
-    return out
-
-
-def _setting(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return "[" + ", ".join(_setting(v) for v in value) + "]"
-    return "-" if value is None else str(value)
-
-
 def _why_untested(base: EvalResults, run: EvalResults, column: str, base_name: str) -> str:
     """Why ``run``'s ``column`` has no paired test against ``base``."""
     if not base.column(column):
@@ -399,17 +267,6 @@ def _metric_note(columns: list[str], runs: list[tuple[str, EvalResults]]) -> str
     return "; ".join(parts)
 
 
-def matched_correctness(reference_dir: str | os.PathLike[str], eval_dir: str | os.PathLike[str],
-                        column: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(run, reference)`` per-image 0/1 correctness for every seed of ``column`` that both
-    evaluation runs have (the input of :func:`pooled_permutation_test`); the two must have
-    been scored on the same test images (:func:`_check_same_test_images`)."""
-    ref_run, run = EvalDir(reference_dir).load(), EvalDir(eval_dir).load()
-    _check_same_test_images([(str(reference_dir), reference_dir, ref_run),
-                             (str(eval_dir), eval_dir, run)])
-    return [_correctness(ref_run, ref, run, e) for ref, e in _matched_entries(ref_run, run, column)]
-
-
 def evaluation_names(eval_dirs: list[str]) -> list[str]:
     """Short unique names for evaluation directories: the folder name, with as many parent
     folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
@@ -420,33 +277,6 @@ def evaluation_names(eval_dirs: list[str]) -> list[str]:
         if len(set(names)) == len(names) or depth >= max(len(p) for p in parts):
             return names
         depth += 1
-
-
-def _matched_entries(reference: EvalResults, run: EvalResults, column: str
-                     ) -> list[tuple[EvalEntry, EvalEntry]]:
-    """``(reference entry, run entry)`` of ``column`` with the same seed, both with saved
-    predictions, in the run's order."""
-    out = []
-    for e in run.column(column):
-        if not e.predictions:
-            continue
-        ref = next((b for b in reference.column(column) if b.seed == e.seed), None)
-        if ref is not None and ref.predictions:
-            out.append((ref, e))
-    return out
-
-
-def _correctness(base: EvalResults, ref: EvalEntry, run: EvalResults,
-                 entry: EvalEntry) -> tuple[np.ndarray, np.ndarray]:
-    """Per-image 0/1 correctness of ``run``'s ``entry`` and of the reference's ``ref``."""
-    pred_a, labels_a = base.predictions(ref)
-    pred_b, labels_b = run.predictions(entry)
-    if labels_a.shape != labels_b.shape or not np.array_equal(labels_a, labels_b):
-        raise ValueError(f"column {entry.column!r}, seed {entry.seed}: the two runs were "
-                         "evaluated on different test sets (labels differ); paired tests "
-                         "need the same images in the same order")
-    # Positive difference = this run better than the reference (the first run).
-    return (pred_b == labels_b).astype(np.float64), (pred_a == labels_a).astype(np.float64)
 
 
 def _paired_difference(ca: np.ndarray, cb: np.ndarray) -> float:

@@ -48,7 +48,7 @@ def pooled_p(dir_pairs: Sequence[tuple[PathLike, PathLike]], column: str) -> flo
     """p of :func:`~e2mc.evaluation.significance.pooled_permutation_test` over every (training
     seed, label seed) pair of ``column``; ``dir_pairs`` holds (reference, other) evaluation
     directories (pairs not evaluated yet are skipped). None with fewer than two pairs."""
-    from e2mc.evaluation.compare import matched_correctness
+    from e2mc.evaluation.pairing import matched_correctness
     from e2mc.evaluation.significance import pooled_permutation_test
 
     matched = [m for ref, other in dir_pairs

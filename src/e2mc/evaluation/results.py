@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from e2mc.artifacts import EvalDir, EvalResults, mean_se, summarize
-from e2mc.evaluation.compare import Comparison, compare_evaluations, matched_correctness
+from e2mc.evaluation.compare import Comparison, compare_evaluations
 from e2mc.evaluation.compare_chart import plot_comparison
 from e2mc.evaluation.compare_report import (
     COMPARISON_STEM,
@@ -32,6 +32,7 @@ from e2mc.evaluation.compare_report import (
     verdict_sentences,
     write_comparison,
 )
+from e2mc.evaluation.pairing import matched_correctness
 
 #: What the comparison's modules define is re-exported: ``e2mc.evaluation.results`` stays the
 #: one import of evaluation results for users' code.
