@@ -1,29 +1,6 @@
-"""What a comparison's verdicts rest on, said beside them: the flags of ``e2mc compare`` (in
-the terminal, ``comparison.md`` and the page), one line each.
-
-- **chance**: a run whose accuracy is at or near chance (the most common test class's share):
-  it collapsed or learned nothing, and a difference from it means nothing; where other columns
-  of the run are above chance, the columns at chance are probes that learned nothing;
-- **starting model**: a run whose evaluated model is its step 0 (keep-best handed the start
-  back): its row is the weights it started from;
-- **same weights**: two runs whose backbones are the same tensors (their evaluations' backbone
-  SHA-256; for evaluations that predate it, the checkpoint file's): nothing to compare;
-- **grid edge**: probes that chose the smallest or largest learning rate or weight decay of
-  their grid: the best value may lie beyond it;
-- **kNN bank**: a kNN column whose ``k`` exceeds the training images a class has on average:
-  the vote leans to the class frequencies;
-- **dropped images**: a run trained with images left out of every epoch (the data set's size
-  is not a multiple of the batch);
-- **stopped mid-epoch**: a run that ``training.max_steps`` stopped inside an epoch: its last
-  epoch saw part of the images, and its length is not the epochs it names; **mid-run**: an
-  evaluated step before the end the run's configuration sets (the step read, not the
-  configuration's);
-- **few labels**: a probe column trained on fewer than :data:`FEW_LABELS` labelled images a
-  class (e.g. linear 1% of 500 images of 10 classes: 5 images, 0.5 a class).
-
-What the ± and the p-values run over (label-subset seeds, test images) is not a flag: the key
-under the headlines says it (:func:`e2mc.evaluation.compare_report.key_line`).
-"""
+"""What a comparison's verdicts rest on, said beside them: the flags of ``e2mc compare``, one
+line each (chance, starting model, same weights, grid edge, kNN bank, dropped images, stopped
+mid-epoch or mid-run, few labels; docs/evaluation.md says what each means)."""
 
 from __future__ import annotations
 
