@@ -1,17 +1,7 @@
-"""The E2MC criterion as pure tensor functions (torch only, no state, no I/O).
+"""The E2MC criterion as pure tensor functions (paper Eqs. 4-8; docs/method.md#the-criterion).
 
-Paper: "Improving Pre-trained Self-Supervised Embeddings Through Effective Entropy Maximization"
-(AISTATS 2025), Eqs. 4-8 and Algorithm 1; exact forms in docs/method.md#the-criterion.
-
-* :func:`compact_transform` maps embeddings into the unit hypercube (sigmoid) or through the
-  standard normal CDF (for methods that L2-normalise, "hypersphere").
-* :func:`m_spacings_entropy` is Vasicek's m-spacings estimate of every column's differential
-  entropy.
-* :func:`covariance_penalty` is the mean squared off-diagonal covariance.
-
-All three compute in float32 at least (float64 stays float64) with autocast disabled, because in
-fp16 the CDF saturates to exactly 1, ties give zero spacings and ``1/eps`` overflows.
-"""
+All compute in float32 at least (float64 stays float64) with autocast disabled, because in fp16
+the CDF saturates to exactly 1, ties give zero spacings and ``1/eps`` overflows."""
 
 from __future__ import annotations
 
@@ -106,12 +96,10 @@ def _sort_keys(x: torch.Tensor) -> torch.Tensor:
 class _SpacingsEntropy(torch.autograd.Function):
     """Per-column m-spacings entropy of ``x`` [n, d] with an analytic, memory-lean backward.
 
-    Forward sorts blocks of columns as contiguous rows of ``x^T`` (on a CPU as order-preserving
-    integer keys, :func:`_sort_keys`) and keeps only the sort
-    indices (int16 when they fit); the input is kept by reference (for the E2MC add-on it is the
-    compact transform's output, which autograd holds anyway). Backward: with ``s`` a sorted column
-    and ``g_i = (n+1)/m / ((n+1)/m (s_{i+m} - s_i) + eps) / (n - m)``, the gradient with respect
-    to ``s_k`` is ``g_{k-m} - g_k`` (a difference of two reciprocal spacings), scattered back to
+    Forward sorts blocks of columns as rows of ``x^T`` and keeps only the sort indices (int16 when
+    they fit) and ``x`` by reference (autograd holds it anyway). Backward: with ``s`` a sorted
+    column and ``g_i = (n+1)/m / ((n+1)/m (s_{i+m} - s_i) + eps) / (n - m)``, the gradient with
+    respect to ``s_k`` is ``g_{k-m} - g_k`` (a difference of two reciprocal spacings), scattered to
     the original rows with the sort indices.
     """
 

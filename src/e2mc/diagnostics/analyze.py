@@ -1,13 +1,6 @@
-"""The ``e2mc analyze`` workflow: checkpoints in, statistics + figures + report out.
-
-The first run is *before* (e.g. the official base model), the others are *after* runs (continued,
-+E2MC, ...); every run is evaluated on the same seeded sample of images, so the paired figures
-show the same points moving.
-
-Backbone features and projector embeddings of the images come from
-:func:`e2mc.evaluation.features.features_and_embeddings` (the method itself, in eval mode, gives the
-embeddings: :class:`~e2mc.evaluation.features.BackboneAndProjector`).
-"""
+"""The ``e2mc analyze`` workflow: checkpoints in, statistics + figures + report out. The first run
+is *before*, the others *after*; all are evaluated on the same seeded sample of images, so the
+paired figures show the same points moving."""
 
 from __future__ import annotations
 
@@ -32,7 +25,7 @@ from e2mc.artifacts import (
 )
 from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
-from e2mc.data.subsets import LabeledSubset
+from e2mc.data.subsets import LabeledSubset, dataset_labels
 from e2mc.diagnostics.embedding_stats import (
     embedding_statistics,
     marginal_values,
@@ -192,15 +185,6 @@ def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
     return LabeledSubset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values)
 
 
-def _sample_labels(dataset: Dataset) -> torch.Tensor | None:
-    """The class labels of the analysed images (a :func:`_sample` of a labelled data set), or
-    ``None`` where the data set has none."""
-    from e2mc.data.subsets import dataset_labels
-
-    labels = dataset_labels(dataset, required=False)
-    return None if labels is None else torch.from_numpy(labels)
-
-
 def _collapse_signals(src: RunSource, method: nn.Module | None,
                       embeddings: torch.Tensor | None, labels: torch.Tensor | None,
                       neighbors: torch.Tensor) -> list[dict[str, Any]]:
@@ -334,7 +318,8 @@ def analyze(
                          "--image-size")
     dataset = _sample(build_dataset(data, split, eval_transform(image_size, channels)),
                       num_samples, seed)
-    labels = _sample_labels(dataset)
+    labels = dataset_labels(dataset, required=False)  # None: the data set has no labels
+    labels = None if labels is None else torch.from_numpy(labels)
     if knn_k is None:  # 100, or fewer than a class's images on a small test set
         knn_k = _default_knn_k(len(dataset), labels)  # type: ignore[arg-type]
     if len(dataset) <= knn_k:  # type: ignore[arg-type]

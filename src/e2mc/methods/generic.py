@@ -1,9 +1,5 @@
-"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss.
-
-Built by name (``build_method("generic", backbone="timm:resnet18", projector="512-512")``, or
-``method.name: generic`` in a config) it is saved and rebuilt like the other methods, so every
-subcommand (``eval``, ``analyze``, ``export-backbone``) accepts its runs; built around modules
-it is rebuilt in code."""
+"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss;
+built by name it is saved and rebuilt like the other methods, built around modules, in code."""
 
 from __future__ import annotations
 
@@ -22,13 +18,6 @@ from e2mc.optim import LARS
 from e2mc.ranges import OneOf, Widths, above, at_least, between
 
 LOSSES = ("vicreg", "simsiam")
-
-
-def _first_linear_in_features(module: nn.Module) -> int | None:
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            return m.in_features
-    return None
 
 
 class Generic(SSLMethod):
@@ -69,7 +58,8 @@ class Generic(SSLMethod):
             raise ValueError("a predictor is only used with loss='simsiam'")
         if feature_dim is None and isinstance(backbone, nn.Module) \
                 and isinstance(projector, nn.Module):
-            feature_dim = _first_linear_in_features(projector)
+            feature_dim = next((m.in_features for m in projector.modules()
+                                if isinstance(m, nn.Linear)), None)
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         spec_hparams: dict[str, Any] = {}
@@ -102,8 +92,7 @@ class Generic(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "Generic")
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
         if self.loss_name == "vicreg":
             loss, terms = vicreg_loss(z1, z2, *self.coeffs)
         else:

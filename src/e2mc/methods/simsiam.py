@@ -64,8 +64,7 @@ class SimSiam(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimSiam")
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
         p1, p2 = self.predictor(z1), self.predictor(z2)
         loss = simsiam_loss(p1, p2, z1, z2)
         return MethodOutput(loss=loss, terms={"negative_cosine": loss.detach()},
