@@ -25,9 +25,8 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
-        raise ValueError(
-            f"{what} must be 2-D [n samples, d dimensions], got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{what} must be 2-D [n samples, d dimensions], got shape "
+                         f"{tuple(x.shape)}")
     if x.device.type != "cpu":
         # the check would cost a host-device synchronisation at every call; there a non-finite
         # input gives a non-finite value, which the trainer stops or skips (NonFiniteGuard)
@@ -42,10 +41,8 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
         bad = ~finite
         columns = torch.nonzero(bad.any(dim=0)).flatten().tolist()
         shown = ", ".join(map(str, columns[:10])) + (", ..." if len(columns) > 10 else "")
-        raise ValueError(
-            f"{what} has {int(bad.sum())} non-finite values (NaN or inf) in "
-            f"{len(columns)} columns: {shown}"
-        )
+        raise ValueError(f"{what} has {int(bad.sum())} non-finite values (NaN or inf) in "
+                         f"{len(columns)} columns: {shown}")
 
 
 def compact_transform(z: torch.Tensor, space: Space) -> torch.Tensor:
@@ -141,9 +138,7 @@ class _SpacingsEntropy(torch.autograd.Function):
         return grad_x, None, None
 
 
-def m_spacings_entropy(
-    x: torch.Tensor, m: int | None = None, eps: float = 1e-7
-) -> torch.Tensor:
+def m_spacings_entropy(x: torch.Tensor, m: int | None = None, eps: float = 1e-7) -> torch.Tensor:
     """Vasicek's m-spacings entropy estimate of every column of ``x`` [n, d] (paper Eq. 4).
 
     ``H_j = 1/(n-m) * sum_{i=1}^{n-m} log((n+1)/m * (x_(i+m),j - x_(i),j) + eps)`` with

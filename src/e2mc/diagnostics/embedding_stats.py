@@ -185,19 +185,12 @@ def nn_overlap(first: torch.Tensor, kth: torch.Tensor, atol: float = 1e-6) -> fl
     return (kth.double() <= first.double().median() + atol).double().mean().item()
 
 
-def embedding_statistics(
-    x: torch.Tensor,
-    space: str = "standardized",
-    *,
-    k: int = 100,
-    m: int | None = None,
-    eps: float = 1e-7,
-    uniformity_t: float = 2.0,
-    max_corr_dims: int = 2048,
-    seed: int = 0,
-    nn_distances: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> EmbeddingStatistics:
-    """All statistics of ``x`` ``[n, d]`` (see the module docstring for the table).
+def embedding_statistics(x: torch.Tensor, space: str = "standardized", *, k: int = 100,
+                         m: int | None = None, eps: float = 1e-7, uniformity_t: float = 2.0,
+                         max_corr_dims: int = 2048, seed: int = 0,
+                         nn_distances: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> EmbeddingStatistics:
+    """All statistics of ``x`` ``[n, d]`` (their table: docs/diagnostics.md).
 
     ``space``: how values become marginals in ``[0, 1]`` (:data:`MarginalSpace`); use the method's
     ``compact_space`` for projector embeddings and ``"standardized"`` for backbone features.

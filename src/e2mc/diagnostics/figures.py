@@ -91,17 +91,10 @@ def position_colors(points: np.ndarray) -> np.ndarray:
     return np.stack([u[:, 0], 0.35 + 0.3 * (1 - np.abs(u[:, 0] - u[:, 1])), u[:, 1]], axis=1)
 
 
-def plot_marginal_pair(
-    before: object,
-    after: Mapping[str, object],
-    path: str | Path,
-    *,
-    before_name: str = "before",
-    dims: tuple[int, int] | None = None,
-    seed: int = 0,
-    figsize: tuple[float, float] | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_marginal_pair(before: object, after: Mapping[str, object], path: str | Path, *,
+                       before_name: str = "before", dims: tuple[int, int] | None = None,
+                       seed: int = 0, figsize: tuple[float, float] | None = None,
+                       dpi: int = 100) -> Path:
     """Scatter of compact dimensions ``dims`` (default: a seeded random pair) for ``before``
     ``[n, d]`` and each ``after[name]`` ``[n, d]`` (the same images, same order), one panel each;
     every point is coloured by its position *before*, so the panels show where points moved."""
@@ -132,15 +125,9 @@ def plot_marginal_pair(
     return _save(fig, path, dpi)
 
 
-def plot_nn_histograms(
-    distances: Mapping[str, tuple[object, object]],
-    path: str | Path,
-    *,
-    k: int = 100,
-    bins: int = 60,
-    figsize: tuple[float, float] | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_nn_histograms(distances: Mapping[str, tuple[object, object]], path: str | Path, *,
+                       k: int = 100, bins: int = 60, figsize: tuple[float, float] | None = None,
+                       dpi: int = 100) -> Path:
     """Histograms of the 1st- and k-th-NN distances, one panel per run (``name -> (first,
     kth)``), with shared bins so panels compare directly; overlap means poor separability."""
     if not distances:
@@ -163,14 +150,9 @@ def plot_nn_histograms(
     return _save(fig, path, dpi)
 
 
-def plot_accuracy_curves(
-    runs: Sequence[tuple[str, Sequence[float], Sequence[float]]],
-    path: str | Path,
-    *,
-    ylabel: str = "accuracy (%)",
-    figsize: tuple[float, float] = (6.0, 4.0),
-    dpi: int = 100,
-) -> Path:
+def plot_accuracy_curves(runs: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+                         path: str | Path, *, ylabel: str = "accuracy (%)",
+                         figsize: tuple[float, float] = (6.0, 4.0), dpi: int = 100) -> Path:
     """Accuracy against continued epoch, one line per ``(run name, epochs, accuracies)``, a
     marker on every point; when every run has one epoch, one bar per run with its value
     written on it (a line of one point is a dot)."""
@@ -199,9 +181,8 @@ def plot_accuracy_curves(
     return _save(fig, path, dpi)
 
 
-def loss_terms(
-    records: Sequence[Mapping[str, object]],
-) -> dict[str, tuple[list[float], list[float]]]:
+def loss_terms(records: Sequence[Mapping[str, object]]
+               ) -> dict[str, tuple[list[float], list[float]]]:
     """``term -> (steps, values)`` for every numeric key other than ``step``/``epoch``, in the
     order terms first appear. Records without ``step`` use their index."""
     terms: dict[str, tuple[list[float], list[float]]] = {}
@@ -217,15 +198,9 @@ def loss_terms(
     return terms
 
 
-def plot_loss_terms(
-    metrics: str | Path | Sequence[Mapping[str, object]],
-    path: str | Path,
-    *,
-    title: str | None = None,
-    keys: Sequence[str] | None = None,
-    figsize: tuple[float, float] | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_loss_terms(metrics: str | Path | Sequence[Mapping[str, object]], path: str | Path, *,
+                    title: str | None = None, keys: Sequence[str] | None = None,
+                    figsize: tuple[float, float] | None = None, dpi: int = 100) -> Path:
     """One small panel per logged term (their scales differ by orders of magnitude) against the
     step, from a ``metrics.jsonl`` path or its parsed records; ``keys``: only these terms, in
     this order (default: every term). Each panel is titled with what it shows

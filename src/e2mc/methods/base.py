@@ -19,14 +19,9 @@ VIEW_RECIPES = ("vicreg", "swav", "simsiam")
 
 @dataclass
 class MethodOutput:
-    """What one forward pass over a list of views returns.
-
-    ``loss``: the differentiable base loss (weighted sum of the terms).
-    ``terms``: named base-loss terms, detached, for logging (e.g. ``invariance``, ``variance``).
-    ``embeddings``: the add-on inputs for the two main views (``[n, d]`` each, not detached).
-    ``all_embeddings``: the add-on inputs for every view (MMCR uses them); defaults to
-    ``embeddings``.
-    """
+    """One forward pass: ``loss`` (differentiable), ``terms`` (named, detached, for logging),
+    ``embeddings`` (the add-on inputs of the two main views, ``[n, d]``, not detached) and
+    ``all_embeddings`` (every view's, MMCR uses them; defaults to ``embeddings``)."""
 
     loss: torch.Tensor
     terms: dict[str, torch.Tensor]

@@ -22,11 +22,8 @@ MOMENTUM_SCHEDULES = ("constant", "cosine")
 @torch.no_grad()
 def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
     """``t <- momentum * t + (1 - momentum) * s`` for every parameter (not the buffers), as the
-    official BYOL, MoCo v3 and DINO code does."""
-    t_params, s_params = list(teacher.parameters()), list(student.parameters())
-    if len(t_params) != len(s_params):
-        raise ValueError("teacher and student have different parameter lists")
-    for t, s in zip(t_params, s_params, strict=True):
+    official BYOL, MoCo v3 and DINO code does (``ValueError`` for unequal parameter lists)."""
+    for t, s in zip(teacher.parameters(), student.parameters(), strict=True):
         t.mul_(momentum).add_(s.detach().to(t.dtype), alpha=1.0 - momentum)
 
 

@@ -22,16 +22,12 @@ LOSSES = ("vicreg", "simsiam")
 
 class Generic(SSLMethod):
     """A ``backbone`` (a name for :func:`e2mc.models.build_backbone`, or a module mapping images
-    to ``[n, feature_dim]``) and a ``projector`` with a base loss.
+    to ``[n, feature_dim]``) and a ``projector`` (a module, or a size spec for VICReg's layout).
 
-    ``projector``: a module, or a size spec ``"2048-2048"`` for VICReg's MLP layout (Linear, BN,
-    ReLU per hidden layer, last Linear without bias). ``loss="vicreg"``: VICReg's loss
-    (coefficients ``sim_coeff, std_coeff, cov_coeff``), LARS preset, E2MC on the hypercube.
-    ``loss="simsiam"``: needs a ``predictor`` (a module, or its hidden width as an int for
-    SimSiam's predictor layout); SimSiam's loss, SGD preset with a fixed-lr predictor group, E2MC
-    on the hypersphere. The add-on gets the projector outputs. With a module backbone,
-    ``feature_dim`` defaults to the ``in_features`` of the projector's first ``nn.Linear``. Built
-    from names and specs only, the model is rebuilt from its checkpoint's ``hparams``.
+    ``loss="vicreg"``: VICReg's loss and LARS preset, E2MC on the hypercube. ``loss="simsiam"``:
+    needs a ``predictor`` (a module, or its hidden width for SimSiam's layout); SimSiam's loss and
+    SGD preset, E2MC on the hypersphere. The add-on gets the projector outputs. With module
+    backbone and projector, ``feature_dim`` defaults to the projector's first Linear's input.
     """
 
     name = "generic"
@@ -116,6 +112,4 @@ class Generic(SSLMethod):
             raise ValueError("unknown optimizer options: ['eta'] (an option of loss='vicreg')")
         predictor_lr = predictor_lr or self.predictor_lr or lr
         assert self.predictor is not None
-        encoder = list(self.backbone.parameters()) + list(self.projector.parameters())
-        return sgd_with_predictor_group(encoder, list(self.predictor.parameters()), lr,
-                                        weight_decay, predictor_lr, momentum)
+        return sgd_with_predictor_group(self, lr, weight_decay, predictor_lr, momentum)
