@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from e2mc.artifacts import read_jsonl
 from e2mc.diagnostics.embedding_stats import embedding_statistics, nearest_neighbor_distances
 from e2mc.diagnostics.figures import (
     choose_pair,
@@ -21,7 +22,6 @@ from e2mc.diagnostics.figures import (
     plot_marginal_pair,
     plot_nn_histograms,
     position_colors,
-    read_metrics,
 )
 from e2mc.diagnostics.report import STAT_ROWS, RunDiagnostics, write_report
 
@@ -91,7 +91,7 @@ def test_accuracy_curves_size_and_validation(tmp_path):
 
 def test_metrics_parsing_and_loss_terms_figure(tmp_path):
     metrics = _metrics(tmp_path / "metrics.jsonl")
-    records = read_metrics(metrics)
+    records = read_jsonl(metrics)
     assert len(records) == 20
     terms = loss_terms(records)
     assert list(terms) == ["loss", "e2mc/entropy", "lr"]  # not step/epoch, not booleans
@@ -103,7 +103,7 @@ def test_metrics_parsing_and_loss_terms_figure(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"step": 0, "loss": 1}\n{not json\n', encoding="utf-8")
     with pytest.raises(ValueError, match="bad.jsonl:2"):
-        read_metrics(bad)
+        read_jsonl(bad)
     with pytest.raises(ValueError, match="no numeric loss terms"):
         plot_loss_terms([{"step": 0}, {"step": 1}], tmp_path / "none.png")
 

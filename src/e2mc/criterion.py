@@ -1,17 +1,7 @@
-"""The E2MC criterion as pure tensor functions (torch only, no state, no I/O).
+"""The E2MC criterion as pure tensor functions (paper Eqs. 4-8; docs/method.md#the-criterion).
 
-Paper: "Improving Pre-trained Self-Supervised Embeddings Through Effective Entropy Maximization"
-(AISTATS 2025), Eqs. 4-8 and Algorithm 1; exact forms in docs/method.md#the-criterion.
-
-* :func:`compact_transform` maps embeddings into the unit hypercube (sigmoid) or through the
-  standard normal CDF (for methods that L2-normalise, "hypersphere").
-* :func:`m_spacings_entropy` is Vasicek's m-spacings estimate of every column's differential
-  entropy.
-* :func:`covariance_penalty` is the mean squared off-diagonal covariance.
-
-All three compute in float32 at least (float64 stays float64) with autocast disabled, because in
-fp16 the CDF saturates to exactly 1, ties give zero spacings and ``1/eps`` overflows.
-"""
+All compute in float32 at least (float64 stays float64) with autocast disabled, because in fp16
+the CDF saturates to exactly 1, ties give zero spacings and ``1/eps`` overflows."""
 
 from __future__ import annotations
 
@@ -35,9 +25,8 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
-        raise ValueError(
-            f"{what} must be 2-D [n samples, d dimensions], got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{what} must be 2-D [n samples, d dimensions], got shape "
+                         f"{tuple(x.shape)}")
     if x.device.type != "cpu":
         # the check would cost a host-device synchronisation at every call; there a non-finite
         # input gives a non-finite value, which the trainer stops or skips (NonFiniteGuard)
@@ -52,10 +41,8 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
         bad = ~finite
         columns = torch.nonzero(bad.any(dim=0)).flatten().tolist()
         shown = ", ".join(map(str, columns[:10])) + (", ..." if len(columns) > 10 else "")
-        raise ValueError(
-            f"{what} has {int(bad.sum())} non-finite values (NaN or inf) in "
-            f"{len(columns)} columns: {shown}"
-        )
+        raise ValueError(f"{what} has {int(bad.sum())} non-finite values (NaN or inf) in "
+                         f"{len(columns)} columns: {shown}")
 
 
 def compact_transform(z: torch.Tensor, space: Space) -> torch.Tensor:
@@ -106,12 +93,10 @@ def _sort_keys(x: torch.Tensor) -> torch.Tensor:
 class _SpacingsEntropy(torch.autograd.Function):
     """Per-column m-spacings entropy of ``x`` [n, d] with an analytic, memory-lean backward.
 
-    Forward sorts blocks of columns as contiguous rows of ``x^T`` (on a CPU as order-preserving
-    integer keys, :func:`_sort_keys`) and keeps only the sort
-    indices (int16 when they fit); the input is kept by reference (for the E2MC add-on it is the
-    compact transform's output, which autograd holds anyway). Backward: with ``s`` a sorted column
-    and ``g_i = (n+1)/m / ((n+1)/m (s_{i+m} - s_i) + eps) / (n - m)``, the gradient with respect
-    to ``s_k`` is ``g_{k-m} - g_k`` (a difference of two reciprocal spacings), scattered back to
+    Forward sorts blocks of columns as rows of ``x^T`` and keeps only the sort indices (int16 when
+    they fit) and ``x`` by reference (autograd holds it anyway). Backward: with ``s`` a sorted
+    column and ``g_i = (n+1)/m / ((n+1)/m (s_{i+m} - s_i) + eps) / (n - m)``, the gradient with
+    respect to ``s_k`` is ``g_{k-m} - g_k`` (a difference of two reciprocal spacings), scattered to
     the original rows with the sort indices.
     """
 
@@ -153,9 +138,7 @@ class _SpacingsEntropy(torch.autograd.Function):
         return grad_x, None, None
 
 
-def m_spacings_entropy(
-    x: torch.Tensor, m: int | None = None, eps: float = 1e-7
-) -> torch.Tensor:
+def m_spacings_entropy(x: torch.Tensor, m: int | None = None, eps: float = 1e-7) -> torch.Tensor:
     """Vasicek's m-spacings entropy estimate of every column of ``x`` [n, d] (paper Eq. 4).
 
     ``H_j = 1/(n-m) * sum_{i=1}^{n-m} log((n+1)/m * (x_(i+m),j - x_(i),j) + eps)`` with

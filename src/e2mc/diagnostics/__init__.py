@@ -1,6 +1,4 @@
-"""Embedding diagnostics: the numbers and figures that show whether E2MC did what it should
-(marginals spread to uniform, decorrelated, full rank, separated neighbourhoods) and that reveal
-collapse early. See ``docs/diagnostics.md``."""
+"""Embedding diagnostics (docs/diagnostics.md)."""
 
 from e2mc.diagnostics.embedding_stats import (
     SATURATION_TOL,
@@ -17,24 +15,10 @@ from e2mc.diagnostics.figures import (
     plot_loss_terms,
     plot_marginal_pair,
     plot_nn_histograms,
-    read_metrics,
 )
 from e2mc.diagnostics.report import RunDiagnostics, write_report
 
-__all__ = [
-    "SATURATION_TOL",
-    "EmbeddingStatistics",
-    "RunDiagnostics",
-    "auh_uniformity",
-    "effective_rank",
-    "embedding_statistics",
-    "marginal_values",
-    "nearest_neighbor_distances",
-    "nn_overlap",
-    "plot_accuracy_curves",
-    "plot_loss_terms",
-    "plot_marginal_pair",
-    "plot_nn_histograms",
-    "read_metrics",
-    "write_report",
-]
+__all__ = ["SATURATION_TOL", "EmbeddingStatistics", "RunDiagnostics", "auh_uniformity",
+           "effective_rank", "embedding_statistics", "marginal_values",
+           "nearest_neighbor_distances", "nn_overlap", "plot_accuracy_curves", "plot_loss_terms",
+           "plot_marginal_pair", "plot_nn_histograms", "write_report"]

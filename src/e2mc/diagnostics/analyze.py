@@ -1,13 +1,6 @@
-"""The ``e2mc analyze`` workflow: checkpoints in, statistics + figures + report out.
-
-The first run is *before* (e.g. the official base model), the others are *after* runs (continued,
-+E2MC, ...); every run is evaluated on the same seeded sample of images, so the paired figures
-show the same points moving.
-
-Backbone features and projector embeddings of the images come from
-:func:`e2mc.evaluation.features.features_and_embeddings` (the method itself, in eval mode, gives the
-embeddings: :class:`~e2mc.evaluation.features.BackboneAndProjector`).
-"""
+"""The ``e2mc analyze`` workflow: checkpoints in, statistics + figures + report out. The first run
+is *before*, the others *after*; all are evaluated on the same seeded sample of images, so the
+paired figures show the same points moving."""
 
 from __future__ import annotations
 
@@ -32,11 +25,10 @@ from e2mc.artifacts import (
 )
 from e2mc.checkpoints.api import recorded_image_size
 from e2mc.config import config_differences
-from e2mc.data.subsets import LabeledSubset
+from e2mc.data.subsets import LabeledSubset, dataset_labels
 from e2mc.diagnostics.embedding_stats import (
     embedding_statistics,
     marginal_values,
-    nearest_neighbor_distances,
     nearest_neighbors,
 )
 from e2mc.diagnostics.figures import (
@@ -106,6 +98,13 @@ def _unique_names(sources: Sequence[RunSource]) -> None:
             src.name = f"{src.name}-{count + 1}"
 
 
+_STARTING_WEIGHTS = "note: {}: starting weights, a plain state dict (no heads)"
+
+
+def _features_only(why: str) -> None:
+    print(f"{why}; analysing backbone features only", file=sys.stderr)
+
+
 def default_loader(trust: bool = False) -> Loader:
     """Load a full method with :func:`e2mc.checkpoints.load_checkpoint`; files that hold only a
     backbone fall back to :func:`e2mc.checkpoints.load_backbone` (features only)."""
@@ -116,8 +115,7 @@ def default_loader(trust: bool = False) -> Loader:
 
     def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
         if read_sidecar(path) is not None:  # export-backbone's file: a backbone, no method
-            print(f"note: {path}: an exported backbone; analysing backbone features only",
-                  file=sys.stderr)
+            _features_only(f"note: {path}: an exported backbone")
             backbone, _, info = load_backbone(path, trust=trust)
             return backbone, None, dict(info)
         try:
@@ -127,10 +125,8 @@ def default_loader(trust: bool = False) -> Loader:
             raise
         except ValueError as err:
             backbone, _, info = load_backbone(path, trust=trust)
-            print(f"note: {path}: starting weights, a plain state dict (no heads); analysing "
-                  "backbone features only" if info.get("format") == "backbone" else
-                  f"warning: {path}: no full method ({err}); analysing backbone features only",
-                  file=sys.stderr)
+            _features_only(_STARTING_WEIGHTS.format(path) if info.get("format") == "backbone"
+                           else f"warning: {path}: no full method ({err})")
             return backbone, None, dict(info)
 
     return load
@@ -146,8 +142,7 @@ def module_loader(module: nn.Module, trust: bool = False) -> Loader:
     def load(path: Path) -> tuple[nn.Module, nn.Module | None, dict[str, Any]]:
         backbone, dim, info = load_into_module(path, module, trust)
         if dim is None:  # the module's own state dict: your starting weights, no heads
-            print(f"note: {path}: starting weights, a plain state dict (no heads); analysing "
-                  "backbone features only", file=sys.stderr)
+            _features_only(_STARTING_WEIGHTS.format(path))
             return backbone, None, dict(info)
         method, info = method_around(path, module, trust)
         return method.backbone, method, dict(info)
@@ -190,15 +185,6 @@ def _sample(dataset: Dataset, num_samples: int | None, seed: int) -> Dataset:
         return dataset
     gen = torch.Generator().manual_seed(seed)
     return LabeledSubset(dataset, torch.randperm(n, generator=gen)[:num_samples].sort().values)
-
-
-def _sample_labels(dataset: Dataset) -> torch.Tensor | None:
-    """The class labels of the analysed images (a :func:`_sample` of a labelled data set), or
-    ``None`` where the data set has none."""
-    from e2mc.data.subsets import dataset_labels
-
-    labels = dataset_labels(dataset, required=False)
-    return None if labels is None else torch.from_numpy(labels)
 
 
 def _collapse_signals(src: RunSource, method: nn.Module | None,
@@ -272,37 +258,19 @@ def _knn_accuracy(backbone: nn.Module, train: Dataset, test: Dataset, k: int, ba
     return float(result[0].top1)
 
 
-def analyze(
-    runs: Sequence[str | Path],
-    data: str,
-    out_dir: str | Path,
-    *,
-    split: str = "test",
-    num_samples: int | None = 2048,
-    image_size: int | None = None,
-    batch_size: int = 256,
-    device: str = "cpu",
-    knn_k: int | None = None,
-    seed: int = 0,
-    accuracy_curve: bool = False,
-    accuracy_train_samples: int = 5000,
-    accuracy_knn_k: int = 20,
-    loader: Loader | None = None,
-    progress: bool = True,
-    last: bool = False,
-    names: Sequence[str] | None = None,
-) -> tuple[Path, Path]:
+def analyze(runs: Sequence[str | Path], data: str, out_dir: str | Path, *, split: str = "test",
+            num_samples: int | None = 2048, image_size: int | None = None,
+            batch_size: int = 256, device: str = "cpu", knn_k: int | None = None, seed: int = 0,
+            accuracy_curve: bool = False, accuracy_train_samples: int = 5000,
+            accuracy_knn_k: int = 20, loader: Loader | None = None, progress: bool = True,
+            last: bool = False, names: Sequence[str] | None = None) -> tuple[Path, Path]:
     """Analyse ``runs`` (first = before) on ``num_samples`` seeded images of ``data``/``split``
     and write ``out_dir/{diagnostics.json, report.html, *.png}``; return the JSON and HTML paths.
 
-    ``image_size``: the eval transform size (default: the size the first run's model was
-    trained at, as its checkpoint records; else the images' own size when at most 64 px, else
-    224). ``accuracy_curve``: kNN top-1 (``accuracy_knn_k`` neighbours, on
-    ``accuracy_train_samples`` training images) of every per-epoch checkpoint of every run.
-    A run directory stands for its kept model (``best.pt``) when it has one, for its last step
-    with ``last`` (:func:`resolve_run`). ``names``: the runs' names in the report (default:
-    their directory or file names).
-    """
+    ``image_size`` defaults to the size the first model was trained at, else the images' own
+    when at most 64 px, else 224. ``accuracy_curve``: kNN top-1 of every per-epoch checkpoint.
+    ``last``: a run directory's last step, not its kept model (:func:`resolve_run`). ``names``:
+    the runs' names in the report (default: their directory or file names)."""
     from e2mc.data import build_dataset, eval_transform
 
     if not runs:
@@ -334,7 +302,8 @@ def analyze(
                          "--image-size")
     dataset = _sample(build_dataset(data, split, eval_transform(image_size, channels)),
                       num_samples, seed)
-    labels = _sample_labels(dataset)
+    labels = dataset_labels(dataset, required=False)  # None: the data set has no labels
+    labels = None if labels is None else torch.from_numpy(labels)
     if knn_k is None:  # 100, or fewer than a class's images on a small test set
         knn_k = _default_knn_k(len(dataset), labels)  # type: ignore[arg-type]
     if len(dataset) <= knn_k:  # type: ignore[arg-type]
@@ -347,25 +316,25 @@ def analyze(
     # the feature extractions' own lines (seconds each on a CPU)
     steps = progress_bar(total=2 * len(sources) + 1, desc="analysis", unit="part",
                          disable=not progress, every=0)
+
+    def measure(x: torch.Tensor, space: str) -> tuple[Any, torch.Tensor, Any, torch.Tensor]:
+        """The statistics, marginal values, 1st/k-th NN distances and neighbours of ``x``."""
+        distances, neighbors = nearest_neighbors(x, knn_k)
+        nn_x = distances[:, 0], distances[:, -1]
+        return (embedding_statistics(x, space, k=knn_k, seed=seed, nn_distances=nn_x),
+                marginal_values(x, space), nn_x, neighbors)
+
     for src, (backbone, method, info) in zip(sources, loaded, strict=True):
         feats, embs = features_and_embeddings(backbone, method, dataset, batch_size, device,
                                               progress, desc=src.name)
         stats = {}
-        distances, neighbors = nearest_neighbors(feats, knn_k)
-        nn_f = distances[:, 0], distances[:, -1]
-        stats[FEATURES] = embedding_statistics(feats, "standardized", k=knn_k, seed=seed,
-                                               nn_distances=nn_f)
-        nn_feat[src.name] = nn_f
-        standardized[src.name] = marginal_values(feats, "standardized")
+        stats[FEATURES], standardized[src.name], nn_feat[src.name], neighbors = measure(
+            feats, "standardized")
         steps.set_postfix_str(f"{src.name}: statistics of the features done", refresh=False)
         steps.update(1)
         if embs is not None:
-            space = method.compact_space  # type: ignore[union-attr]
-            nn_e = nearest_neighbor_distances(embs, knn_k)
-            stats[EMBEDDINGS] = embedding_statistics(embs, space, k=knn_k, seed=seed,
-                                                     nn_distances=nn_e)
-            compact[src.name] = marginal_values(embs, space)
-            nn_emb[src.name] = nn_e
+            stats[EMBEDDINGS], compact[src.name], nn_emb[src.name], _ = measure(
+                embs, method.compact_space)  # type: ignore[union-attr]
         run_config = info.get("run_config")
         info = {k: v for k, v in info.items() if isinstance(v, str | int | float | bool)}
         if src.model is not None:
@@ -403,16 +372,10 @@ def analyze(
         train = _sample(build_dataset(data, "train", eval_transform(image_size, channels)),
                         accuracy_train_samples, seed)
         curves = []
-        for src in sources:
-            if not src.epoch_checkpoints:
-                continue
-            epochs, accs = [], []
-            for epoch, path in src.epoch_checkpoints:
-                backbone = load(path)[0]
-                accs.append(_knn_accuracy(backbone, train, dataset, accuracy_knn_k, batch_size,
-                                          device, progress))
-                epochs.append(epoch)
-            curves.append((src.name, epochs, accs))
+        for src in (s for s in sources if s.epoch_checkpoints):
+            accs = [_knn_accuracy(load(path)[0], train, dataset, accuracy_knn_k, batch_size,
+                                  device, progress) for _, path in src.epoch_checkpoints]
+            curves.append((src.name, [epoch for epoch, _ in src.epoch_checkpoints], accs))
         figures.append((f"kNN top-1 (k={accuracy_knn_k}, {len(train)} training images as the "
                         "bank) of each per-epoch checkpoint against continued epoch",
                         plot_accuracy_curves(curves, out / "accuracy.png",

@@ -1,40 +1,13 @@
-"""Collapse signals of a self-supervised run: is the base loss pinned at the value a collapsed
-model gets, or have the embeddings lost all but one or two directions?
-
-Two signals, both pure functions of numbers the run already has:
-
-* **loss pinned at its collapse value** (:func:`loss_signal`): the method's base term stays within
-  a tolerance of the value it takes when every image gets the same embedding, over a window of
-  logged steps:
-
-  - SwAV ``base/swav`` at ``ln K`` (``K`` prototypes): the cross-entropy against a uniform
-    prediction, whatever the Sinkhorn targets; a collapsed model predicts uniformly;
-  - VICReg ``base/variance`` at ``1 - sqrt(1e-4) = 0.99``: the hinge on the standard deviation
-    when every dimension is constant over the batch (the variance floor);
-  - SimSiam ``base/negative_cosine`` at ``-1``: the two views' predictions and projections
-    coincide, which a constant output gets for free.
-
-* **features at chance** (:func:`chance_signal`, ``e2mc analyze`` only, where the images have
-  labels): the leave-one-out kNN top-1 within the analysed images (each image's majority class
-  among its ``k`` nearest other images, cosine) is at or near chance
-  (:func:`e2mc.evaluation.sanity.near_chance`): whatever the loss and the rank say, the features
-  hold next to nothing of the labels.
-
-* **effective rank below a threshold** (:func:`rank_signal`): the effective rank
-  (:func:`e2mc.diagnostics.embedding_stats.effective_rank`) of the embeddings of a batch is below
-  ``max(min_rank, rank_fraction * dim)`` (defaults 2 and 1%): a constant output has rank 0, a
-  rank-one output 1.
-
-The training callback :class:`e2mc.training.collapse_monitor.CollapseMonitor` (``e2mc pretrain``
-/ ``e2mc continue``) checks both signals and warns once per run, naming the signal. ``e2mc
-analyze`` runs the same checks on a finished run (:func:`check_run`).
-"""
+"""Collapse signals of a run (docs/diagnostics.md): the base loss pinned at its
+collapse value (:func:`loss_signal`), an effective rank below a threshold (:func:`rank_signal`),
+features at chance (:func:`chance_signal`). Pure functions of numbers the run already has; used
+by :class:`e2mc.training.collapse_monitor.CollapseMonitor` and ``e2mc analyze``."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +31,7 @@ class CollapseSignal:
     threshold: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, "value": self.value,
-                "threshold": self.threshold}
+        return asdict(self)
 
 
 def collapse_value(method: str, hparams: Mapping[str, Any] | None = None
@@ -89,18 +61,14 @@ def loss_signal(losses: Sequence[float], target: CollapseValue, window: int
         mean, target.value)
 
 
-def rank_threshold(dim: int, min_rank: float = 2.0, rank_fraction: float = 0.01) -> float:
-    """``max(min_rank, rank_fraction * dim)``: 2 for up to 200 dimensions."""
-    return max(min_rank, rank_fraction * dim)
-
-
 def rank_signal(embeddings: torch.Tensor, min_rank: float = 2.0, rank_fraction: float = 0.01,
                 what: str = "embeddings", rank: float | None = None) -> CollapseSignal | None:
     """The rank signal when the effective rank of ``embeddings`` (``[n, d]``, ``n >= 2``) is
-    below :func:`rank_threshold`; ``rank``: that rank, where the caller has computed it."""
+    below ``max(min_rank, rank_fraction * dim)``; ``rank``: that rank, where the caller has
+    computed it."""
     if embeddings.ndim != 2 or embeddings.shape[0] < 2:
         raise ValueError(f"need [n >= 2, d] embeddings, got shape {tuple(embeddings.shape)}")
-    threshold = rank_threshold(embeddings.shape[1], min_rank, rank_fraction)
+    threshold = max(min_rank, rank_fraction * embeddings.shape[1])
     if rank is None:
         rank = effective_rank(embeddings.detach().float().cpu())
     if rank >= threshold:
@@ -123,17 +91,11 @@ def check_run(method: str, hparams: Mapping[str, Any] | None, losses: Sequence[f
     """Every signal that fires for a run: its base term's logged values (``losses``, may be
     ``None``; the loss signal needs at least ``window`` of them) and its embeddings on some
     images (may be ``None``)."""
-    signals = []
     target = collapse_value(method, hparams)
-    if target is not None and losses:
-        found = loss_signal(losses, target, window)  # None with fewer than `window` values
-        if found is not None:
-            signals.append(found)
-    if embeddings is not None and embeddings.shape[0] >= 2:
-        found = rank_signal(embeddings, min_rank, rank_fraction, "projector embeddings")
-        if found is not None:
-            signals.append(found)
-    return signals
+    signals = [loss_signal(losses, target, window) if target is not None and losses else None,
+               rank_signal(embeddings, min_rank, rank_fraction, "projector embeddings")
+               if embeddings is not None and embeddings.shape[0] >= 2 else None]
+    return [s for s in signals if s is not None]
 
 
 def leave_one_out_top1(labels: torch.Tensor, neighbors: torch.Tensor) -> float:

@@ -1,23 +1,5 @@
-"""Numbers that say whether an embedding is spread out, decorrelated and full rank.
-
-Which matrix each statistic sees (``x`` is the ``[n, d]`` input, ``c`` its *marginal values*, see
-:func:`marginal_values`):
-
-========================  =====  ======================================================
-statistic                 on     definition
-========================  =====  ======================================================
-entropy mean/std/min      ``c``  per-column m-spacings entropy (paper Eq. 4), the E2MC
-                                 objective; 0 is the maximum (uniform on ``[0, 1]``)
-abs. correlation          ``c``  off-diagonal ``|corr|`` (mean, 99th percentile)
-saturated fraction        ``c``  fraction of values within ``1e-3`` of 0 or 1
-effective rank            ``x``  ``exp`` of the Shannon entropy of the normalised singular
-                                 values of the column-centred ``x`` (Roy & Vetterli 2007)
-AUH uniformity            ``x``  ``log mean_{p<q} exp(-t ||e_p - e_q||^2)``, ``e = x/||x||``,
-                                 ``t = 2`` (Wang & Isola 2020; paper Eq. B.3); lower = more uniform
-NN overlap                ``x``  fraction of points whose k-th-NN distance is ``<=`` the
-                                 median 1st-NN distance, on ``e = x/||x||`` (cosine geometry)
-========================  =====  ======================================================
-"""
+"""Numbers that say whether an embedding is spread out, decorrelated and full rank (the table of
+what each statistic sees and means: docs/diagnostics.md)."""
 
 from __future__ import annotations
 
@@ -203,19 +185,12 @@ def nn_overlap(first: torch.Tensor, kth: torch.Tensor, atol: float = 1e-6) -> fl
     return (kth.double() <= first.double().median() + atol).double().mean().item()
 
 
-def embedding_statistics(
-    x: torch.Tensor,
-    space: str = "standardized",
-    *,
-    k: int = 100,
-    m: int | None = None,
-    eps: float = 1e-7,
-    uniformity_t: float = 2.0,
-    max_corr_dims: int = 2048,
-    seed: int = 0,
-    nn_distances: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> EmbeddingStatistics:
-    """All statistics of ``x`` ``[n, d]`` (see the module docstring for the table).
+def embedding_statistics(x: torch.Tensor, space: str = "standardized", *, k: int = 100,
+                         m: int | None = None, eps: float = 1e-7, uniformity_t: float = 2.0,
+                         max_corr_dims: int = 2048, seed: int = 0,
+                         nn_distances: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> EmbeddingStatistics:
+    """All statistics of ``x`` ``[n, d]`` (their table: docs/diagnostics.md).
 
     ``space``: how values become marginals in ``[0, 1]`` (:data:`MarginalSpace`); use the method's
     ``compact_space`` for projector embeddings and ``"standardized"`` for backbone features.

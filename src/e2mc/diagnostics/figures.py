@@ -1,18 +1,6 @@
-"""The paper's diagnostic figures as PNG files (matplotlib, Agg backend, no display needed).
-
-- :func:`plot_marginal_pair`: 2-D marginal of a random pair of compact dimensions, before and
-  after (paper Fig. 2 and A.1).
-- :func:`plot_nn_histograms`: distances to the 1st and k-th nearest neighbour (paper Fig. 3).
-- :func:`plot_accuracy_curves`: accuracy against continued epoch, one line per run (paper Fig. 4);
-  bars with the values written on them when every run has one epoch.
-- :func:`plot_loss_terms`: loss terms over training from a run's ``metrics.jsonl``.
-
-Lines with few points carry a marker on every point, a series of one point is drawn as that point
-with an axis around it, and step and epoch axes have integer ticks.
-
-Every function writes ``path`` at exactly ``figsize * dpi`` pixels (no tight bounding box) and
-returns the path.
-"""
+"""The paper's diagnostic figures as PNG files (matplotlib, Agg backend): marginal pairs (Fig. 2),
+NN-distance histograms (Fig. 3), accuracy curves (Fig. 4) and loss terms. Every function writes
+``path`` at exactly ``figsize * dpi`` pixels (no tight bounding box) and returns the path."""
 
 from __future__ import annotations
 
@@ -30,8 +18,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from e2mc.artifacts import read_jsonl  # noqa: E402
 
-#: Keys of a ``metrics.jsonl`` record that are coordinates, not loss terms.
-_COORDINATES = ("step", "epoch", "batch")  # positions, not terms
+_COORDINATES = ("step", "epoch", "batch")  # keys of a metrics record that are not terms
 #: Up to this many points a line marks each of them (a short run's few logged steps).
 FEW_POINTS = 30
 #: What a panel of :func:`plot_loss_terms` shows, under its key (``val/...``: the validation
@@ -87,11 +74,6 @@ def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
     return path
 
 
-def _grid(count: int, max_cols: int = 3) -> tuple[int, int]:
-    cols = min(count, max_cols)
-    return math.ceil(count / cols), cols
-
-
 def choose_pair(dim: int, seed: int = 0) -> tuple[int, int]:
     """A seeded random pair of distinct dimensions out of ``dim``."""
     if dim < 2:
@@ -109,17 +91,10 @@ def position_colors(points: np.ndarray) -> np.ndarray:
     return np.stack([u[:, 0], 0.35 + 0.3 * (1 - np.abs(u[:, 0] - u[:, 1])), u[:, 1]], axis=1)
 
 
-def plot_marginal_pair(
-    before: object,
-    after: Mapping[str, object],
-    path: str | Path,
-    *,
-    before_name: str = "before",
-    dims: tuple[int, int] | None = None,
-    seed: int = 0,
-    figsize: tuple[float, float] | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_marginal_pair(before: object, after: Mapping[str, object], path: str | Path, *,
+                       before_name: str = "before", dims: tuple[int, int] | None = None,
+                       seed: int = 0, figsize: tuple[float, float] | None = None,
+                       dpi: int = 100) -> Path:
     """Scatter of compact dimensions ``dims`` (default: a seeded random pair) for ``before``
     ``[n, d]`` and each ``after[name]`` ``[n, d]`` (the same images, same order), one panel each;
     every point is coloured by its position *before*, so the panels show where points moved."""
@@ -150,15 +125,9 @@ def plot_marginal_pair(
     return _save(fig, path, dpi)
 
 
-def plot_nn_histograms(
-    distances: Mapping[str, tuple[object, object]],
-    path: str | Path,
-    *,
-    k: int = 100,
-    bins: int = 60,
-    figsize: tuple[float, float] | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_nn_histograms(distances: Mapping[str, tuple[object, object]], path: str | Path, *,
+                       k: int = 100, bins: int = 60, figsize: tuple[float, float] | None = None,
+                       dpi: int = 100) -> Path:
     """Histograms of the 1st- and k-th-NN distances, one panel per run (``name -> (first,
     kth)``), with shared bins so panels compare directly; overlap means poor separability."""
     if not distances:
@@ -181,14 +150,9 @@ def plot_nn_histograms(
     return _save(fig, path, dpi)
 
 
-def plot_accuracy_curves(
-    runs: Sequence[tuple[str, Sequence[float], Sequence[float]]],
-    path: str | Path,
-    *,
-    ylabel: str = "accuracy (%)",
-    figsize: tuple[float, float] = (6.0, 4.0),
-    dpi: int = 100,
-) -> Path:
+def plot_accuracy_curves(runs: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+                         path: str | Path, *, ylabel: str = "accuracy (%)",
+                         figsize: tuple[float, float] = (6.0, 4.0), dpi: int = 100) -> Path:
     """Accuracy against continued epoch, one line per ``(run name, epochs, accuracies)``, a
     marker on every point; when every run has one epoch, one bar per run with its value
     written on it (a line of one point is a dot)."""
@@ -217,14 +181,8 @@ def plot_accuracy_curves(
     return _save(fig, path, dpi)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    """The records of a ``metrics.jsonl`` file (:func:`e2mc.artifacts.read_jsonl`)."""
-    return read_jsonl(path)
-
-
-def loss_terms(
-    records: Sequence[Mapping[str, object]],
-) -> dict[str, tuple[list[float], list[float]]]:
+def loss_terms(records: Sequence[Mapping[str, object]]
+               ) -> dict[str, tuple[list[float], list[float]]]:
     """``term -> (steps, values)`` for every numeric key other than ``step``/``epoch``, in the
     order terms first appear. Records without ``step`` use their index."""
     terms: dict[str, tuple[list[float], list[float]]] = {}
@@ -240,26 +198,21 @@ def loss_terms(
     return terms
 
 
-def plot_loss_terms(
-    metrics: str | Path | Sequence[Mapping[str, object]],
-    path: str | Path,
-    *,
-    title: str | None = None,
-    keys: Sequence[str] | None = None,
-    figsize: tuple[float, float] | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_loss_terms(metrics: str | Path | Sequence[Mapping[str, object]], path: str | Path, *,
+                    title: str | None = None, keys: Sequence[str] | None = None,
+                    figsize: tuple[float, float] | None = None, dpi: int = 100) -> Path:
     """One small panel per logged term (their scales differ by orders of magnitude) against the
     step, from a ``metrics.jsonl`` path or its parsed records; ``keys``: only these terms, in
     this order (default: every term). Each panel is titled with what it shows
     (:func:`term_title`); few points carry markers (:func:`draw_series`)."""
-    records = read_metrics(metrics) if isinstance(metrics, str | Path) else list(metrics)
+    records = read_jsonl(metrics) if isinstance(metrics, str | Path) else list(metrics)
     terms = loss_terms(records)
     if keys is not None:
         terms = {k: terms[k] for k in keys if k in terms}
     if not terms:
         raise ValueError("no numeric loss terms found in the metrics")
-    rows, cols = _grid(len(terms))
+    cols = min(len(terms), 3)
+    rows = math.ceil(len(terms) / cols)
     figsize = figsize or (3.6 * cols, 2.6 * rows + (0.4 if title else 0.0))
     fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False, layout="constrained")
     flat = axes.ravel()

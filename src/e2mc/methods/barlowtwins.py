@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from e2mc.distributed import gather_with_grad
-from e2mc.methods.base import MethodOutput, SSLMethod
+from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import barlowtwins_projector, parse_mlp_spec
-from e2mc.methods.vicreg import lars_param_groups
-from e2mc.optim import LARS
-from e2mc.ranges import Widths, above, at_least, between
+from e2mc.methods.vicreg import LARSPreset
+from e2mc.ranges import Widths, at_least
 
 
 def off_diagonal(c: torch.Tensor) -> torch.Tensor:
@@ -43,7 +42,7 @@ def barlowtwins_loss(z1: torch.Tensor, z2: torch.Tensor, bn: nn.Module, lambd: f
     return loss, {"on_diagonal": on_diag.detach(), "off_diagonal": off_diag.detach()}
 
 
-class BarlowTwins(SSLMethod):
+class BarlowTwins(LARSPreset):
     """Barlow Twins: backbone, ``projector`` (official layout ``projector.{0,1,3,4,6}`` for
     ``"8192-8192-8192"``, Linear layers without bias) and ``bn`` (``BatchNorm1d`` without affine
     parameters). The add-on gets the raw projector outputs of both views (unnormalised:
@@ -53,7 +52,6 @@ class BarlowTwins(SSLMethod):
     view_recipe = "vicreg"  # BYOL's asymmetric augmentations, which VICReg took from Barlow Twins
     compact_space = "hypercube"
     param_ranges = {"projector": Widths(), "lambd": at_least(0), "feature_dim": at_least(1)}
-    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, projector: str = "8192-8192-8192", lambd: float = 0.0051,
@@ -68,15 +66,6 @@ class BarlowTwins(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "Barlow Twins")
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
         loss, terms = barlowtwins_loss(z1, z2, self.bn, self.lambd)
         return MethodOutput(loss=loss, terms=terms, embeddings=[z1, z2])
-
-    def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
-                        momentum: float = 0.9) -> torch.optim.Optimizer:
-        """LARS (momentum 0.9, eta 0.001), biases and BN parameters excluded from weight decay
-        and adaptation. The official run gives the biases a learning rate 0.024 / 0.2 of the
-        weights'; here they share it."""
-        return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
-                    momentum=momentum, eta=eta)

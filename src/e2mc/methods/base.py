@@ -1,9 +1,4 @@
-"""The interface every SSL method implements; the trainer relies on nothing else.
-
-A method owns its backbone and heads (official layer layout, so official weights load strictly),
-its base loss, the embeddings it hands to the add-on, the name of its view recipe, and its
-optimizer preset.
-"""
+"""The interface every SSL method implements; the trainer relies on nothing else."""
 
 from __future__ import annotations
 
@@ -24,14 +19,9 @@ VIEW_RECIPES = ("vicreg", "swav", "simsiam")
 
 @dataclass
 class MethodOutput:
-    """What one forward pass over a list of views returns.
-
-    ``loss``: the differentiable base loss (weighted sum of the terms).
-    ``terms``: named base-loss terms, detached, for logging (e.g. ``invariance``, ``variance``).
-    ``embeddings``: the add-on inputs for the two main views (``[n, d]`` each, not detached).
-    ``all_embeddings``: the add-on inputs for every view (MMCR uses them); defaults to
-    ``embeddings``.
-    """
+    """One forward pass: ``loss`` (differentiable), ``terms`` (named, detached, for logging),
+    ``embeddings`` (the add-on inputs of the two main views, ``[n, d]``, not detached) and
+    ``all_embeddings`` (every view's, MMCR uses them; defaults to ``embeddings``)."""
 
     loss: torch.Tensor
     terms: dict[str, torch.Tensor]
@@ -55,14 +45,10 @@ class CollapseValue:
 
 
 class SSLMethod(nn.Module):
-    """Base class of every method (VICReg, SwAV, SimSiam, Barlow Twins, SimCLR, BYOL, MoCo v3,
-    DINO, Generic).
-
-    Subclasses set ``name``, ``view_recipe`` (the name understood by ``e2mc.data.build_views``)
-    and ``compact_space`` (the E2MC transform that suits their embeddings), hold ``backbone``
-    and ``feature_dim``, implement :meth:`forward` and :meth:`build_optimizer`, and declare
-    the ranges of their parameters (:attr:`param_ranges`, :attr:`optimizer_ranges`).
-    """
+    """Base class of every method: subclasses set ``name``, ``view_recipe`` and
+    ``compact_space`` (the E2MC transform that suits their embeddings), hold ``backbone`` (with
+    official layer names, so official weights load strictly) and ``feature_dim``, and implement
+    :meth:`forward` and :meth:`build_optimizer`."""
 
     name: str = "base"
     view_recipe: str = "vicreg"
@@ -75,16 +61,13 @@ class SSLMethod(nn.Module):
 
     collapse: CollapseValue | None = None  # the base loss on a collapsed model, if known
 
-    #: The range of every constructor parameter but the flags and the backbone's own
-    #: (``e2mc.ranges``): checked by the configuration (``method.params``) before anything is
-    #: built, and on every construction (:meth:`__init_subclass__`).
+    #: The range of every constructor parameter but the flags and the backbone's (checked by the
+    #: configuration before anything is built, and on every construction).
     param_ranges: ClassVar[dict[str, Bound]] = {}
     #: The same for :meth:`build_optimizer`'s options (``optim.params``).
     optimizer_ranges: ClassVar[dict[str, Bound]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A method's constructor and ``build_optimizer`` check their arguments against its
-        tables (:func:`e2mc.ranges.checked`; a module given for a spec is not checked)."""
         super().__init_subclass__(**kwargs)
         for name, table in (("__init__", "param_ranges"), ("build_optimizer", "optimizer_ranges")):
             if name in vars(cls):
@@ -100,7 +83,6 @@ class SSLMethod(nn.Module):
 
     def build_optimizer(self, lr: float, weight_decay: float, **kwargs: Any
                         ) -> torch.optim.Optimizer:  # pragma: no cover
-        """The method's optimizer preset with its parameter groups."""
         raise NotImplementedError
 
     # Hooks with no-op defaults; the trainer calls them every step / epoch.

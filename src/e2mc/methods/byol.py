@@ -13,9 +13,8 @@ from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import byol_mlp
-from e2mc.methods.vicreg import lars_param_groups
-from e2mc.optim import LARS
-from e2mc.ranges import OneOf, above, at_least, between
+from e2mc.methods.vicreg import LARSPreset
+from e2mc.ranges import OneOf, at_least, between
 
 
 def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor
@@ -27,14 +26,11 @@ def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Te
     return one(p1, t2) + one(p2, t1)
 
 
-class BYOL(EMAMethod):
-    """BYOL: online ``backbone``, ``projector`` and ``predictor`` (Linear, BN, ReLU, Linear;
-    4096 hidden, 256 out; ``pred_hidden_dim``: the predictor's hidden width when it differs, as
-    in some of solo-learn's runs; ``hidden_bias=False``: no bias in the Linear before the BN, as
-    lightly's heads), target ``teacher.backbone`` and ``teacher.projector`` following them
-    with EMA ``momentum`` (constant here; the official run ramps it from 0.996 to 1 by cosine
-    over the pre-training). The add-on gets the online projector outputs (before the
-    predictor; the loss normalises them: hypersphere)."""
+class BYOL(EMAMethod, LARSPreset):
+    """BYOL: online ``backbone``, ``projector`` and ``predictor`` (:func:`byol_mlp`;
+    ``pred_hidden_dim``: the predictor's hidden width when it differs, as in some of solo-learn's
+    runs), target ``teacher.backbone`` and ``teacher.projector``. The add-on gets the online
+    projector outputs (before the predictor; the loss normalises them: hypersphere)."""
 
     name = "byol"
     view_recipe = "vicreg"  # BYOL's own asymmetric augmentations
@@ -45,7 +41,6 @@ class BYOL(EMAMethod):
                     "momentum_schedule": OneOf(MOMENTUM_SCHEDULES),
                     "feature_dim": at_least(1),
                     "pred_hidden_dim": at_least(1)}  # None: hidden_dim
-    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, hidden_dim: int = 4096, dim: int = 256,
@@ -69,10 +64,3 @@ class BYOL(EMAMethod):
         (z1, z2), (p1, p2), (t1, t2) = self.online_and_target(views)
         loss = byol_loss(p1, p2, t1, t2)
         return MethodOutput(loss=loss, terms={"byol": loss.detach()}, embeddings=[z1, z2])
-
-    def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
-                        momentum: float = 0.9) -> torch.optim.Optimizer:
-        """LARS (momentum 0.9, eta 0.001) over the online network, biases and BN parameters
-        excluded from weight decay and adaptation (BYOL's recipe)."""
-        return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
-                    momentum=momentum, eta=eta)  # the teacher's parameters need no gradient

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from e2mc.models import build_backbone
@@ -38,3 +40,16 @@ def check_views(views: Any, at_least: int, method: str) -> None:
         length = len(views) if hasattr(views, "__len__") else "?"
         raise ValueError(f"{method} needs a list of at least {at_least} views, got "
                          f"{type(views).__name__} of length {length}")
+
+
+def multicrop_features(backbone: nn.Module, views: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Backbone features of all views, one backbone call per run of equal-resolution crops
+    (the official SwAV model's and DINO's ``MultiCropWrapper``)."""
+    feats, start = [], 0
+    while start < len(views):
+        end = start + 1
+        while end < len(views) and views[end].shape[-2:] == views[start].shape[-2:]:
+            end += 1
+        feats.append(backbone(torch.cat(list(views[start:end]))))
+        start = end
+    return torch.cat(feats)

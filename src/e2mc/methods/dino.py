@@ -13,7 +13,7 @@ from torch import nn
 
 from e2mc.distributed import all_reduce_sum, world_size
 from e2mc.methods.base import MethodOutput
-from e2mc.methods.common import check_views, resolve_backbone
+from e2mc.methods.common import check_views, multicrop_features, resolve_backbone
 from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
 from e2mc.methods.heads import DINOHead
 from e2mc.methods.vicreg import lars_param_groups
@@ -62,11 +62,9 @@ def updated_center(center: torch.Tensor, teacher_output: torch.Tensor,
 
 
 class DINO(EMAMethod):
-    """DINO: student ``backbone`` + ``head`` (:class:`~e2mc.methods.heads.DINOHead`, official
-    names ``head.mlp.*``, ``head.last_layer.weight_g/_v``), teacher ``teacher.backbone`` +
-    ``teacher.head`` (EMA ``momentum``, constant here; the official run ramps it from 0.996 to 1),
-    ``center`` (a buffer). ``views``: the 2 global crops first, then the local crops (the
-    ``swav`` view recipe); the teacher sees the global crops only.
+    """DINO: student ``backbone`` + ``head`` (:class:`~e2mc.methods.heads.DINOHead`), teacher
+    ``teacher.backbone`` + ``teacher.head``, ``center`` (a buffer). ``views``: the 2 global crops
+    first, then the local crops; the teacher sees the global crops only.
 
     The add-on gets the student's bottleneck outputs of the 2 global crops (the 256-d embedding
     before the L2 normalisation and the prototype layer: hypersphere); ``all_embeddings``: every
@@ -123,7 +121,6 @@ class DINO(EMAMethod):
             "freeze_last_layer": freeze_last_layer, "clip_grad": clip_grad,
             "momentum_schedule": momentum_schedule}
 
-    # ---- hooks -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """The epoch (counting the base model's) picks the teacher temperature and whether the
         prototype layer is frozen."""
@@ -133,48 +130,28 @@ class DINO(EMAMethod):
         """``clip_gradients`` (each parameter's gradient norm at most ``clip_grad``), then
         ``cancel_gradients_last_layer`` during the first ``freeze_last_layer`` epochs."""
         if self.clip_grad > 0:
-            for p in self.backbone.parameters():
-                self._clip(p)
-            for p in self.head.parameters():
-                self._clip(p)
+            for p in [*self.backbone.parameters(), *self.head.parameters()]:
+                clip_coef = None if p.grad is None else self.clip_grad / (p.grad.norm(2) + 1e-6)
+                if clip_coef is not None and clip_coef < 1:
+                    p.grad.mul_(clip_coef)
         if self.epoch < self.freeze_last_layer:
             for p in self.head.last_layer.parameters():
                 p.grad = None
-
-    def _clip(self, p: nn.Parameter) -> None:
-        if p.grad is not None:
-            clip_coef = self.clip_grad / (p.grad.norm(2) + 1e-6)
-            if clip_coef < 1:
-                p.grad.mul_(clip_coef)
-
-    # ---- forward -----------------------------------------------------------------------------
-    @staticmethod
-    def _features(backbone: nn.Module, views: Sequence[torch.Tensor]) -> torch.Tensor:
-        """MultiCropWrapper: one backbone call per run of equal-resolution crops."""
-        feats, start = [], 0
-        while start < len(views):
-            end = start + 1
-            while end < len(views) and views[end].shape[-2:] == views[start].shape[-2:]:
-                end += 1
-            feats.append(backbone(torch.cat(list(views[start:end]))))
-            start = end
-        return torch.cat(feats)
-
-    def current_teacher_temp(self) -> float:
-        return teacher_temperature(self.epoch, self.teacher_temp, self.warmup_teacher_temp,
-                                   self.warmup_teacher_temp_epochs)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "DINO")
         self.ensure_teacher()
         bs = views[0].shape[0]
-        bottleneck = self.head.bottleneck(self._features(self.backbone, views))
+        bottleneck = self.head.bottleneck(multicrop_features(self.backbone, views))
         student_output = self.head.prototypes(bottleneck)
         with torch.no_grad():
-            teacher_output = self.teacher["head"](self._features(self.teacher["backbone"],
+            teacher_output = self.teacher["head"](multicrop_features(self.teacher["backbone"],
                                                                  views[:2]))
+        teacher_temp = teacher_temperature(self.epoch, self.teacher_temp,
+                                           self.warmup_teacher_temp,
+                                           self.warmup_teacher_temp_epochs)
         loss = dino_loss(student_output, teacher_output, self.center, len(views),
-                         self.student_temp, self.current_teacher_temp())
+                         self.student_temp, teacher_temp)
         if self.training and torch.is_grad_enabled():
             self.center.copy_(updated_center(self.center, teacher_output, self.center_momentum))
         per_view = list(bottleneck.split(bs))

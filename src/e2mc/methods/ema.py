@@ -1,17 +1,8 @@
-"""Methods with an exponential-moving-average teacher (BYOL's target, MoCo v3's momentum
-encoder, DINO's teacher).
+"""Methods with an exponential-moving-average teacher (BYOL, MoCo v3, DINO).
 
-The teacher is a submodule (``teacher.<part>``) whose parameters do not require gradients, so
-it is part of ``state_dict()``: the checkpoint holds it, a resume restores it bit for bit, and the
-non-finite guard's snapshot covers it. Its parameters follow the student's after every successful
-optimizer step (:meth:`EMAMethod.after_step`); since every process applies the same update to
-the same (DDP-synchronised) student weights, the teachers of all processes stay identical.
-
-``teacher_initialized`` (a buffer) is false in a freshly built model: the first training forward
-pass copies the student into the teacher. A checkpoint that holds a teacher (the project's, the
-official DINO layout) sets it, so a model started from a backbone-only file (``--new-heads``)
-gets a teacher equal to its loaded student, and one resumed keeps its own teacher.
-"""
+The teacher is a submodule whose parameters need no gradient, so checkpoints, resumes and the
+non-finite guard's snapshot hold it. ``teacher_initialized`` (a buffer) is false in a fresh model:
+the first forward copies the student in; a checkpoint holding a teacher sets it."""
 
 from __future__ import annotations
 
@@ -28,22 +19,11 @@ from e2mc.methods.base import SSLMethod
 MOMENTUM_SCHEDULES = ("constant", "cosine")
 
 
-def frozen_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` whose parameters do not require gradients."""
-    twin = copy.deepcopy(module)
-    for p in twin.parameters():
-        p.requires_grad_(False)
-    return twin
-
-
 @torch.no_grad()
 def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
     """``t <- momentum * t + (1 - momentum) * s`` for every parameter (not the buffers), as the
-    official BYOL, MoCo v3 and DINO code does."""
-    t_params, s_params = list(teacher.parameters()), list(student.parameters())
-    if len(t_params) != len(s_params):
-        raise ValueError("teacher and student have different parameter lists")
-    for t, s in zip(t_params, s_params, strict=True):
+    official BYOL, MoCo v3 and DINO code does (``ValueError`` for unequal parameter lists)."""
+    for t, s in zip(teacher.parameters(), student.parameters(), strict=True):
         t.mul_(momentum).add_(s.detach().to(t.dtype), alpha=1.0 - momentum)
 
 
@@ -68,7 +48,7 @@ class EMAMethod(SSLMethod):
                              f"got {schedule!r}")
         self.momentum, self.momentum_schedule = float(momentum), schedule
         self._run: tuple[int, int] | None = None
-        self.teacher = nn.ModuleDict({name: frozen_copy(getattr(self, name))
+        self.teacher = nn.ModuleDict({name: copy.deepcopy(getattr(self, name)).requires_grad_(False)
                                       for name in self.student_parts})
         self.register_buffer("teacher_initialized", torch.tensor(False))
 

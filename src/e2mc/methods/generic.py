@@ -1,9 +1,5 @@
-"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss.
-
-Built by name (``build_method("generic", backbone="timm:resnet18", projector="512-512")``, or
-``method.name: generic`` in a config) it is saved and rebuilt like the other methods, so every
-subcommand (``eval``, ``analyze``, ``export-backbone``) accepts its runs; built around modules
-it is rebuilt in code."""
+"""``Generic``: any encoder and projector a user brings, trained with VICReg's or SimSiam's loss;
+built by name it is saved and rebuilt like the other methods, built around modules, in code."""
 
 from __future__ import annotations
 
@@ -24,25 +20,14 @@ from e2mc.ranges import OneOf, Widths, above, at_least, between
 LOSSES = ("vicreg", "simsiam")
 
 
-def _first_linear_in_features(module: nn.Module) -> int | None:
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            return m.in_features
-    return None
-
-
 class Generic(SSLMethod):
     """A ``backbone`` (a name for :func:`e2mc.models.build_backbone`, or a module mapping images
-    to ``[n, feature_dim]``) and a ``projector`` with a base loss.
+    to ``[n, feature_dim]``) and a ``projector`` (a module, or a size spec for VICReg's layout).
 
-    ``projector``: a module, or a size spec ``"2048-2048"`` for VICReg's MLP layout (Linear, BN,
-    ReLU per hidden layer, last Linear without bias). ``loss="vicreg"``: VICReg's loss
-    (coefficients ``sim_coeff, std_coeff, cov_coeff``), LARS preset, E2MC on the hypercube.
-    ``loss="simsiam"``: needs a ``predictor`` (a module, or its hidden width as an int for
-    SimSiam's predictor layout); SimSiam's loss, SGD preset with a fixed-lr predictor group, E2MC
-    on the hypersphere. The add-on gets the projector outputs. With a module backbone,
-    ``feature_dim`` defaults to the ``in_features`` of the projector's first ``nn.Linear``. Built
-    from names and specs only, the model is rebuilt from its checkpoint's ``hparams``.
+    ``loss="vicreg"``: VICReg's loss and LARS preset, E2MC on the hypercube. ``loss="simsiam"``:
+    needs a ``predictor`` (a module, or its hidden width for SimSiam's layout); SimSiam's loss and
+    SGD preset, E2MC on the hypersphere. The add-on gets the projector outputs. With module
+    backbone and projector, ``feature_dim`` defaults to the projector's first Linear's input.
     """
 
     name = "generic"
@@ -69,7 +54,8 @@ class Generic(SSLMethod):
             raise ValueError("a predictor is only used with loss='simsiam'")
         if feature_dim is None and isinstance(backbone, nn.Module) \
                 and isinstance(projector, nn.Module):
-            feature_dim = _first_linear_in_features(projector)
+            feature_dim = next((m.in_features for m in projector.modules()
+                                if isinstance(m, nn.Linear)), None)
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         spec_hparams: dict[str, Any] = {}
@@ -102,8 +88,7 @@ class Generic(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "Generic")
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
         if self.loss_name == "vicreg":
             loss, terms = vicreg_loss(z1, z2, *self.coeffs)
         else:
@@ -127,6 +112,4 @@ class Generic(SSLMethod):
             raise ValueError("unknown optimizer options: ['eta'] (an option of loss='vicreg')")
         predictor_lr = predictor_lr or self.predictor_lr or lr
         assert self.predictor is not None
-        encoder = list(self.backbone.parameters()) + list(self.projector.parameters())
-        return sgd_with_predictor_group(encoder, list(self.predictor.parameters()), lr,
-                                        weight_decay, predictor_lr, momentum)
+        return sgd_with_predictor_group(self, lr, weight_decay, predictor_lr, momentum)

@@ -17,82 +17,60 @@ def parse_mlp_spec(spec: str) -> list[int]:
     return sizes
 
 
-def _spec_mlp(in_dim: int, spec: str, hidden_bias: bool) -> nn.Sequential:
-    """(Linear, BatchNorm1d, ReLU) per hidden layer of ``spec``, then a Linear without bias:
-    ``"8192-8192-8192"`` gives indices 0,1,3,4,6."""
-    sizes = [in_dim, *parse_mlp_spec(spec)]
+def mlp(sizes: list[int], hidden_bias: bool = True, last_bias: bool = False,
+        last_bn: bool = False) -> nn.Sequential:
+    """(Linear, BatchNorm1d, ReLU) per hidden width of ``sizes``, then the last Linear and, with
+    ``last_bn``, ``BatchNorm1d(affine=False)``: ``[2048, 8192, 8192, 8192]`` gives 0,1,3,4,6."""
     layers: list[nn.Module] = []
-    for i in range(len(sizes) - 2):
-        layers += [nn.Linear(sizes[i], sizes[i + 1], bias=hidden_bias),
-                   nn.BatchNorm1d(sizes[i + 1]), nn.ReLU(inplace=True)]
-    layers.append(nn.Linear(sizes[-2], sizes[-1], bias=False))
+    for a, b in zip(sizes[:-2], sizes[1:-1], strict=True):
+        layers += [nn.Linear(a, b, bias=hidden_bias), nn.BatchNorm1d(b), nn.ReLU(inplace=True)]
+    layers.append(nn.Linear(sizes[-2], sizes[-1], bias=last_bias))
+    if last_bn:
+        layers.append(nn.BatchNorm1d(sizes[-1], affine=False))
     return nn.Sequential(*layers)
 
 
-def _two_layer_mlp(in_dim: int, hidden_dim: int, out_dim: int,
-                   hidden_bias: bool = True) -> nn.Sequential:
-    """Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
-    return nn.Sequential(nn.Linear(in_dim, hidden_dim, bias=hidden_bias),
-                         nn.BatchNorm1d(hidden_dim), nn.ReLU(inplace=True),
-                         nn.Linear(hidden_dim, out_dim))
-
-
 def vicreg_projector(in_dim: int, spec: str) -> nn.Sequential:
-    """VICReg's ``Projector``: (Linear+bias, BatchNorm1d, ReLU) per hidden layer, then a Linear
-    without bias. ``"8192-8192-8192"`` on 2048-d features gives indices 0,1,3,4,6."""
-    return _spec_mlp(in_dim, spec, hidden_bias=True)
+    """VICReg's ``Projector``: hidden Linear layers with bias, the last without."""
+    return mlp([in_dim, *parse_mlp_spec(spec)])
+
+
+def barlowtwins_projector(in_dim: int, spec: str) -> nn.Sequential:
+    """Barlow Twins' ``projector``: every Linear without bias."""
+    return mlp([in_dim, *parse_mlp_spec(spec)], hidden_bias=False)
 
 
 def swav_projection_head(in_dim: int, hidden_dim: int, output_dim: int) -> nn.Sequential:
     """SwAV's ``projection_head``: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
-    return _two_layer_mlp(in_dim, hidden_dim, output_dim)
+    return mlp([in_dim, hidden_dim, output_dim], last_bias=True)
 
 
 def simsiam_projector(in_dim: int, dim: int) -> nn.Sequential:
-    """SimSiam's projector (``encoder.fc``): two (Linear no bias, BN, ReLU) layers of width
-    ``in_dim``, a Linear ``in_dim -> dim`` whose bias is frozen (the official "hack": it is
-    followed by BN), and ``BatchNorm1d(dim, affine=False)``; indices 0,1,3,4,6,7."""
-    head = nn.Sequential(
-        nn.Linear(in_dim, in_dim, bias=False), nn.BatchNorm1d(in_dim), nn.ReLU(inplace=True),
-        nn.Linear(in_dim, in_dim, bias=False), nn.BatchNorm1d(in_dim), nn.ReLU(inplace=True),
-        nn.Linear(in_dim, dim), nn.BatchNorm1d(dim, affine=False))
+    """SimSiam's projector (``encoder.fc``): two hidden layers of width ``in_dim`` without bias,
+    a Linear whose bias is frozen (the official "hack": it is followed by BN), and
+    ``BatchNorm1d(dim, affine=False)``; indices 0,1,3,4,6,7."""
+    head = mlp([in_dim, in_dim, in_dim, dim], hidden_bias=False, last_bias=True, last_bn=True)
     head[6].bias.requires_grad_(False)
     return head
 
 
 def simsiam_predictor(dim: int, pred_dim: int) -> nn.Sequential:
     """SimSiam's predictor: Linear no bias, BN, ReLU, Linear (indices 0,1,3)."""
-    return _two_layer_mlp(dim, pred_dim, dim, hidden_bias=False)
-
-
-def barlowtwins_projector(in_dim: int, spec: str) -> nn.Sequential:
-    """Barlow Twins' ``projector``: (Linear without bias, BatchNorm1d, ReLU) per hidden layer,
-    then a Linear without bias; ``"8192-8192-8192"`` gives indices 0,1,3,4,6."""
-    return _spec_mlp(in_dim, spec, hidden_bias=False)
+    return mlp([dim, pred_dim, dim], hidden_bias=False, last_bias=True)
 
 
 def byol_mlp(in_dim: int, hidden_dim: int, out_dim: int, hidden_bias: bool = True
              ) -> nn.Sequential:
-    """BYOL's projector and predictor MLP: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3);
+    """BYOL's projector and predictor: Linear, BN, ReLU, Linear (indices 0,1,3);
     ``hidden_bias=False``: the first Linear without bias (lightly's ``BYOLProjectionHead``)."""
-    return _two_layer_mlp(in_dim, hidden_dim, out_dim, hidden_bias)
+    return mlp([in_dim, hidden_dim, out_dim], hidden_bias, last_bias=True)
 
 
 def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int,
              last_bn: bool = True) -> nn.Sequential:
-    """MoCo v3's ``_build_mlp``: (Linear without bias, BN, ReLU) per hidden layer, a last Linear
-    without bias, then ``BatchNorm1d(out_dim, affine=False)`` when ``last_bn`` ("following
-    SimCLR's design"). Also SimCLR's projection head here (2 layers)."""
-    layers: list[nn.Module] = []
-    for i in range(num_layers):
-        d1 = in_dim if i == 0 else mlp_dim
-        d2 = out_dim if i == num_layers - 1 else mlp_dim
-        layers.append(nn.Linear(d1, d2, bias=False))
-        if i < num_layers - 1:
-            layers += [nn.BatchNorm1d(d2), nn.ReLU(inplace=True)]
-        elif last_bn:
-            layers.append(nn.BatchNorm1d(d2, affine=False))
-    return nn.Sequential(*layers)
+    """MoCo v3's ``_build_mlp`` (also SimCLR's head here, 2 layers): every Linear without bias,
+    ``BatchNorm1d(out_dim, affine=False)`` last when ``last_bn``."""
+    return mlp([in_dim, *[mlp_dim] * (num_layers - 1), out_dim], False, last_bn=last_bn)
 
 
 class WeightNormLinear(nn.Module):
@@ -124,21 +102,11 @@ class DINOHead(nn.Module):
                  norm_last_layer: bool = True, nlayers: int = 3, hidden_dim: int = 2048,
                  bottleneck_dim: int = 256) -> None:
         super().__init__()
-        nlayers = max(nlayers, 1)
-        layers: list[nn.Module]
-        if nlayers == 1:
-            layers = [nn.Linear(in_dim, bottleneck_dim)]
-        else:
-            layers = [nn.Linear(in_dim, hidden_dim)]
-            if use_bn:
-                layers.append(nn.BatchNorm1d(hidden_dim))
-            layers.append(nn.GELU())
-            for _ in range(nlayers - 2):
-                layers.append(nn.Linear(hidden_dim, hidden_dim))
-                if use_bn:
-                    layers.append(nn.BatchNorm1d(hidden_dim))
-                layers.append(nn.GELU())
-            layers.append(nn.Linear(hidden_dim, bottleneck_dim))
+        widths = [in_dim, *[hidden_dim] * (max(nlayers, 1) - 1), bottleneck_dim]
+        layers: list[nn.Module] = []
+        for a, b in zip(widths[:-2], widths[1:-1], strict=True):
+            layers += [nn.Linear(a, b), *([nn.BatchNorm1d(b)] if use_bn else []), nn.GELU()]
+        layers.append(nn.Linear(widths[-2], widths[-1]))
         self.mlp = nn.Sequential(*layers)
         for m in self.mlp.modules():
             if isinstance(m, nn.Linear):

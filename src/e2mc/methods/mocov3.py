@@ -49,14 +49,10 @@ def freeze_patch_embedding(backbone: nn.Module) -> None:
 
 class MoCoV3(EMAMethod):
     """MoCo v3: base encoder (``backbone`` + ``projector``), ``predictor``, and the momentum
-    encoder ``teacher.backbone`` + ``teacher.projector`` (EMA ``momentum``, constant here; the
-    official runs ramp it from 0.99 to 1 by cosine). ``projector_layers`` 2 and
+    encoder ``teacher.backbone`` + ``teacher.projector``. ``projector_layers`` 2 and
     ``predictor_last_bn`` false for ResNets, 3 and true for ViTs (the official ``MoCo_ResNet`` and
     ``MoCo_ViT``). Loss ``ctr(q1, k2) + ctr(q2, k1)``. The add-on gets the base encoder's
-    projector outputs (before the predictor; the loss normalises them: hypersphere).
-    ``frozen_patch_embedding`` (a ViT backbone only) keeps the patch projection and the position
-    embedding as they are, as the official ViTs do (``stop_grad_conv1``, a fixed 2-D sin-cos
-    position embedding): the optimizer does not get them."""
+    projector outputs (hypersphere). ``frozen_patch_embedding``: :func:`freeze_patch_embedding`."""
 
     name = "mocov3"
     view_recipe = "vicreg"  # BYOL's asymmetric augmentations, as the official runs

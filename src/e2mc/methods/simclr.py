@@ -10,12 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from e2mc.distributed import gather_with_grad, rank
-from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
+from e2mc.methods.base import CollapseValue, MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import moco_mlp
-from e2mc.methods.vicreg import lars_param_groups
-from e2mc.optim import LARS
-from e2mc.ranges import above, at_least, between
+from e2mc.methods.vicreg import LARSPreset
+from e2mc.ranges import above, at_least
 
 
 def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
@@ -43,7 +42,7 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -
     return (losses[0] + losses[1]) / 2
 
 
-class SimCLR(SSLMethod):
+class SimCLR(LARSPreset):
     """SimCLR: backbone and ``projector`` (Linear without bias, BN, ReLU, Linear without bias,
     ``BatchNorm1d`` without affine: the 2-layer head with BN of SimCLR v2's code, as MoCo v3
     builds it). The add-on gets the projector outputs before the loss's L2 normalisation
@@ -54,7 +53,6 @@ class SimCLR(SSLMethod):
     compact_space = "hypersphere"
     param_ranges = {"hidden_dim": at_least(1),  # None: the backbone's feature size
                     "dim": at_least(1), "temperature": above(0), "feature_dim": at_least(1)}
-    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     @classmethod
     def collapse_value(cls, hparams: Any = None) -> CollapseValue | None:
@@ -74,14 +72,6 @@ class SimCLR(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimCLR")
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
         loss = nt_xent_loss(z1, z2, self.temperature)
         return MethodOutput(loss=loss, terms={"nt_xent": loss.detach()}, embeddings=[z1, z2])
-
-    def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
-                        momentum: float = 0.9) -> torch.optim.Optimizer:
-        """LARS (momentum 0.9, eta 0.001), biases and BN parameters excluded from weight decay
-        and adaptation (SimCLR's ImageNet recipe)."""
-        return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
-                    momentum=momentum, eta=eta)

@@ -23,15 +23,14 @@ def simsiam_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch
              + F.cosine_similarity(p2.float(), z1.detach().float(), dim=1).mean()) * 0.5
 
 
-def sgd_with_predictor_group(encoder_params: list[nn.Parameter],
-                             predictor_params: list[nn.Parameter], lr: float,
-                             weight_decay: float, predictor_lr: float, momentum: float
-                             ) -> torch.optim.SGD:
-    """SimSiam's SGD: groups ``[encoder (fix_lr False), predictor (fix_lr True)]``; a
-    scheduler must leave groups with ``fix_lr=True`` at their own learning rate."""
+def sgd_with_predictor_group(method: nn.Module, lr: float, weight_decay: float,
+                             predictor_lr: float, momentum: float) -> torch.optim.SGD:
+    """SimSiam's SGD: groups ``[backbone + projector (fix_lr False), predictor (fix_lr True)]``;
+    a scheduler must leave groups with ``fix_lr=True`` at their own learning rate."""
+    encoder = [*method.backbone.parameters(), *method.projector.parameters()]
     return torch.optim.SGD(
-        [{"params": encoder_params, "fix_lr": False, "lr": lr},
-         {"params": predictor_params, "fix_lr": True, "lr": predictor_lr}],
+        [{"params": encoder, "fix_lr": False, "lr": lr},
+         {"params": list(method.predictor.parameters()), "fix_lr": True, "lr": predictor_lr}],
         lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
@@ -64,8 +63,7 @@ class SimSiam(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimSiam")
-        z1 = self.projector(self.backbone(views[0]))
-        z2 = self.projector(self.backbone(views[1]))
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
         p1, p2 = self.predictor(z1), self.predictor(z2)
         loss = simsiam_loss(p1, p2, z1, z2)
         return MethodOutput(loss=loss, terms={"negative_cosine": loss.detach()},
@@ -77,6 +75,4 @@ class SimSiam(SSLMethod):
         else the constructor's, else ``lr``) and ``fix_lr=True``."""
         if predictor_lr is None:
             predictor_lr = self.predictor_lr if self.predictor_lr is not None else lr
-        encoder = list(self.backbone.parameters()) + list(self.projector.parameters())
-        return sgd_with_predictor_group(encoder, list(self.predictor.parameters()), lr,
-                                        weight_decay, predictor_lr, momentum)
+        return sgd_with_predictor_group(self, lr, weight_decay, predictor_lr, momentum)

@@ -12,7 +12,7 @@ from torch import nn
 
 from e2mc.distributed import all_reduce_sum, world_size
 from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
-from e2mc.methods.common import check_views, resolve_backbone
+from e2mc.methods.common import check_views, multicrop_features, resolve_backbone
 from e2mc.methods.heads import swav_projection_head
 from e2mc.optim import LARC, LARC_TRUST
 from e2mc.ranges import Each, IndicesOf, above, at_least, between
@@ -97,7 +97,6 @@ class SwAV(SSLMethod):
             "queue_start_epoch": queue_start_epoch, "crops_for_assign": list(self.crops_for_assign),
             "n_crops": list(self.n_crops)}
 
-    # ---- hooks -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Create the queue (length ``queue_length // world_size`` on this process) at
         ``queue_start_epoch``; every epoch starts with ``use_the_queue = False`` (it turns on
@@ -138,18 +137,6 @@ class SwAV(SSLMethod):
         self.queue = queue
         self.use_the_queue = bool(state.get("use_the_queue", False))
 
-    # ---- forward -----------------------------------------------------------------------------
-    def forward_features(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Backbone features of all views, one backbone call per run of equal resolutions."""
-        feats, start = [], 0
-        while start < len(views):
-            end = start + 1
-            while end < len(views) and views[end].shape[-2:] == views[start].shape[-2:]:
-                end += 1
-            feats.append(self.backbone(torch.cat(list(views[start:end]))))
-            start = end
-        return torch.cat(feats)
-
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SwAV")
         n_views = len(views)
@@ -157,7 +144,7 @@ class SwAV(SSLMethod):
             raise ValueError(f"crops_for_assign {self.crops_for_assign} needs more than "
                              f"{n_views} views")
         bs = views[0].shape[0]
-        projections = self.projection_head(self.forward_features(views))
+        projections = self.projection_head(multicrop_features(self.backbone, views))
         z = F.normalize(projections, dim=1, p=2)
         output = self.prototypes(z)
         embedding = z.detach()

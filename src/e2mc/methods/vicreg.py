@@ -63,7 +63,21 @@ def lars_param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, 
     ]
 
 
-class VICReg(SSLMethod):
+class LARSPreset(SSLMethod):
+    """A method whose optimizer preset is LARS (momentum 0.9, eta 0.001) with the 1-D parameters
+    (biases, norms) excluded from weight decay and adaptation: VICReg's, and the recipe of Barlow
+    Twins (whose official biases take 0.024 / 0.2 of the weights' learning rate; here they share
+    it), BYOL and SimCLR."""
+
+    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
+
+    def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
+                        momentum: float = 0.9) -> torch.optim.Optimizer:
+        return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
+                    momentum=momentum, eta=eta)  # an EMA teacher's parameters need no gradient
+
+
+class VICReg(LARSPreset):
     """VICReg: backbone + projector (official layout ``projector.{0,1,3,4,6}`` for
     ``"8192-8192-8192"``); the add-on gets the raw projector outputs of both views."""
 
@@ -75,7 +89,6 @@ class VICReg(SSLMethod):
                              "constant over the batch)")
     param_ranges = {"projector": Widths(), "sim_coeff": at_least(0), "std_coeff": at_least(0),
                     "cov_coeff": at_least(0), "feature_dim": at_least(1)}
-    optimizer_ranges = {"eta": above(0), "momentum": between(0, 1, high_open=True)}
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, projector: str = "8192-8192-8192",
@@ -92,13 +105,6 @@ class VICReg(SSLMethod):
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "VICReg")
-        x = self.projector(self.backbone(views[0]))
-        y = self.projector(self.backbone(views[1]))
+        x, y = (self.projector(self.backbone(v)) for v in views[:2])
         loss, terms = vicreg_loss(x, y, self.sim_coeff, self.std_coeff, self.cov_coeff)
         return MethodOutput(loss=loss, terms=terms, embeddings=[x, y])
-
-    def build_optimizer(self, lr: float, weight_decay: float, eta: float = 0.001,
-                        momentum: float = 0.9) -> torch.optim.Optimizer:
-        """LARS, eta 0.001, momentum 0.9, 1-D parameters excluded from wd and adaptation."""
-        return LARS(lars_param_groups(self, weight_decay), lr=lr, weight_decay=weight_decay,
-                    momentum=momentum, eta=eta)
