@@ -1,13 +1,5 @@
-"""Frozen-backbone feature extraction and an on-disk feature cache.
-
-Every protocol that keeps the backbone frozen (linear probe, kNN, SVM) trains on pooled
-features, so they are extracted once per (checkpoint, data, transform) and reused: training a
-probe many times (fractions x seeds) then costs seconds instead of forward passes.
-
-:func:`extract_features` is the one extraction loop of the package; a method's backbone
-features together with its projector embeddings (``e2mc analyze``, the validation monitor) go
-through it wrapped as :class:`BackboneAndProjector` (:func:`features_and_embeddings`).
-"""
+"""Frozen-backbone feature extraction (:func:`extract_features`, the package's one extraction
+loop) and the on-disk :class:`FeatureCache` the frozen protocols share."""
 
 from __future__ import annotations
 
@@ -48,22 +40,10 @@ def extract_features(
     shard: bool = True,
     desc: str = "features",
 ) -> tuple[Any, np.ndarray]:
-    """Return ``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone``; a
-    ``backbone`` that returns a tuple of ``[B, D_i]`` tensors (:class:`BackboneAndProjector`)
-    gives a tuple of arrays, one per output.
-
-    The backbone runs in eval mode (BatchNorm uses its running statistics, as in every linear
-    evaluation protocol) under ``torch.no_grad``; its previous train/eval mode is restored.
-    Labels are whatever the dataset yields per item, stacked (class indices ``[N]`` or
-    multi-label indicator rows ``[N, C]``).
-
-    ``num_workers`` None: :func:`default_num_workers` (0 for a data set of one batch).
-    ``autocast`` None: bfloat16 autocast on an accelerator, float32 on the CPU (``True`` forces
-    it on the CPU too); features are returned as float32 either way. Inside a
-    ``torch.distributed`` process group (``torchrun``) with ``shard``, rank ``r`` of ``W``
-    extracts the ``r``-th contiguous block of ``ceil(N / W)`` items and the blocks are
-    all-gathered in rank order, so every rank returns the features of the whole data set.
-    """
+    """``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone`` in eval mode
+    (restored after); a backbone returning a tuple of ``[B, D_i]`` gives a tuple of arrays.
+    ``autocast`` None: bf16 on an accelerator only. Under ``torchrun`` with ``shard`` each rank
+    extracts a contiguous block and every rank returns the whole, all-gathered."""
     from e2mc.distributed import is_distributed, rank, world_size
     from e2mc.progress import progress_bar
 
@@ -128,10 +108,8 @@ def extract_features(
 
 
 def _array_batches(dataset: Dataset, batch_size: int) -> Any:
-    """An in-memory image array (:class:`~e2mc.data.datasets.ArrayDataset`, or a subset of
-    one) transformed a batch at a time, the same tensors as a DataLoader of its items without
-    a PIL image each (the per-image path was the slowest part of extracting the shipped
-    subset's features); None for any other data set."""
+    """Batches of an in-memory :class:`~e2mc.data.datasets.ArrayDataset` (or a subset of one),
+    the same tensors as a DataLoader without a PIL image each; None for other data sets."""
     from e2mc.data.datasets import ArrayDataset
 
     dataset, indices = subset_parts(dataset)
@@ -141,12 +119,9 @@ def _array_batches(dataset: Dataset, batch_size: int) -> Any:
 
 
 def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
-    """What :func:`extract_features` runs: on a CPU, a convolutional backbone's copy in
-    channels-last layout (oneDNN's convolutions run it 1.5-2x faster there; the features agree
-    with the contiguous layout's to about 1e-8), else ``backbone`` itself. The backbone is
-    never converted in place: a model in training keeps its layout, and so its steps and its
-    checkpoint. A :class:`BackboneAndProjector` (its forward hook) and a module that cannot be
-    copied run as they are."""
+    """On a CPU, a channels-last copy of a convolutional backbone (1.5-2x faster, features equal
+    to ~1e-8), else ``backbone`` itself. Never converted in place: a model in training keeps
+    its layout, steps and checkpoint."""
     if device.type != "cpu" or isinstance(backbone, BackboneAndProjector) or \
             not any(isinstance(m, nn.Conv2d) for m in backbone.modules()):
         return backbone
@@ -160,14 +135,9 @@ def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
 
 class BackboneAndProjector(nn.Module):
     """A method as a feature extractor: ``forward(images) -> (backbone features [B, F],
-    projector embeddings [B, D])``, for :func:`extract_features`.
-
-    A method need not expose its projector alone, so the embeddings are the method's own,
-    called on two views: the batch's first and second half (padded to an even size of at least
-    4 by repeating images; in eval mode BatchNorm uses its running statistics, so an image's
-    vectors do not depend on its batch). Every image passes the backbone once: its features are
-    the backbone's output inside the method's forward (captured by a forward hook), or those of
-    one more backbone call when the method does not call its backbone once per view."""
+    projector embeddings [B, D])``. The method runs on two views, the batch's halves (padded
+    by repeating images; eval-mode BatchNorm makes an image's vectors batch-independent); its
+    backbone's outputs are captured by a forward hook."""
 
     def __init__(self, backbone: nn.Module, method: nn.Module) -> None:
         super().__init__()
@@ -197,11 +167,8 @@ def features_and_embeddings(
     progress: bool = True,
     desc: str = "features",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
-    ``[N, D]`` of every image of ``dataset``, in order, as float32 tensors:
-    :func:`extract_features` of ``backbone`` or of :class:`BackboneAndProjector`, in this
-    process, without loader workers or autocast. Train/eval modes and devices of the modules
-    are restored afterwards."""
+    """Backbone features ``[N, F]`` and (with ``method``) projector embeddings ``[N, D]`` as
+    float32 tensors, in this process without workers or autocast; modes and devices restored."""
     modules = [m for m in (backbone, method) if m is not None]
     states = [(m, m.training, next(m.parameters(), torch.empty(0)).device) for m in modules]
     model = backbone if method is None else BackboneAndProjector(backbone, method)
@@ -265,11 +232,9 @@ def data_id(train_spec: str, test_spec: str | None = None, image_size: int | Non
 
 def dataset_fingerprint(dataset: Dataset, data_id: str,
                         content: str | None = None) -> dict[str, Any]:
-    """What identifies a data set for caching: the caller's ``data_id`` (spec and split), its
-    size, the ``repr`` of its transform, a hash of its first and last items as they come out of
-    the transform, and the ``content`` hash of every image and label
-    (:func:`e2mc.data.identity.content_digest`, unless the caller computed it already;
-    docs/evaluation.md has what it costs)."""
+    """A data set's cache identity: ``data_id``, size, transform ``repr``, a hash of its first
+    and last transformed items and the ``content`` digest of every image and label
+    (:func:`e2mc.data.identity.content_digest` unless given)."""
     n = len(dataset)  # type: ignore[arg-type]
     h = hashlib.sha256()
     for idx in sorted({0, n - 1}) if n else []:
@@ -305,24 +270,12 @@ def _keyed(identity: dict[str, Any]) -> dict[str, Any]:
 
 
 class FeatureCache:
-    """Features on disk under ``root``, one ``.npz`` per (model, data, split, transform) key.
-
-    The model is identified by the SHA-256 of its checkpoint file when ``checkpoint`` is given
-    (plus its architecture signature), else by :func:`state_dict_digest`; so a changed
-    checkpoint gives a new key and the old features are never reused for it. The data are
-    identified by :func:`dataset_fingerprint` (the caller's id with the split, size, transform
-    and the content of every image and label), and the extraction precision (bf16 autocast or
-    not) is part of the key. Writes are atomic (temporary file + rename). A stored entry is used
-    only if it reads back whole (the zip CRC of every array is checked), its stored identity
-    equals the key's and its shapes match the data set; anything else (a truncated or corrupt
-    file, an older format) is stale: it is removed and the features are extracted again. A cache
-    directory that cannot be written (read-only, full) does not stop the caller: one
-    ``warning:`` line on stderr, and the features are returned unstored.
-
-    Under ``torchrun`` every rank calls :meth:`get_or_extract`; the entry is used only if every
-    rank can read it, extraction is sharded across the ranks (:func:`extract_features`) and rank
-    0 writes the entry.
-    """
+    """Features on disk under ``root``, one ``.npz`` per key: the model (checkpoint SHA-256 plus
+    architecture, else :func:`state_dict_digest`), the data (:func:`dataset_fingerprint`) and
+    the precision. Writes are atomic; an entry is used only if it reads back whole with the
+    key's identity and shapes, else it is removed and extracted again. An unwritable cache
+    warns once on stderr and the features are returned unstored. Under ``torchrun`` an entry is
+    used only if every rank reads it, and rank 0 writes it."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -335,8 +288,7 @@ class FeatureCache:
             checkpoint: str | os.PathLike[str] | None = None,
             precision: str = "float32", content: str | None = None
             ) -> tuple[str, dict[str, Any]]:
-        """The cache key (hex) and the identity it was computed from (``content``: the data
-        set's :func:`~e2mc.data.identity.content_digest`, when the caller has it)."""
+        """The cache key (hex) and the identity it was computed from."""
         model_id = (f"file:{files.sha256_file(checkpoint)}:{model_signature(backbone)}"
                     if checkpoint is not None else f"state:{state_dict_digest(backbone)}")
         identity = {"format": CACHE_FORMAT, "model": model_id, "precision": precision,
@@ -348,8 +300,7 @@ class FeatureCache:
         return self.root / f"{key}.npz"
 
     def load(self, key: str, identity: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The stored ``(features, labels)`` of ``key`` if the entry is present and valid, else
-        None (a stale entry is deleted)."""
+        """The stored ``(features, labels)`` of a valid entry, else None (stale: deleted)."""
         path = self.path(key)
         try:
             if not path.exists():
@@ -410,9 +361,8 @@ class FeatureCache:
         content: str | None = None,
         **extract_kwargs: Any,
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Return ``(features, labels, hit)``: cached arrays when a valid entry exists
-        (``hit``), else ``extractor(backbone, dataset, **extract_kwargs)`` stored under the
-        key (``content``: as for :meth:`key`)."""
+        """``(features, labels, hit)``: the valid cached entry, else ``extractor(backbone,
+        dataset, **extract_kwargs)`` stored under the key."""
         from e2mc.distributed import is_distributed, is_main_process
 
         device = torch.device(extract_kwargs.get("device", "cpu"))

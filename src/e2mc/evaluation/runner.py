@@ -1,8 +1,5 @@
-"""One evaluation run: every requested protocol on one backbone, written to a run directory.
-
-This is what ``e2mc eval`` calls once it has loaded the backbone and the data; scripts can
-call :func:`run_evaluation` directly with any ``nn.Module`` and datasets.
-"""
+"""One evaluation: every requested protocol on one backbone, written to an evaluation
+directory (:func:`run_evaluation`, for any ``nn.Module`` and data sets)."""
 
 from __future__ import annotations
 
@@ -51,19 +48,11 @@ def column_name(protocol: str, fraction: float | None = None, k: int | None = No
 
 @dataclass
 class EvalOptions:
-    """Settings of a run. ``linear_overrides`` / ``finetune_overrides`` change fields of the
-    method presets (e.g. ``{"epochs": 10}``); ``report`` picks the last- or best-epoch top-1 as
-    the number the table shows (last-epoch by default: no selection on the test set).
-
-    ``lr_grid`` / ``wd_grid`` map a fraction to the linear probe's grid (chosen per fraction and
-    seed on ``val_fraction`` of its labelled subset, :func:`e2mc.evaluation.sweep.linear_protocol`);
-    fractions without a grid use the preset. ``subset_files`` map a fraction to a SimCLR-style
-    image list (one file name per line) that replaces its stratified random subset.
-    ``knn_weightings``: ``weighted`` (``exp(s / T)``, column ``knn k=K``) and/or ``uniform``
-    (majority vote, column ``knn k=K uniform``). ``num_workers`` None: automatic
-    (:func:`e2mc.evaluation.features.default_num_workers`); ``autocast`` None: bf16 on an
-    accelerator only.
-    """
+    """Settings of an evaluation. ``*_overrides`` change fields of the method presets;
+    ``report``: the last- (default: no selection on the test set) or best-epoch top-1.
+    ``lr_grid`` / ``wd_grid``: a fraction's linear-probe grid, chosen on ``val_fraction`` of
+    its subset (:func:`~e2mc.evaluation.sweep.linear_protocol`). ``subset_files``: a
+    fraction's image list replacing its stratified random subset."""
 
     protocols: tuple[str, ...] = ("linear",)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
@@ -116,8 +105,7 @@ class EvalOptions:
 
 def _file_subsets(train_dataset: Dataset, files: dict[float, str]
                   ) -> tuple[dict[float, np.ndarray], dict[str, Any]]:
-    """Training indices of each fraction's image list, and their description for
-    ``results.json`` (file, SHA-256 of the list, size)."""
+    """Training indices of each fraction's image list, and their ``results.json`` record."""
     subsets: dict[float, np.ndarray] = {}
     info: dict[str, Any] = {}
     for fraction, path in files.items():
@@ -130,9 +118,7 @@ def _file_subsets(train_dataset: Dataset, files: dict[float, str]
 
 
 def _subset(kind: str, indices: np.ndarray) -> dict[str, Any]:
-    """An entry's ``subset``: how its labelled training rows were chosen, how many, and the
-    SHA-256 of their indices (with the training data's identity: which images and labels the
-    probe trained on, compared by ``e2mc compare``)."""
+    """An entry's ``subset``: how its training rows were chosen, how many, their SHA-256."""
     from e2mc.data.identity import update_array
 
     h = hashlib.sha256()
@@ -177,14 +163,9 @@ def run_evaluation(
     extra_record: dict[str, Any] | None = None,
     lock: bool = True,
 ) -> dict[str, Any]:
-    """Run ``options.protocols`` and write ``results.json`` + ``predictions/`` in ``out_dir``;
-    returns the record. Features for frozen protocols come from ``cache`` when given.
-
-    The directory is written as one unit (:class:`e2mc.artifacts.EvalDir`): the predictions
-    under a new generation, then ``results.json``; interrupted anywhere, it keeps the previous
-    complete result. With ``lock`` the process holds :func:`e2mc.artifacts.writer_lock` on
-    ``out_dir`` from the start (``DirectoryBusy`` when another process writes it); pass False
-    when the caller holds it already."""
+    """Run ``options.protocols`` into ``out_dir`` as one unit (:class:`e2mc.artifacts.EvalDir`:
+    interrupted anywhere, it keeps the previous complete result); returns the record. ``lock``
+    False: the caller holds :func:`e2mc.artifacts.writer_lock` on ``out_dir``."""
     from e2mc.distributed import is_main_process
 
     held = writer_lock(out_dir) if lock and is_main_process() else nullcontext()
@@ -209,8 +190,7 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
     from e2mc.data.identity import data_identity
 
     extra_record = dict(extra_record or {})
-    # the weights evaluated, by value: two evaluations of the same weights are flagged by
-    # e2mc compare (e2mc.evaluation.sanity), whatever files they came from
+    # the weights by value: e2mc compare flags two evaluations of the same weights
     extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
     for split, ds in (("train", train_dataset), ("test", test_dataset)):
         if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
