@@ -1,18 +1,7 @@
-"""k-nearest-neighbour classification with cosine similarity, every ``k`` and both weightings in
-one pass over the training bank.
-
-Features are L2-normalized once. For a test image with neighbours ``i = 1..k`` (largest cosine
-similarity ``s_i`` in the training bank, ties to the lower training index), class ``c`` scores
-
-- ``weighted`` (InstDisc / DINO): ``sum_i exp(s_i / T) [y_i = c]``;
-- ``uniform`` (majority vote): ``sum_i [y_i = c]``;
-
-the prediction is the highest-scoring class (ties: the lower class index). The similarities are
-computed in blocks of ``chunk_size`` test images x ``bank_chunk`` training images and merged
-into a running top-``max(ks)``, so memory is ``O(chunk_size * (bank_chunk + k))`` and the
-``N_test x N_train`` matrix never exists; every ``k`` is read off the same sorted neighbour
-list.
-"""
+"""k-nearest-neighbour classification with cosine similarity: class ``c`` scores
+``sum_i exp(s_i / T) [y_i = c]`` (``weighted``) or ``sum_i [y_i = c]`` (``uniform``) over the
+``k`` nearest (ties to the lower index, then the lower class). One blockwise search serves every
+``k`` and weighting; the ``N_test x N_train`` matrix never exists."""
 
 from __future__ import annotations
 
@@ -82,9 +71,8 @@ def nearest_neighbours(
 
 
 def _sorted_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest per row in decreasing order, ties to the lower column. ``topk(k + 1)``
-    finds them; rows whose ``k``-th and ``(k+1)``-th values are equal (an exact tie at the
-    border, e.g. duplicate images) are redone with a stable sort of the whole row."""
+    """The ``k`` largest per row in decreasing order, ties to the lower column; rows with a tie
+    at the border (``topk(k + 1)``'s last two equal) are redone with a stable full sort."""
     if k >= values.shape[1]:
         return torch.sort(values, dim=1, descending=True, stable=True)
     top_s, top_i = values.topk(k + 1, dim=1)

@@ -1,13 +1,6 @@
 """What a linear probe gives (:class:`ProbeResult`, recorded epoch by epoch by
-:class:`EpochTracker`), its initial layer, and the probe with per-epoch augmentation. The probes
-on cached features are heads of :func:`e2mc.evaluation.batched.train_linear_heads`.
-
-Protocol (docs/method.md): a linear layer on frozen pooled features, SGD momentum 0.9 (or LARS
-for SimSiam), cosine decay of the learning rate to 0 over the epochs (stepped per epoch, as the
-official scripts do), cross-entropy; top-1/top-5 on a held-out test set after every epoch, so
-both the last-epoch (reported by default: no test-set selection) and the best-epoch numbers
-(what the authors reported) are available.
-"""
+:class:`EpochTracker`), its initial layer, and the probe with per-epoch augmentation (the
+probes on cached features are heads of :func:`e2mc.evaluation.batched.train_linear_heads`)."""
 
 from __future__ import annotations
 
@@ -61,9 +54,7 @@ def init_head(dim: int, num_classes: int) -> nn.Linear:
 
 
 class _LinearTrainer:
-    """The augmented probe's head, optimizer (SGD with momentum, or SimSiam's LARC: apex
-    ``LARC(SGD(momentum, wd), trust_coefficient=0.001, clip=False)``, which
-    :class:`e2mc.optim.LARC` reproduces) and per-epoch cosine schedule."""
+    """The augmented probe's head, SGD or LARC optimizer and per-epoch cosine schedule."""
 
     def __init__(self, dim: int, num_classes: int, config: LinearProbeConfig,
                  device: torch.device) -> None:
@@ -128,9 +119,8 @@ class EpochTracker:
 def random_resized_crop_flip(images: torch.Tensor, generator: torch.Generator,
                              scale: tuple[float, float] = (0.08, 1.0),
                              ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
-    """Independent random resized crop and horizontal flip (torchvision's) of every image of a
-    ``[B, C, H, W]`` batch, output at the input size, drawn from ``generator``. Works on any
-    device, so the augmentation of already-normalized tensors can run on the accelerator."""
+    """torchvision's random resized crop and flip of each image of ``[B, C, H, W]``, at the
+    input size, drawn from ``generator``, on any device."""
     from torchvision.transforms import v2 as T
 
     augment = T.Compose([T.RandomResizedCrop(tuple(images.shape[-2:]), scale, ratio,
@@ -153,11 +143,9 @@ def train_augmented_linear_probe(
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = random_resized_crop_flip,
     progress: bool = True,
 ) -> ProbeResult:
-    """The official linear protocol: the frozen backbone (eval mode, no gradients) sees a new
-    random resized crop + flip of every training image each epoch; the test set uses the fixed
-    ``test_features`` (centre/eval transform, e.g. from :class:`FeatureCache`). Slow: one
-    forward pass of the training set per epoch, meant for a GPU. ``train_dataset`` yields
-    eval-transformed tensors (pass a ``Subset`` for a label fraction)."""
+    """The official linear protocol: the frozen backbone sees a new ``augment`` of every
+    (eval-transformed) training image each epoch; the test set uses ``test_features``. One
+    forward pass of the training set per epoch: meant for a GPU."""
     from e2mc.progress import progress_bar
 
     config = config or LinearProbeConfig()
