@@ -36,8 +36,7 @@ class EvalEntry:
     seed: int | None = None
     predictions: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: SHA-256 of the predictions file, recorded by :meth:`EvalDir.write` (``None`` in files
-    #: written before it was recorded: such predictions are read unchecked).
+    #: SHA-256 of the predictions file (:meth:`EvalDir.write`); None: read unchecked.
     predictions_sha256: str | None = None
 
     @property
@@ -117,14 +116,10 @@ class EvalResults:
                              f"or delete {self.dir}") from err
 
 class EvalDir:
-    """The files of one evaluation directory, written as one unit.
-
-    An evaluation writes its predictions under names no complete evaluation uses
-    (``predictions/<name>.<generation>.npz``, :meth:`begin`), then ``results.json`` last and
-    atomically (:meth:`write`), recording each file's SHA-256; only then are the previous
-    evaluation's files removed. A writer killed at any point leaves the previous complete
-    result, whose files :meth:`EvalResults.predictions` checks against their digests. The
-    writer holds :func:`writer_lock` (``run_evaluation`` does)."""
+    """The files of one evaluation directory, written as one unit: predictions under a new
+    generation (:meth:`begin`), then ``results.json`` atomically with their SHA-256s
+    (:meth:`write`), then the previous files removed; a killed writer leaves the previous
+    complete result. The writer holds :func:`writer_lock`."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -138,8 +133,7 @@ class EvalDir:
         return self.root / PREDICTIONS_DIR
 
     def prediction_file(self, name: str, generation: str | None = None) -> str:
-        """Path of ``predictions/<name>.<generation>.npz`` (``<name>.npz`` without a
-        generation) relative to the directory (as stored in entries)."""
+        """``predictions/<name>[.<generation>].npz``, relative to the directory."""
         stem = f"{name}.{generation}" if generation else name
         return (Path(PREDICTIONS_DIR) / f"{stem}.npz").as_posix()
 
@@ -152,8 +146,7 @@ class EvalDir:
 
     @property
     def generations(self) -> Path:
-        """``.generations.json``: the generations this directory's evaluations started, the
-        record of which ``predictions/`` files are its own (:meth:`remove_unreferenced`)."""
+        """``.generations.json``: the generations this directory started (its own files)."""
         return self.root / GENERATIONS
 
     def _own_generations(self) -> set[str]:
@@ -169,11 +162,8 @@ class EvalDir:
         atomic_write_text(self.generations, json.dumps(sorted(set(generations))))
 
     def begin(self) -> str:
-        """Start an evaluation into the directory: remove what an interrupted one left (its own
-        files of ``predictions/`` that ``results.json`` does not reference) and return a new
-        generation id for :func:`~e2mc.evaluation.results.save_predictions`, recorded first as
-        the directory's own. The previous complete result stays as it is until :meth:`write`
-        replaces it. A symbolic link at ``predictions`` is refused."""
+        """Remove what an interrupted evaluation left and return a new generation id, recorded
+        first as the directory's own. A symbolic link at ``predictions`` is refused."""
         from e2mc.files import refuse_link
 
         refuse_link(self.predictions_dir)
@@ -201,11 +191,9 @@ class EvalDir:
 
     def remove_unreferenced(self, entries: Iterable[dict[str, Any]] | None = None,
                             also: Iterable[str] = ()) -> list[Path]:
-        """Remove the directory's own files of ``predictions/`` that ``entries`` (default: those
-        of ``results.json``) do not reference: files of a generation :meth:`begin` recorded
-        (``.generations.json``) and their killed writes' temporary files, and the files
-        ``also`` names (those the previous ``results.json`` referenced); returns them. Any
-        other file is left alone: a user's file in the folder is never deleted."""
+        """Remove and return the files of ``predictions/`` that ``entries`` (default: those of
+        ``results.json``) do not reference and that are the directory's own (a recorded
+        generation's, its temporaries, or named in ``also``); a user's file is never deleted."""
         from e2mc.files import refuse_link, temp_target
 
         refuse_link(self.predictions_dir)
@@ -312,10 +300,8 @@ def _jsonable(obj: Any) -> Any:
 
 # --------------------------------------------------------------------------- evaluation sets
 class EvalSetDir:
-    """The files of ``e2mc eval A B ... --out DIR``: one evaluation directory per checkpoint
-    (``DIR/<name>/``, :class:`EvalDir`; names from :func:`evaluation_set_names`),
-    ``evaluations.json`` (each name's checkpoint, written before the first evaluation) and the
-    jobs' ``jobs.json`` and ``jobs/`` (as in a search directory)."""
+    """The files of ``e2mc eval A B ... --out DIR``: ``DIR/<name>/`` per checkpoint,
+    ``evaluations.json`` (each name's checkpoint) and the jobs' ``jobs.json`` and ``jobs/``."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -328,21 +314,17 @@ class EvalSetDir:
 
 
 def slug_dir_name(label: str, identity: str, fallback: str) -> str:
-    """A directory name injective in ``identity``: a readable slug of ``label`` (at most 80
-    characters, ``fallback`` when nothing is left of it) and the first 10 hex digits of the
-    SHA-256 of ``identity`` (``"beta 100"`` and ``"beta_100"`` share the slug, not the hash)."""
+    """A directory name injective in ``identity``: a slug of ``label`` (at most 80 characters,
+    else ``fallback``) and the first 10 hex digits of the SHA-256 of ``identity``."""
     import hashlib
-    import re
 
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")[:80] or fallback
     return f"{slug}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
 
 
 def evaluation_set_names(checkpoints: list[str]) -> list[str]:
-    """A directory name per checkpoint argument (:func:`slug_dir_name`): a slug of its last part
-    (a run directory's or file's name) and a hash of the whole argument (``a/run`` and
-    ``b/run`` share the slug, not the hash). The same argument twice is an
-    :class:`~e2mc.errors.InputError`."""
+    """A directory name per checkpoint argument (:func:`slug_dir_name` of its last part and the
+    whole); the same argument (or file) twice is an :class:`~e2mc.errors.InputError`."""
     twice = sorted({c for c in checkpoints if checkpoints.count(c) > 1})
     if twice:
         raise InputError(f"checkpoint {twice[0]} is given twice; list each once")

@@ -1,8 +1,6 @@
-"""The training of a group of streams: its weights and biases as one
-``[streams, D + 1, heads_per_stream * C]`` tensor (the bias is the last row), each step one
-gather of ``[streams, B, D]`` rows, one ``torch.baddbmm`` forward, one ``torch.bmm`` for the
-weight gradient (the softmax cross-entropy gradient written out, no autograd) and one
-elementwise SGD / LARC update of weights and biases with each head's settings."""
+"""The training of a group of streams: weights and biases as one ``[streams, D + 1, slots * C]``
+tensor (biases last), each step one gather, one ``baddbmm`` forward, one ``bmm`` for the
+written-out gradient and one elementwise SGD / LARC update with each head's settings."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from e2mc.optim import cosine_factor, larc_trust_ratio
 
 def build_bank(x_all: torch.Tensor, y_all: torch.Tensor, streams: Sequence[Stream]
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows the streams train on, with their labels: the raw features (when a stream reads
-    them) followed by one standardized copy per standardized row set. Sets each standardized
-    stream's ``offset``, ``mean`` and ``std``."""
+    """The rows the streams train on and their labels: the raw features (when a stream reads
+    them), then one standardized copy per row set (setting its streams' offset, mean, std)."""
     pieces: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     size = 0
@@ -150,8 +147,7 @@ def _head_settings(members: list[Stream], heads: Sequence[HeadSpec], slots: int,
 
 
 def new_epoch(group: Group, j: int, bank_y: torch.Tensor) -> None:
-    """Draw stream ``j``'s permutation of the epoch and lay it out as ``[steps, B]`` rows, with
-    their labels (gathered once per epoch, not at every step)."""
+    """Lay out stream ``j``'s permutation of the epoch as ``[steps, B]`` rows and labels."""
     s = group.streams[j]
     order = torch.randperm(s.n, generator=group.generators[j])
     # a standardized stream reads its own copy of its rows, a raw one the feature tensor
@@ -167,9 +163,8 @@ def new_epoch(group: Group, j: int, bank_y: torch.Tensor) -> None:
 @torch.no_grad()
 def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
                 end_of_epoch: Callable[[int, int], None], trace: Counter | None = None) -> None:
-    """Train the group to the end of its longest stream; ``end_of_epoch(j, epochs_done)``
-    after each epoch of stream ``j`` (the scoring). Streams whose heads have all finished
-    leave the batch (they are the suffix of the sorted streams)."""
+    """Train the group to the end of its longest stream, calling ``end_of_epoch(j, epochs_done)``
+    after each epoch of stream ``j``; finished streams (a suffix) leave the batch."""
     steps_per_epoch = [s.steps_per_epoch for s in group.streams]
     views: dict[int, Active] = {}
     for step in range(group.total[0]):
@@ -254,16 +249,10 @@ _LOG2_E = 1.4426950408889634
 
 
 def forward_backward(v: Active, xb: torch.Tensor, yb: torch.Tensor, row_w: torch.Tensor) -> None:
-    """The gradient ``v.grad`` ``[A, D + 1, slots * C]`` of every head's mean cross-entropy on
-    its stream's batch ``xb [A, B, D]``, ``yb [A, B]`` (``row_w``: 1 / batch length, 0 for
-    padding rows): ``softmax(logits) - onehot(y)``, weighted, times the rows (the weights'
-    rows), summed over the rows (the biases' row).
-
-    The logits are computed transposed, ``[A, slots, C, B]`` and times ``log2 e`` (so that
-    torch's CPU ``exp2``, 3x faster than its ``exp``, gives the softmax's exponentials): the
-    softmax's reductions over the classes then run over rows of ``B`` contiguous values
-    (vectorized), where torch's softmax over a last dimension of ``C`` (10 classes) is 5-10x
-    slower than the matrix products."""
+    """Write into ``v.grad`` every head's mean cross-entropy gradient on ``xb [A, B, D]``,
+    ``yb [A, B]`` (``row_w``: 1 / batch length, 0 for padding): ``softmax - onehot``, weighted.
+    The logits are ``[A, slots, C, B]`` times ``log2 e``: the class reductions run over
+    contiguous rows and ``exp2`` (3x faster than ``exp`` on a CPU) gives the exponentials."""
     active, batch, _ = xb.shape
     slots, classes = v.group.slots, v.group.classes
     xt = xb.transpose(1, 2)
@@ -281,15 +270,9 @@ def forward_backward(v: Active, xb: torch.Tensor, yb: torch.Tensor, row_w: torch
 
 def update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor,
            wd: torch.Tensor, momentum: torch.Tensor, lars: torch.Tensor | None) -> None:
-    """SGD with momentum and weight decay, or apex LARC (per head, where ``lars``), in place
-    (``grad`` is overwritten).
-
-    Shapes ``[A, R, slots, C]`` (a head's parameter is ``[:, :, slot, :]``; the settings
-    ``[A, 1, slots, C]``, LARC's ``lars`` ``[A, 1, slots, 1]``); without LARC any shapes that
-    broadcast, e.g. ``[A, R, slots * C]`` with ``[A, 1, slots * C]`` settings. LARC, per head and
-    per parameter: ``g <- (g + wd p) a`` with :func:`~e2mc.optim.larc_trust_ratio` ``a`` when
-    both norms are non-zero, else ``g`` unchanged (no weight decay), then plain SGD momentum.
-    """
+    """SGD with momentum and weight decay in place (``grad`` overwritten), or apex LARC per head
+    where ``lars`` (shapes ``[A, R, slots, C]``, settings ``[A, 1, slots, C]``): ``g <- (g +
+    wd p) a`` with the trust ratio ``a`` when both norms are non-zero, else ``g``."""
     if lars is not None:
         p_norm = param.pow(2).sum(dim=(1, 3), keepdim=True).sqrt()
         g_norm = grad.pow(2).sum(dim=(1, 3), keepdim=True).sqrt()
