@@ -279,13 +279,8 @@ def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str
         for key, value in e["metrics"].items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 col.setdefault(key, []).append(float(value))
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for column, metrics in grouped.items():
-        out[column] = {}
-        for key, values in metrics.items():
-            mean, se = mean_se(values)
-            out[column][key] = {"mean": mean, "se": se, "n": len(values)}
-    return out
+    return {column: {key: dict(zip(("mean", "se"), mean_se(values), strict=True), n=len(values))
+                     for key, values in metrics.items()} for column, metrics in grouped.items()}
 
 
 def _jsonable(obj: Any) -> Any:

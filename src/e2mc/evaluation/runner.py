@@ -246,19 +246,24 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
             entries.append(_linear_entry(eval_dir, entry, test_y, options.report, subset,
                                          generation))
         timings["linear"] = time.perf_counter() - s
-    if "linear-aug" in options.protocols:
-        settings["linear-aug"] = {fraction_label(f): dataclasses.asdict(linear_config(f))
-                                  for f in options.fractions}
+    def per_seed(protocol: str, config_of: Any, train: Any) -> None:
+        """A probe per (fraction, seed) that reads the images of its stratified subset."""
+        settings[protocol] = {}
         for fraction in options.fractions:
+            config = config_of(fraction)
+            settings[protocol][fraction_label(fraction)] = dataclasses.asdict(config)
             for seed in options.seeds:
                 idx = label_fraction_indices(train_y, fraction, seed)
-                result = train_augmented_linear_probe(
-                    backbone, LabeledSubset(train_dataset, idx), test_x, test_y,
-                    num_classes, linear_config(fraction), seed=seed, device=device,
-                    num_workers=loader_workers, progress=options.progress)
-                entries.append({**_probe_entry(eval_dir, "linear-aug", fraction, seed,
-                                               result, test_y, options.report, generation),
+                result = train(LabeledSubset(train_dataset, idx), config, seed)
+                entries.append({**_probe_entry(eval_dir, protocol, fraction, seed, result,
+                                               test_y, options.report, generation),
                                 "subset": _subset("stratified", idx)})
+
+    run_kw = {"device": device, "num_workers": loader_workers, "progress": options.progress}
+    if "linear-aug" in options.protocols:
+        per_seed("linear-aug", linear_config, lambda data, config, seed: (
+            train_augmented_linear_probe(backbone, data, test_x, test_y, num_classes, config,
+                                         seed=seed, **run_kw)))
     if "knn" in options.protocols:
         s = time.perf_counter()
         settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
@@ -276,19 +281,10 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
                             "metrics": res.metrics(), "predictions": rel})
         timings["knn"] = time.perf_counter() - s
     if "finetune" in options.protocols:
-        settings["finetune"] = {}
-        for fraction in options.fractions:
-            config = finetune_settings(options.method, fraction, **options.finetune_overrides)
-            settings["finetune"][fraction_label(fraction)] = dataclasses.asdict(config)
-            for seed in options.seeds:
-                idx = label_fraction_indices(train_y, fraction, seed)
-                result = finetune(backbone, feature_dim, num_classes,
-                                  LabeledSubset(train_dataset, idx), test_dataset, config,
-                                  seed=seed, device=device, num_workers=loader_workers,
-                                  progress=options.progress)
-                entries.append({**_probe_entry(eval_dir, "finetune", fraction, seed, result,
-                                               test_y, options.report, generation),
-                                "subset": _subset("stratified", idx)})
+        per_seed("finetune", lambda f: finetune_settings(options.method, f,
+                                                         **options.finetune_overrides),
+                 lambda data, config, seed: finetune(backbone, feature_dim, num_classes, data,
+                                                     test_dataset, config, seed=seed, **run_kw))
     if "svm" in options.protocols:
         settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
                            "normalize": True}

@@ -131,7 +131,7 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
         from e2mc.checkpoints.user_module import load_into_module
 
         backbone, feature_dim, info = load_into_module(path, model.module, model.trust)
-        info = checkpoint_summary(info, path)
+        info = checkpoint_summary(info, path)  # plain values, as load_backbone's
     else:
         backbone, feature_dim, info = load_backbone(
             named if is_url(named) else path, arch=model.arch, small_images=model.small_images,
@@ -271,7 +271,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
         data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache, lock=lock,
         extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                       "model": chosen.record(info.get("step")) if chosen else None,
-                      "checkpoint_info": _plain(info), "image_size": loaded.size,
+                      "checkpoint_info": info, "image_size": loaded.size,
                       "device": options.device, "stamp": stamp, **identities, **leak,
                       **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
@@ -307,19 +307,6 @@ def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, 
         raise InputError(f"--in-channels {model.in_channels} does not fit {path}, "
                          f"whose first layer takes {channels} channel(s)")
     return channels
-
-
-def _plain(info: object) -> object:
-    """A JSON-friendly view of the loader's info (dict, dataclass or other)."""
-    if dataclasses.is_dataclass(info) and not isinstance(info, type):
-        info = dataclasses.asdict(info)
-    if isinstance(info, dict):
-        return {str(k): _plain(v) for k, v in info.items()}
-    if isinstance(info, (list, tuple)):
-        return [_plain(v) for v in info]
-    if isinstance(info, (str, int, float, bool)) or info is None:
-        return info
-    return repr(info)
 
 
 def default_cache_dir() -> Path:
