@@ -53,31 +53,6 @@ def init_head(dim: int, num_classes: int) -> nn.Linear:
     return head
 
 
-class _LinearTrainer:
-    """The augmented probe's head, SGD or LARC optimizer and per-epoch cosine schedule."""
-
-    def __init__(self, dim: int, num_classes: int, config: LinearProbeConfig,
-                 device: torch.device) -> None:
-        self.head = init_head(dim, num_classes).to(device)
-        kind = torch.optim.SGD if config.optimizer == "sgd" else LARC
-        self.optimizer = kind(self.head.parameters(), lr=config.lr, momentum=config.momentum,
-                              weight_decay=config.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda e: cosine_factor(e, config.epochs))  # stepped per epoch
-        self.loss = nn.CrossEntropyLoss()
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        loss = self.loss(self.head(x), y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        return loss.item()
-
-    @torch.no_grad()
-    def logits(self, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-        return torch.cat([self.head(x[i:i + chunk]) for i in range(0, len(x), chunk)])
-
-
 class EpochTracker:
     """One probe's per-epoch test accuracy: the history, the best epoch
     (the first with the highest top-1) with its predictions, the last with its top-k labels."""
@@ -161,7 +136,12 @@ def train_augmented_linear_probe(
                         **loader_options(num_workers))
     tx = torch.as_tensor(test_features, dtype=torch.float32, device=device)
     ty = torch.as_tensor(np.asarray(test_labels), dtype=torch.long, device=device)
-    trainer = _LinearTrainer(tx.shape[1], num_classes, config, device)
+    head = init_head(tx.shape[1], num_classes).to(device)
+    kind = torch.optim.SGD if config.optimizer == "sgd" else LARC  # LARC: SimSiam's apex LARC
+    optimizer = kind(head.parameters(), lr=config.lr, momentum=config.momentum,
+                     weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda e: cosine_factor(e, config.epochs))  # stepped per epoch
     tracker = EpochTracker(ty)
     for _ in progress_bar(range(config.epochs), desc="augmented probe", unit="epoch",
                           disable=not progress):
@@ -169,7 +149,12 @@ def train_augmented_linear_probe(
             images = augment(images.to(device, non_blocking=True), gen)
             with torch.no_grad():
                 feats = backbone(images).float()
-            trainer.step(feats, torch.as_tensor(labels, device=device).long())
-        trainer.scheduler.step()
-        tracker.update(trainer.logits(tx))
+            loss = nn.functional.cross_entropy(head(feats),
+                                               torch.as_tensor(labels, device=device).long())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            tracker.update(torch.cat([head(tx[i:i + 8192]) for i in range(0, len(tx), 8192)]))
     return tracker.result()

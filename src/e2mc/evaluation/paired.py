@@ -1,6 +1,5 @@
-"""Paired comparisons over several training seeds: one summary per column of the per-(training
-seed, label seed) tests of :func:`e2mc.evaluation.compare_evaluations`, and one permutation test
-pooled over all those pairs. Used by ``e2mc search --confirm`` and the reproduction study."""
+"""Paired comparisons over several training seeds (``e2mc search --confirm``): a summary per
+column of the per-pair tests, and one permutation test pooled over the pairs."""
 
 from __future__ import annotations
 

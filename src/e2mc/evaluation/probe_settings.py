@@ -1,10 +1,5 @@
-"""The paper's evaluation hyper-parameters per method (docs/method.md), as dataclasses.
-
-Linear probe: 100 epochs, SGD momentum 0.9, cosine decay to 0, batch 256 unless stated.
-Semi-supervised fine-tuning: 20 epochs, SGD, weight decay 0, separate backbone / head rates.
-Fractions the paper does not list use the preset of the nearest listed fraction at or below
-them (the smallest one below it), e.g. 5% uses the 1% preset and 50% the 10% preset.
-"""
+"""The paper's evaluation hyper-parameters per method (docs/method.md), as dataclasses. A
+fraction the paper does not list uses the preset of the nearest listed one at or below it."""
 
 from __future__ import annotations
 

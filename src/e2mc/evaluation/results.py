@@ -1,5 +1,5 @@
 """Evaluation directories of ``e2mc eval`` (read by :class:`e2mc.artifacts.EvalDir`) and the
-comparison of ``e2mc compare``: the one import of evaluation results for users' code."""
+comparison of ``e2mc compare``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from e2mc.evaluation.compare_report import (
     write_comparison,
 )
 
+#: What the comparison's modules define is re-exported: ``e2mc.evaluation.results`` stays the
+#: one import of evaluation results for users' code.
 __all__ = ["Comparison", "compare_evaluations", "comparison_markdown",
            "verdicts", "matched_correctness", "mean_se", "plot_comparison", "save_predictions",
            "summarize", "write_comparison", "write_results", "COMPARISON_STEM", "comparison_paths"]

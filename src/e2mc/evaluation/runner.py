@@ -32,7 +32,7 @@ from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.probe_settings import finetune_settings, linear_settings
 from e2mc.evaluation.results import save_predictions, write_results
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
-from e2mc.evaluation.sweep import SweepEntry, linear_protocol
+from e2mc.evaluation.sweep import linear_protocol
 
 PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
 
@@ -124,17 +124,6 @@ def _subset(kind: str, indices: np.ndarray) -> dict[str, Any]:
     h = hashlib.sha256()
     update_array(h, np.asarray(indices, dtype=np.int64))
     return {"kind": kind, "size": len(indices), "sha256": h.hexdigest()}
-
-
-def _linear_entry(eval_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
-                  subset: dict[str, Any], generation: str) -> dict[str, Any]:
-    out = _probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
-                       report, generation)
-    out["subset"] = subset
-    out["config"] = {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay}
-    if entry.selection is not None:
-        out["selection"] = entry.selection
-    return out
 
 
 def _probe_entry(eval_dir: Path, protocol: str, fraction: float, seed: int,
@@ -243,8 +232,12 @@ def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
             chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
             subset = (_subset("file", chosen) if chosen is not None else _subset(
                 "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
-            entries.append(_linear_entry(eval_dir, entry, test_y, options.report, subset,
-                                         generation))
+            entries.append({
+                **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
+                               test_y, options.report, generation),
+                "subset": subset,
+                "config": {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay},
+                **({"selection": entry.selection} if entry.selection is not None else {})})
         timings["linear"] = time.perf_counter() - s
     def per_seed(protocol: str, config_of: Any, train: Any) -> None:
         """A probe per (fraction, seed) that reads the images of its stratified subset."""

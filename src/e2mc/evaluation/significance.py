@@ -1,9 +1,5 @@
-"""Paired significance tests for two models evaluated on the same test images (paper, app. C).
-
-Inputs are per-image scores of model A and model B on the same images in the same order,
-usually correctness (1 = right, 0 = wrong). Conventions: ``n10`` = A right and B wrong,
-``n01`` = A wrong and B right; a positive difference means A is better.
-"""
+"""Paired significance tests on per-image scores of models A and B on the same images (paper,
+app. C): ``n10`` = A right and B wrong; a positive difference means A is better."""
 
 from __future__ import annotations
 

@@ -46,13 +46,9 @@ def train_linear_heads(
     eval_chunk: int = 8192,
     trace: Counter | None = None,
 ) -> list[ProbeResult]:
-    """Train every head of ``heads`` at once; one :class:`ProbeResult` per head, in order.
-
-    ``train_x [N, D]`` / ``train_y [N]`` hold every training row the heads index;
-    ``eval_x`` / ``eval_y`` the evaluation rows (the test split, or the training features
-    themselves for validation heads with ``eval_rows``). ``trace`` (a ``Counter``), when given,
-    receives the shapes of every matrix product, for a floor measurement.
-    """
+    """Train every head at once; one :class:`ProbeResult` per head, in order. The heads index
+    the rows of ``train_x [N, D]`` and ``eval_x`` (``eval_rows``); ``trace`` counts the shapes
+    of every matrix product."""
     if not heads:
         raise ValueError("no heads to train")
     device = torch.device(device)

@@ -69,8 +69,6 @@ class Group:
     labels: torch.Tensor       # [S, max_steps_per_epoch, B] their labels
     row_w: torch.Tensor        # [S, max_steps_per_epoch, B] 1 / batch length (0 = padding)
     steps_per_epoch: torch.Tensor          # [S] steps per epoch
-    steps_per_epoch_list: list[int]        # the same, as Python ints
-    total: list[int]           # steps of each stream
     generators: list[torch.Generator]  # each stream's sample order (seeded with its seed)
 
     @property
@@ -120,8 +118,6 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
         labels=torch.zeros(n_streams, max_spe, batch, dtype=torch.long, device=device),
         row_w=row_w.to(device),
         steps_per_epoch=torch.tensor([s.steps_per_epoch for s in members], device=device),
-        steps_per_epoch_list=[s.steps_per_epoch for s in members],
-        total=[s.total_steps for s in members],
         generators=[torch.Generator(device="cpu").manual_seed(s.seed) for s in members])
 
 
@@ -166,9 +162,10 @@ def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
     """Train the group to the end of its longest stream, calling ``end_of_epoch(j, epochs_done)``
     after each epoch of stream ``j``; finished streams (a suffix) leave the batch."""
     steps_per_epoch = [s.steps_per_epoch for s in group.streams]
+    totals = [s.total_steps for s in group.streams]
     views: dict[int, Active] = {}
-    for step in range(group.total[0]):
-        active = sum(1 for t in group.total if t > step)
+    for step in range(totals[0]):
+        active = sum(1 for t in totals if t > step)
         for j in range(active):
             if step % steps_per_epoch[j] == 0:
                 new_epoch(group, j, bank_y)
@@ -203,7 +200,7 @@ class Active:
     def of(cls, group: Group, active: int) -> Active:
         dim = group.params.shape[1] - 1
         params, grad = group.params[:active], group.grad[:active]
-        spe = group.steps_per_epoch_list[:active]
+        spe = [s.steps_per_epoch for s in group.streams[:active]]
         return cls(group=group, active=active, uniform=min(spe) == max(spe), params=params,
                    weight_t=params[:, :dim].transpose(1, 2),
                    bias_t=params[:, dim:].transpose(1, 2), grad=grad, grad_w=grad[:, :dim],
@@ -219,7 +216,7 @@ def train_step(v: Active, step: int, bank: torch.Tensor, trace: Counter | None =
     dim = bank.shape[1]
     slots, batch, classes = group.slots, group.batch_size, group.classes
     if v.uniform:  # the streams are at the same step of their epochs: views
-        spe = group.steps_per_epoch_list[0]
+        spe = group.streams[0].steps_per_epoch
         in_epoch, epoch = step % spe, step // spe
         idx, yb = group.idx[:active, in_epoch], group.labels[:active, in_epoch]
         row_w, lr = group.row_w[:active, in_epoch], group.lr_table[:active, epoch]
