@@ -22,7 +22,6 @@ from e2mc.artifacts.layout import (
 from e2mc.errors import InputError
 
 
-# --------------------------------------------------------------------------- evaluations
 @dataclass
 class EvalEntry:
     """One probe of one evaluation: its column (``"linear 1%"``, ``"knn k=20"``, ...), label
@@ -293,7 +292,6 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-# --------------------------------------------------------------------------- evaluation sets
 class EvalSetDir:
     """The files of ``e2mc eval A B ... --out DIR``: ``DIR/<name>/`` per checkpoint,
     ``evaluations.json`` (each name's checkpoint) and the jobs' ``jobs.json`` and ``jobs/``."""

@@ -23,11 +23,6 @@ from e2mc.data.subsets import LabeledSubset, subset_parts
 from e2mc.processes import available_cores, loader_options
 
 
-def default_num_workers() -> int:
-    """DataLoader workers for extraction: one per available CPU core but one, at most 8."""
-    return max(0, min(8, available_cores() - 1))
-
-
 @torch.no_grad()
 def extract_features(
     backbone: nn.Module,
@@ -60,8 +55,9 @@ def extract_features(
         per_rank = -(-n // world_size())
         lo, hi = min(n, rank() * per_rank), min(n, (rank() + 1) * per_rank)
         part = LabeledSubset(dataset, range(lo, hi))
-    if num_workers is None:
-        num_workers = default_num_workers() if len(part) > batch_size else 0  # type: ignore[arg-type]
+    if num_workers is None:  # a core per worker but one, at most 8; none for one batch
+        one_batch = len(part) <= batch_size  # type: ignore[arg-type]
+        num_workers = 0 if one_batch else max(0, min(8, available_cores() - 1))
     was_training = backbone.training
     backbone.eval().to(device)
     runner = cpu_channels_last(backbone, device)
@@ -363,6 +359,8 @@ class FeatureCache:
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """``(features, labels, hit)``: the valid cached entry, else ``extractor(backbone,
         dataset, **extract_kwargs)`` stored under the key."""
+        import torch.distributed as dist
+
         from e2mc.distributed import is_distributed, is_main_process
 
         device = torch.device(extract_kwargs.get("device", "cpu"))
@@ -372,8 +370,6 @@ class FeatureCache:
                                  "bfloat16-autocast" if autocast else "float32", content)
         loaded = self.load(key, identity)
         if is_distributed():
-            import torch.distributed as dist
-
             flags: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(flags, loaded is not None)
             if not all(flags):
@@ -390,7 +386,5 @@ class FeatureCache:
             except OSError as err:  # read-only, full, not a directory: go on without it
                 self._give_up("written", err)
         if is_distributed():
-            import torch.distributed as dist
-
             dist.barrier()
         return features, labels, False

@@ -40,9 +40,6 @@ class McNemarResult:
     p_value: float
     method: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def mcnemar_test(correct_a: np.ndarray, correct_b: np.ndarray, exact: bool | None = None,
                  continuity: bool = False) -> McNemarResult:
@@ -153,7 +150,7 @@ def compare_predictions(pred_a: np.ndarray, pred_b: np.ndarray, labels: np.ndarr
     return {
         "acc_a": 100 * ca.mean(), "acc_b": 100 * cb.mean(),
         "difference": 100 * (ca.mean() - cb.mean()),
-        "mcnemar": mcnemar_test(ca, cb).to_dict(),
+        "mcnemar": asdict(mcnemar_test(ca, cb)),
         "permutation_p": paired_permutation_test(ca, cb, n_resamples=n_resamples, seed=seed),
         "cohens_d": cohens_d_paired(ca, cb),
         "bootstrap_ci95": [100 * low, 100 * high],

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,7 @@ class ModelSpec:
     module: Any = None
 
 
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
+_stderr = partial(print, file=sys.stderr)
 
 
 @dataclass
@@ -150,7 +150,9 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
         log(f"note: {path} records no training image size; evaluating at {size} px, {which} "
             "(--image-size sets it)")
     # before any image is read: a size the model cannot take is one error line
-    check_input_size(backbone, size, channels, _architecture(info) or path, "--image-size")
+    arch = info.get("arch") or (info.get("hparams") or {}).get("backbone")
+    check_input_size(backbone, size, channels, arch if isinstance(arch, str) else path,
+                     "--image-size")
     if feature_dim is None:  # your module's own weights: its output size on these images
         from e2mc.models.input_size import pooled_dim
 
@@ -174,12 +176,6 @@ def _refuse_live_run(named: str, chosen: Any) -> None:
                          "evaluate it once the run has ended")
 
 
-def _architecture(info: dict[str, Any]) -> str | None:
-    """The backbone's name a loaded checkpoint's info records (None for a module of its own)."""
-    name = info.get("arch") or (info.get("hparams") or {}).get("backbone")
-    return name if isinstance(name, str) else None
-
-
 def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
            identities: dict[str, Any]) -> dict[str, Any]:
     """What an evaluation directory was made from: checkpoint bytes, data identity, options."""
@@ -187,7 +183,9 @@ def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
 
     return {"checkpoint_sha256": sha256_file(loaded.path),
             "data_id": data.id(loaded.size, loaded.channels, named=False), **identities,
-            "options": _options_key(options)}
+            # the options that decide the numbers (not progress, workers or device)
+            "options": repr(dataclasses.replace(options, progress=True, num_workers=None,
+                                                device="any"))}
 
 
 def _identities(train: Any, test: Any) -> dict[str, Any]:
@@ -275,11 +273,6 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
                       "device": options.device, "stamp": stamp, **identities, **leak,
                       **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
-
-
-def _options_key(options: EvalOptions) -> str:
-    """The options that decide the numbers, as text (not progress, workers or device)."""
-    return repr(dataclasses.replace(options, progress=True, num_workers=None, device="any"))
 
 
 def _resolved(options: EvalOptions) -> EvalOptions:

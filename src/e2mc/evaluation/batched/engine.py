@@ -72,13 +72,11 @@ class Group:
     generators: list[torch.Generator]  # each stream's sample order (seeded with its seed)
 
     @property
-    def weight(self) -> torch.Tensor:
-        """``[S, D, slots * C]`` (a view)."""
+    def weight(self) -> torch.Tensor:  # [S, D, slots * C], a view
         return self.params[:, :-1]
 
     @property
-    def bias(self) -> torch.Tensor:
-        """``[S, 1, slots * C]`` (a view)."""
+    def bias(self) -> torch.Tensor:  # [S, 1, slots * C], a view
         return self.params[:, -1:]
 
 
