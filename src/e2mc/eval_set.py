@@ -25,8 +25,7 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
                  ) -> dict[str, EvalResults]:
     """Evaluate every one of ``checkpoints`` into ``out/<name>/``; returns name -> results, in
-    the order given. ``evaluations.json`` records each name's checkpoint before the first
-    evaluation; a directory that recorded other checkpoints under a name is refused."""
+    the order given."""
     files, model = EvalSetDir(out), model or ModelSpec()
     names = evaluation_set_names([str(c) for c in checkpoints])
     _check_exist(checkpoints, model.last)  # before anything is written or submitted

@@ -219,9 +219,8 @@ def _transform_of(dataset: Any) -> Any:
 
 def data_id(train_spec: str, test_spec: str | None = None, image_size: int | None = None,
             channels: int | None = None, skip_corrupt: bool = False, subset: str = "") -> str:
-    """An evaluation's data (``results.json``'s ``data``, the cache's ``data_id``):
-    ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|SUBSET]``; ``SUBSET`` says how the caller cut the
-    data sets (``train:1000|test:500``)."""
+    """An evaluation's ``data`` (and the cache's ``data_id``):
+    ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|SUBSET]``, ``SUBSET`` as ``train:1000|test:500``."""
     return "|".join([train_spec, test_spec or train_spec, f"size={image_size}", f"ch={channels}",
                      *(["skip-corrupt"] if skip_corrupt else []), *([subset] if subset else [])])
 

@@ -41,9 +41,8 @@ def nearest_neighbours(
     chunk_size: int = 1024,
     bank_chunk: int = 65536,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(similarities, indices)`` ``[N_q, k]`` of the ``k`` most similar bank rows of every
-    query (dot products of the given rows; normalize first for cosine), sorted by decreasing
-    similarity, ties to the lower bank index."""
+    """``(similarities, indices)`` ``[N_q, k]`` of the ``k`` largest dot products of every
+    query with the bank, decreasing, ties to the lower bank index."""
     if k < 1 or k > len(bank):
         raise ValueError(f"k must be in [1, {len(bank)}] (training bank size), got {k}")
     if chunk_size < 1 or bank_chunk < 1:
@@ -116,9 +115,8 @@ def knn_classify(
     weightings: Sequence[str] = ("weighted",),
     bank_chunk: int = 65536,
 ) -> list[KNNResult]:
-    """kNN accuracy for each ``k`` in ``ks`` and each weighting in ``weightings`` (order: ks
-    outer, weightings inner), from one neighbour search with ``max(ks)`` neighbours (defaults:
-    k = 20 and 200, ``T = 0.07``). ``k`` larger than the training bank is an error."""
+    """kNN accuracy for each ``k`` of ``ks`` (outer) and weighting (inner) from one search of
+    ``max(ks)`` neighbours; a ``k`` larger than the training bank is an error."""
     train_y = np.asarray(train_y)
     test_y = np.asarray(test_y)
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:

@@ -19,9 +19,8 @@ from e2mc.processes import loader_options
 
 @dataclass
 class ProbeResult:
-    """Outcome of one probe run. Accuracies are percentages. ``predictions`` / ``top5`` are
-    the last epoch's per-test-image top-1 labels ``[N]`` and top-k labels ``[N, k]``;
-    ``best_predictions`` those of the best epoch."""
+    """One probe's accuracies (percent); the last epoch's top-1 ``predictions [N]`` and top-k
+    labels ``top5 [N, k]``, and the best epoch's ``best_predictions``."""
 
     top1_last: float
     top5_last: float

@@ -155,154 +155,143 @@ def run_evaluation(
     """Run ``options.protocols`` into ``out_dir`` as one unit (:class:`e2mc.artifacts.EvalDir`:
     interrupted anywhere, it keeps the previous complete result); returns the record. ``lock``
     False: the caller holds :func:`e2mc.artifacts.writer_lock` on ``out_dir``."""
-    from e2mc.distributed import is_main_process
-
-    held = writer_lock(out_dir) if lock and is_main_process() else nullcontext()
-    with held:
-        return _evaluate(backbone, feature_dim, train_dataset, test_dataset, Path(out_dir),
-                         options, data_id, checkpoint, cache, extra_record)
-
-
-def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
-              test_dataset: Dataset, eval_dir: Path, options: EvalOptions, data_id: str,
-              checkpoint: str | os.PathLike[str] | None, cache: FeatureCache | None,
-              extra_record: dict[str, Any] | None) -> dict[str, Any]:
-    from e2mc.distributed import is_main_process
-
-    device = torch.device(options.device)
-    kw = {"batch_size": options.batch_size, "device": device,
-          "num_workers": options.num_workers, "progress": options.progress,
-          "autocast": options.autocast}
-    timings: dict[str, float] = {}
-    subsets, subset_info = ({}, {}) if "linear" not in options.protocols else \
-        _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
     from e2mc.data.identity import data_identity
+    from e2mc.distributed import is_main_process
 
-    extra_record = dict(extra_record or {})
-    # the weights by value: e2mc compare flags two evaluations of the same weights
-    extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
-    for split, ds in (("train", train_dataset), ("test", test_dataset)):
-        if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
-            extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)
-    start = time.perf_counter()
+    eval_dir = Path(out_dir)
+    with writer_lock(out_dir) if lock and is_main_process() else nullcontext():
+        device = torch.device(options.device)
+        kw = {"batch_size": options.batch_size, "device": device,
+              "num_workers": options.num_workers, "progress": options.progress,
+              "autocast": options.autocast}
+        timings: dict[str, float] = {}
+        subsets, subset_info = ({}, {}) if "linear" not in options.protocols else \
+            _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
+        extra_record = dict(extra_record or {})
+        # the weights by value: e2mc compare flags two evaluations of the same weights
+        extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
+        for split, ds in (("train", train_dataset), ("test", test_dataset)):
+            if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
+                extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)
+        start = time.perf_counter()
 
-    def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
-        if cache is None:
-            x, y = extract_features(backbone, ds, **kw)
-            return x, y, False
-        content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
-        return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
-                                    content=content, **kw)
+        def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
+            if cache is None:
+                x, y = extract_features(backbone, ds, **kw)
+                return x, y, False
+            content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
+            return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
+                                        content=content, **kw)
 
-    train_x, train_y, hit_train = features(train_dataset, "train")
-    test_x, test_y, hit_test = features(test_dataset, "test")
-    timings["features"] = time.perf_counter() - start
-    if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
-        return {}
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
-    loader_workers = options.num_workers or 0
-    multilabel = train_y.ndim == 2
-    if multilabel and any(p != "svm" for p in options.protocols):
-        raise ValueError("multi-label data supports only the 'svm' protocol")
-    num_classes = None if multilabel else int(max(train_y.max(), test_y.max())) + 1
-    entries: list[dict[str, Any]] = []
-    settings: dict[str, Any] = {}
+        train_x, train_y, hit_train = features(train_dataset, "train")
+        test_x, test_y, hit_test = features(test_dataset, "test")
+        timings["features"] = time.perf_counter() - start
+        if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
+            return {}
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
+        loader_workers = options.num_workers or 0
+        multilabel = train_y.ndim == 2
+        if multilabel and any(p != "svm" for p in options.protocols):
+            raise ValueError("multi-label data supports only the 'svm' protocol")
+        num_classes = None if multilabel else int(max(train_y.max(), test_y.max())) + 1
+        entries: list[dict[str, Any]] = []
+        settings: dict[str, Any] = {}
 
-    def linear_config(fraction: float):
-        return linear_settings(options.method, fraction, **options.linear_overrides)
+        def linear_config(fraction: float):
+            return linear_settings(options.method, fraction, **options.linear_overrides)
 
-    if "linear" in options.protocols:
-        s = time.perf_counter()
-        settings["linear"] = {}
-        for f in options.fractions:
-            label = fraction_label(f)
-            settings["linear"][label] = {
-                **dataclasses.asdict(linear_config(f)),
-                "lr_grid": list(options.lr_grid.get(f, ())),
-                "wd_grid": list(options.wd_grid.get(f, ())),
-                "val_fraction": options.val_fraction,
-                "subset": subset_info.get(label, "stratified random (label seed)")}
-        sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
-                                options.seeds, config_for=linear_config,
-                                lr_grid=options.lr_grid, wd_grid=options.wd_grid,
-                                val_fraction=options.val_fraction, subsets=subsets,
-                                device=device)
-        for entry in sweep:
-            chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
-            subset = (_subset("file", chosen) if chosen is not None else _subset(
-                "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
-            entries.append({
-                **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
-                               test_y, options.report, generation),
-                "subset": subset,
-                "config": {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay},
-                **({"selection": entry.selection} if entry.selection is not None else {})})
-        timings["linear"] = time.perf_counter() - s
-    def per_seed(protocol: str, config_of: Any, train: Any) -> None:
-        """A probe per (fraction, seed) that reads the images of its stratified subset."""
-        settings[protocol] = {}
-        for fraction in options.fractions:
-            config = config_of(fraction)
-            settings[protocol][fraction_label(fraction)] = dataclasses.asdict(config)
-            for seed in options.seeds:
-                idx = label_fraction_indices(train_y, fraction, seed)
-                result = train(LabeledSubset(train_dataset, idx), config, seed)
-                entries.append({**_probe_entry(eval_dir, protocol, fraction, seed, result,
-                                               test_y, options.report, generation),
-                                "subset": _subset("stratified", idx)})
+        if "linear" in options.protocols:
+            s = time.perf_counter()
+            settings["linear"] = {}
+            for f in options.fractions:
+                label = fraction_label(f)
+                settings["linear"][label] = {
+                    **dataclasses.asdict(linear_config(f)),
+                    "lr_grid": list(options.lr_grid.get(f, ())),
+                    "wd_grid": list(options.wd_grid.get(f, ())),
+                    "val_fraction": options.val_fraction,
+                    "subset": subset_info.get(label, "stratified random (label seed)")}
+            sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
+                                    options.seeds, config_for=linear_config,
+                                    lr_grid=options.lr_grid, wd_grid=options.wd_grid,
+                                    val_fraction=options.val_fraction, subsets=subsets,
+                                    device=device)
+            for entry in sweep:
+                chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
+                subset = (_subset("file", chosen) if chosen is not None else _subset(
+                    "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
+                entries.append({
+                    **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
+                                   test_y, options.report, generation),
+                    "subset": subset,
+                    "config": {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay},
+                    **({"selection": entry.selection} if entry.selection is not None else {})})
+            timings["linear"] = time.perf_counter() - s
+        def per_seed(protocol: str, config_of: Any, train: Any) -> None:
+            """A probe per (fraction, seed) that reads the images of its stratified subset."""
+            settings[protocol] = {}
+            for fraction in options.fractions:
+                config = config_of(fraction)
+                settings[protocol][fraction_label(fraction)] = dataclasses.asdict(config)
+                for seed in options.seeds:
+                    idx = label_fraction_indices(train_y, fraction, seed)
+                    result = train(LabeledSubset(train_dataset, idx), config, seed)
+                    entries.append({**_probe_entry(eval_dir, protocol, fraction, seed, result,
+                                                   test_y, options.report, generation),
+                                    "subset": _subset("stratified", idx)})
 
-    run_kw = {"device": device, "num_workers": loader_workers, "progress": options.progress}
-    if "linear-aug" in options.protocols:
-        per_seed("linear-aug", linear_config, lambda data, config, seed: (
-            train_augmented_linear_probe(backbone, data, test_x, test_y, num_classes, config,
-                                         seed=seed, **run_kw)))
-    if "knn" in options.protocols:
-        s = time.perf_counter()
-        settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
-                           "similarity": "cosine", "weighting": "exp(sim / T)",
-                           "weightings": list(options.knn_weightings)}
-        for res in knn_classify(train_x, train_y, test_x, test_y, options.knn_k,
-                                options.knn_temperature, num_classes, device=device,
-                                weightings=options.knn_weightings):
-            name = f"knn_k{res.k}" + ("" if res.weighting == "weighted" else f"_{res.weighting}")
-            rel = save_predictions(eval_dir, name, res.predictions, test_y, generation,
-                                   top5=res.top5_predictions)
-            entries.append({"protocol": "knn", "column": column_name("knn", k=res.k,
-                                                                     weighting=res.weighting),
-                            "fraction": 1.0, "seed": 0, "primary": "top1",
+        run_kw = {"device": device, "num_workers": loader_workers, "progress": options.progress}
+        if "linear-aug" in options.protocols:
+            per_seed("linear-aug", linear_config, lambda data, config, seed: (
+                train_augmented_linear_probe(backbone, data, test_x, test_y, num_classes, config,
+                                             seed=seed, **run_kw)))
+        if "knn" in options.protocols:
+            s = time.perf_counter()
+            settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
+                               "similarity": "cosine", "weighting": "exp(sim / T)",
+                               "weightings": list(options.knn_weightings)}
+            for res in knn_classify(train_x, train_y, test_x, test_y, options.knn_k,
+                                    options.knn_temperature, num_classes, device=device,
+                                    weightings=options.knn_weightings):
+                suffix = "" if res.weighting == "weighted" else f"_{res.weighting}"
+                rel = save_predictions(eval_dir, f"knn_k{res.k}{suffix}", res.predictions,
+                                       test_y, generation, top5=res.top5_predictions)
+                entries.append({"protocol": "knn", "column": column_name("knn", k=res.k,
+                                                                         weighting=res.weighting),
+                                "fraction": 1.0, "seed": 0, "primary": "top1",
+                                "metrics": res.metrics(), "predictions": rel})
+            timings["knn"] = time.perf_counter() - s
+        if "finetune" in options.protocols:
+            per_seed("finetune", lambda f: finetune_settings(options.method, f,
+                                                             **options.finetune_overrides),
+                     lambda data, config, seed: finetune(backbone, feature_dim, num_classes, data,
+                                                         test_dataset, config, seed=seed, **run_kw))
+        if "svm" in options.protocols:
+            settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
+                               "normalize": True}
+            res = svm_transfer(train_x, train_y, test_x, test_y, options.svm_costs,
+                               options.svm_folds)
+            rel = (save_predictions(eval_dir, "svm", res.predictions, test_y, generation,
+                                    scores=res.scores)
+                   if res.predictions is not None else None)
+            entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
+                            "primary": "mAP" if multilabel else "accuracy",
                             "metrics": res.metrics(), "predictions": rel})
-        timings["knn"] = time.perf_counter() - s
-    if "finetune" in options.protocols:
-        per_seed("finetune", lambda f: finetune_settings(options.method, f,
-                                                         **options.finetune_overrides),
-                 lambda data, config, seed: finetune(backbone, feature_dim, num_classes, data,
-                                                     test_dataset, config, seed=seed, **run_kw))
-    if "svm" in options.protocols:
-        settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
-                           "normalize": True}
-        res = svm_transfer(train_x, train_y, test_x, test_y, options.svm_costs,
-                           options.svm_folds)
-        rel = (save_predictions(eval_dir, "svm", res.predictions, test_y, generation,
-                                scores=res.scores)
-               if res.predictions is not None else None)
-        entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
-                        "primary": "mAP" if multilabel else "accuracy",
-                        "metrics": res.metrics(), "predictions": rel})
-    record = {
-        **extra_record,
-        "data": data_id,
-        "protocols": list(options.protocols),
-        "fractions": list(options.fractions),
-        "seeds": list(options.seeds),
-        "method_preset": options.method,
-        "reported_epoch": options.report,
-        "feature_cache_hit": {"train": hit_train, "test": hit_test},
-        "feature_cache_rebuilt": list(cache.rebuilt) if cache is not None else [],
-        "timings_s": timings,
-        "num_train": len(train_x), "num_test": len(test_x), "feature_dim": train_x.shape[1],
-        "settings": settings,
-        "entries": entries,
-    }
-    write_results(eval_dir, record)  # last: the directory now describes this evaluation
-    return record
+        record = {
+            **extra_record,
+            "data": data_id,
+            "protocols": list(options.protocols),
+            "fractions": list(options.fractions),
+            "seeds": list(options.seeds),
+            "method_preset": options.method,
+            "reported_epoch": options.report,
+            "feature_cache_hit": {"train": hit_train, "test": hit_test},
+            "feature_cache_rebuilt": list(cache.rebuilt) if cache is not None else [],
+            "timings_s": timings,
+            "num_train": len(train_x), "num_test": len(test_x), "feature_dim": train_x.shape[1],
+            "settings": settings,
+            "entries": entries,
+        }
+        write_results(eval_dir, record)  # last: the directory now describes this evaluation
+        return record
