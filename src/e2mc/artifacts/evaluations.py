@@ -72,10 +72,6 @@ class EvalResults:
     entries: list[EvalEntry]
     info: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def checkpoint(self) -> str | None:
-        return self.info.get("checkpoint")
-
     def columns(self) -> list[str]:
         """The columns in the order they first appear."""
         return list(dict.fromkeys(e.column for e in self.entries))

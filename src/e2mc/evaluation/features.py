@@ -210,13 +210,6 @@ def state_dict_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _transform_of(dataset: Any) -> Any:
-    """The transform of ``dataset`` or of the data set it wraps (a subset and the like)."""
-    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
-        dataset = dataset.dataset
-    return getattr(dataset, "transform", None)
-
-
 def data_id(train_spec: str, test_spec: str | None = None, image_size: int | None = None,
             channels: int | None = None, skip_corrupt: bool = False, subset: str = "") -> str:
     """An evaluation's ``data`` (and the cache's ``data_id``):
@@ -231,6 +224,9 @@ def dataset_fingerprint(dataset: Dataset, data_id: str,
     and last transformed items and the ``content`` digest of every image and label
     (:func:`e2mc.data.identity.content_digest` unless given)."""
     n = len(dataset)  # type: ignore[arg-type]
+    base = dataset
+    while not hasattr(base, "transform") and hasattr(base, "dataset"):  # through subsets
+        base = base.dataset
     h = hashlib.sha256()
     for idx in sorted({0, n - 1}) if n else []:
         image, target = dataset[idx]
@@ -239,7 +235,7 @@ def dataset_fingerprint(dataset: Dataset, data_id: str,
     return {
         "data_id": data_id,  # recorded; the key leaves it out (FeatureCache.key)
         "size": n,
-        "transform": repr(_transform_of(dataset)),
+        "transform": repr(getattr(base, "transform", None)),
         "items": h.hexdigest(),
         "content": content if content is not None else content_digest(dataset),
     }

@@ -49,12 +49,10 @@ def _grid_points(config: LinearProbeConfig, lrs: Sequence[float] | None,
                  wds: Sequence[float] | None) -> list[tuple[float, float]]:
     lrs = list(lrs) if lrs else [config.lr]
     wds = list(wds) if wds else [config.weight_decay]
-    for lr in lrs:
-        if not lr > 0:
-            raise ValueError(f"learning rates of the grid must be > 0, got {lr}")
-    for wd in wds:
-        if not wd >= 0:
-            raise ValueError(f"weight decays of the grid must be >= 0, got {wd}")
+    if not all(lr > 0 for lr in lrs):
+        raise ValueError(f"learning rates of the grid must be > 0, got {lrs}")
+    if not all(wd >= 0 for wd in wds):
+        raise ValueError(f"weight decays of the grid must be >= 0, got {wds}")
     return list(itertools.product(lrs, wds))
 
 
