@@ -24,8 +24,7 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
                  cache: str | Path | None = None, extra_record: dict[str, Any] | None = None,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
                  ) -> dict[str, EvalResults]:
-    """Evaluate every one of ``checkpoints`` into ``out/<name>/``; returns name -> results, in
-    the order given."""
+    """Evaluate each of ``checkpoints`` into ``out/<name>/``; returns name -> results."""
     files, model = EvalSetDir(out), model or ModelSpec()
     names = evaluation_set_names([str(c) for c in checkpoints])
     _check_exist(checkpoints, model.last)  # before anything is written or submitted
@@ -80,5 +79,3 @@ def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> None:
     files.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(files.index, json.dumps({"checkpoints": index}, indent=2))
 
-
-__all__ = ["evaluate_set"]

@@ -65,8 +65,7 @@ class EvalEntry:
 
 @dataclass
 class EvalResults:
-    """The ``results.json`` of one evaluation directory, typed. ``info`` keeps the other
-    top-level fields (checkpoint, command, data, protocols, settings, ...)."""
+    """One directory's ``results.json``, typed; ``info``: its other fields."""
 
     dir: Path
     entries: list[EvalEntry]
@@ -224,8 +223,7 @@ class EvalDir:
         return EvalResults(dir=self.root, entries=entries, info=info)
 
     def write(self, record: dict[str, Any]) -> Path:
-        """Write ``record`` (entries and top-level fields) as ``results.json``, atomically, with
-        a ``summary`` (mean, SE and count over seeds of every numeric metric per column)."""
+        """Write ``record`` atomically as ``results.json`` with its ``summary``."""
         from e2mc.files import atomic_write_text, temp_target
 
         record = dict(record)

@@ -181,8 +181,7 @@ def features_and_embeddings(
 
 def _gather_blocks(blocks: list[torch.Tensor], n: int, device: torch.device
                    ) -> list[torch.Tensor]:
-    """All-gather every rank's block of each tensor (padded to ``ceil(n / W)`` rows) and trim
-    to ``n``."""
+    """All-gather each tensor's per-rank blocks (padded to ``ceil(n / W)`` rows), to ``n``."""
     import torch.distributed as dist
 
     per_rank = -(-n // dist.get_world_size())
@@ -200,8 +199,7 @@ def _gather_blocks(blocks: list[torch.Tensor], n: int, device: torch.device
 
 
 def state_dict_digest(module: nn.Module) -> str:
-    """SHA-256 over the names, shapes, dtypes and values of ``module.state_dict()``
-    (parameters and buffers such as BatchNorm running statistics)."""
+    """SHA-256 of ``module.state_dict()``: names, shapes, dtypes, values (buffers too)."""
     h = hashlib.sha256()
     for name, tensor in module.state_dict().items():
         t = tensor.detach().cpu().contiguous().reshape(-1)
@@ -246,8 +244,7 @@ CACHE_FORMAT = 5
 
 
 def model_signature(module: nn.Module) -> str:
-    """Class name plus the names and shapes of the state dict (cheap, no values): a checkpoint
-    file loaded into another architecture gets another cache key."""
+    """Class name, state-dict names and shapes: another architecture, another key."""
     h = hashlib.sha256(type(module).__name__.encode())
     for name, tensor in module.state_dict().items():
         h.update(f"{name}|{tuple(tensor.shape)}".encode())
@@ -255,8 +252,7 @@ def model_signature(module: nn.Module) -> str:
 
 
 def _keyed(identity: dict[str, Any]) -> dict[str, Any]:
-    """What of a cache identity the key covers: all but ``data_id``, how the images are named
-    (their content identity says what they are)."""
+    """A cache identity less ``data_id`` (the content identity says what the images are)."""
     return {k: v for k, v in identity.items() if k != "data_id"}
 
 
@@ -331,8 +327,7 @@ class FeatureCache:
     STALE_TEMP_S = 600.0
 
     def _remove_stale_temp_files(self, key: str) -> None:
-        """Remove the temporary files of ``key`` that killed writes left behind (old enough
-        that no live writer can own them: a write takes seconds)."""
+        """Remove ``key``'s temporaries of killed writes (too old for a live one's)."""
         import time
 
         for tmp in self.root.glob(f".{self.path(key).name}.*.tmp"):
@@ -352,8 +347,7 @@ class FeatureCache:
         content: str | None = None,
         **extract_kwargs: Any,
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """``(features, labels, hit)``: the valid cached entry, else ``extractor(backbone,
-        dataset, **extract_kwargs)`` stored under the key."""
+        """``(features, labels, hit)``: the valid cached entry, else ``extractor``'s, stored."""
         import torch.distributed as dist
 
         from e2mc.distributed import is_distributed, is_main_process

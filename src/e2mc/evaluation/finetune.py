@@ -38,8 +38,7 @@ def finetune(
     num_workers: int = 0,
     progress: bool = True,
 ) -> ProbeResult:
-    """Fine-tune a copy of ``backbone`` with a new linear head on ``train_dataset``; both data
-    sets yield eval-transformed tensors and integer labels."""
+    """Fine-tune a copy of ``backbone`` with a new head (data sets of tensors, int labels)."""
     from e2mc.progress import progress_bar
 
     config = config or FinetuneConfig()

@@ -53,8 +53,7 @@ def init_head(dim: int, num_classes: int) -> nn.Linear:
 
 
 class EpochTracker:
-    """One probe's per-epoch test accuracy: the history, the best epoch
-    (the first with the highest top-1) with its predictions, the last with its top-k labels."""
+    """One probe's per-epoch test accuracy: history, best (first highest top-1), last."""
 
     def __init__(self, labels: torch.Tensor) -> None:
         self.labels = labels

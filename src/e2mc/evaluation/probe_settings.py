@@ -95,8 +95,7 @@ def _pick(table: dict[str, dict[float, object]], method: str, fraction: float, w
 
 
 def linear_settings(method: str, fraction: float, **overrides: object) -> LinearProbeConfig:
-    """The paper's linear-probe settings for ``method`` at label ``fraction``, with overrides
-    (e.g. ``epochs=10``)."""
+    """The paper's linear-probe settings for ``method`` at ``fraction``, with overrides."""
     base = _pick(_LINEAR, method, fraction, "linear-probe")
     return replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -105,10 +104,6 @@ def finetune_settings(method: str, fraction: float, **overrides: object) -> Fine
     """The paper's semi-supervised fine-tuning settings for ``method`` at ``fraction``."""
     base = _pick(_FINETUNE, method, fraction, "fine-tuning")
     return replace(base, **overrides)  # type: ignore[arg-type]
-
-
-__all__ = ["METHODS", "FinetuneConfig", "LinearProbeConfig", "finetune_settings",
-           "linear_settings"]
 
 
 def relative_grid(specs: list[tuple[float | None, tuple[tuple[bool, float], ...]]],

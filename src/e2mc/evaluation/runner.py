@@ -39,8 +39,7 @@ PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
 
 def column_name(protocol: str, fraction: float | None = None, k: int | None = None,
                 weighting: str = "weighted") -> str:
-    """The column of a ``results.json`` entry: ``linear 1%`` (a probe at a label fraction),
-    ``knn k=20`` (``knn k=20 uniform``), ``svm``."""
+    """An entry's column: ``linear 1%``, ``knn k=20`` (``knn k=20 uniform``), ``svm``."""
     if protocol == "knn":
         return f"knn k={k}" + ("" if weighting == "weighted" else f" {weighting}")
     return protocol if fraction is None else f"{protocol} {fraction_label(fraction)}"

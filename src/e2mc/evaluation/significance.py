@@ -137,8 +137,7 @@ def bootstrap_difference_ci(scores_a: np.ndarray, scores_b: np.ndarray,
 
 def compare_predictions(pred_a: np.ndarray, pred_b: np.ndarray, labels: np.ndarray,
                         n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Every paired statistic of two models' top-1 predictions on the same labelled images
-    (accuracies, difference and CI in percent)."""
+    """Every paired statistic of two models' top-1 predictions (percent)."""
     pred_a, pred_b, labels = (np.asarray(x) for x in (pred_a, pred_b, labels))
     if not pred_a.shape == pred_b.shape == labels.shape:
         raise ValueError(f"predictions and labels must have equal shapes, got {pred_a.shape}, "

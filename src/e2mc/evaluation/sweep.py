@@ -20,8 +20,7 @@ from e2mc.evaluation.probe_settings import LinearProbeConfig
 
 @dataclass
 class SweepEntry:
-    """One (fraction, seed) probe: its test result, configuration (the chosen grid point),
-    labelled subset size and, with a grid, the validation record."""
+    """One (fraction, seed) probe: test result, configuration, subset size, selection."""
 
     fraction: float
     seed: int

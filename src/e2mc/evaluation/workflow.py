@@ -286,8 +286,7 @@ def _resolved(options: EvalOptions) -> EvalOptions:
 
 def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, Any],
                     log: Callable[[str], None]) -> int:
-    """The channels the model's first layer takes, checked against ``model.in_channels``;
-    warns when the file's own architecture overrides ``model.arch``."""
+    """The model's input channels, checked against ``model.in_channels``."""
     from e2mc.models import input_channels
 
     recorded = (info.get("hparams") or {}).get("backbone")

@@ -121,8 +121,7 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
 
 def _head_settings(members: list[Stream], heads: Sequence[HeadSpec], slots: int,
                    dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Per head: the learning rate of every epoch (cosine decay to 0 over its epochs; 0 once it
-    has finished), weight decay, momentum and whether it is LARC."""
+    """Per head: each epoch's lr (cosine to 0, then 0), weight decay, momentum, LARC."""
     n_streams = len(members)
     max_epochs = max(heads[i].config.epochs for s in members for i in s.heads)
     lr_table = torch.zeros(n_streams, max_epochs + 1, slots, dtype=dtype)
@@ -177,8 +176,7 @@ def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
 
 @dataclass
 class Active:
-    """A group's tensors restricted to its first ``active`` streams (views, made once per
-    number of active streams rather than at every step)."""
+    """A group's tensors for its first ``active`` streams (views, made once per count)."""
 
     group: Group
     active: int
@@ -208,8 +206,7 @@ class Active:
 
 
 def train_step(v: Active, step: int, bank: torch.Tensor, trace: Counter | None = None) -> None:
-    """One step of the first ``v.active`` streams of the group (every head, finished ones with
-    learning rate 0)."""
+    """One step of the group's first ``v.active`` streams (finished heads: lr 0)."""
     group, active = v.group, v.active
     dim = bank.shape[1]
     slots, batch, classes = group.slots, group.batch_size, group.classes

@@ -22,8 +22,7 @@ BEST_HEAD_RULE = "best last-epoch validation top-1; ties: lower validation loss,
 
 
 def prepare_eval_rows(streams: Sequence[Stream], ex_all: torch.Tensor) -> None:
-    """Gather / standardize each stream's evaluation rows once while they fit
-    :data:`EVAL_CACHE_ELEMENTS`; the others are gathered chunk by chunk at every evaluation."""
+    """Gather / standardize the streams' evaluation rows once, up to :data:`EVAL_CACHE_ELEMENTS`."""
     prepared: dict[tuple, torch.Tensor] = {}
     budget = EVAL_CACHE_ELEMENTS
     dim = ex_all.shape[1]
