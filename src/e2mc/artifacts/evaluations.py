@@ -110,10 +110,9 @@ class EvalResults:
                              f"or delete {self.dir}") from err
 
 class EvalDir:
-    """The files of one evaluation directory, written as one unit: predictions under a new
-    generation (:meth:`begin`), then ``results.json`` atomically with their SHA-256s
-    (:meth:`write`), then the previous files removed; a killed writer leaves the previous
-    complete result. The writer holds :func:`writer_lock`."""
+    """One evaluation directory, written as one unit: predictions under a new generation
+    (:meth:`begin`), then ``results.json`` with their SHA-256s (:meth:`write`), then the old
+    files removed; a killed writer leaves the previous complete result."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -185,9 +184,8 @@ class EvalDir:
 
     def remove_unreferenced(self, entries: Iterable[dict[str, Any]] | None = None,
                             also: Iterable[str] = ()) -> list[Path]:
-        """Remove and return the files of ``predictions/`` that ``entries`` (default: those of
-        ``results.json``) do not reference and that are the directory's own (a recorded
-        generation's, its temporaries, or named in ``also``); a user's file is never deleted."""
+        """Remove and return the directory's own files of ``predictions/`` (a recorded generation's,
+        temporaries, ``also``) that ``entries`` do not reference; a user's file stays."""
         from e2mc.files import refuse_link, temp_target
 
         refuse_link(self.predictions_dir)

@@ -36,9 +36,8 @@ def extract_features(
     desc: str = "features",
 ) -> tuple[Any, np.ndarray]:
     """``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone`` in eval mode
-    (restored after); a backbone returning a tuple of ``[B, D_i]`` gives a tuple of arrays.
-    ``autocast`` None: bf16 on an accelerator only. Under ``torchrun`` with ``shard`` each rank
-    extracts a contiguous block and every rank returns the whole, all-gathered."""
+    (restored after); a tuple of arrays for a backbone returning a tuple. ``autocast`` None:
+    bf16 on an accelerator only. Under ``torchrun`` with ``shard`` the ranks share the work."""
     from e2mc.distributed import is_distributed, rank, world_size
     from e2mc.progress import progress_bar
 
@@ -131,9 +130,8 @@ def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
 
 class BackboneAndProjector(nn.Module):
     """A method as a feature extractor: ``forward(images) -> (backbone features [B, F],
-    projector embeddings [B, D])``. The method runs on two views, the batch's halves (padded
-    by repeating images; eval-mode BatchNorm makes an image's vectors batch-independent); its
-    backbone's outputs are captured by a forward hook."""
+    projector embeddings [B, D])``, the method run on the batch's halves as two views (eval-mode
+    BatchNorm: an image's vectors do not depend on its batch)."""
 
     def __init__(self, backbone: nn.Module, method: nn.Module) -> None:
         super().__init__()
@@ -257,12 +255,9 @@ def _keyed(identity: dict[str, Any]) -> dict[str, Any]:
 
 
 class FeatureCache:
-    """Features on disk under ``root``, one ``.npz`` per key: the model (checkpoint SHA-256 plus
-    architecture, else :func:`state_dict_digest`), the data (:func:`dataset_fingerprint`) and
-    the precision. Writes are atomic; an entry is used only if it reads back whole with the
-    key's identity and shapes, else it is removed and extracted again. An unwritable cache
-    warns once on stderr and the features are returned unstored. Under ``torchrun`` an entry is
-    used only if every rank reads it, and rank 0 writes it."""
+    """Features on disk, one ``.npz`` per key of model, data (:func:`dataset_fingerprint`) and
+    precision, written atomically; an entry that does not read back whole with the key's
+    identity and shapes is removed and extracted again. An unwritable cache warns once."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)

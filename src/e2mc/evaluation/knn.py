@@ -128,12 +128,10 @@ def knn_classify(
         raise ValueError("need at least one k")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    for w in weightings:
-        if w not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {w!r}")
-    for k in ks:
-        if k < 1 or k > len(train_x):
-            raise ValueError(f"k must be in [1, {len(train_x)}] (training bank size), got {k}")
+    if any(w not in WEIGHTINGS for w in weightings):
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {list(weightings)}")
+    if not all(1 <= k <= len(train_x) for k in ks):
+        raise ValueError(f"k must be in [1, {len(train_x)}] (training bank size), got {list(ks)}")
     device = torch.device(device)
     num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
     bank = F.normalize(torch.as_tensor(train_x, device=device).float(), dim=1)

@@ -47,11 +47,9 @@ def column_name(protocol: str, fraction: float | None = None, k: int | None = No
 
 @dataclass
 class EvalOptions:
-    """Settings of an evaluation. ``*_overrides`` change fields of the method presets;
-    ``report``: the last- (default: no selection on the test set) or best-epoch top-1.
-    ``lr_grid`` / ``wd_grid``: a fraction's linear-probe grid, chosen on ``val_fraction`` of
-    its subset (:func:`~e2mc.evaluation.sweep.linear_protocol`). ``subset_files``: a
-    fraction's image list replacing its stratified random subset."""
+    """Settings of an evaluation. ``report``: the last- (default: no selection on the test set)
+    or best-epoch top-1. ``lr_grid`` / ``wd_grid``: a fraction's grid, chosen on ``val_fraction``
+    of its subset. ``subset_files``: a fraction's image list replacing its random subset."""
 
     protocols: tuple[str, ...] = ("linear",)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
@@ -83,9 +81,8 @@ class EvalOptions:
             raise ValueError(f"report must be 'last' or 'best', got {self.report!r}")
         if not self.fractions or not self.seeds:
             raise ValueError("need at least one fraction and one seed")
-        for f in self.fractions:
-            if not 0 < f <= 1:
-                raise ValueError(f"fractions must be in (0, 1], got {f}")
+        if not all(0 < f <= 1 for f in self.fractions):
+            raise ValueError(f"fractions must be in (0, 1], got {list(self.fractions)}")
         for name, table in (("lr_grid", self.lr_grid), ("wd_grid", self.wd_grid),
                             ("subset_files", self.subset_files)):
             extra = [f for f in table if f not in self.fractions]

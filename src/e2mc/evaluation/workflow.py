@@ -162,8 +162,7 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
 
 def _refuse_live_run(named: str, chosen: Any) -> None:
     """``InputError`` for a run directory (or its ``checkpoint.pt`` / ``best.pt``) another
-    process still trains: its latest step would be recorded as the run's end. A per-epoch file
-    of ``checkpoints/`` is a fixed step and is evaluated."""
+    process still trains: its latest step would be recorded as the run's end."""
     from e2mc.artifacts import BEST, CHECKPOINT, describe_holder, live_writer
 
     if chosen is None or not (chosen.from_directory or chosen.path.name in (CHECKPOINT, BEST)):
@@ -246,9 +245,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
                         lock: bool = True, log: Callable[[str], None] = _stderr
                         ) -> EvalResults | None:
     """Evaluate the backbone of ``checkpoint`` on ``data`` into ``out``; returns what it holds
-    (None off the main process). ``image_size`` None: the recorded training size, else the
-    model's or the data's (with a note). ``reuse``: read ``out`` back when its stamp matches.
-    ``lock`` False: the caller holds ``out``'s writer lock."""
+    (None off the main process). ``reuse``: read ``out`` back when its stamp matches."""
     from e2mc.checkpoints import is_url
     from e2mc.distributed import is_main_process
 

@@ -1,11 +1,7 @@
-"""Many linear probes trained at once on one cached feature tensor, the package's one
-linear-probe engine on cached features. Each probe is a *head*, exactly the sequential probe
-for its settings and seed (``tests/reference.py`` is the oracle): same initialization, sample
-order, mini-batches, SGD/LARC update and per-epoch cosine decay. :mod:`.plan` groups heads
-that share a matrix product, :mod:`.engine` trains a group (the cross-entropy gradient is
-written out: autograd on the same products took 1.6-1.7x the time), :mod:`.scoring` scores
-every head after each epoch and chooses the best of a grid (:func:`best_head`).
-"""
+"""The package's one linear-probe engine on cached features: many probes (*heads*) trained at
+once, each exactly the sequential probe for its settings and seed (``tests/reference.py``).
+:mod:`.plan` groups heads that share a matrix product, :mod:`.engine` trains a group (the
+gradient written out: autograd took 1.6-1.7x the time), :mod:`.scoring` scores the heads."""
 
 from __future__ import annotations
 
@@ -46,9 +42,8 @@ def train_linear_heads(
     eval_chunk: int = 8192,
     trace: Counter | None = None,
 ) -> list[ProbeResult]:
-    """Train every head at once; one :class:`ProbeResult` per head, in order. The heads index
-    the rows of ``train_x [N, D]`` and ``eval_x`` (``eval_rows``); ``trace`` counts the shapes
-    of every matrix product."""
+    """Train every head at once; one :class:`ProbeResult` per head, in order. ``trace`` counts
+    the shapes of every matrix product."""
     if not heads:
         raise ValueError("no heads to train")
     device = torch.device(device)

@@ -241,10 +241,9 @@ _LOG2_E = 1.4426950408889634
 
 
 def forward_backward(v: Active, xb: torch.Tensor, yb: torch.Tensor, row_w: torch.Tensor) -> None:
-    """Write into ``v.grad`` every head's mean cross-entropy gradient on ``xb [A, B, D]``,
-    ``yb [A, B]`` (``row_w``: 1 / batch length, 0 for padding): ``softmax - onehot``, weighted.
-    The logits are ``[A, slots, C, B]`` times ``log2 e``: the class reductions run over
-    contiguous rows and ``exp2`` (3x faster than ``exp`` on a CPU) gives the exponentials."""
+    """Write into ``v.grad`` every head's mean cross-entropy gradient ``(softmax - onehot) *
+    row_w`` on ``xb [A, B, D]``, ``yb [A, B]``. The logits are ``[A, slots, C, B]`` times
+    ``log2 e``: class reductions over contiguous rows, and ``exp2`` (3x ``exp``'s speed)."""
     active, batch, _ = xb.shape
     slots, classes = v.group.slots, v.group.classes
     xt = xb.transpose(1, 2)

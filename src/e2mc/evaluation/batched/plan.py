@@ -17,8 +17,7 @@ from e2mc.evaluation.probe_settings import LinearProbeConfig
 @dataclass(eq=False)
 class HeadSpec:
     """One probe: train on ``train_x[rows]`` with ``config`` and ``seed``; evaluate on
-    ``eval_x[eval_rows]`` (all rows when None) after every epoch (``history``) or only after
-    the last one."""
+    ``eval_x[eval_rows]`` (None: all) after every epoch (``history``) or only the last."""
 
     rows: np.ndarray
     config: LinearProbeConfig
