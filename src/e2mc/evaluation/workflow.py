@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,8 @@ class ModelSpec:
     module: Any = None
 
 
-_stderr = partial(print, file=sys.stderr)
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)  # the sys.stderr of the call (a capture, a redirect)
 
 
 @dataclass
