@@ -1,15 +1,6 @@
-"""``e2mc eval A B C --out DIR``: several checkpoints evaluated alike, each into its own
-evaluation directory ``DIR/<name>/`` (:class:`~e2mc.artifacts.EvalSetDir`), in this process one
-after another (``inline``) or each as a job (``local``, ``slurm``: :mod:`e2mc.jobs`).
-
-Every evaluation goes through :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` with
-``reuse``: an evaluation directory that already holds the same checkpoint bytes, data content
-(:mod:`e2mc.data.identity`: new images at the same paths are other data) and options is read
-back, and a job is submitted only for the ones that do not
-(:func:`~e2mc.evaluation.workflow.is_evaluated`), so running the same command again after an
-interruption resubmits nothing that finished. A failed job stops the command with its log
-tail (exit 1); nothing is printed as a result of a partial set.
-"""
+"""``e2mc eval A B C --out DIR``: several checkpoints evaluated alike into ``DIR/<name>/``,
+inline or each as a job, with ``reuse``: running the same command again after an interruption
+redoes nothing that finished."""
 
 from __future__ import annotations
 
@@ -33,9 +24,7 @@ def evaluate_set(checkpoints: Sequence[str], out: str | Path, data: EvalData,
                  cache: str | Path | None = None, extra_record: dict[str, Any] | None = None,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
                  ) -> dict[str, EvalResults]:
-    """Evaluate every one of ``checkpoints`` into ``out/<name>/``; returns name -> results, in
-    the order given. ``evaluations.json`` records each name's checkpoint before the first
-    evaluation; a directory that recorded other checkpoints under a name is refused."""
+    """Evaluate each of ``checkpoints`` into ``out/<name>/``; returns name -> results."""
     files, model = EvalSetDir(out), model or ModelSpec()
     names = evaluation_set_names([str(c) for c in checkpoints])
     _check_exist(checkpoints, model.last)  # before anything is written or submitted
@@ -73,9 +62,8 @@ def _check_exist(checkpoints: Sequence[str], last: bool) -> None:
 
 
 def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> None:
-    """``evaluations.json`` with the names of ``wanted`` added (atomically; earlier names of the
-    directory kept). The names hash their checkpoint arguments, so a name never changes its
-    checkpoint; a file that says otherwise was not written by this code and is refused."""
+    """Add ``wanted`` to ``evaluations.json`` atomically; a name recorded with another
+    checkpoint (names hash their checkpoints) means a foreign file and is refused."""
     index: dict[str, str] = {}
     if files.index.is_file():
         try:
@@ -91,5 +79,3 @@ def _write_index(files: EvalSetDir, wanted: dict[str, str]) -> None:
     files.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(files.index, json.dumps({"checkpoints": index}, indent=2))
 
-
-__all__ = ["evaluate_set"]

@@ -22,7 +22,6 @@ from e2mc.artifacts.layout import (
 from e2mc.errors import InputError
 
 
-# --------------------------------------------------------------------------- evaluations
 @dataclass
 class EvalEntry:
     """One probe of one evaluation: its column (``"linear 1%"``, ``"knn k=20"``, ...), label
@@ -36,8 +35,7 @@ class EvalEntry:
     seed: int | None = None
     predictions: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: SHA-256 of the predictions file, recorded by :meth:`EvalDir.write` (``None`` in files
-    #: written before it was recorded: such predictions are read unchecked).
+    #: SHA-256 of the predictions file (:meth:`EvalDir.write`); None: read unchecked.
     predictions_sha256: str | None = None
 
     @property
@@ -67,16 +65,11 @@ class EvalEntry:
 
 @dataclass
 class EvalResults:
-    """The ``results.json`` of one evaluation directory, typed. ``info`` keeps the other
-    top-level fields (checkpoint, command, data, protocols, settings, ...)."""
+    """One directory's ``results.json``, typed; ``info``: its other fields."""
 
     dir: Path
     entries: list[EvalEntry]
     info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def checkpoint(self) -> str | None:
-        return self.info.get("checkpoint")
 
     def columns(self) -> list[str]:
         """The columns in the order they first appear."""
@@ -117,14 +110,9 @@ class EvalResults:
                              f"or delete {self.dir}") from err
 
 class EvalDir:
-    """The files of one evaluation directory, written as one unit.
-
-    An evaluation writes its predictions under names no complete evaluation uses
-    (``predictions/<name>.<generation>.npz``, :meth:`begin`), then ``results.json`` last and
-    atomically (:meth:`write`), recording each file's SHA-256; only then are the previous
-    evaluation's files removed. A writer killed at any point leaves the previous complete
-    result, whose files :meth:`EvalResults.predictions` checks against their digests. The
-    writer holds :func:`writer_lock` (``run_evaluation`` does)."""
+    """One evaluation directory, written as one unit: predictions under a new generation
+    (:meth:`begin`), then ``results.json`` with their SHA-256s (:meth:`write`), then the old
+    files removed; a killed writer leaves the previous complete result."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -138,8 +126,7 @@ class EvalDir:
         return self.root / PREDICTIONS_DIR
 
     def prediction_file(self, name: str, generation: str | None = None) -> str:
-        """Path of ``predictions/<name>.<generation>.npz`` (``<name>.npz`` without a
-        generation) relative to the directory (as stored in entries)."""
+        """``predictions/<name>[.<generation>].npz``, relative to the directory."""
         stem = f"{name}.{generation}" if generation else name
         return (Path(PREDICTIONS_DIR) / f"{stem}.npz").as_posix()
 
@@ -152,8 +139,7 @@ class EvalDir:
 
     @property
     def generations(self) -> Path:
-        """``.generations.json``: the generations this directory's evaluations started, the
-        record of which ``predictions/`` files are its own (:meth:`remove_unreferenced`)."""
+        """``.generations.json``: the generations this directory started (its own files)."""
         return self.root / GENERATIONS
 
     def _own_generations(self) -> set[str]:
@@ -169,11 +155,8 @@ class EvalDir:
         atomic_write_text(self.generations, json.dumps(sorted(set(generations))))
 
     def begin(self) -> str:
-        """Start an evaluation into the directory: remove what an interrupted one left (its own
-        files of ``predictions/`` that ``results.json`` does not reference) and return a new
-        generation id for :func:`~e2mc.evaluation.results.save_predictions`, recorded first as
-        the directory's own. The previous complete result stays as it is until :meth:`write`
-        replaces it. A symbolic link at ``predictions`` is refused."""
+        """Remove what an interrupted evaluation left and return a new generation id, recorded
+        first as the directory's own. A symbolic link at ``predictions`` is refused."""
         from e2mc.files import refuse_link
 
         refuse_link(self.predictions_dir)
@@ -201,11 +184,8 @@ class EvalDir:
 
     def remove_unreferenced(self, entries: Iterable[dict[str, Any]] | None = None,
                             also: Iterable[str] = ()) -> list[Path]:
-        """Remove the directory's own files of ``predictions/`` that ``entries`` (default: those
-        of ``results.json``) do not reference: files of a generation :meth:`begin` recorded
-        (``.generations.json``) and their killed writes' temporary files, and the files
-        ``also`` names (those the previous ``results.json`` referenced); returns them. Any
-        other file is left alone: a user's file in the folder is never deleted."""
+        """Remove and return the directory's own files of ``predictions/`` (a recorded generation's,
+        temporaries, ``also``) that ``entries`` do not reference; a user's file stays."""
         from e2mc.files import refuse_link, temp_target
 
         refuse_link(self.predictions_dir)
@@ -241,8 +221,7 @@ class EvalDir:
         return EvalResults(dir=self.root, entries=entries, info=info)
 
     def write(self, record: dict[str, Any]) -> Path:
-        """Write ``record`` (entries and top-level fields) as ``results.json``, atomically, with
-        a ``summary`` (mean, SE and count over seeds of every numeric metric per column)."""
+        """Write ``record`` atomically as ``results.json`` with its ``summary``."""
         from e2mc.files import atomic_write_text, temp_target
 
         record = dict(record)
@@ -291,13 +270,8 @@ def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str
         for key, value in e["metrics"].items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 col.setdefault(key, []).append(float(value))
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for column, metrics in grouped.items():
-        out[column] = {}
-        for key, values in metrics.items():
-            mean, se = mean_se(values)
-            out[column][key] = {"mean": mean, "se": se, "n": len(values)}
-    return out
+    return {column: {key: dict(zip(("mean", "se"), mean_se(values), strict=True), n=len(values))
+                     for key, values in metrics.items()} for column, metrics in grouped.items()}
 
 
 def _jsonable(obj: Any) -> Any:
@@ -310,12 +284,9 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-# --------------------------------------------------------------------------- evaluation sets
 class EvalSetDir:
-    """The files of ``e2mc eval A B ... --out DIR``: one evaluation directory per checkpoint
-    (``DIR/<name>/``, :class:`EvalDir`; names from :func:`evaluation_set_names`),
-    ``evaluations.json`` (each name's checkpoint, written before the first evaluation) and the
-    jobs' ``jobs.json`` and ``jobs/`` (as in a search directory)."""
+    """The files of ``e2mc eval A B ... --out DIR``: ``DIR/<name>/`` per checkpoint,
+    ``evaluations.json`` (each name's checkpoint) and the jobs' ``jobs.json`` and ``jobs/``."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -328,21 +299,17 @@ class EvalSetDir:
 
 
 def slug_dir_name(label: str, identity: str, fallback: str) -> str:
-    """A directory name injective in ``identity``: a readable slug of ``label`` (at most 80
-    characters, ``fallback`` when nothing is left of it) and the first 10 hex digits of the
-    SHA-256 of ``identity`` (``"beta 100"`` and ``"beta_100"`` share the slug, not the hash)."""
+    """A directory name injective in ``identity``: a slug of ``label`` (at most 80 characters,
+    else ``fallback``) and the first 10 hex digits of the SHA-256 of ``identity``."""
     import hashlib
-    import re
 
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", label).strip("_")[:80] or fallback
     return f"{slug}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
 
 
 def evaluation_set_names(checkpoints: list[str]) -> list[str]:
-    """A directory name per checkpoint argument (:func:`slug_dir_name`): a slug of its last part
-    (a run directory's or file's name) and a hash of the whole argument (``a/run`` and
-    ``b/run`` share the slug, not the hash). The same argument twice is an
-    :class:`~e2mc.errors.InputError`."""
+    """A directory name per checkpoint argument (:func:`slug_dir_name` of its last part and the
+    whole); the same argument (or file) twice is an :class:`~e2mc.errors.InputError`."""
     twice = sorted({c for c in checkpoints if checkpoints.count(c) > 1})
     if twice:
         raise InputError(f"checkpoint {twice[0]} is given twice; list each once")

@@ -1,13 +1,5 @@
-"""Evaluation of frozen or fine-tuned backbones and paired statistics (paper step 3, app. C).
-
-Protocols: linear probes on cached features, all of an evaluation trained at once
-(:func:`train_linear_heads`, :func:`linear_protocol` with a learning-rate grid chosen on
-validation) or with per-epoch
-augmentation (:func:`train_augmented_linear_probe`), kNN (:func:`knn_classify`),
-semi-supervised fine-tuning (:func:`finetune`), transfer with linear SVMs
-(:func:`svm_transfer`). Statistics: :mod:`e2mc.evaluation.significance`. Run directories and the
-comparison table: :mod:`e2mc.evaluation.compare` and :mod:`e2mc.evaluation.compare_report`.
-"""
+"""Evaluation of frozen or fine-tuned backbones and paired statistics (paper step 3, app. C);
+docs/evaluation.md lists the protocols."""
 
 from __future__ import annotations
 
@@ -39,13 +31,10 @@ from e2mc.evaluation.workflow import EvalData, evaluate_module
 
 __all__ = [
     "VOC07_COSTS", "EvalData", "EvalOptions", "FeatureCache", "FinetuneConfig", "HeadSpec",
-    "KNNResult",
-    "LinearProbeConfig", "ProbeResult", "SVMResult", "SweepEntry", "bootstrap_difference_ci",
-    "cohens_d_paired",
-    "compare_predictions", "compare_evaluations", "comparison_markdown", "evaluate_module",
-    "extract_features",
-    "finetune", "finetune_settings", "knn_classify", "linear_settings", "linear_protocol",
-    "mcnemar_test", "paired_permutation_test", "pooled_permutation_test", "svm_transfer",
-    "train_augmented_linear_probe", "train_linear_heads",
-    "validation_split", "write_comparison",
+    "KNNResult", "LinearProbeConfig", "ProbeResult", "SVMResult", "SweepEntry",
+    "bootstrap_difference_ci", "cohens_d_paired", "compare_predictions", "compare_evaluations",
+    "comparison_markdown", "evaluate_module", "extract_features", "finetune", "finetune_settings",
+    "knn_classify", "linear_settings", "linear_protocol", "mcnemar_test",
+    "paired_permutation_test", "pooled_permutation_test", "svm_transfer",
+    "train_augmented_linear_probe", "train_linear_heads", "validation_split", "write_comparison",
 ]

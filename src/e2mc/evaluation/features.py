@@ -1,13 +1,5 @@
-"""Frozen-backbone feature extraction and an on-disk feature cache.
-
-Every protocol that keeps the backbone frozen (linear probe, kNN, SVM) trains on pooled
-features, so they are extracted once per (checkpoint, data, transform) and reused: training a
-probe many times (fractions x seeds) then costs seconds instead of forward passes.
-
-:func:`extract_features` is the one extraction loop of the package; a method's backbone
-features together with its projector embeddings (``e2mc analyze``, the validation monitor) go
-through it wrapped as :class:`BackboneAndProjector` (:func:`features_and_embeddings`).
-"""
+"""Frozen-backbone feature extraction (:func:`extract_features`, the package's one extraction
+loop) and the on-disk :class:`FeatureCache` the frozen protocols share."""
 
 from __future__ import annotations
 
@@ -31,11 +23,6 @@ from e2mc.data.subsets import LabeledSubset, subset_parts
 from e2mc.processes import available_cores, loader_options
 
 
-def default_num_workers() -> int:
-    """DataLoader workers for extraction: one per available CPU core but one, at most 8."""
-    return max(0, min(8, available_cores() - 1))
-
-
 @torch.no_grad()
 def extract_features(
     backbone: nn.Module,
@@ -48,22 +35,9 @@ def extract_features(
     shard: bool = True,
     desc: str = "features",
 ) -> tuple[Any, np.ndarray]:
-    """Return ``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone``; a
-    ``backbone`` that returns a tuple of ``[B, D_i]`` tensors (:class:`BackboneAndProjector`)
-    gives a tuple of arrays, one per output.
-
-    The backbone runs in eval mode (BatchNorm uses its running statistics, as in every linear
-    evaluation protocol) under ``torch.no_grad``; its previous train/eval mode is restored.
-    Labels are whatever the dataset yields per item, stacked (class indices ``[N]`` or
-    multi-label indicator rows ``[N, C]``).
-
-    ``num_workers`` None: :func:`default_num_workers` (0 for a data set of one batch).
-    ``autocast`` None: bfloat16 autocast on an accelerator, float32 on the CPU (``True`` forces
-    it on the CPU too); features are returned as float32 either way. Inside a
-    ``torch.distributed`` process group (``torchrun``) with ``shard``, rank ``r`` of ``W``
-    extracts the ``r``-th contiguous block of ``ceil(N / W)`` items and the blocks are
-    all-gathered in rank order, so every rank returns the features of the whole data set.
-    """
+    """``(features [N, D] float32, labels)`` of ``dataset`` under ``backbone`` in eval mode
+    (restored after); a tuple of arrays for a backbone returning a tuple. ``autocast`` None:
+    bf16 on an accelerator only. Under ``torchrun`` with ``shard`` the ranks share the work."""
     from e2mc.distributed import is_distributed, rank, world_size
     from e2mc.progress import progress_bar
 
@@ -80,8 +54,9 @@ def extract_features(
         per_rank = -(-n // world_size())
         lo, hi = min(n, rank() * per_rank), min(n, (rank() + 1) * per_rank)
         part = LabeledSubset(dataset, range(lo, hi))
-    if num_workers is None:
-        num_workers = default_num_workers() if len(part) > batch_size else 0  # type: ignore[arg-type]
+    if num_workers is None:  # a core per worker but one, at most 8; none for one batch
+        one_batch = len(part) <= batch_size  # type: ignore[arg-type]
+        num_workers = 0 if one_batch else max(0, min(8, available_cores() - 1))
     was_training = backbone.training
     backbone.eval().to(device)
     runner = cpu_channels_last(backbone, device)
@@ -128,10 +103,8 @@ def extract_features(
 
 
 def _array_batches(dataset: Dataset, batch_size: int) -> Any:
-    """An in-memory image array (:class:`~e2mc.data.datasets.ArrayDataset`, or a subset of
-    one) transformed a batch at a time, the same tensors as a DataLoader of its items without
-    a PIL image each (the per-image path was the slowest part of extracting the shipped
-    subset's features); None for any other data set."""
+    """Batches of an in-memory :class:`~e2mc.data.datasets.ArrayDataset` (or a subset of one),
+    the same tensors as a DataLoader without a PIL image each; None for other data sets."""
     from e2mc.data.datasets import ArrayDataset
 
     dataset, indices = subset_parts(dataset)
@@ -141,12 +114,9 @@ def _array_batches(dataset: Dataset, batch_size: int) -> Any:
 
 
 def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
-    """What :func:`extract_features` runs: on a CPU, a convolutional backbone's copy in
-    channels-last layout (oneDNN's convolutions run it 1.5-2x faster there; the features agree
-    with the contiguous layout's to about 1e-8), else ``backbone`` itself. The backbone is
-    never converted in place: a model in training keeps its layout, and so its steps and its
-    checkpoint. A :class:`BackboneAndProjector` (its forward hook) and a module that cannot be
-    copied run as they are."""
+    """On a CPU, a channels-last copy of a convolutional backbone (1.5-2x faster, features equal
+    to ~1e-8), else ``backbone`` itself. Never converted in place: a model in training keeps
+    its layout, steps and checkpoint."""
     if device.type != "cpu" or isinstance(backbone, BackboneAndProjector) or \
             not any(isinstance(m, nn.Conv2d) for m in backbone.modules()):
         return backbone
@@ -160,14 +130,8 @@ def cpu_channels_last(backbone: nn.Module, device: torch.device) -> nn.Module:
 
 class BackboneAndProjector(nn.Module):
     """A method as a feature extractor: ``forward(images) -> (backbone features [B, F],
-    projector embeddings [B, D])``, for :func:`extract_features`.
-
-    A method need not expose its projector alone, so the embeddings are the method's own,
-    called on two views: the batch's first and second half (padded to an even size of at least
-    4 by repeating images; in eval mode BatchNorm uses its running statistics, so an image's
-    vectors do not depend on its batch). Every image passes the backbone once: its features are
-    the backbone's output inside the method's forward (captured by a forward hook), or those of
-    one more backbone call when the method does not call its backbone once per view."""
+    projector embeddings [B, D])``, the method run on the batch's halves as two views (eval-mode
+    BatchNorm: an image's vectors do not depend on its batch)."""
 
     def __init__(self, backbone: nn.Module, method: nn.Module) -> None:
         super().__init__()
@@ -197,11 +161,8 @@ def features_and_embeddings(
     progress: bool = True,
     desc: str = "features",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Backbone features ``[N, F]`` and (when ``method`` is given) projector embeddings
-    ``[N, D]`` of every image of ``dataset``, in order, as float32 tensors:
-    :func:`extract_features` of ``backbone`` or of :class:`BackboneAndProjector`, in this
-    process, without loader workers or autocast. Train/eval modes and devices of the modules
-    are restored afterwards."""
+    """Backbone features ``[N, F]`` and (with ``method``) projector embeddings ``[N, D]`` as
+    float32 tensors, in this process without workers or autocast; modes and devices restored."""
     modules = [m for m in (backbone, method) if m is not None]
     states = [(m, m.training, next(m.parameters(), torch.empty(0)).device) for m in modules]
     model = backbone if method is None else BackboneAndProjector(backbone, method)
@@ -218,8 +179,7 @@ def features_and_embeddings(
 
 def _gather_blocks(blocks: list[torch.Tensor], n: int, device: torch.device
                    ) -> list[torch.Tensor]:
-    """All-gather every rank's block of each tensor (padded to ``ceil(n / W)`` rows) and trim
-    to ``n``."""
+    """All-gather each tensor's per-rank blocks (padded to ``ceil(n / W)`` rows), to ``n``."""
     import torch.distributed as dist
 
     per_rank = -(-n // dist.get_world_size())
@@ -237,8 +197,7 @@ def _gather_blocks(blocks: list[torch.Tensor], n: int, device: torch.device
 
 
 def state_dict_digest(module: nn.Module) -> str:
-    """SHA-256 over the names, shapes, dtypes and values of ``module.state_dict()``
-    (parameters and buffers such as BatchNorm running statistics)."""
+    """SHA-256 of ``module.state_dict()``: names, shapes, dtypes, values (buffers too)."""
     h = hashlib.sha256()
     for name, tensor in module.state_dict().items():
         t = tensor.detach().cpu().contiguous().reshape(-1)
@@ -247,30 +206,23 @@ def state_dict_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _transform_of(dataset: Any) -> Any:
-    """The transform of ``dataset`` or of the data set it wraps (a subset and the like)."""
-    while not hasattr(dataset, "transform") and hasattr(dataset, "dataset"):
-        dataset = dataset.dataset
-    return getattr(dataset, "transform", None)
-
-
 def data_id(train_spec: str, test_spec: str | None = None, image_size: int | None = None,
             channels: int | None = None, skip_corrupt: bool = False, subset: str = "") -> str:
-    """An evaluation's data (``results.json``'s ``data``, the cache's ``data_id``):
-    ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|SUBSET]``; ``SUBSET`` says how the caller cut the
-    data sets (``train:1000|test:500``)."""
+    """An evaluation's ``data`` (and the cache's ``data_id``):
+    ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|SUBSET]``, ``SUBSET`` as ``train:1000|test:500``."""
     return "|".join([train_spec, test_spec or train_spec, f"size={image_size}", f"ch={channels}",
                      *(["skip-corrupt"] if skip_corrupt else []), *([subset] if subset else [])])
 
 
 def dataset_fingerprint(dataset: Dataset, data_id: str,
                         content: str | None = None) -> dict[str, Any]:
-    """What identifies a data set for caching: the caller's ``data_id`` (spec and split), its
-    size, the ``repr`` of its transform, a hash of its first and last items as they come out of
-    the transform, and the ``content`` hash of every image and label
-    (:func:`e2mc.data.identity.content_digest`, unless the caller computed it already;
-    docs/evaluation.md has what it costs)."""
+    """A data set's cache identity: ``data_id``, size, transform ``repr``, a hash of its first
+    and last transformed items and the ``content`` digest of every image and label
+    (:func:`e2mc.data.identity.content_digest` unless given)."""
     n = len(dataset)  # type: ignore[arg-type]
+    base = dataset
+    while not hasattr(base, "transform") and hasattr(base, "dataset"):  # through subsets
+        base = base.dataset
     h = hashlib.sha256()
     for idx in sorted({0, n - 1}) if n else []:
         image, target = dataset[idx]
@@ -279,7 +231,7 @@ def dataset_fingerprint(dataset: Dataset, data_id: str,
     return {
         "data_id": data_id,  # recorded; the key leaves it out (FeatureCache.key)
         "size": n,
-        "transform": repr(_transform_of(dataset)),
+        "transform": repr(getattr(base, "transform", None)),
         "items": h.hexdigest(),
         "content": content if content is not None else content_digest(dataset),
     }
@@ -290,8 +242,7 @@ CACHE_FORMAT = 5
 
 
 def model_signature(module: nn.Module) -> str:
-    """Class name plus the names and shapes of the state dict (cheap, no values): a checkpoint
-    file loaded into another architecture gets another cache key."""
+    """Class name, state-dict names and shapes: another architecture, another key."""
     h = hashlib.sha256(type(module).__name__.encode())
     for name, tensor in module.state_dict().items():
         h.update(f"{name}|{tuple(tensor.shape)}".encode())
@@ -299,30 +250,14 @@ def model_signature(module: nn.Module) -> str:
 
 
 def _keyed(identity: dict[str, Any]) -> dict[str, Any]:
-    """What of a cache identity the key covers: all but ``data_id``, how the images are named
-    (their content identity says what they are)."""
+    """A cache identity less ``data_id`` (the content identity says what the images are)."""
     return {k: v for k, v in identity.items() if k != "data_id"}
 
 
 class FeatureCache:
-    """Features on disk under ``root``, one ``.npz`` per (model, data, split, transform) key.
-
-    The model is identified by the SHA-256 of its checkpoint file when ``checkpoint`` is given
-    (plus its architecture signature), else by :func:`state_dict_digest`; so a changed
-    checkpoint gives a new key and the old features are never reused for it. The data are
-    identified by :func:`dataset_fingerprint` (the caller's id with the split, size, transform
-    and the content of every image and label), and the extraction precision (bf16 autocast or
-    not) is part of the key. Writes are atomic (temporary file + rename). A stored entry is used
-    only if it reads back whole (the zip CRC of every array is checked), its stored identity
-    equals the key's and its shapes match the data set; anything else (a truncated or corrupt
-    file, an older format) is stale: it is removed and the features are extracted again. A cache
-    directory that cannot be written (read-only, full) does not stop the caller: one
-    ``warning:`` line on stderr, and the features are returned unstored.
-
-    Under ``torchrun`` every rank calls :meth:`get_or_extract`; the entry is used only if every
-    rank can read it, extraction is sharded across the ranks (:func:`extract_features`) and rank
-    0 writes the entry.
-    """
+    """Features on disk, one ``.npz`` per key of model, data (:func:`dataset_fingerprint`) and
+    precision, written atomically; an entry that does not read back whole with the key's
+    identity and shapes is removed and extracted again. An unwritable cache warns once."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -335,8 +270,7 @@ class FeatureCache:
             checkpoint: str | os.PathLike[str] | None = None,
             precision: str = "float32", content: str | None = None
             ) -> tuple[str, dict[str, Any]]:
-        """The cache key (hex) and the identity it was computed from (``content``: the data
-        set's :func:`~e2mc.data.identity.content_digest`, when the caller has it)."""
+        """The cache key (hex) and the identity it was computed from."""
         model_id = (f"file:{files.sha256_file(checkpoint)}:{model_signature(backbone)}"
                     if checkpoint is not None else f"state:{state_dict_digest(backbone)}")
         identity = {"format": CACHE_FORMAT, "model": model_id, "precision": precision,
@@ -348,8 +282,7 @@ class FeatureCache:
         return self.root / f"{key}.npz"
 
     def load(self, key: str, identity: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The stored ``(features, labels)`` of ``key`` if the entry is present and valid, else
-        None (a stale entry is deleted)."""
+        """The stored ``(features, labels)`` of a valid entry, else None (stale: deleted)."""
         path = self.path(key)
         try:
             if not path.exists():
@@ -389,8 +322,7 @@ class FeatureCache:
     STALE_TEMP_S = 600.0
 
     def _remove_stale_temp_files(self, key: str) -> None:
-        """Remove the temporary files of ``key`` that killed writes left behind (old enough
-        that no live writer can own them: a write takes seconds)."""
+        """Remove ``key``'s temporaries of killed writes (too old for a live one's)."""
         import time
 
         for tmp in self.root.glob(f".{self.path(key).name}.*.tmp"):
@@ -410,9 +342,9 @@ class FeatureCache:
         content: str | None = None,
         **extract_kwargs: Any,
     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Return ``(features, labels, hit)``: cached arrays when a valid entry exists
-        (``hit``), else ``extractor(backbone, dataset, **extract_kwargs)`` stored under the
-        key (``content``: as for :meth:`key`)."""
+        """``(features, labels, hit)``: the valid cached entry, else ``extractor``'s, stored."""
+        import torch.distributed as dist
+
         from e2mc.distributed import is_distributed, is_main_process
 
         device = torch.device(extract_kwargs.get("device", "cpu"))
@@ -422,8 +354,6 @@ class FeatureCache:
                                  "bfloat16-autocast" if autocast else "float32", content)
         loaded = self.load(key, identity)
         if is_distributed():
-            import torch.distributed as dist
-
             flags: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(flags, loaded is not None)
             if not all(flags):
@@ -440,7 +370,5 @@ class FeatureCache:
             except OSError as err:  # read-only, full, not a directory: go on without it
                 self._give_up("written", err)
         if is_distributed():
-            import torch.distributed as dist
-
             dist.barrier()
         return features, labels, False

@@ -1,10 +1,5 @@
-"""Semi-supervised fine-tuning: backbone and linear head trained together (docs/method.md).
-
-SGD with separate backbone / head learning rates, weight decay 0, 20 epochs, either cosine
-decay (VICReg) or steps at epochs 12 and 16 by x0.2 (SwAV). Training images get a random
-resized crop + flip each step; the backbone trains in train mode (BatchNorm statistics update).
-The test set is evaluated after every epoch (eval mode), giving last- and best-epoch numbers.
-"""
+"""Semi-supervised fine-tuning: backbone and linear head trained together (docs/method.md),
+the test set scored after every epoch in eval mode."""
 
 from __future__ import annotations
 
@@ -43,9 +38,7 @@ def finetune(
     num_workers: int = 0,
     progress: bool = True,
 ) -> ProbeResult:
-    """Fine-tune a copy of ``backbone`` (the caller's module is not modified) with a new
-    linear head on ``train_dataset`` (pass a ``Subset`` for a label fraction); both datasets
-    yield eval-transformed tensors and integer labels."""
+    """Fine-tune a copy of ``backbone`` with a new head (data sets of tensors, int labels)."""
     from e2mc.progress import progress_bar
 
     config = config or FinetuneConfig()

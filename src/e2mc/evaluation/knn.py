@@ -1,18 +1,7 @@
-"""k-nearest-neighbour classification with cosine similarity, every ``k`` and both weightings in
-one pass over the training bank.
-
-Features are L2-normalized once. For a test image with neighbours ``i = 1..k`` (largest cosine
-similarity ``s_i`` in the training bank, ties to the lower training index), class ``c`` scores
-
-- ``weighted`` (InstDisc / DINO): ``sum_i exp(s_i / T) [y_i = c]``;
-- ``uniform`` (majority vote): ``sum_i [y_i = c]``;
-
-the prediction is the highest-scoring class (ties: the lower class index). The similarities are
-computed in blocks of ``chunk_size`` test images x ``bank_chunk`` training images and merged
-into a running top-``max(ks)``, so memory is ``O(chunk_size * (bank_chunk + k))`` and the
-``N_test x N_train`` matrix never exists; every ``k`` is read off the same sorted neighbour
-list.
-"""
+"""k-nearest-neighbour classification with cosine similarity: class ``c`` scores
+``sum_i exp(s_i / T) [y_i = c]`` (``weighted``) or ``sum_i [y_i = c]`` (``uniform``) over the
+``k`` nearest (ties to the lower index, then the lower class). One blockwise search serves every
+``k`` and weighting; the ``N_test x N_train`` matrix never exists."""
 
 from __future__ import annotations
 
@@ -52,9 +41,8 @@ def nearest_neighbours(
     chunk_size: int = 1024,
     bank_chunk: int = 65536,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(similarities, indices)`` ``[N_q, k]`` of the ``k`` most similar bank rows of every
-    query (dot products of the given rows; normalize first for cosine), sorted by decreasing
-    similarity, ties to the lower bank index."""
+    """``(similarities, indices)`` ``[N_q, k]`` of the ``k`` largest dot products of every
+    query with the bank, decreasing, ties to the lower bank index."""
     if k < 1 or k > len(bank):
         raise ValueError(f"k must be in [1, {len(bank)}] (training bank size), got {k}")
     if chunk_size < 1 or bank_chunk < 1:
@@ -82,9 +70,8 @@ def nearest_neighbours(
 
 
 def _sorted_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest per row in decreasing order, ties to the lower column. ``topk(k + 1)``
-    finds them; rows whose ``k``-th and ``(k+1)``-th values are equal (an exact tie at the
-    border, e.g. duplicate images) are redone with a stable sort of the whole row."""
+    """The ``k`` largest per row in decreasing order, ties to the lower column; rows with a tie
+    at the border (``topk(k + 1)``'s last two equal) are redone with a stable full sort."""
     if k >= values.shape[1]:
         return torch.sort(values, dim=1, descending=True, stable=True)
     top_s, top_i = values.topk(k + 1, dim=1)
@@ -128,9 +115,8 @@ def knn_classify(
     weightings: Sequence[str] = ("weighted",),
     bank_chunk: int = 65536,
 ) -> list[KNNResult]:
-    """kNN accuracy for each ``k`` in ``ks`` and each weighting in ``weightings`` (order: ks
-    outer, weightings inner), from one neighbour search with ``max(ks)`` neighbours (defaults:
-    k = 20 and 200, ``T = 0.07``). ``k`` larger than the training bank is an error."""
+    """kNN accuracy for each ``k`` of ``ks`` (outer) and weighting (inner) from one search of
+    ``max(ks)`` neighbours; a ``k`` larger than the training bank is an error."""
     train_y = np.asarray(train_y)
     test_y = np.asarray(test_y)
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
@@ -142,12 +128,10 @@ def knn_classify(
         raise ValueError("need at least one k")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    for w in weightings:
-        if w not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {w!r}")
-    for k in ks:
-        if k < 1 or k > len(train_x):
-            raise ValueError(f"k must be in [1, {len(train_x)}] (training bank size), got {k}")
+    if any(w not in WEIGHTINGS for w in weightings):
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {list(weightings)}")
+    if not all(1 <= k <= len(train_x) for k in ks):
+        raise ValueError(f"k must be in [1, {len(train_x)}] (training bank size), got {list(ks)}")
     device = torch.device(device)
     num_classes = num_classes or int(max(train_y.max(), test_y.max())) + 1
     bank = F.normalize(torch.as_tensor(train_x, device=device).float(), dim=1)

@@ -1,13 +1,6 @@
 """What a linear probe gives (:class:`ProbeResult`, recorded epoch by epoch by
-:class:`EpochTracker`), its initial layer, and the probe with per-epoch augmentation. The probes
-on cached features are heads of :func:`e2mc.evaluation.batched.train_linear_heads`.
-
-Protocol (docs/method.md): a linear layer on frozen pooled features, SGD momentum 0.9 (or LARS
-for SimSiam), cosine decay of the learning rate to 0 over the epochs (stepped per epoch, as the
-official scripts do), cross-entropy; top-1/top-5 on a held-out test set after every epoch, so
-both the last-epoch (reported by default: no test-set selection) and the best-epoch numbers
-(what the authors reported) are available.
-"""
+:class:`EpochTracker`), its initial layer, and the probe with per-epoch augmentation (the
+probes on cached features are heads of :func:`e2mc.evaluation.batched.train_linear_heads`)."""
 
 from __future__ import annotations
 
@@ -26,9 +19,8 @@ from e2mc.processes import loader_options
 
 @dataclass
 class ProbeResult:
-    """Outcome of one probe run. Accuracies are percentages. ``predictions`` / ``top5`` are
-    the last epoch's per-test-image top-1 labels ``[N]`` and top-k labels ``[N, k]``;
-    ``best_predictions`` those of the best epoch."""
+    """One probe's accuracies (percent); the last epoch's top-1 ``predictions [N]`` and top-k
+    labels ``top5 [N, k]``, and the best epoch's ``best_predictions``."""
 
     top1_last: float
     top5_last: float
@@ -60,36 +52,8 @@ def init_head(dim: int, num_classes: int) -> nn.Linear:
     return head
 
 
-class _LinearTrainer:
-    """The augmented probe's head, optimizer (SGD with momentum, or SimSiam's LARC: apex
-    ``LARC(SGD(momentum, wd), trust_coefficient=0.001, clip=False)``, which
-    :class:`e2mc.optim.LARC` reproduces) and per-epoch cosine schedule."""
-
-    def __init__(self, dim: int, num_classes: int, config: LinearProbeConfig,
-                 device: torch.device) -> None:
-        self.head = init_head(dim, num_classes).to(device)
-        kind = torch.optim.SGD if config.optimizer == "sgd" else LARC
-        self.optimizer = kind(self.head.parameters(), lr=config.lr, momentum=config.momentum,
-                              weight_decay=config.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda e: cosine_factor(e, config.epochs))  # stepped per epoch
-        self.loss = nn.CrossEntropyLoss()
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        loss = self.loss(self.head(x), y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        return loss.item()
-
-    @torch.no_grad()
-    def logits(self, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-        return torch.cat([self.head(x[i:i + chunk]) for i in range(0, len(x), chunk)])
-
-
 class EpochTracker:
-    """One probe's per-epoch test accuracy: the history, the best epoch
-    (the first with the highest top-1) with its predictions, the last with its top-k labels."""
+    """One probe's per-epoch test accuracy: history, best (first highest top-1), last."""
 
     def __init__(self, labels: torch.Tensor) -> None:
         self.labels = labels
@@ -128,9 +92,8 @@ class EpochTracker:
 def random_resized_crop_flip(images: torch.Tensor, generator: torch.Generator,
                              scale: tuple[float, float] = (0.08, 1.0),
                              ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> torch.Tensor:
-    """Independent random resized crop and horizontal flip (torchvision's) of every image of a
-    ``[B, C, H, W]`` batch, output at the input size, drawn from ``generator``. Works on any
-    device, so the augmentation of already-normalized tensors can run on the accelerator."""
+    """torchvision's random resized crop and flip of each image of ``[B, C, H, W]``, at the
+    input size, drawn from ``generator``, on any device."""
     from torchvision.transforms import v2 as T
 
     augment = T.Compose([T.RandomResizedCrop(tuple(images.shape[-2:]), scale, ratio,
@@ -153,11 +116,9 @@ def train_augmented_linear_probe(
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] = random_resized_crop_flip,
     progress: bool = True,
 ) -> ProbeResult:
-    """The official linear protocol: the frozen backbone (eval mode, no gradients) sees a new
-    random resized crop + flip of every training image each epoch; the test set uses the fixed
-    ``test_features`` (centre/eval transform, e.g. from :class:`FeatureCache`). Slow: one
-    forward pass of the training set per epoch, meant for a GPU. ``train_dataset`` yields
-    eval-transformed tensors (pass a ``Subset`` for a label fraction)."""
+    """The official linear protocol: the frozen backbone sees a new ``augment`` of every
+    (eval-transformed) training image each epoch; the test set uses ``test_features``. One
+    forward pass of the training set per epoch: meant for a GPU."""
     from e2mc.progress import progress_bar
 
     config = config or LinearProbeConfig()
@@ -173,7 +134,12 @@ def train_augmented_linear_probe(
                         **loader_options(num_workers))
     tx = torch.as_tensor(test_features, dtype=torch.float32, device=device)
     ty = torch.as_tensor(np.asarray(test_labels), dtype=torch.long, device=device)
-    trainer = _LinearTrainer(tx.shape[1], num_classes, config, device)
+    head = init_head(tx.shape[1], num_classes).to(device)
+    kind = torch.optim.SGD if config.optimizer == "sgd" else LARC  # LARC: SimSiam's apex LARC
+    optimizer = kind(head.parameters(), lr=config.lr, momentum=config.momentum,
+                     weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda e: cosine_factor(e, config.epochs))  # stepped per epoch
     tracker = EpochTracker(ty)
     for _ in progress_bar(range(config.epochs), desc="augmented probe", unit="epoch",
                           disable=not progress):
@@ -181,7 +147,12 @@ def train_augmented_linear_probe(
             images = augment(images.to(device, non_blocking=True), gen)
             with torch.no_grad():
                 feats = backbone(images).float()
-            trainer.step(feats, torch.as_tensor(labels, device=device).long())
-        trainer.scheduler.step()
-        tracker.update(trainer.logits(tx))
+            loss = nn.functional.cross_entropy(head(feats),
+                                               torch.as_tensor(labels, device=device).long())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            tracker.update(torch.cat([head(tx[i:i + 8192]) for i in range(0, len(tx), 8192)]))
     return tracker.result()

@@ -1,6 +1,5 @@
-"""Paired comparisons over several training seeds: one summary per column of the per-(training
-seed, label seed) tests of :func:`e2mc.evaluation.compare_evaluations`, and one permutation test
-pooled over all those pairs. Used by ``e2mc search --confirm`` and the reproduction study."""
+"""Paired comparisons over several training seeds (``e2mc search --confirm``): a summary per
+column of the per-pair tests, and one permutation test pooled over the pairs."""
 
 from __future__ import annotations
 
@@ -18,10 +17,9 @@ PathLike = str | os.PathLike[str]
 
 def summarize_paired_tests(rows_by_seed: Mapping[int, list[dict[str, Any]]], column: str,
                            alpha: float = 0.05) -> dict[str, Any] | None:
-    """The difference in ``column`` (percentage points, other minus reference) as mean ± SE over
-    training seeds (each the mean over its label seeds), and how many (training seed, label
-    seed) pairs are significantly better / worse (p < ``alpha`` under both McNemar's test and the
-    paired permutation test). ``rows_by_seed[seed]`` are ``compare_evaluations(...).tests`` rows."""
+    """The difference in ``column`` (points, other minus reference) as mean ± SE over training
+    seeds of ``compare_evaluations(...).tests`` rows, and how many pairs are significantly
+    better / worse (p < ``alpha`` under both McNemar's and the permutation test)."""
     diffs, better, worse, total, mcnemar_ps = [], 0, 0, 0, []
     for rows in rows_by_seed.values():
         mine = [r for r in rows if r["column"] == column]
@@ -45,9 +43,8 @@ def summarize_paired_tests(rows_by_seed: Mapping[int, list[dict[str, Any]]], col
 
 
 def pooled_p(dir_pairs: Sequence[tuple[PathLike, PathLike]], column: str) -> float | None:
-    """p of :func:`~e2mc.evaluation.significance.pooled_permutation_test` over every (training
-    seed, label seed) pair of ``column``; ``dir_pairs`` holds (reference, other) evaluation
-    directories (pairs not evaluated yet are skipped). None with fewer than two pairs."""
+    """p of the pooled permutation test over every pair of ``column`` of the evaluated
+    (reference, other) ``dir_pairs``; None with fewer than two pairs."""
     from e2mc.evaluation.pairing import matched_correctness
     from e2mc.evaluation.significance import pooled_permutation_test
 

@@ -1,10 +1,5 @@
-"""The paper's evaluation hyper-parameters per method (docs/method.md), as dataclasses.
-
-Linear probe: 100 epochs, SGD momentum 0.9, cosine decay to 0, batch 256 unless stated.
-Semi-supervised fine-tuning: 20 epochs, SGD, weight decay 0, separate backbone / head rates.
-Fractions the paper does not list use the preset of the nearest listed fraction at or below
-them (the smallest one below it), e.g. 5% uses the 1% preset and 50% the 10% preset.
-"""
+"""The paper's evaluation hyper-parameters per method (docs/method.md), as dataclasses. A
+fraction the paper does not list uses the preset of the nearest listed one at or below it."""
 
 from __future__ import annotations
 
@@ -100,8 +95,7 @@ def _pick(table: dict[str, dict[float, object]], method: str, fraction: float, w
 
 
 def linear_settings(method: str, fraction: float, **overrides: object) -> LinearProbeConfig:
-    """The paper's linear-probe settings for ``method`` at label ``fraction``, with overrides
-    (e.g. ``epochs=10``)."""
+    """The paper's linear-probe settings for ``method`` at ``fraction``, with overrides."""
     base = _pick(_LINEAR, method, fraction, "linear-probe")
     return replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -110,10 +104,6 @@ def finetune_settings(method: str, fraction: float, **overrides: object) -> Fine
     """The paper's semi-supervised fine-tuning settings for ``method`` at ``fraction``."""
     base = _pick(_FINETUNE, method, fraction, "fine-tuning")
     return replace(base, **overrides)  # type: ignore[arg-type]
-
-
-__all__ = ["METHODS", "FinetuneConfig", "LinearProbeConfig", "finetune_settings",
-           "linear_settings"]
 
 
 def relative_grid(specs: list[tuple[float | None, tuple[tuple[bool, float], ...]]],

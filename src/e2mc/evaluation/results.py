@@ -1,18 +1,5 @@
-"""Evaluation directories of ``e2mc eval`` and the comparison of ``e2mc compare`` (its table,
-its accuracy chart and its files).
-
-Files and reader: :class:`e2mc.artifacts.EvalDir`, :class:`~e2mc.artifacts.EvalResults`.
-``results.json``::
-
-    {"checkpoint": ..., "command": [...], "data": ..., "protocols": [...], "seeds": [...],
-     "fractions": [...], "settings": {...},
-     "entries": [{"protocol", "column", "fraction", "seed", "primary", "metrics",
-                  "predictions", "predictions_sha256"}, ...],
-     "summary": {column: {metric: {"mean", "se", "n"}}}}
-
-Each ``predictions/<name>.<generation>.npz`` has ``predictions`` (top-1 label per test image)
-and ``labels``; each entry records its file's ``predictions_sha256``.
-"""
+"""Evaluation directories of ``e2mc eval`` (read by :class:`e2mc.artifacts.EvalDir`) and the
+comparison of ``e2mc compare``."""
 
 from __future__ import annotations
 
@@ -45,11 +32,9 @@ __all__ = ["Comparison", "compare_evaluations", "comparison_markdown",
 def save_predictions(eval_dir: str | os.PathLike[str], name: str, predictions: np.ndarray,
                      labels: np.ndarray, generation: str | None = None,
                      **extra: np.ndarray) -> str:
-    """Write ``predictions/<name>.<generation>.npz`` atomically and return its path relative
-    to ``eval_dir`` (for the entry's ``predictions``). ``generation``: the evaluation's, from
-    :meth:`EvalDir.begin`; a fresh one when not given, so that a file a complete evaluation
-    references is never overwritten. ``results.json``, written last (:func:`write_results`),
-    records the file's SHA-256 and makes it part of the directory."""
+    """Write ``predictions/<name>.<generation>.npz`` atomically; returns its path relative to
+    ``eval_dir``. ``generation`` None: a fresh one, so that a file a complete evaluation
+    references is never overwritten."""
     from e2mc.files import atomic_write
 
     rel = EvalDir(eval_dir).prediction_file(name, generation or EvalDir.new_generation())

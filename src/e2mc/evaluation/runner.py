@@ -1,8 +1,5 @@
-"""One evaluation run: every requested protocol on one backbone, written to a run directory.
-
-This is what ``e2mc eval`` calls once it has loaded the backbone and the data; scripts can
-call :func:`run_evaluation` directly with any ``nn.Module`` and datasets.
-"""
+"""One evaluation: every requested protocol on one backbone, written to an evaluation
+directory (:func:`run_evaluation`, for any ``nn.Module`` and data sets)."""
 
 from __future__ import annotations
 
@@ -35,15 +32,14 @@ from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.probe_settings import finetune_settings, linear_settings
 from e2mc.evaluation.results import save_predictions, write_results
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
-from e2mc.evaluation.sweep import SweepEntry, linear_protocol
+from e2mc.evaluation.sweep import linear_protocol
 
 PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
 
 
 def column_name(protocol: str, fraction: float | None = None, k: int | None = None,
                 weighting: str = "weighted") -> str:
-    """The column of a ``results.json`` entry: ``linear 1%`` (a probe at a label fraction),
-    ``knn k=20`` (``knn k=20 uniform``), ``svm``."""
+    """An entry's column: ``linear 1%``, ``knn k=20`` (``knn k=20 uniform``), ``svm``."""
     if protocol == "knn":
         return f"knn k={k}" + ("" if weighting == "weighted" else f" {weighting}")
     return protocol if fraction is None else f"{protocol} {fraction_label(fraction)}"
@@ -51,19 +47,9 @@ def column_name(protocol: str, fraction: float | None = None, k: int | None = No
 
 @dataclass
 class EvalOptions:
-    """Settings of a run. ``linear_overrides`` / ``finetune_overrides`` change fields of the
-    method presets (e.g. ``{"epochs": 10}``); ``report`` picks the last- or best-epoch top-1 as
-    the number the table shows (last-epoch by default: no selection on the test set).
-
-    ``lr_grid`` / ``wd_grid`` map a fraction to the linear probe's grid (chosen per fraction and
-    seed on ``val_fraction`` of its labelled subset, :func:`e2mc.evaluation.sweep.linear_protocol`);
-    fractions without a grid use the preset. ``subset_files`` map a fraction to a SimCLR-style
-    image list (one file name per line) that replaces its stratified random subset.
-    ``knn_weightings``: ``weighted`` (``exp(s / T)``, column ``knn k=K``) and/or ``uniform``
-    (majority vote, column ``knn k=K uniform``). ``num_workers`` None: automatic
-    (:func:`e2mc.evaluation.features.default_num_workers`); ``autocast`` None: bf16 on an
-    accelerator only.
-    """
+    """Settings of an evaluation. ``report``: the last- (default: no selection on the test set)
+    or best-epoch top-1. ``lr_grid`` / ``wd_grid``: a fraction's grid, chosen on ``val_fraction``
+    of its subset. ``subset_files``: a fraction's image list replacing its random subset."""
 
     protocols: tuple[str, ...] = ("linear",)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
@@ -95,9 +81,8 @@ class EvalOptions:
             raise ValueError(f"report must be 'last' or 'best', got {self.report!r}")
         if not self.fractions or not self.seeds:
             raise ValueError("need at least one fraction and one seed")
-        for f in self.fractions:
-            if not 0 < f <= 1:
-                raise ValueError(f"fractions must be in (0, 1], got {f}")
+        if not all(0 < f <= 1 for f in self.fractions):
+            raise ValueError(f"fractions must be in (0, 1], got {list(self.fractions)}")
         for name, table in (("lr_grid", self.lr_grid), ("wd_grid", self.wd_grid),
                             ("subset_files", self.subset_files)):
             extra = [f for f in table if f not in self.fractions]
@@ -116,8 +101,7 @@ class EvalOptions:
 
 def _file_subsets(train_dataset: Dataset, files: dict[float, str]
                   ) -> tuple[dict[float, np.ndarray], dict[str, Any]]:
-    """Training indices of each fraction's image list, and their description for
-    ``results.json`` (file, SHA-256 of the list, size)."""
+    """Training indices of each fraction's image list, and their ``results.json`` record."""
     subsets: dict[float, np.ndarray] = {}
     info: dict[str, Any] = {}
     for fraction, path in files.items():
@@ -130,25 +114,12 @@ def _file_subsets(train_dataset: Dataset, files: dict[float, str]
 
 
 def _subset(kind: str, indices: np.ndarray) -> dict[str, Any]:
-    """An entry's ``subset``: how its labelled training rows were chosen, how many, and the
-    SHA-256 of their indices (with the training data's identity: which images and labels the
-    probe trained on, compared by ``e2mc compare``)."""
+    """An entry's ``subset``: how its training rows were chosen, how many, their SHA-256."""
     from e2mc.data.identity import update_array
 
     h = hashlib.sha256()
     update_array(h, np.asarray(indices, dtype=np.int64))
     return {"kind": kind, "size": len(indices), "sha256": h.hexdigest()}
-
-
-def _linear_entry(eval_dir: Path, entry: SweepEntry, labels: np.ndarray, report: str,
-                  subset: dict[str, Any], generation: str) -> dict[str, Any]:
-    out = _probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result, labels,
-                       report, generation)
-    out["subset"] = subset
-    out["config"] = {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay}
-    if entry.selection is not None:
-        out["selection"] = entry.selection
-    return out
 
 
 def _probe_entry(eval_dir: Path, protocol: str, fraction: float, seed: int,
@@ -177,163 +148,146 @@ def run_evaluation(
     extra_record: dict[str, Any] | None = None,
     lock: bool = True,
 ) -> dict[str, Any]:
-    """Run ``options.protocols`` and write ``results.json`` + ``predictions/`` in ``out_dir``;
-    returns the record. Features for frozen protocols come from ``cache`` when given.
-
-    The directory is written as one unit (:class:`e2mc.artifacts.EvalDir`): the predictions
-    under a new generation, then ``results.json``; interrupted anywhere, it keeps the previous
-    complete result. With ``lock`` the process holds :func:`e2mc.artifacts.writer_lock` on
-    ``out_dir`` from the start (``DirectoryBusy`` when another process writes it); pass False
-    when the caller holds it already."""
-    from e2mc.distributed import is_main_process
-
-    held = writer_lock(out_dir) if lock and is_main_process() else nullcontext()
-    with held:
-        return _evaluate(backbone, feature_dim, train_dataset, test_dataset, Path(out_dir),
-                         options, data_id, checkpoint, cache, extra_record)
-
-
-def _evaluate(backbone: nn.Module, feature_dim: int, train_dataset: Dataset,
-              test_dataset: Dataset, eval_dir: Path, options: EvalOptions, data_id: str,
-              checkpoint: str | os.PathLike[str] | None, cache: FeatureCache | None,
-              extra_record: dict[str, Any] | None) -> dict[str, Any]:
-    from e2mc.distributed import is_main_process
-
-    device = torch.device(options.device)
-    kw = {"batch_size": options.batch_size, "device": device,
-          "num_workers": options.num_workers, "progress": options.progress,
-          "autocast": options.autocast}
-    timings: dict[str, float] = {}
-    subsets, subset_info = ({}, {}) if "linear" not in options.protocols else \
-        _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
+    """Run ``options.protocols`` into ``out_dir`` as one unit (:class:`e2mc.artifacts.EvalDir`:
+    interrupted anywhere, it keeps the previous complete result); returns the record. ``lock``
+    False: the caller holds :func:`e2mc.artifacts.writer_lock` on ``out_dir``."""
     from e2mc.data.identity import data_identity
+    from e2mc.distributed import is_main_process
 
-    extra_record = dict(extra_record or {})
-    # the weights evaluated, by value: two evaluations of the same weights are flagged by
-    # e2mc compare (e2mc.evaluation.sanity), whatever files they came from
-    extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
-    for split, ds in (("train", train_dataset), ("test", test_dataset)):
-        if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
-            extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)
-    start = time.perf_counter()
+    eval_dir = Path(out_dir)
+    with writer_lock(out_dir) if lock and is_main_process() else nullcontext():
+        device = torch.device(options.device)
+        kw = {"batch_size": options.batch_size, "device": device,
+              "num_workers": options.num_workers, "progress": options.progress,
+              "autocast": options.autocast}
+        timings: dict[str, float] = {}
+        subsets, subset_info = ({}, {}) if "linear" not in options.protocols else \
+            _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
+        extra_record = dict(extra_record or {})
+        # the weights by value: e2mc compare flags two evaluations of the same weights
+        extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
+        for split, ds in (("train", train_dataset), ("test", test_dataset)):
+            if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
+                extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)
+        start = time.perf_counter()
 
-    def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
-        if cache is None:
-            x, y = extract_features(backbone, ds, **kw)
-            return x, y, False
-        content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
-        return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
-                                    content=content, **kw)
+        def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
+            if cache is None:
+                x, y = extract_features(backbone, ds, **kw)
+                return x, y, False
+            content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
+            return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
+                                        content=content, **kw)
 
-    train_x, train_y, hit_train = features(train_dataset, "train")
-    test_x, test_y, hit_test = features(test_dataset, "test")
-    timings["features"] = time.perf_counter() - start
-    if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
-        return {}
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
-    loader_workers = options.num_workers or 0
-    multilabel = train_y.ndim == 2
-    if multilabel and any(p != "svm" for p in options.protocols):
-        raise ValueError("multi-label data supports only the 'svm' protocol")
-    num_classes = None if multilabel else int(max(train_y.max(), test_y.max())) + 1
-    entries: list[dict[str, Any]] = []
-    settings: dict[str, Any] = {}
+        train_x, train_y, hit_train = features(train_dataset, "train")
+        test_x, test_y, hit_test = features(test_dataset, "test")
+        timings["features"] = time.perf_counter() - start
+        if not is_main_process():  # under torchrun: the ranks shared the extraction; rank 0 goes on
+            return {}
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
+        loader_workers = options.num_workers or 0
+        multilabel = train_y.ndim == 2
+        if multilabel and any(p != "svm" for p in options.protocols):
+            raise ValueError("multi-label data supports only the 'svm' protocol")
+        num_classes = None if multilabel else int(max(train_y.max(), test_y.max())) + 1
+        entries: list[dict[str, Any]] = []
+        settings: dict[str, Any] = {}
 
-    def linear_config(fraction: float):
-        return linear_settings(options.method, fraction, **options.linear_overrides)
+        def linear_config(fraction: float):
+            return linear_settings(options.method, fraction, **options.linear_overrides)
 
-    if "linear" in options.protocols:
-        s = time.perf_counter()
-        settings["linear"] = {}
-        for f in options.fractions:
-            label = fraction_label(f)
-            settings["linear"][label] = {
-                **dataclasses.asdict(linear_config(f)),
-                "lr_grid": list(options.lr_grid.get(f, ())),
-                "wd_grid": list(options.wd_grid.get(f, ())),
-                "val_fraction": options.val_fraction,
-                "subset": subset_info.get(label, "stratified random (label seed)")}
-        sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
-                                options.seeds, config_for=linear_config,
-                                lr_grid=options.lr_grid, wd_grid=options.wd_grid,
-                                val_fraction=options.val_fraction, subsets=subsets,
-                                device=device)
-        for entry in sweep:
-            chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
-            subset = (_subset("file", chosen) if chosen is not None else _subset(
-                "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
-            entries.append(_linear_entry(eval_dir, entry, test_y, options.report, subset,
-                                         generation))
-        timings["linear"] = time.perf_counter() - s
-    if "linear-aug" in options.protocols:
-        settings["linear-aug"] = {fraction_label(f): dataclasses.asdict(linear_config(f))
-                                  for f in options.fractions}
-        for fraction in options.fractions:
-            for seed in options.seeds:
-                idx = label_fraction_indices(train_y, fraction, seed)
-                result = train_augmented_linear_probe(
-                    backbone, LabeledSubset(train_dataset, idx), test_x, test_y,
-                    num_classes, linear_config(fraction), seed=seed, device=device,
-                    num_workers=loader_workers, progress=options.progress)
-                entries.append({**_probe_entry(eval_dir, "linear-aug", fraction, seed,
-                                               result, test_y, options.report, generation),
-                                "subset": _subset("stratified", idx)})
-    if "knn" in options.protocols:
-        s = time.perf_counter()
-        settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
-                           "similarity": "cosine", "weighting": "exp(sim / T)",
-                           "weightings": list(options.knn_weightings)}
-        for res in knn_classify(train_x, train_y, test_x, test_y, options.knn_k,
-                                options.knn_temperature, num_classes, device=device,
-                                weightings=options.knn_weightings):
-            name = f"knn_k{res.k}" + ("" if res.weighting == "weighted" else f"_{res.weighting}")
-            rel = save_predictions(eval_dir, name, res.predictions, test_y, generation,
-                                   top5=res.top5_predictions)
-            entries.append({"protocol": "knn", "column": column_name("knn", k=res.k,
-                                                                     weighting=res.weighting),
-                            "fraction": 1.0, "seed": 0, "primary": "top1",
+        if "linear" in options.protocols:
+            s = time.perf_counter()
+            settings["linear"] = {}
+            for f in options.fractions:
+                label = fraction_label(f)
+                settings["linear"][label] = {
+                    **dataclasses.asdict(linear_config(f)),
+                    "lr_grid": list(options.lr_grid.get(f, ())),
+                    "wd_grid": list(options.wd_grid.get(f, ())),
+                    "val_fraction": options.val_fraction,
+                    "subset": subset_info.get(label, "stratified random (label seed)")}
+            sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
+                                    options.seeds, config_for=linear_config,
+                                    lr_grid=options.lr_grid, wd_grid=options.wd_grid,
+                                    val_fraction=options.val_fraction, subsets=subsets,
+                                    device=device)
+            for entry in sweep:
+                chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
+                subset = (_subset("file", chosen) if chosen is not None else _subset(
+                    "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
+                entries.append({
+                    **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
+                                   test_y, options.report, generation),
+                    "subset": subset,
+                    "config": {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay},
+                    **({"selection": entry.selection} if entry.selection is not None else {})})
+            timings["linear"] = time.perf_counter() - s
+        def per_seed(protocol: str, config_of: Any, train: Any) -> None:
+            """A probe per (fraction, seed) that reads the images of its stratified subset."""
+            settings[protocol] = {}
+            for fraction in options.fractions:
+                config = config_of(fraction)
+                settings[protocol][fraction_label(fraction)] = dataclasses.asdict(config)
+                for seed in options.seeds:
+                    idx = label_fraction_indices(train_y, fraction, seed)
+                    result = train(LabeledSubset(train_dataset, idx), config, seed)
+                    entries.append({**_probe_entry(eval_dir, protocol, fraction, seed, result,
+                                                   test_y, options.report, generation),
+                                    "subset": _subset("stratified", idx)})
+
+        run_kw = {"device": device, "num_workers": loader_workers, "progress": options.progress}
+        if "linear-aug" in options.protocols:
+            per_seed("linear-aug", linear_config, lambda data, config, seed: (
+                train_augmented_linear_probe(backbone, data, test_x, test_y, num_classes, config,
+                                             seed=seed, **run_kw)))
+        if "knn" in options.protocols:
+            s = time.perf_counter()
+            settings["knn"] = {"k": list(options.knn_k), "temperature": options.knn_temperature,
+                               "similarity": "cosine", "weighting": "exp(sim / T)",
+                               "weightings": list(options.knn_weightings)}
+            for res in knn_classify(train_x, train_y, test_x, test_y, options.knn_k,
+                                    options.knn_temperature, num_classes, device=device,
+                                    weightings=options.knn_weightings):
+                suffix = "" if res.weighting == "weighted" else f"_{res.weighting}"
+                rel = save_predictions(eval_dir, f"knn_k{res.k}{suffix}", res.predictions,
+                                       test_y, generation, top5=res.top5_predictions)
+                entries.append({"protocol": "knn", "column": column_name("knn", k=res.k,
+                                                                         weighting=res.weighting),
+                                "fraction": 1.0, "seed": 0, "primary": "top1",
+                                "metrics": res.metrics(), "predictions": rel})
+            timings["knn"] = time.perf_counter() - s
+        if "finetune" in options.protocols:
+            per_seed("finetune", lambda f: finetune_settings(options.method, f,
+                                                             **options.finetune_overrides),
+                     lambda data, config, seed: finetune(backbone, feature_dim, num_classes, data,
+                                                         test_dataset, config, seed=seed, **run_kw))
+        if "svm" in options.protocols:
+            settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
+                               "normalize": True}
+            res = svm_transfer(train_x, train_y, test_x, test_y, options.svm_costs,
+                               options.svm_folds)
+            rel = (save_predictions(eval_dir, "svm", res.predictions, test_y, generation,
+                                    scores=res.scores)
+                   if res.predictions is not None else None)
+            entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
+                            "primary": "mAP" if multilabel else "accuracy",
                             "metrics": res.metrics(), "predictions": rel})
-        timings["knn"] = time.perf_counter() - s
-    if "finetune" in options.protocols:
-        settings["finetune"] = {}
-        for fraction in options.fractions:
-            config = finetune_settings(options.method, fraction, **options.finetune_overrides)
-            settings["finetune"][fraction_label(fraction)] = dataclasses.asdict(config)
-            for seed in options.seeds:
-                idx = label_fraction_indices(train_y, fraction, seed)
-                result = finetune(backbone, feature_dim, num_classes,
-                                  LabeledSubset(train_dataset, idx), test_dataset, config,
-                                  seed=seed, device=device, num_workers=loader_workers,
-                                  progress=options.progress)
-                entries.append({**_probe_entry(eval_dir, "finetune", fraction, seed, result,
-                                               test_y, options.report, generation),
-                                "subset": _subset("stratified", idx)})
-    if "svm" in options.protocols:
-        settings["svm"] = {"costs": list(options.svm_costs), "folds": options.svm_folds,
-                           "normalize": True}
-        res = svm_transfer(train_x, train_y, test_x, test_y, options.svm_costs,
-                           options.svm_folds)
-        rel = (save_predictions(eval_dir, "svm", res.predictions, test_y, generation,
-                                scores=res.scores)
-               if res.predictions is not None else None)
-        entries.append({"protocol": "svm", "column": "svm", "fraction": 1.0, "seed": 0,
-                        "primary": "mAP" if multilabel else "accuracy",
-                        "metrics": res.metrics(), "predictions": rel})
-    record = {
-        **extra_record,
-        "data": data_id,
-        "protocols": list(options.protocols),
-        "fractions": list(options.fractions),
-        "seeds": list(options.seeds),
-        "method_preset": options.method,
-        "reported_epoch": options.report,
-        "feature_cache_hit": {"train": hit_train, "test": hit_test},
-        "feature_cache_rebuilt": list(cache.rebuilt) if cache is not None else [],
-        "timings_s": timings,
-        "num_train": len(train_x), "num_test": len(test_x), "feature_dim": train_x.shape[1],
-        "settings": settings,
-        "entries": entries,
-    }
-    write_results(eval_dir, record)  # last: the directory now describes this evaluation
-    return record
+        record = {
+            **extra_record,
+            "data": data_id,
+            "protocols": list(options.protocols),
+            "fractions": list(options.fractions),
+            "seeds": list(options.seeds),
+            "method_preset": options.method,
+            "reported_epoch": options.report,
+            "feature_cache_hit": {"train": hit_train, "test": hit_test},
+            "feature_cache_rebuilt": list(cache.rebuilt) if cache is not None else [],
+            "timings_s": timings,
+            "num_train": len(train_x), "num_test": len(test_x), "feature_dim": train_x.shape[1],
+            "settings": settings,
+            "entries": entries,
+        }
+        write_results(eval_dir, record)  # last: the directory now describes this evaluation
+        return record

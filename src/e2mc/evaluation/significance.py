@@ -1,9 +1,5 @@
-"""Paired significance tests for two models evaluated on the same test images (paper, app. C).
-
-Inputs are per-image scores of model A and model B on the same images in the same order,
-usually correctness (1 = right, 0 = wrong). Conventions: ``n10`` = A right and B wrong,
-``n01`` = A wrong and B right; a positive difference means A is better.
-"""
+"""Paired significance tests on per-image scores of models A and B on the same images (paper,
+app. C): ``n10`` = A right and B wrong; a positive difference means A is better."""
 
 from __future__ import annotations
 
@@ -44,20 +40,12 @@ class McNemarResult:
     p_value: float
     method: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def mcnemar_test(correct_a: np.ndarray, correct_b: np.ndarray, exact: bool | None = None,
                  continuity: bool = False) -> McNemarResult:
-    """McNemar's test of equal error rates on paired correctness vectors.
-
-    ``exact=None`` picks the exact two-sided binomial test (``n10 ~ Bin(n10 + n01, 1/2)``,
-    statistic = ``n10``) when ``n10 + n01 < 25``, else the chi-square test with 1 degree of
-    freedom on ``(n01 - n10)^2 / (n01 + n10)`` (the paper's formula), or, with
-    ``continuity=True``, Edwards' ``(|n01 - n10| - 1)^2 / (n01 + n10)``. No discordant pair
-    gives ``p = 1``.
-    """
+    """McNemar's test on paired correctness vectors: exact binomial on ``n10`` when ``exact``
+    (None: below :data:`EXACT_MCNEMAR_BELOW` discordant pairs), else chi-square (1 dof) on
+    ``(n01 - n10)^2 / (n01 + n10)`` (Edwards' ``-1`` with ``continuity``)."""
     a, b = _binary(correct_a, correct_b)
     n10 = int(np.sum(a & ~b))
     n01 = int(np.sum(~a & b))
@@ -77,16 +65,9 @@ def mcnemar_test(correct_a: np.ndarray, correct_b: np.ndarray, exact: bool | Non
 def paired_permutation_test(scores_a: np.ndarray, scores_b: np.ndarray,
                             n_resamples: int = 10_000, seed: int = 0,
                             batch: int = 1000) -> float:
-    """Two-sided paired permutation (sign-flip) test of ``mean(a - b) = 0``.
-
-    Under the null, swapping A and B within a pair is as likely as not, so each difference
-    ``d_i`` keeps or flips its sign with probability 1/2. The ``2^N`` assignments cannot be
-    enumerated, so ``n_resamples`` random sign vectors are drawn with
-    ``numpy.random.default_rng(seed)`` and ``p = (1 + #{|sum s*d| >= |sum d|}) / (1 +
-    n_resamples)`` (the +1 correction keeps the Monte Carlo p-value valid, never 0). Pairs with
-    ``d_i = 0`` are unchanged by a flip and are dropped first. For 0/1 correctness the exact
-    value is the two-sided sign test on the discordant pairs; this estimate converges to it.
-    """
+    """Two-sided paired sign-flip test of ``mean(a - b) = 0`` with ``n_resamples`` random sign
+    vectors: ``p = (1 + #{|sum s*d| >= |sum d|}) / (1 + n_resamples)`` (never 0); zero
+    differences are dropped first."""
     a, b = _paired(scores_a, scores_b)
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
@@ -108,17 +89,9 @@ def paired_permutation_test(scores_a: np.ndarray, scores_b: np.ndarray,
 
 def pooled_permutation_test(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
                             n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """Paired sign-flip test pooled over matched repeats (e.g. seeds) scored on the same items.
-
-    ``pairs`` holds one ``(scores_a, scores_b)`` per repeat, all over the same items in the same
-    order. Each item's difference is averaged over the repeats, ``D_i = mean_r (a_ri - b_ri)``,
-    and :func:`paired_permutation_test` runs on ``D``: under the null that A and B are
-    exchangeable on every item, swapping them flips ``D_i``'s sign. One p-value thus uses the
-    evidence of every repeat, where per-repeat tests each see a fraction of it. The unit is the
-    item, as in McNemar's test: the variation *between* repeats is not part of the null, so the
-    test is about these runs, not about the procedure that made them. Returns
-    ``(mean difference a - b, p)``.
-    """
+    """``(mean difference a - b, p)``: :func:`paired_permutation_test` on each item's
+    difference averaged over the repeats ``pairs`` (one ``(scores_a, scores_b)`` each, same
+    items in the same order). The unit is the item: between-repeat variation is not tested."""
     if not pairs:
         raise ValueError("need at least one (scores_a, scores_b) pair")
     a_all, b_all = zip(*(_paired(a, b) for a, b in pairs), strict=True)
@@ -146,13 +119,8 @@ def cohens_d_paired(scores_a: np.ndarray, scores_b: np.ndarray) -> float:
 def bootstrap_difference_ci(scores_a: np.ndarray, scores_b: np.ndarray,
                             confidence: float = 0.95, n_resamples: int = 10_000,
                             seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``mean(a) - mean(b)`` (accuracy difference for 0/1 scores),
-    resampling images with replacement (pairs kept together).
-
-    The mean of a resample depends only on how often each distinct difference value is drawn,
-    so resamples are drawn as multinomial counts over the distinct values of ``a - b`` (three
-    values for correctness): exact, and fast for any test-set size.
-    """
+    """Percentile bootstrap CI of ``mean(a) - mean(b)`` resampling pairs, drawn as multinomial
+    counts over the distinct values of ``a - b`` (exact, and fast for any size)."""
     a, b = _paired(scores_a, scores_b)
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -169,9 +137,7 @@ def bootstrap_difference_ci(scores_a: np.ndarray, scores_b: np.ndarray,
 
 def compare_predictions(pred_a: np.ndarray, pred_b: np.ndarray, labels: np.ndarray,
                         n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """All paired statistics for two models' top-1 predictions on the same labelled images:
-    accuracies (percent), their difference, McNemar (automatic exact/chi-square), the
-    permutation p-value, Cohen's d and a 95% bootstrap CI of the difference (percent)."""
+    """Every paired statistic of two models' top-1 predictions (percent)."""
     pred_a, pred_b, labels = (np.asarray(x) for x in (pred_a, pred_b, labels))
     if not pred_a.shape == pred_b.shape == labels.shape:
         raise ValueError(f"predictions and labels must have equal shapes, got {pred_a.shape}, "
@@ -182,7 +148,7 @@ def compare_predictions(pred_a: np.ndarray, pred_b: np.ndarray, labels: np.ndarr
     return {
         "acc_a": 100 * ca.mean(), "acc_b": 100 * cb.mean(),
         "difference": 100 * (ca.mean() - cb.mean()),
-        "mcnemar": mcnemar_test(ca, cb).to_dict(),
+        "mcnemar": asdict(mcnemar_test(ca, cb)),
         "permutation_p": paired_permutation_test(ca, cb, n_resamples=n_resamples, seed=seed),
         "cohens_d": cohens_d_paired(ca, cb),
         "bootstrap_ci95": [100 * low, 100 * high],

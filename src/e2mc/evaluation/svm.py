@@ -1,10 +1,5 @@
-"""Transfer with one-vs-rest linear SVMs on frozen features (the VOC07 protocol, docs/method.md).
-
-One ``sklearn.svm.LinearSVC`` per class; its cost ``C`` is chosen from the grid by k-fold
-cross-validation on the training split, scoring average precision. The metric is the mean over
-classes of ``sklearn.metrics.average_precision_score`` on the test split (mAP); for
-single-label data the argmax of the SVM scores also gives an accuracy.
-"""
+"""Transfer with one-vs-rest linear SVMs on frozen features (the VOC07 protocol,
+docs/method.md): test mAP, and the argmax's accuracy on single-label data."""
 
 from __future__ import annotations
 
@@ -59,12 +54,9 @@ def svm_transfer(
     max_iter: int = 2000,
     n_jobs: int | None = None,
 ) -> SVMResult:
-    """Train one linear SVM per class with C chosen by ``folds``-fold CV (average-precision
-    scoring) on the training split; report test mAP (and accuracy for single-label data).
-
-    ``normalize`` L2-normalizes the features first. Label entries of -1 (multi-label only) are
-    left out of that class's training and of its AP.
-    """
+    """One ``LinearSVC`` per class, C chosen by ``folds``-fold CV (average precision) on the
+    training split. ``normalize``: L2-normalize first. Labels -1 (multi-label) are left out of
+    that class's training and AP."""
     from sklearn.metrics import average_precision_score
     from sklearn.model_selection import GridSearchCV, StratifiedKFold
     from sklearn.svm import LinearSVC

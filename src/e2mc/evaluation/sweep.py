@@ -1,16 +1,6 @@
-"""Label-fraction x seed sweeps of the linear probe on fixed features, with an optional
-learning-rate / weight-decay grid chosen on validation.
-
-:func:`linear_protocol` is what ``e2mc eval`` runs: every probe of the evaluation is a head of
-one batched model (:func:`e2mc.evaluation.batched.train_linear_heads`). Without a grid each
-(fraction, seed) trains one head with the fraction's preset. With a grid (more than one
-``(lr, weight_decay)`` pair for a fraction), each (fraction, seed) first trains one head per
-grid point on a part of its labelled subset and scores it on the rest (the *validation* part,
-stratified, ``val_fraction`` of the subset, at least one image of every class with two or
-more); the point with the best last-epoch validation top-1 (ties: lower validation
-cross-entropy, then grid order) is then trained on the whole subset and evaluated on the test
-split. The test labels play no part in the choice.
-"""
+"""Label-fraction x seed sweeps of the linear probe on fixed features (:func:`linear_protocol`):
+with a grid, each (fraction, seed) chooses its point on a stratified validation part of its
+labelled subset, then trains it on the whole subset; the test labels play no part."""
 
 from __future__ import annotations
 
@@ -30,9 +20,7 @@ from e2mc.evaluation.probe_settings import LinearProbeConfig
 
 @dataclass
 class SweepEntry:
-    """One (fraction, seed) probe: its result on the test split, the configuration it was
-    trained with (the chosen grid point when there was a grid), the size of its labelled subset
-    and, with a grid, the validation record (``selection``)."""
+    """One (fraction, seed) probe: test result, configuration, subset size, selection."""
 
     fraction: float
     seed: int
@@ -60,12 +48,10 @@ def _grid_points(config: LinearProbeConfig, lrs: Sequence[float] | None,
                  wds: Sequence[float] | None) -> list[tuple[float, float]]:
     lrs = list(lrs) if lrs else [config.lr]
     wds = list(wds) if wds else [config.weight_decay]
-    for lr in lrs:
-        if not lr > 0:
-            raise ValueError(f"learning rates of the grid must be > 0, got {lr}")
-    for wd in wds:
-        if not wd >= 0:
-            raise ValueError(f"weight decays of the grid must be >= 0, got {wd}")
+    if not all(lr > 0 for lr in lrs):
+        raise ValueError(f"learning rates of the grid must be > 0, got {lrs}")
+    if not all(wd >= 0 for wd in wds):
+        raise ValueError(f"weight decays of the grid must be >= 0, got {wds}")
     return list(itertools.product(lrs, wds))
 
 
@@ -85,10 +71,8 @@ def linear_protocol(
     dtype: torch.dtype = torch.float32,
 ) -> list[SweepEntry]:
     """All linear probes of an evaluation, batched; one :class:`SweepEntry` per (fraction,
-    seed) in that order. ``subsets[fraction]`` (training row indices, e.g. from a SimCLR file
-    list) replaces the stratified random subset of that fraction for every seed (the seed then
-    sets only the initialization, order and validation split). ``lr_grid`` / ``wd_grid`` map a
-    fraction to its grid (missing: the preset's value)."""
+    seed). ``subsets[fraction]``: training rows replacing the stratified random subset for
+    every seed. ``lr_grid`` / ``wd_grid``: a fraction's grid (missing: the preset's value)."""
     if not fractions or not seeds:
         raise ValueError("need at least one fraction and one seed")
     train_y = np.asarray(train_y)

@@ -1,14 +1,5 @@
-"""One path from a checkpoint to an evaluation directory: :func:`evaluate_checkpoint`.
-
-``e2mc eval``, the search's confirmation (inline and as jobs), the demo and the reproduction
-harness all evaluate through it: resolve what the checkpoint argument names (a file, a URL,
-``builtin:NAME`` or a training run directory's model), load its backbone, build the data at the
-model's image size and channels, and run the protocols (:func:`~e2mc.evaluation.runner.
-run_evaluation`) into the directory. With ``reuse`` an evaluation directory already made from
-the same checkpoint bytes, data content (:func:`e2mc.data.identity.data_identity` of the train
-and test images, not the text of their paths) and options (its ``stamp``) is read back instead
-of evaluated again; anything else is evaluated anew.
-"""
+"""One path from a checkpoint (file, URL, ``builtin:NAME`` or run directory) to an evaluation
+directory, :func:`evaluate_checkpoint`, which every command evaluates through."""
 
 from __future__ import annotations
 
@@ -28,10 +19,8 @@ from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
 @dataclass(frozen=True)
 class EvalData:
-    """What an evaluation reads: the training and test data set specs (``test`` None: the
-    ``test`` split of ``train``) and how they are cut: the first ``train_limit`` /
-    ``test_limit`` images, or with ``limit_seed`` that many drawn with the seed (fixed before
-    any result)."""
+    """The training and test data set specs (``test`` None: ``train``'s test split), cut to the
+    first ``train_limit`` / ``test_limit`` images, or that many drawn with ``limit_seed``."""
 
     train: str
     test: str | None = None
@@ -60,9 +49,8 @@ class EvalData:
                                          skip_corrupt=self.skip_corrupt)).size
 
     def id(self, image_size: int, channels: int, named: bool = True) -> str:
-        """The evaluation's ``data`` (and the feature cache's data id); ``named`` False: without
-        the data set specs (how the images are named; what they are is their content
-        identity), as an evaluation's stamp holds it."""
+        """The evaluation's ``data`` (and the cache's data id); ``named`` False: without the
+        specs (the content identity says what the images are), as the stamp holds it."""
         cut = self.train_limit is not None or self.test_limit is not None
         subset = f"train:{self.train_limit}|test:{self.test_limit}" if cut else ""
         if self.limit_seed is not None:
@@ -85,8 +73,7 @@ def _limit(dataset: Any, limit: int | None, seed: int | None) -> Any:
 
 
 def _check_same_classes(train: object, test: object, train_spec: str, test_spec: str) -> None:
-    """The probes are trained on ``train`` and scored on ``test``: both must number the same
-    classes alike (a test set from another source is refused when its class list differs)."""
+    """``train`` and ``test`` must number the same classes alike (else an ``InputError``)."""
     a, b = getattr(train, "classes", None), getattr(test, "classes", None)
     if a is not None and b is not None and list(a) != list(b):
         only = sorted(set(map(str, b)) - set(map(str, a))) or sorted(set(map(str, a)) - set(
@@ -97,13 +84,9 @@ def _check_same_classes(train: object, test: object, train_spec: str, test_spec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """How to read a checkpoint whose file does not record its architecture: ``arch``,
-    ``small_images``, ``in_channels`` (checked against the model's first layer when given),
-    ``trust`` (``torch.load(weights_only=False)``) and, of a run directory, ``last`` (the last
-    step instead of the kept model). ``module``: your own backbone ``nn.Module``, the one a run
-    of ``e2mc.training.continue_module`` was built around: the run's weights are loaded into a
-    copy of it (:func:`e2mc.checkpoints.user_module.load_into_module`; see
-    :func:`evaluate_module`)."""
+    """How to read a checkpoint: ``arch``, ``small_images``, ``in_channels`` (checked against
+    the first layer), ``trust`` (``torch.load(weights_only=False)``), ``last`` (a run's last
+    step, not its kept model), ``module`` (your backbone, for :func:`evaluate_module`)."""
 
     arch: str | None = None
     small_images: bool = False
@@ -114,7 +97,7 @@ class ModelSpec:
 
 
 def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
+    print(message, file=sys.stderr)  # the sys.stderr of the call (a capture, a redirect)
 
 
 @dataclass
@@ -148,7 +131,7 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
         from e2mc.checkpoints.user_module import load_into_module
 
         backbone, feature_dim, info = load_into_module(path, model.module, model.trust)
-        info = checkpoint_summary(info, path)
+        info = checkpoint_summary(info, path)  # plain values, as load_backbone's
     else:
         backbone, feature_dim, info = load_backbone(
             named if is_url(named) else path, arch=model.arch, small_images=model.small_images,
@@ -166,9 +149,10 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
             size, which = 224, "ImageNet's size"
         log(f"note: {path} records no training image size; evaluating at {size} px, {which} "
             "(--image-size sets it)")
-    # before any image is read: a size the model cannot take (a ViT's patch size that does
-    # not divide it, a fixed-size ViT, a CNN that shrinks it to nothing) is one error line
-    check_input_size(backbone, size, channels, _architecture(info) or path, "--image-size")
+    # before any image is read: a size the model cannot take is one error line
+    arch = info.get("arch") or (info.get("hparams") or {}).get("backbone")
+    check_input_size(backbone, size, channels, arch if isinstance(arch, str) else path,
+                     "--image-size")
     if feature_dim is None:  # your module's own weights: its output size on these images
         from e2mc.models.input_size import pooled_dim
 
@@ -177,11 +161,8 @@ def _load(checkpoint: str | os.PathLike[str], model: ModelSpec, image_size: int 
 
 
 def _refuse_live_run(named: str, chosen: Any) -> None:
-    """A run directory (or its ``checkpoint.pt`` / ``best.pt``) that another process is still
-    training (it holds the run's lock, :func:`e2mc.artifacts.live_writer`) is an
-    ``InputError``: its latest checkpoint is a step in the middle of the run, which the
-    evaluation would record, and a comparison read, as the run's end. A per-epoch file of
-    ``checkpoints/`` is a fixed step and is evaluated as that step."""
+    """``InputError`` for a run directory (or its ``checkpoint.pt`` / ``best.pt``) another
+    process still trains: its latest step would be recorded as the run's end."""
     from e2mc.artifacts import BEST, CHECKPOINT, describe_holder, live_writer
 
     if chosen is None or not (chosen.from_directory or chosen.path.name in (CHECKPOINT, BEST)):
@@ -194,22 +175,16 @@ def _refuse_live_run(named: str, chosen: Any) -> None:
                          "evaluate it once the run has ended")
 
 
-def _architecture(info: dict[str, Any]) -> str | None:
-    """The backbone's name a loaded checkpoint's info records (None for a module of its own)."""
-    name = info.get("arch") or (info.get("hparams") or {}).get("backbone")
-    return name if isinstance(name, str) else None
-
-
 def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
            identities: dict[str, Any]) -> dict[str, Any]:
-    """What an evaluation directory was made from: checkpoint bytes, data (its specs and the
-    content identity of its train and test images, :func:`e2mc.data.identity.data_identity`)
-    and options."""
+    """What an evaluation directory was made from: checkpoint bytes, data identity, options."""
     from e2mc.files import sha256_file
 
     return {"checkpoint_sha256": sha256_file(loaded.path),
             "data_id": data.id(loaded.size, loaded.channels, named=False), **identities,
-            "options": _options_key(options)}
+            # the options that decide the numbers (not progress, workers or device)
+            "options": repr(dataclasses.replace(options, progress=True, num_workers=None,
+                                                device="any"))}
 
 
 def _identities(train: Any, test: Any) -> dict[str, Any]:
@@ -220,18 +195,14 @@ def _identities(train: Any, test: Any) -> dict[str, Any]:
 
 
 #: The share of test images the training split may hold (by content) before an evaluation is
-#: refused: a split mistake (a test folder copied into train, a concatenation) shares far
-#: more; public data sets hold a few exact duplicates, each of which moves a top-1 by at most
-#: one image.
+#: refused: a split mistake shares far more; public data sets hold a few exact duplicates.
 LEAK_SHARE = 0.01
 
 
 def _check_no_leak(train: Any, test: Any, data: EvalData, log: Callable[[str], None]
                    ) -> dict[str, Any]:
-    """``{"test_in_train": N}``: the test images the probes' training split also holds, by
-    content (:func:`e2mc.data.identity.shared_items`); more than :data:`LEAK_SHARE` of them
-    is an ``InputError`` (the probes would be scored on images they were trained on), fewer
-    than that a warning."""
+    """``{"test_in_train": N}``, the test images the training split also holds by content; more
+    than :data:`LEAK_SHARE` of them is an ``InputError``, fewer a warning."""
     from e2mc.data.identity import shared_items
 
     shared = shared_items(train, test)
@@ -257,8 +228,7 @@ def _matching(out: str | os.PathLike[str], stamp: dict[str, Any]) -> EvalResults
 def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                  data: EvalData, options: EvalOptions, *, model: ModelSpec = ModelSpec(),
                  image_size: int | None = None, **_: Any) -> bool:
-    """Whether ``out`` holds the evaluation :func:`evaluate_checkpoint` would write (the same
-    checkpoint bytes, data and options): what ``reuse`` reads back. Takes the same arguments."""
+    """Whether ``out`` holds what :func:`evaluate_checkpoint` (same arguments) would write."""
     if not EvalDir(out).exists():
         return False
     loaded = _load(checkpoint, model, image_size, log=lambda _: None, data=data)
@@ -274,15 +244,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
                         reuse: bool = False, extra_record: dict[str, Any] | None = None,
                         lock: bool = True, log: Callable[[str], None] = _stderr
                         ) -> EvalResults | None:
-    """Evaluate the backbone of ``checkpoint`` (file, URL, ``builtin:NAME`` or run directory)
-    on ``data`` with ``options`` into the evaluation directory ``out``; returns what it holds
-    (``None`` on a process other than the main one under torchrun).
-
-    ``image_size`` None: the size the checkpoint records it was trained at, else the size of
-    the training images of ``data`` (with a note). ``cache``: the feature cache (a directory
-    or a :class:`FeatureCache`). ``reuse``: read back ``out`` when its stamp (checkpoint
-    SHA-256, data id, options) matches (:func:`is_evaluated`); without it ``out`` is evaluated
-    anew. ``lock``: hold ``out``'s writer lock (False when the caller holds it)."""
+    """Evaluate the backbone of ``checkpoint`` on ``data`` into ``out``; returns what it holds
+    (None off the main process). ``reuse``: read ``out`` back when its stamp matches."""
     from e2mc.checkpoints import is_url
     from e2mc.distributed import is_main_process
 
@@ -303,16 +266,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
         data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache, lock=lock,
         extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                       "model": chosen.record(info.get("step")) if chosen else None,
-                      "checkpoint_info": _plain(info), "image_size": loaded.size,
+                      "checkpoint_info": info, "image_size": loaded.size,
                       "device": options.device, "stamp": stamp, **identities, **leak,
                       **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
-
-
-def _options_key(options: EvalOptions) -> str:
-    """The options that decide the numbers, as text: not the progress display, the loader's
-    workers or the device (``results.json`` records where it ran)."""
-    return repr(dataclasses.replace(options, progress=True, num_workers=None, device="any"))
 
 
 def _resolved(options: EvalOptions) -> EvalOptions:
@@ -326,9 +283,7 @@ def _resolved(options: EvalOptions) -> EvalOptions:
 
 def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, Any],
                     log: Callable[[str], None]) -> int:
-    """The image channels the model takes (its first layer's), checked against
-    ``model.in_channels``; warns when ``model.arch`` is ignored because the file records its
-    own."""
+    """The model's input channels, checked against ``model.in_channels``."""
     from e2mc.models import input_channels
 
     recorded = (info.get("hparams") or {}).get("backbone")
@@ -343,23 +298,9 @@ def _model_channels(backbone: Any, model: ModelSpec, path: str, info: dict[str, 
     return channels
 
 
-def _plain(info: object) -> object:
-    """A JSON-friendly view of the loader's info (dict, dataclass or other)."""
-    if dataclasses.is_dataclass(info) and not isinstance(info, type):
-        info = dataclasses.asdict(info)
-    if isinstance(info, dict):
-        return {str(k): _plain(v) for k, v in info.items()}
-    if isinstance(info, (list, tuple)):
-        return [_plain(v) for v in info]
-    if isinstance(info, (str, int, float, bool)) or info is None:
-        return info
-    return repr(info)
-
-
 def default_cache_dir() -> Path:
     """The feature cache of ``e2mc eval``: ``$E2MC_CACHE`` or ``~/.cache/e2mc/features``."""
     return Path(os.environ.get("E2MC_CACHE") or Path.home() / ".cache" / "e2mc" / "features")
-
 
 
 def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | str,
@@ -367,13 +308,9 @@ def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | s
                     image_size: int | None = None, last: bool = False,
                     cache: FeatureCache | str | os.PathLike[str] | None = None
                     ) -> EvalResults | None:
-    """Evaluate a run of :func:`e2mc.training.continue_module` (or one of its checkpoint
-    files), which the commands cannot rebuild: ``module`` is your backbone (any weights: the
-    run's are loaded into a copy of it), ``data`` a data set spec (``builtin``, a folder, an
-    ``.npz``) or an :class:`EvalData`, ``out`` the evaluation directory, as ``e2mc eval`` writes
-    it (``e2mc compare`` and ``e2mc analyze --names`` read it). ``image_size`` None: the size
-    the run was trained at. Prints what ``e2mc eval`` prints (the columns' means, then the
-    directory), and returns the results."""
+    """Evaluate a run of :func:`e2mc.training.continue_module`, which the commands cannot
+    rebuild: its weights are loaded into a copy of ``module``; ``data`` is a spec or an
+    :class:`EvalData`. Writes and prints what ``e2mc eval`` does; returns the results."""
     from e2mc.artifacts import EvalDir
     from e2mc.evaluation.results import result_lines
 

@@ -1,37 +1,7 @@
-"""Many linear probes trained at once on one cached feature tensor.
-
-Every probe of an evaluation (label fractions x label seeds x a learning-rate / weight-decay
-grid, with the per-method settings of :mod:`e2mc.evaluation.probe_settings`) is one *head* of a
-batched model, the package's one linear-probe engine on cached features. A head is exactly the
-probe of the linear protocol for its settings and seed (``tests/reference.py`` trains it one at
-a time under autograd, the oracle of ``tests/test_eval_batched.py``): the same initialization
-(N(0, 0.01^2) weights drawn after ``torch.manual_seed(seed)``, zero bias), the same sample
-order (``randperm`` of a generator seeded with ``seed``, one per epoch), mini-batches of
-``batch_size`` rows of its label subset (the last one smaller), cross-entropy, SGD with momentum
-(or SimSiam's LARC, per head), weight decay, and the per-epoch cosine decay of its learning rate
-to 0 over its epochs.
-
-Three parts:
-
-- :mod:`~e2mc.evaluation.batched.plan` -- which heads share a matrix product. Heads that see
-  the same rows in the same order (same label subset, seed, batch size and standardization,
-  e.g. the points of a learning-rate grid) share a *stream*; streams of one batch size form a
-  *group*.
-- :mod:`~e2mc.evaluation.batched.engine` -- a group's weights are one
-  ``[streams, D, heads_per_stream * C]`` tensor; a training step gathers each stream's batch
-  from the one feature bank into ``[streams, B, D]`` and does one ``torch.baddbmm`` forward and
-  one ``torch.bmm`` for the weight gradient (the softmax cross-entropy gradient is written out:
-  autograd on the same products took 1.6-1.7x the time for the same weights). The optimizer
-  update is elementwise over all heads, with per-head learning rate, weight decay, momentum and
-  LARC flag (LARC's trust ratio is
-  :func:`e2mc.optim.larc_trust_ratio`). A head that has finished its epochs stops changing; a
-  stream whose heads have all finished leaves the batch (streams are sorted by length, so the
-  active ones are a prefix).
-- :mod:`~e2mc.evaluation.batched.scoring` -- after each epoch of a stream its heads are
-  evaluated on their evaluation rows (top-1/top-5, cross-entropy), which gives the same
-  last/best-epoch numbers as the probe one at a time; the best head of a grid is chosen after
-  training, from the finished results (:func:`best_head`).
-"""
+"""The package's one linear-probe engine on cached features: many probes (*heads*) trained at
+once, each exactly the sequential probe for its settings and seed (``tests/reference.py``).
+:mod:`.plan` groups heads that share a matrix product, :mod:`.engine` trains a group (the
+gradient written out: autograd took 1.6-1.7x the time), :mod:`.scoring` scores the heads."""
 
 from __future__ import annotations
 
@@ -72,13 +42,8 @@ def train_linear_heads(
     eval_chunk: int = 8192,
     trace: Counter | None = None,
 ) -> list[ProbeResult]:
-    """Train every head of ``heads`` at once; one :class:`ProbeResult` per head, in order.
-
-    ``train_x [N, D]`` / ``train_y [N]`` hold every training row the heads index;
-    ``eval_x`` / ``eval_y`` the evaluation rows (the test split, or the training features
-    themselves for validation heads with ``eval_rows``). ``trace`` (a ``Counter``), when given,
-    receives the shapes of every matrix product, for a floor measurement.
-    """
+    """Train every head at once; one :class:`ProbeResult` per head, in order. ``trace`` counts
+    the shapes of every matrix product."""
     if not heads:
         raise ValueError("no heads to train")
     device = torch.device(device)

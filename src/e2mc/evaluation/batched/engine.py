@@ -1,8 +1,6 @@
-"""The training of a group of streams: its weights and biases as one
-``[streams, D + 1, heads_per_stream * C]`` tensor (the bias is the last row), each step one
-gather of ``[streams, B, D]`` rows, one ``torch.baddbmm`` forward, one ``torch.bmm`` for the
-weight gradient (the softmax cross-entropy gradient written out, no autograd) and one
-elementwise SGD / LARC update of weights and biases with each head's settings."""
+"""The training of a group of streams: weights and biases as one ``[streams, D + 1, slots * C]``
+tensor (biases last), each step one gather, one ``baddbmm`` forward, one ``bmm`` for the
+written-out gradient and one elementwise SGD / LARC update with each head's settings."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from e2mc.optim import cosine_factor, larc_trust_ratio
 
 def build_bank(x_all: torch.Tensor, y_all: torch.Tensor, streams: Sequence[Stream]
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows the streams train on, with their labels: the raw features (when a stream reads
-    them) followed by one standardized copy per standardized row set. Sets each standardized
-    stream's ``offset``, ``mean`` and ``std``."""
+    """The rows the streams train on and their labels: the raw features (when a stream reads
+    them), then one standardized copy per row set (setting its streams' offset, mean, std)."""
     pieces: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     size = 0
@@ -72,18 +69,14 @@ class Group:
     labels: torch.Tensor       # [S, max_steps_per_epoch, B] their labels
     row_w: torch.Tensor        # [S, max_steps_per_epoch, B] 1 / batch length (0 = padding)
     steps_per_epoch: torch.Tensor          # [S] steps per epoch
-    steps_per_epoch_list: list[int]        # the same, as Python ints
-    total: list[int]           # steps of each stream
     generators: list[torch.Generator]  # each stream's sample order (seeded with its seed)
 
     @property
-    def weight(self) -> torch.Tensor:
-        """``[S, D, slots * C]`` (a view)."""
+    def weight(self) -> torch.Tensor:  # [S, D, slots * C], a view
         return self.params[:, :-1]
 
     @property
-    def bias(self) -> torch.Tensor:
-        """``[S, 1, slots * C]`` (a view)."""
+    def bias(self) -> torch.Tensor:  # [S, 1, slots * C], a view
         return self.params[:, -1:]
 
 
@@ -123,15 +116,12 @@ def build_group(members: list[Stream], heads: Sequence[HeadSpec], dim: int, clas
         labels=torch.zeros(n_streams, max_spe, batch, dtype=torch.long, device=device),
         row_w=row_w.to(device),
         steps_per_epoch=torch.tensor([s.steps_per_epoch for s in members], device=device),
-        steps_per_epoch_list=[s.steps_per_epoch for s in members],
-        total=[s.total_steps for s in members],
         generators=[torch.Generator(device="cpu").manual_seed(s.seed) for s in members])
 
 
 def _head_settings(members: list[Stream], heads: Sequence[HeadSpec], slots: int,
                    dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Per head: the learning rate of every epoch (cosine decay to 0 over its epochs; 0 once it
-    has finished), weight decay, momentum and whether it is LARC."""
+    """Per head: each epoch's lr (cosine to 0, then 0), weight decay, momentum, LARC."""
     n_streams = len(members)
     max_epochs = max(heads[i].config.epochs for s in members for i in s.heads)
     lr_table = torch.zeros(n_streams, max_epochs + 1, slots, dtype=dtype)
@@ -150,8 +140,7 @@ def _head_settings(members: list[Stream], heads: Sequence[HeadSpec], slots: int,
 
 
 def new_epoch(group: Group, j: int, bank_y: torch.Tensor) -> None:
-    """Draw stream ``j``'s permutation of the epoch and lay it out as ``[steps, B]`` rows, with
-    their labels (gathered once per epoch, not at every step)."""
+    """Lay out stream ``j``'s permutation of the epoch as ``[steps, B]`` rows and labels."""
     s = group.streams[j]
     order = torch.randperm(s.n, generator=group.generators[j])
     # a standardized stream reads its own copy of its rows, a raw one the feature tensor
@@ -167,13 +156,13 @@ def new_epoch(group: Group, j: int, bank_y: torch.Tensor) -> None:
 @torch.no_grad()
 def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
                 end_of_epoch: Callable[[int, int], None], trace: Counter | None = None) -> None:
-    """Train the group to the end of its longest stream; ``end_of_epoch(j, epochs_done)``
-    after each epoch of stream ``j`` (the scoring). Streams whose heads have all finished
-    leave the batch (they are the suffix of the sorted streams)."""
+    """Train the group to the end of its longest stream, calling ``end_of_epoch(j, epochs_done)``
+    after each epoch of stream ``j``; finished streams (a suffix) leave the batch."""
     steps_per_epoch = [s.steps_per_epoch for s in group.streams]
+    totals = [s.total_steps for s in group.streams]
     views: dict[int, Active] = {}
-    for step in range(group.total[0]):
-        active = sum(1 for t in group.total if t > step)
+    for step in range(totals[0]):
+        active = sum(1 for t in totals if t > step)
         for j in range(active):
             if step % steps_per_epoch[j] == 0:
                 new_epoch(group, j, bank_y)
@@ -187,8 +176,7 @@ def train_group(group: Group, bank: torch.Tensor, bank_y: torch.Tensor,
 
 @dataclass
 class Active:
-    """A group's tensors restricted to its first ``active`` streams (views, made once per
-    number of active streams rather than at every step)."""
+    """A group's tensors for its first ``active`` streams (views, made once per count)."""
 
     group: Group
     active: int
@@ -208,7 +196,7 @@ class Active:
     def of(cls, group: Group, active: int) -> Active:
         dim = group.params.shape[1] - 1
         params, grad = group.params[:active], group.grad[:active]
-        spe = group.steps_per_epoch_list[:active]
+        spe = [s.steps_per_epoch for s in group.streams[:active]]
         return cls(group=group, active=active, uniform=min(spe) == max(spe), params=params,
                    weight_t=params[:, :dim].transpose(1, 2),
                    bias_t=params[:, dim:].transpose(1, 2), grad=grad, grad_w=grad[:, :dim],
@@ -218,13 +206,12 @@ class Active:
 
 
 def train_step(v: Active, step: int, bank: torch.Tensor, trace: Counter | None = None) -> None:
-    """One step of the first ``v.active`` streams of the group (every head, finished ones with
-    learning rate 0)."""
+    """One step of the group's first ``v.active`` streams (finished heads: lr 0)."""
     group, active = v.group, v.active
     dim = bank.shape[1]
     slots, batch, classes = group.slots, group.batch_size, group.classes
     if v.uniform:  # the streams are at the same step of their epochs: views
-        spe = group.steps_per_epoch_list[0]
+        spe = group.streams[0].steps_per_epoch
         in_epoch, epoch = step % spe, step // spe
         idx, yb = group.idx[:active, in_epoch], group.labels[:active, in_epoch]
         row_w, lr = group.row_w[:active, in_epoch], group.lr_table[:active, epoch]
@@ -254,16 +241,9 @@ _LOG2_E = 1.4426950408889634
 
 
 def forward_backward(v: Active, xb: torch.Tensor, yb: torch.Tensor, row_w: torch.Tensor) -> None:
-    """The gradient ``v.grad`` ``[A, D + 1, slots * C]`` of every head's mean cross-entropy on
-    its stream's batch ``xb [A, B, D]``, ``yb [A, B]`` (``row_w``: 1 / batch length, 0 for
-    padding rows): ``softmax(logits) - onehot(y)``, weighted, times the rows (the weights'
-    rows), summed over the rows (the biases' row).
-
-    The logits are computed transposed, ``[A, slots, C, B]`` and times ``log2 e`` (so that
-    torch's CPU ``exp2``, 3x faster than its ``exp``, gives the softmax's exponentials): the
-    softmax's reductions over the classes then run over rows of ``B`` contiguous values
-    (vectorized), where torch's softmax over a last dimension of ``C`` (10 classes) is 5-10x
-    slower than the matrix products."""
+    """Write into ``v.grad`` every head's mean cross-entropy gradient ``(softmax - onehot) *
+    row_w`` on ``xb [A, B, D]``, ``yb [A, B]``. The logits are ``[A, slots, C, B]`` times
+    ``log2 e``: class reductions over contiguous rows, and ``exp2`` (3x ``exp``'s speed)."""
     active, batch, _ = xb.shape
     slots, classes = v.group.slots, v.group.classes
     xt = xb.transpose(1, 2)
@@ -281,15 +261,9 @@ def forward_backward(v: Active, xb: torch.Tensor, yb: torch.Tensor, row_w: torch
 
 def update(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor,
            wd: torch.Tensor, momentum: torch.Tensor, lars: torch.Tensor | None) -> None:
-    """SGD with momentum and weight decay, or apex LARC (per head, where ``lars``), in place
-    (``grad`` is overwritten).
-
-    Shapes ``[A, R, slots, C]`` (a head's parameter is ``[:, :, slot, :]``; the settings
-    ``[A, 1, slots, C]``, LARC's ``lars`` ``[A, 1, slots, 1]``); without LARC any shapes that
-    broadcast, e.g. ``[A, R, slots * C]`` with ``[A, 1, slots * C]`` settings. LARC, per head and
-    per parameter: ``g <- (g + wd p) a`` with :func:`~e2mc.optim.larc_trust_ratio` ``a`` when
-    both norms are non-zero, else ``g`` unchanged (no weight decay), then plain SGD momentum.
-    """
+    """SGD with momentum and weight decay in place (``grad`` overwritten), or apex LARC per head
+    where ``lars`` (shapes ``[A, R, slots, C]``, settings ``[A, 1, slots, C]``): ``g <- (g +
+    wd p) a`` with the trust ratio ``a`` when both norms are non-zero, else ``g``."""
     if lars is not None:
         p_norm = param.pow(2).sum(dim=(1, 3), keepdim=True).sqrt()
         g_norm = grad.pow(2).sum(dim=(1, 3), keepdim=True).sqrt()

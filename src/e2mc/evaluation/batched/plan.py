@@ -17,8 +17,7 @@ from e2mc.evaluation.probe_settings import LinearProbeConfig
 @dataclass(eq=False)
 class HeadSpec:
     """One probe: train on ``train_x[rows]`` with ``config`` and ``seed``; evaluate on
-    ``eval_x[eval_rows]`` (all rows when None) after every epoch (``history``) or only after
-    the last one."""
+    ``eval_x[eval_rows]`` (None: all) after every epoch (``history``) or only the last."""
 
     rows: np.ndarray
     config: LinearProbeConfig
@@ -43,8 +42,7 @@ def digest(a: np.ndarray | None) -> str | None:
 
 @dataclass(eq=False)
 class Stream:
-    """Heads that see the same batches: same training rows, seed, batch size, standardization
-    and evaluation rows (e.g. the points of a learning-rate grid)."""
+    """Heads that see the same batches (rows, seed, batch size, standardization)."""
 
     rows: np.ndarray
     seed: int
@@ -84,8 +82,7 @@ def plan_streams(heads: Sequence[HeadSpec]) -> tuple[list[Stream], list[tuple[St
 
 
 def plan_groups(streams: Sequence[Stream]) -> list[list[Stream]]:
-    """Streams by batch size (ascending), each group sorted by number of steps, longest first,
-    so that the streams still training are a prefix."""
+    """Streams by batch size, each longest first (those still training: a prefix)."""
     return [sorted((s for s in streams if s.batch_size == batch_size),
                    key=lambda s: -s.total_steps)
             for batch_size in sorted({s.batch_size for s in streams})]

@@ -1,9 +1,6 @@
-"""The heads scored: after each epoch of a stream its heads' top-1/top-5 (and, at their last
-epoch, cross-entropy, predictions and top-5 labels) on their evaluation rows, recorded per head
-(:class:`~e2mc.evaluation.linear.EpochTracker`: history, best and last epoch, the sequential
-probe's numbers); then each head's :class:`~e2mc.evaluation.linear.ProbeResult`, and the choice
-of the best head among several -- made after training, on the finished results
-(:func:`best_head`)."""
+"""The heads scored after each epoch of their stream (top-1/top-5; at the last epoch also loss,
+predictions and top-5 labels) into an :class:`~e2mc.evaluation.linear.EpochTracker` each, and
+the best of several finished heads (:func:`best_head`)."""
 
 from __future__ import annotations
 
@@ -25,9 +22,7 @@ BEST_HEAD_RULE = "best last-epoch validation top-1; ties: lower validation loss,
 
 
 def prepare_eval_rows(streams: Sequence[Stream], ex_all: torch.Tensor) -> None:
-    """Gather / standardize each stream's evaluation rows once (shared by streams with the
-    same rows and standardization) while they fit :data:`EVAL_CACHE_ELEMENTS`; the others are
-    gathered chunk by chunk at every evaluation."""
+    """Gather / standardize the streams' evaluation rows once, up to :data:`EVAL_CACHE_ELEMENTS`."""
     prepared: dict[tuple, torch.Tensor] = {}
     budget = EVAL_CACHE_ELEMENTS
     dim = ex_all.shape[1]
@@ -72,15 +67,9 @@ def _eval_batches(s: Stream, ex_all: torch.Tensor, ey_all: torch.Tensor, labels:
 def evaluate_stream(group: Group, j: int, epochs_done: int, heads: Sequence[HeadSpec],
                     ex_all: torch.Tensor, ey_all: torch.Tensor, records: list[EpochTracker],
                     chunk: int, trace: Counter | None = None) -> None:
-    """Record the epoch of the heads of stream ``j`` that just finished epoch ``epochs_done``
-    (every epoch with ``history``, else only the last).
-
-    First pass, all heads, in the ``[heads, C, rows]`` layout: a row is a top-1 (top-5) hit
-    when no (fewer than 5) class scores above its label's; the cross-entropy only after a
-    head's last epoch. Second pass, only for heads with a new best top-1 or at their last epoch:
-    the argmax predictions, and at the last epoch the top-5 labels (stable sort: ties to the
-    lower class).
-    """
+    """Record epoch ``epochs_done`` of stream ``j``'s heads (every epoch with ``history``).
+    A row is a top-1 (top-5) hit when no (fewer than 5) class scores above its label's;
+    predictions are computed only for a new best top-1 or the last epoch."""
     s = group.streams[j]
     sel = [(slot, i) for slot, i in enumerate(s.heads)
            if heads[i].config.epochs >= epochs_done
