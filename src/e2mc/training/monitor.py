@@ -11,16 +11,9 @@ and seeded, into a *probe-train* half and a *probe-test* half. On the backbone f
   fraction ``f`` of the *training set* would give (all of the half when it has fewer), top-1
   on the probe-test half, mean over ``monitor.label_seeds``.
 
-On the projector embeddings (label-free): ``val/rankme``, the effective rank (RankMe), and
-``val/entropy``, the mean m-spacings entropy of the compact-transformed dimensions (Eq. 5).
-``val/seconds`` is the wall time of the evaluation. Everything runs under ``no_grad`` in eval
-mode with the random number generators forked, so monitoring does not change training. At the end
-the main process draws the history (kept step marked) to ``RunDir.monitor_plot``.
-
-The three kinds of metric (:data:`METRICS`: kNN, linear probes, label-free) are functions of the
-one extraction of the images (:class:`ValidationExtraction`), so an evaluation runs the backbone
-over the validation images once and writes one record; :class:`ValidationMonitor` is the callback
-that evaluates and logs, :class:`MonitorPlot` the one that draws.
+On the projector embeddings: ``val/rankme`` (RankMe) and ``val/entropy`` (mean m-spacings
+entropy, Eq. 5); ``val/seconds``: the evaluation's wall time. It runs in eval mode under
+``no_grad`` with the generators forked, so monitoring does not change training.
 """
 
 from __future__ import annotations
@@ -147,76 +140,35 @@ def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: Monit
             np.random.set_state(numpy_state)
 
 
-@dataclass
-class ValidationExtraction:
-    """One extraction of the validation images (:func:`validation_vectors`), which every metric
-    of the monitor reads: backbone ``features``, projector ``embeddings`` (None without a
-    projector) and the method's compact space."""
-
-    features: torch.Tensor
-    embeddings: torch.Tensor | None
-    space: str
-
-
-def knn_metric(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
-               device: torch.device | str = "cpu") -> dict[str, float]:
-    """``val/knn``: cosine kNN top-1 of the probe-test half against the probe-train half."""
-    from e2mc.evaluation.knn import knn_classify
-
-    x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
-    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
-                       num_classes=int(y.max()) + 1, weightings=("weighted",))
-    return {"val/knn": float(knn[0].top1)}
-
-
-def probe_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
-                  device: torch.device | str = "cpu") -> dict[str, float]:
-    """``val/linear_<f>``: the linear probes of every label fraction, mean over the seeds."""
-    from e2mc.data.subsets import fraction_label
-    from e2mc.evaluation.probe_settings import linear_settings
-    from e2mc.evaluation.sweep import linear_protocol
-
-    x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
-    nominal = cfg.fractions
-    effective = {f: min(1.0, f * data.train_size / len(tr)) for f in nominal}
-    entries = linear_protocol(
-        x[tr], y[tr], x[te], y[te], sorted(set(effective.values())),
-        cfg.label_seeds,
-        config_for=lambda f: linear_settings("generic", f, epochs=cfg.probe_epochs),
-        device=device)
-    out: dict[str, float] = {}
-    for f in nominal:
-        values = [e.result.top1_last for e in entries if e.fraction == effective[f]]
-        out[f"val/linear_{fraction_label(f)}"] = float(np.mean(values))
-    return out
-
-
-def label_free_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
-                       device: torch.device | str = "cpu") -> dict[str, float]:
-    """``val/rankme`` and ``val/entropy`` of the projector embeddings (none without them)."""
-    from e2mc.criterion import m_spacings_entropy
-    from e2mc.diagnostics.embedding_stats import effective_rank, marginal_values
-
-    embs = vectors.embeddings
-    if embs is None:
-        return {}
-    return {"val/rankme": float(effective_rank(embs)),
-            "val/entropy": float(m_spacings_entropy(marginal_values(embs, vectors.space)
-                                                    .double()).mean())}
-
-
-#: The monitor's metrics, in the order of its record: each reads the one extraction.
-METRICS = (knn_metric, probe_metrics, label_free_metrics)
-
-
 def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: ValidationData,
                    cfg: MonitorConfig, space: str, device: torch.device | str = "cpu"
                    ) -> dict[str, float]:
-    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
-    vectors = ValidationExtraction(feats, embs, space)
-    out: dict[str, float] = {}
-    for metric in METRICS:
-        out.update(metric(vectors, data, cfg, device))
+    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`:
+    ``val/knn``, ``val/linear_<f>`` (mean over the seeds), and ``val/rankme`` and
+    ``val/entropy`` of the projector embeddings (none without them)."""
+    from e2mc.criterion import m_spacings_entropy
+    from e2mc.data.subsets import fraction_label
+    from e2mc.diagnostics.embedding_stats import effective_rank, marginal_values
+    from e2mc.evaluation.knn import knn_classify
+    from e2mc.evaluation.probe_settings import linear_settings
+    from e2mc.evaluation.sweep import linear_protocol
+
+    x, y, tr, te = feats.numpy(), data.labels, data.probe_train, data.probe_test
+    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
+                       num_classes=int(y.max()) + 1, weightings=("weighted",))
+    out = {"val/knn": float(knn[0].top1)}
+    effective = {f: min(1.0, f * data.train_size / len(tr)) for f in cfg.fractions}
+    entries = linear_protocol(
+        x[tr], y[tr], x[te], y[te], sorted(set(effective.values())), cfg.label_seeds,
+        config_for=lambda f: linear_settings("generic", f, epochs=cfg.probe_epochs),
+        device=device)
+    for f in cfg.fractions:
+        values = [e.result.top1_last for e in entries if e.fraction == effective[f]]
+        out[f"val/linear_{fraction_label(f)}"] = float(np.mean(values))
+    if embs is not None:
+        out["val/rankme"] = float(effective_rank(embs))
+        out["val/entropy"] = float(m_spacings_entropy(marginal_values(embs, space)
+                                                      .double()).mean())
     return out
 
 
