@@ -42,12 +42,9 @@ def _first_host(nodelist: str) -> str:
 
 
 def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables ``torchrun`` would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT``) for a task of an ``srun`` step of several tasks, from
-    SLURM's (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``, the step's first node;
-    a ``MASTER_PORT`` already set is kept, else one derived from the job id, the same in every
-    task); empty outside such a step (no srun, one task, or ``WORLD_SIZE`` already set, as
-    under torchrun or submitit). A batch script's own process is no step: it joins nothing."""
+    """The ``torchrun`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) derived from SLURM's for a task of a multi-task ``srun`` step; empty
+    outside one (or when ``WORLD_SIZE`` is already set)."""
     tasks = environ.get("SLURM_STEP_NUM_TASKS")
     if "WORLD_SIZE" in environ or tasks is None or int(tasks) < 2 \
             or "SLURM_PROCID" not in environ:
@@ -111,14 +108,9 @@ def is_main_process() -> bool:
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` from every rank along dim 0, in rank order, keeping the autograd graph.
-
-    Gradients flowing into the gathered tensor are summed across ranks and each rank receives the
-    gradient of its own rows (``torch.distributed.nn.functional.all_gather``). Outside a
-    process group this returns ``x`` unchanged. All ranks must hold the same number of rows.
-    Uses the functional collective ``all_gather_single_autograd`` where this torch has it, and
-    ``torch.distributed.nn.functional.all_gather`` (deprecated since torch 2.15) otherwise.
-    """
+    """Concatenate ``x`` from every rank along dim 0, in rank order, keeping the autograd graph
+    (each rank gets the summed gradient of its own rows); ``x`` outside a process group. All ranks
+    must hold the same number of rows."""
     if not is_distributed():
         return x
     import torch.distributed._functional_collectives as collectives

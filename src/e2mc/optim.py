@@ -1,9 +1,5 @@
-"""Layer-wise adaptive optimizers, LARS (VICReg) and LARC (SwAV, SimSiam's probe), and the
-learning-rate schedules (:func:`lr_factor`, :func:`cosine_factor`). Both optimizers follow the
-authors' code exactly: :class:`LARS` is VICReg's ``main_vicreg.LARS`` (momentum buffer named
-``mu``, so the optimizer state of an official checkpoint resumes as is) and :class:`LARC` is
-NVIDIA apex's ``LARC`` wrapped around ``torch.optim.SGD`` as SwAV uses it.
-"""
+"""LARS (VICReg) and LARC (SwAV, SimSiam's probe), as the authors' code has them, and the
+learning-rate schedules."""
 
 from __future__ import annotations
 
@@ -72,14 +68,10 @@ def set_scheduled_weight_decay(optimizer: Optimizer, step: int, total_steps: int
 
 
 class LARS(Optimizer):
-    """LARS as in VICReg's ``main_vicreg.py``.
+    """LARS as in VICReg's ``main_vicreg.py`` (buffer ``mu``, so official optimizer states load).
 
-    Per parameter ``p`` with gradient ``g``: ``d = g + wd * p``; if the group's
-    ``lars_adaptation`` is on, ``d *= eta * ||p|| / ||d||`` (factor 1 when either norm is 0);
-    ``mu = momentum * mu + d``; ``p -= lr * mu``. VICReg excludes 1-D parameters (biases, norm
-    weights) from both weight decay and adaptation: put them in a group with
-    ``weight_decay=0, lars_adaptation=False`` (see :meth:`e2mc.methods.VICReg.build_optimizer`).
-    """
+    ``d = g + wd * p``; with ``lars_adaptation`` ``d *= eta * ||p|| / ||d||`` (1 when a norm is
+    0); ``mu = momentum * mu + d``; ``p -= lr * mu``."""
 
     momentum_key = "mu"
 
@@ -124,14 +116,11 @@ class LARS(Optimizer):
 
 
 class LARC(torch.optim.SGD):
-    """SGD with apex's LARC trust-ratio rescaling (``LARC(SGD(...), trust_coefficient, clip)``).
+    """SGD with apex's LARC trust-ratio rescaling, as SwAV uses it.
 
-    Before the SGD step, for every parameter with non-zero ``||p||`` and ``||g||``:
-    ``a = trust * ||p|| / (||g|| + wd * ||p|| + eps)``; with ``clip`` ``a = min(a / lr, 1)``;
-    ``g = (g + wd * p) * a``. The SGD step itself runs without weight decay (apex absorbs it), so
-    a parameter with a zero norm or zero gradient gets no weight decay, exactly as in apex.
-    SwAV: ``momentum=0.9, trust_coefficient=0.001, clip=False``.
-    """
+    For non-zero ``||p||`` and ``||g||``: ``a = trust * ||p|| / (||g|| + wd * ||p|| + eps)``
+    (``clip``: ``min(a / lr, 1)``); ``g = (g + wd * p) * a``; the SGD step runs without weight
+    decay, so a zero-norm parameter gets none, exactly as in apex."""
 
     momentum_key = "momentum_buffer"
 

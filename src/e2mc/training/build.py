@@ -47,10 +47,8 @@ def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
 
 
 def training_images(cfg: RunConfig) -> Any:
-    """``(images, skipped)``: the training split of ``data.dataset`` (first ``data.limit``
-    images), before the validation hold-out and without a transform (each consumer adds its
-    own: the view recipe, or the evaluation transform of the monitor), and the number of
-    unreadable images skipped."""
+    """``(images, skipped)``: the training split of ``data.dataset`` (first ``data.limit``),
+    before the hold-out and without a transform, and the number of unreadable images skipped."""
     from e2mc.data import LabeledSubset, build_dataset
 
     if cfg.data.dataset is None:
@@ -87,10 +85,8 @@ def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
 
 def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None,
                         images: tuple[Any, int] | None = None, pipeline: str = "pil") -> Any:
-    """The training images with the method's view recipe (or ``data.recipe``); with a
-    validation ``split`` (:func:`holdout`) only its training part. ``images``: what
-    :func:`training_images` returned (built here when not given). ``pipeline``: the value
-    ``data.pipeline`` runs with (``auto`` chosen, :mod:`e2mc.training.hardware`)."""
+    """The training images (``images``, built when not given) with the view recipe; with a
+    validation ``split`` only its training part; ``pipeline``: ``data.pipeline`` as chosen."""
     from e2mc.data import LabeledSubset, MultiViewDataset, build_views
 
     base, skipped = images or training_images(cfg)
@@ -138,11 +134,8 @@ def build_validation_data(cfg: RunConfig, split: dict[str, Any], images: Any = N
 
 def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None,
                     images: Any = None) -> list[Any]:
-    """Every callback of a run (besides the trainer's own: epoch copies, progress bar), in the
-    order they run: the pre-emption handler when ``training.preempt_signals`` names signals;
-    when there is a validation split the validation monitor, keep-best (reading the values the
-    monitor logged) and the monitor's plot; the collapse warning (once, on a base loss pinned
-    at its collapse value)."""
+    """The run's callbacks in order: pre-emption, then with a validation split the monitor,
+    keep-best and the monitor's plot, then the collapse warning."""
     from e2mc.training.collapse_monitor import CollapseMonitor
     from e2mc.training.keep_best import KeepBest
     from e2mc.training.monitor import MonitorPlot, ValidationMonitor
@@ -168,19 +161,14 @@ def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = None
                ) -> tuple[Any, int, Callable[[Any], None] | None]:
-    """The starting model of a run: ``init.checkpoint`` loaded strictly (an official VICReg /
-    SwAV / SimSiam file through ``e2mc.checkpoints.load_official``, a project checkpoint of
-    the same method, or a shipped one, ``builtin:NAME``), else the pretrained weights that
-    ``model.backbone`` names (:func:`e2mc.models.pretrained_weights`: torchvision
-    ``NAME:WEIGHTS``, timm ``ARCH.TAG``, ``hf:REPO``; new heads), else a ``backbone`` module
-    with its own weights (new heads), else fresh weights (``pretrain`` only). A checkpoint and
-    pretrained weights (or a module) together are an error: one start, not one ignored.
+    """The starting model of a run: ``init.checkpoint`` loaded strictly (official, project or
+    ``builtin:NAME``), else the pretrained weights ``model.backbone`` names, else a ``backbone``
+    module with its own weights, else fresh weights (``pretrain`` only); a checkpoint and
+    pretrained weights (or a module) together are an error.
 
-    Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch``
-    if set, else the checkpoint's epoch (0 without one); ``prepare_optimizer`` restores the
-    checkpoint's optimizer state (momentum) into a new optimizer when it has one and
-    ``init.load_optimizer`` is true.
-    """
+    Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch`` or
+    the checkpoint's epoch; ``prepare_optimizer`` restores its optimizer state when
+    ``init.load_optimizer``."""
     from e2mc.checkpoints import load_start_model, restore_optimizer_state
     from e2mc.models import parse_backbone_name, pretrained_weights, timm_parts
     from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters

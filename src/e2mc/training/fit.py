@@ -1,9 +1,6 @@
-"""A configuration fitted to its data (:func:`fit_to_data`), where the configuration meets the
-data: ``data.image_size`` / ``data.channels`` None take the images' own (and
-``model.in_channels`` None the data's channels), and ``training.fit_batch`` makes the batch
-smaller where an epoch would leave more than :data:`MAX_LEFT_OUT` of the images out. The
-values are fixed in the run's configuration (a resume with the same data fits them alike), and
-each is said with its reason, as :mod:`e2mc.training.hardware` says its ``auto`` choices."""
+"""A configuration fitted to its data (:func:`fit_to_data`): image size and channels left None
+take the images' own, and ``training.fit_batch`` shrinks a batch that would leave more than
+:data:`MAX_LEFT_OUT` of the images out of every epoch; each value is said with its reason."""
 
 from __future__ import annotations
 

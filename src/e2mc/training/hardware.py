@@ -1,9 +1,6 @@
-"""What ``auto`` chooses on this machine: the keys a configuration may leave to the hardware
-(``data.pipeline``, ``training.precision``, ``training.channels_last``, ``data.num_workers``),
-each choice with its reason. The configuration keeps ``auto`` (so a run resumes on another
-machine with that machine's choices); every invocation says what it chose (``auto: ...``) and
-``e2mc config show`` what it would choose here.
-"""
+"""What ``auto`` chooses on this machine for ``data.pipeline``, ``training.precision``,
+``training.channels_last`` and ``data.num_workers``, each with its reason. The configuration
+keeps ``auto``, so a run resumes on another machine with that machine's choices."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Keep-best: the model of the step with the best validation metric so far, step 0 (the model the
-run started from) included, written atomically as ``best.pt``; optional early stop.
-
-A run with ``--keep-best`` therefore never hands back a model that is worse on the validation
-split than the one it was given: when no step beats the starting model, ``best.pt`` *is* the
-starting model and the run says so.
-"""
+"""Keep-best: the model of the step with the best validation metric so far, step 0 included,
+written atomically as ``best.pt`` (so it is never worse than the starting model); optional
+early stop."""
 
 from __future__ import annotations
 
@@ -61,10 +57,8 @@ class BestTracker:
 
 
 class KeepBest(Callback):
-    """Writes ``best.pt`` (the run directory's :attr:`~e2mc.artifacts.RunDir.best`) whenever
-    ``metric`` improves, reading the values the validation monitor logged at a step (the
-    trainer's :attr:`~e2mc.training.callbacks.TrainerView.last_logged`); runs after the
-    monitor. Asks to stop after ``patience`` evaluations without improvement."""
+    """Writes ``best.pt`` whenever ``metric`` (as the monitor logged it; runs after the monitor)
+    improves; asks to stop after ``patience`` evaluations without improvement."""
 
     name = "keep_best"
 
@@ -139,10 +133,7 @@ class KeepBest(Callback):
 
 
 def next_steps(trainer: TrainerView) -> str:
-    """What to do with the kept model, as commands that work for this run: ``e2mc eval`` and
-    ``e2mc export-backbone`` for a model built by name; for one built around your own module
-    (``continue_module``: the CLI cannot rebuild it) the Python calls that evaluate and
-    analyse it (``evaluate_module``, ``module_loader``) and the command that compares it."""
+    """Commands (or, for a ``continue_module`` run, Python calls) that evaluate the kept model."""
     import shlex
 
     run, data = trainer.run.root, trainer.cfg.data

@@ -1,8 +1,5 @@
-"""Run logging: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard scalars, and
-optionally Weights & Biases (``logging.wandb: true``, the ``[wandb]`` extra).
-
-Only the main process logs; on the others the logger is disabled and every call is a no-op.
-"""
+"""Run logging by the main process: ``metrics.jsonl``, TensorBoard scalars, and optionally
+Weights & Biases (``logging.wandb: true``, the ``[wandb]`` extra)."""
 
 from __future__ import annotations
 
@@ -20,18 +17,9 @@ _NOTED: set[str] = set()
 
 
 class MetricsLogger:
-    """Append metrics to ``run_dir/metrics.jsonl``, ``run_dir/tensorboard`` (if importable) and
-    a wandb run (when ``config.logging.wandb``).
-
-    ``config.logging.tensorboard``: None (the default) uses TensorBoard when it is installed
-    and says nothing when it is not; True asks for it: a missing package is one note per
-    process; False turns it off.
-
-    Each :meth:`log` call writes one line ``{"step": ..., "epoch": ..., <name>: value, ...}``
-    with every name given; TensorBoard and wandb get the finite numeric ones at ``step``.
-    ``config`` (a :class:`~e2mc.config.RunConfig`) supplies the ``logging`` section and
-    the configuration recorded with the wandb run.
-    """
+    """Each :meth:`log` writes one line ``{"step": ..., <name>: value, ...}`` to ``metrics.jsonl``;
+    TensorBoard and wandb get the finite numbers. ``logging.tensorboard`` None: used when
+    installed, silently; True: a missing package is one note; False: off."""
 
     def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True,
                  config: Any = None) -> None:

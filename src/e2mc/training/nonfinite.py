@@ -1,7 +1,6 @@
-"""The non-finite guard of the training loop: a loss term, a gradient or a weight that became NaN
-or infinite (or a weight that exploded past :data:`EXPLODED`) is found, named and agreed on by
-every process; a checkpoint of such weights is refused; with ``--skip-nonfinite`` a failed step is
-undone from a snapshot taken before it."""
+"""The non-finite guard: a loss term, gradient or weight that is NaN, infinite or past
+:data:`EXPLODED` is named and agreed on by every process; a checkpoint of such weights is
+refused; with ``--skip-nonfinite`` a failed step is undone from a snapshot."""
 
 from __future__ import annotations
 
