@@ -100,11 +100,8 @@ class LARS(Optimizer):
                 if group["lars_adaptation"]:
                     param_norm = torch.linalg.vector_norm(p)
                     update_norm = torch.linalg.vector_norm(dp)
-                    one = torch.ones_like(param_norm)
-                    q = torch.where(param_norm > 0.0,
-                                    torch.where(update_norm > 0,
-                                                group["eta"] * param_norm / update_norm, one),
-                                    one)
+                    q = torch.where((param_norm > 0) & (update_norm > 0),
+                                    group["eta"] * param_norm / update_norm, 1.0)
                     dp = dp.mul(q)
                 state = self.state[p]
                 if "mu" not in state:

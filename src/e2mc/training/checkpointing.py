@@ -52,16 +52,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def save_training_checkpoint(path: str | Path, method: torch.nn.Module, **extra: Any) -> Path:
-    """Write a training checkpoint atomically (temporary file, then rename); returns ``path``."""
-    from e2mc.checkpoints import save_checkpoint
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(path, method, **extra)
-    return path
-
-
 def load_resume_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]:
     """Read a training checkpoint for resuming; ``ValueError`` when it is not a resumable e2mc
     checkpoint or another method's."""

@@ -13,13 +13,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from e2mc.training.callbacks import FitResult, TrainerView
 
 
-def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = None) -> None:
-    """``step -> value`` of ``metric`` on one line (to ``file``, default stderr)."""
-    file = sys.stderr if file is None else file
-    points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
-    print(f"{metric} by step: {points}", file=file)
-
-
 class BestTracker:
     """The pure rule: a value is an improvement when it exceeds the best so far by more than
     ``min_delta`` (the first value always is); after ``patience`` evaluations in a row without
@@ -106,8 +99,8 @@ class KeepBest(Callback):
         file = sys.stderr if file is None else file
         if not trainer.runtime.is_main or self.tracker.best_step is None:
             return
-        print_trajectory([{"step": s, self.metric: v} for s, v in self.trajectory],
-                         self.metric, file)
+        points = ", ".join(f"{int(s)}: {v:.2f}" for s, v in self.trajectory)
+        print(f"{self.metric} by step: {points}", file=file)
         t = self.tracker
         if t.best_step == 0:
             print(f"keep-best: no step beat the starting model on {self.metric} "

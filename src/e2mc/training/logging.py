@@ -56,7 +56,8 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled or self._file is None:
             return
-        record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        record = {"step": int(step), **{k: v.item() if hasattr(v, "item") else v
+                                        for k, v in metrics.items()}}
         self._file.write(json.dumps(record, allow_nan=True) + "\n")
         self._file.flush()
         scalars = {name: value for name, value in record.items()
@@ -106,10 +107,3 @@ def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
         name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
         dir=str(run.root), id=wandb_run_id(run), resume="allow",
         config=config.to_dict() if hasattr(config, "to_dict") else None)
-
-
-def _plain(value: Any) -> Any:
-    """Tensors and numpy scalars to Python numbers."""
-    if hasattr(value, "item"):
-        return value.item()
-    return value

@@ -62,10 +62,7 @@ class NonFiniteGuard:
         """Name of the first non-finite term, agreed over all processes (``"?"``: another's)."""
         values = torch.stack([t.detach().float().reshape(()) for t in terms.values()])
         finite = torch.isfinite(values)
-        flag = (~finite).any().to(torch.int32).reshape(1)
-        if self.runtime.distributed:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not bool(flag.item()):
+        if not self._agree(not bool(finite.all())):
             return None
         bad = [name for name, ok in zip(terms, finite.tolist(), strict=True) if not ok]
         return bad[0] if bad else "a term on another process"

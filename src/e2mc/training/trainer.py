@@ -17,13 +17,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.artifacts import RunDir
+from e2mc.checkpoints import save_checkpoint
 from e2mc.config import RunConfig
 from e2mc.data import collate_views
 from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import set_scheduled_lr, set_scheduled_weight_decay
 from e2mc.processes import loader_options
 from e2mc.training.callbacks import Callback
-from e2mc.training.checkpointing import checkpoint_state, resume, save_training_checkpoint
+from e2mc.training.checkpointing import checkpoint_state, resume
 from e2mc.training.epoch_copies import EpochCopies
 from e2mc.training.estimate import RunEstimate
 from e2mc.training.hardware import Choice, chosen, hardware_choices
@@ -164,7 +165,7 @@ class Trainer:
         """Model-only checkpoint of the current weights, written atomically by the main process."""
         self.guard.refuse_bad_weights(step, agree=False)  # may be called on the main process only
         if self.runtime.is_main:
-            save_training_checkpoint(
+            save_checkpoint(
                 path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
                 step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict(),
                 epoch_use=self.epoch_use)
@@ -200,7 +201,7 @@ class Trainer:
         state["epoch_use"] = self.epoch_use
         path = self.run.checkpoint
         if self.runtime.is_main:
-            save_training_checkpoint(path, self.method, **state)
+            save_checkpoint(path, self.method, **state)
         self.guard.last_good = (path, step)
         return path
 
