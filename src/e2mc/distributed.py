@@ -58,9 +58,8 @@ def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def init_runtime(device: str = "auto") -> Runtime:
-    """Pick the device and, under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) or as a
-    task of an ``srun`` step of several tasks (:func:`srun_environment`), join the process group
-    from the environment variables: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    """Pick the device and, under torchrun or a multi-task srun step, join the process group
+    (``nccl`` on CUDA, ``gloo`` on CPU)."""
     os.environ.update(srun_environment(os.environ))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -81,8 +80,8 @@ def init_runtime(device: str = "auto") -> Runtime:
 
 
 def gather_objects(obj: Any) -> list[Any]:
-    """``obj`` of every process, in rank order. Serialised with ``torch.save`` first (tensors
-    inside ``all_gather_object`` payloads fail to unpickle) and read back weights-only."""
+    """``obj`` of every process in rank order (through ``torch.save``: tensors in
+    ``all_gather_object`` payloads fail to unpickle), read back weights-only."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     gathered: list[Any] = [None] * dist.get_world_size()

@@ -17,24 +17,21 @@ LARC_TRUST, LARC_EPS = 0.001, 1e-8
 def larc_trust_ratio(param_norm: torch.Tensor, grad_norm: torch.Tensor,
                      weight_decay: float | torch.Tensor, trust: float = LARC_TRUST,
                      eps: float = LARC_EPS) -> torch.Tensor:
-    """apex LARC's adaptive learning rate ``trust ||p|| / (||g|| + wd ||p|| + eps)``, the one
-    formula of :class:`LARC` and of the batched probe's per-head update
-    (:mod:`e2mc.evaluation.batched.engine`); it applies where both norms are non-zero."""
+    """apex LARC's ``trust ||p|| / (||g|| + wd ||p|| + eps)`` (where both norms are non-zero),
+    shared with the batched probe."""
     return trust * param_norm / (grad_norm + param_norm * weight_decay + eps)
 
 
 def cosine_factor(step: float, total: float, final_fraction: float = 0.0) -> float:
-    """The cosine decay from 1 at ``step`` 0 to ``final_fraction`` at ``total`` and after (per
-    epoch, ``CosineAnnealingLR(T_max=total)`` in closed form)."""
+    """Cosine decay from 1 at ``step`` 0 to ``final_fraction`` at ``total`` and after."""
     progress = min(step / max(total, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
               final_fraction: float = 0.0) -> float:
-    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): ``constant``
-    is 1 throughout; ``cosine`` warms up linearly over ``warmup_steps`` and then decays to
-    ``final_fraction`` at ``total_steps``."""
+    """Multiplier of the peak learning rate at 0-based ``step``: ``constant`` 1; ``cosine``
+    warms up linearly over ``warmup_steps``, then decays to ``final_fraction``."""
     if schedule == "constant":
         return 1.0
     if schedule != "cosine":
@@ -46,8 +43,8 @@ def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
 
 def set_scheduled_lr(optimizer: Optimizer, step: int, total_steps: int, schedule: str,
                      warmup_steps: int = 0, final_fraction: float = 0.0) -> float:
-    """Set every parameter group's ``lr`` to its ``initial_lr`` times :func:`lr_factor` at
-    ``step`` (groups marked ``fix_lr`` keep theirs); returns the first group's ``lr``."""
+    """Set each group's ``lr`` to ``initial_lr`` times :func:`lr_factor` (not ``fix_lr``
+    groups); returns the first group's."""
     factor = lr_factor(step, total_steps, schedule, warmup_steps, final_fraction)
     for group in optimizer.param_groups:
         if not group.get("fix_lr", False):
@@ -57,9 +54,8 @@ def set_scheduled_lr(optimizer: Optimizer, step: int, total_steps: int, schedule
 
 def set_scheduled_weight_decay(optimizer: Optimizer, step: int, total_steps: int,
                                end: float) -> None:
-    """Set the weight decay of every group that has one (``initial_weight_decay`` > 0; the
-    groups of biases and norms stay at 0) by a cosine from its initial value at ``step`` 0 to
-    ``end`` at ``total_steps`` (DINO's official schedule)."""
+    """Cosine weight decay from each group's initial value (groups with none stay 0) to ``end``
+    at ``total_steps`` (DINO's schedule)."""
     progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
     for group in optimizer.param_groups:
         start = group.setdefault("initial_weight_decay", group.get("weight_decay", 0.0))

@@ -15,9 +15,7 @@ from e2mc.distributed import is_main_process
 
 def build_method_from_config(cfg: RunConfig, backbone: Any = None,
                              feature_dim: int | None = None) -> Any:
-    """``e2mc.methods.build_method(name, backbone=..., small_images=..., in_channels=...,
-    **method.params)``; ``backbone``: a module that replaces ``model.backbone`` (its pooled
-    output size ``feature_dim``, :func:`module_feature_dim`)."""
+    """``build_method`` from ``cfg``; ``backbone``: a module replacing ``model.backbone``."""
     from e2mc.methods import build_method
 
     kwargs = method_kwargs(cfg)
@@ -27,16 +25,15 @@ def build_method_from_config(cfg: RunConfig, backbone: Any = None,
 
 
 def module_feature_dim(cfg: RunConfig, module: Any) -> int:
-    """The pooled output size of ``module`` on two images of the run's size and channels
-    (:func:`e2mc.models.input_size.pooled_dim`)."""
+    """The pooled output size of ``module`` on images of the run's size and channels."""
     from e2mc.models.input_size import pooled_dim
 
     return pooled_dim(module, cfg.data.channels, cfg.data.image_size)
 
 
 def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
-    """``e2mc.addons.build_addon(name, **addon.params)``; for ``e2mc`` the compact space defaults
-    to the method's and ``batch_size_for_cov`` to the global batch size (as the authors ran it)."""
+    """``build_addon``; for ``e2mc`` the space and the covariance batch default as the
+    authors ran it."""
     from e2mc.addons import build_addon
 
     params = dict(cfg.addon.params)
@@ -63,9 +60,8 @@ def training_images(cfg: RunConfig) -> Any:
 
 
 def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
-    """The validation split of the training ``images`` (``data.val_split``), as the record
-    stored in the run directory (:meth:`e2mc.artifacts.RunDir.val_split`): ``train`` and
-    ``val`` index lists and how they were drawn; None without a split."""
+    """The validation split record of ``images`` (``train``/``val`` indices and how drawn); None
+    without ``data.val_split``."""
     from e2mc.data import dataset_labels
     from e2mc.data.holdout import holdout_split
 
@@ -117,9 +113,7 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
 
 
 def build_validation_data(cfg: RunConfig, split: dict[str, Any], images: Any = None) -> Any:
-    """The monitor's :class:`~e2mc.training.monitor.ValidationData`: the held-out images of
-    ``images`` (:func:`training_images`' data set, built here when not given) with the
-    evaluation transform."""
+    """The monitor's held-out images (eval transform) as a ``ValidationData``."""
     from e2mc.data import LabeledSubset, Transformed, dataset_labels, eval_transform
     from e2mc.training.monitor import ValidationData
 

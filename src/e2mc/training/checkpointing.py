@@ -105,8 +105,7 @@ RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "da
 
 
 def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
-    """``(run_config, step, data)`` of a training checkpoint, read without loading its tensors;
-    ``data``: the content identity of its training images (None in an older checkpoint)."""
+    """``(run_config, step, data identity or None)`` of a checkpoint, without loading tensors."""
     from e2mc.checkpoints import torch_load
     from e2mc.errors import CorruptFileError
 

@@ -70,8 +70,7 @@ class CollapseMonitor(Callback):
         return None
 
     def _rank(self, trainer: TrainerView, step: int) -> CollapseSignal | None:
-        """Effective rank of the first view's embeddings on a fixed batch, in eval mode without
-        gradients (the training's state and random streams untouched)."""
+        """Effective rank of the first view's embeddings on a fixed batch (eval mode, no grad)."""
         model = trainer.method
         if min(self.probe_size, len(trainer.loader.dataset)) < 2:
             return None

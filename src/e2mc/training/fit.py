@@ -24,17 +24,15 @@ def needs_data(cfg: RunConfig) -> bool:
 
 
 def fit_batch(images: int, largest: int) -> int:
-    """The largest batch up to ``largest`` with which an epoch of ``images`` leaves at most
-    :data:`MAX_LEFT_OUT` of them out (all of them form one batch when fewer than ``largest``)."""
+    """The largest batch up to ``largest`` that leaves at most :data:`MAX_LEFT_OUT` out."""
     if images <= largest:
         return max(images, 1)
     return next(b for b in range(largest, 0, -1) if images % b <= MAX_LEFT_OUT * images)
 
 
 def fit_to_data(cfg: RunConfig, images: Any = None) -> tuple[RunConfig, dict[str, Choice]]:
-    """``cfg`` with the values it leaves to its data filled in, and what each was set to and
-    why; ``cfg`` itself when it leaves none (the data are then not read). ``images``: the
-    training images (``training_images(cfg)``) when already read."""
+    """``cfg`` with the values it leaves to its data filled in, and each :class:`Choice`; ``cfg``
+    itself when it leaves none (the data are then not read)."""
     if not needs_data(cfg):
         return cfg, {}
     from e2mc.data.holdout import holdout_split

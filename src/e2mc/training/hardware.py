@@ -25,8 +25,7 @@ class Choice:
 
 
 def is_image_folder(dataset: Any) -> bool:
-    """Whether the fast pipelines can read ``dataset``: image files (``samples``), also
-    under a subset (:func:`~e2mc.data.subsets.subset_parts`)."""
+    """Whether ``dataset`` (or the set under its subsets) holds image files (``samples``)."""
     from e2mc.data.subsets import subset_parts
 
     return hasattr(subset_parts(dataset)[0], "samples")
@@ -34,8 +33,8 @@ def is_image_folder(dataset: Any) -> bool:
 
 def hardware_choices(cfg: RunConfig, device: torch.device,
                      image_folder: bool | None = None) -> dict[str, Choice]:
-    """The value of every key of ``cfg`` left to ``auto`` (``None`` for the flags and counts),
-    on ``device``; ``image_folder`` None: not known yet (both cases said)."""
+    """The value of every key of ``cfg`` left to ``auto`` on ``device``; ``image_folder`` None:
+    not known yet (both cases said)."""
     cuda = device.type == "cuda"
     out: dict[str, Choice] = {}
     if cfg.data.pipeline == "auto":
@@ -71,8 +70,7 @@ def hardware_choices(cfg: RunConfig, device: torch.device,
 
 
 def chosen(cfg: RunConfig, choices: dict[str, Choice], key: str) -> Any:
-    """The value ``key`` (``section.name``) runs with: the choice for an ``auto`` key, else the
-    configuration's value."""
+    """The value ``key`` runs with: the ``auto`` choice, else the configuration's."""
     if key in choices:
         return choices[key].value
     section, name = key.split(".")

@@ -14,9 +14,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class BestTracker:
-    """The pure rule: a value is an improvement when it exceeds the best so far by more than
-    ``min_delta`` (the first value always is); after ``patience`` evaluations in a row without
-    one, :meth:`update` asks to stop."""
+    """An improvement exceeds the best by more than ``min_delta`` (the first always is); after
+    ``patience`` evaluations without one, :meth:`update` asks to stop."""
 
     def __init__(self, patience: int | None = None, min_delta: float = 0.0) -> None:
         self.patience, self.min_delta = patience, min_delta
@@ -94,8 +93,7 @@ class KeepBest(Callback):
         self.report(trainer)
 
     def report(self, trainer: TrainerView, file: Any = None) -> None:
-        """Print the chosen step and the metric's trajectory (main process; to ``file``,
-        default stderr)."""
+        """Print the chosen step and the metric's trajectory (main process)."""
         file = sys.stderr if file is None else file
         if not trainer.runtime.is_main or self.tracker.best_step is None:
             return
@@ -114,9 +112,7 @@ class KeepBest(Callback):
         return {**self.tracker.state_dict(), "trajectory": [list(p) for p in self.trajectory]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a checkpoint written before keep-best was a callback of
-        its own gives the monitor's ``history`` instead of the trajectory
-        (:func:`e2mc.training.checkpointing.callback_states`)."""
+        """Restore :meth:`state_dict` (or an older checkpoint's monitor ``history``)."""
         self.tracker.load_state_dict(state)
         if "trajectory" in state:
             self.trajectory = [(int(s), v) for s, v in state["trajectory"]]

@@ -88,15 +88,12 @@ class MetricsLogger:
 
 
 def wandb_run_id(run: RunDir) -> str:
-    """A wandb run id fixed by the run directory's absolute path, so that a resumed run
-    continues the same wandb run (``resume="allow"``)."""
+    """A wandb id fixed by the run directory's path, so a resumed run continues its wandb run."""
     return hashlib.sha1(str(run.root.resolve()).encode()).hexdigest()[:16]
 
 
 def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
-    """``wandb.init`` for a training run: project, entity, name (default: the run directory's
-    name), mode (``online``, ``offline``, ``disabled``; default wandb's own, ``$WANDB_MODE``),
-    the resolved configuration, files under ``run_dir`` (wandb's own ``wandb/`` folder)."""
+    """``wandb.init`` for a training run (name default: the run directory's), files under it."""
     try:
         import wandb
     except ImportError:

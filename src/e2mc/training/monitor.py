@@ -78,8 +78,7 @@ _NICE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def probe_labels(data: ValidationData, fraction: float) -> int:
-    """How many labels the probe of ``fraction`` (of the training set) trains on: the draw
-    :func:`probe_metrics` makes from the probe-train half."""
+    """How many probe-train labels the probe of ``fraction`` (of the training set) trains on."""
     from e2mc.data.subsets import label_fraction_indices
 
     y = data.labels[data.probe_train]
@@ -88,8 +87,7 @@ def probe_labels(data: ValidationData, fraction: float) -> int:
 
 def thin_probes_warning(data: ValidationData, cfg: MonitorConfig) -> str | None:
     """The warning for monitor metrics that train on fewer than :data:`MIN_LABELS_PER_CLASS`
-    labels per class, naming what would serve (a metric the monitor has, a fraction to add, or
-    a larger validation split); None when every metric has enough."""
+    labels per class, naming what would serve; None when every metric has enough."""
     from e2mc.data.subsets import fraction_label
 
     classes = len(np.unique(data.labels))
@@ -125,8 +123,8 @@ def thin_probes_warning(data: ValidationData, cfg: MonitorConfig) -> str | None:
 def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: MonitorConfig,
                        device: torch.device | str = "cpu"
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Backbone features and projector embeddings of the validation images, in eval mode,
-    with the random number generators forked (monitoring does not change training)."""
+    """Backbone features and projector embeddings of the validation images (eval mode, the
+    generators forked: monitoring does not change training)."""
     from e2mc.evaluation.features import features_and_embeddings
 
     devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
@@ -185,10 +183,8 @@ def validation_metrics(method: torch.nn.Module, data: ValidationData, cfg: Monit
 
 class ValidationMonitor(Callback):
     """Evaluates :func:`validation_metrics` at step 0, every ``cfg.every`` steps (None: every
-    epoch) and at the last step, and logs the values as one record (``metrics.jsonl``,
-    TensorBoard; keep-best and the progress bar read them from the trainer's
-    :attr:`~e2mc.training.callbacks.TrainerView.last_logged`). Under ``torch.distributed``
-    every rank extracts the vectors, rank 0 scores them and broadcasts the values."""
+    epoch) and at the last step, and logs the values as one record. Under DDP every rank
+    extracts the vectors, rank 0 scores them and broadcasts the values."""
 
     name = "monitor"
 
@@ -202,22 +198,20 @@ class ValidationMonitor(Callback):
     def _evaluate(self, trainer: TrainerView, step: int, run_epoch: int) -> None:
         import torch.distributed as dist
 
-        values: dict[str, float] | None = None
-        if not trainer.runtime.distributed:
-            values = validation_metrics(trainer.method, self.data, self.cfg, trainer.runtime.device)
+        method, runtime = trainer.method, trainer.runtime
+        if not runtime.distributed:
+            values = validation_metrics(method, self.data, self.cfg, runtime.device)
         else:  # every rank runs the forward passes (a method's loss may hold collectives)
             start = time.perf_counter()
-            feats, embs = validation_vectors(trainer.method, self.data, self.cfg,
-                                             trainer.runtime.device)
-            if trainer.runtime.is_main:
-                values = vector_metrics(feats, embs, self.data, self.cfg,
-                                        getattr(trainer.method, "compact_space",
-                                                "standardized"), trainer.runtime.device)
-                values["val/seconds"] = time.perf_counter() - start
-            box = [values]
+            feats, embs = validation_vectors(method, self.data, self.cfg, runtime.device)
+            box: list[Any] = [None]
+            if runtime.is_main:
+                space = getattr(method, "compact_space", "standardized")
+                box[0] = {**vector_metrics(feats, embs, self.data, self.cfg, space,
+                                           runtime.device),
+                          "val/seconds": time.perf_counter() - start}
             dist.broadcast_object_list(box, src=0)
             values = box[0]
-        assert values is not None
         self.history.append({"step": step, **values})
         trainer.log(step, {"epoch": run_epoch, **values})
 
@@ -247,8 +241,7 @@ class ValidationMonitor(Callback):
 
 
 class MonitorPlot(Callback):
-    """At the end, the main process draws the monitor's history to ``RunDir.monitor_plot``
-    with the step ``keep_best`` kept marked; runs after both."""
+    """At the end, draws the monitor's history (keep-best's step marked); runs after both."""
 
     name = "monitor_plot"
 
@@ -267,9 +260,8 @@ class MonitorPlot(Callback):
 def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
                  path: str | os.PathLike[str], kept_step: int | None = None,
                  kept_by: str | None = None) -> list[str]:
-    """Each of ``metrics`` (:func:`metric_names`) that ``history`` has against steps, one panel
-    each, the step kept by keep-best marked (and the metric that chose it, ``kept_by``, named
-    in the legend); written atomically to ``path``. Returns the metrics drawn."""
+    """Each of ``metrics`` that ``history`` has against steps, one panel each, ``kept_step``
+    marked (chosen by ``kept_by``), written atomically to ``path``; returns the metrics drawn."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -18,8 +18,7 @@ from e2mc.errors import NonFiniteError
 
 
 class NonFiniteLossError(NonFiniteError):
-    """A loss term, a gradient or a weight became NaN or infinite (or a weight exploded past
-    :data:`EXPLODED`); the message names it, the step and the last good checkpoint."""
+    """A loss term, gradient or weight became non-finite or exploded; the message names it."""
 
 
 #: A parameter whose magnitude passes this after an update counts as exploded (a learning-rate
@@ -36,9 +35,8 @@ def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class NonFiniteGuard:
-    """The checks of one trainer's ``method`` (collective under ``torch.distributed``), the
-    snapshot and restore of a step for ``skip_nonfinite``, and the last good checkpoint the
-    messages name."""
+    """The non-finite checks of a trainer's ``method`` (collective under DDP), the snapshot and
+    restore of a step, and the last good checkpoint the messages name."""
 
     def __init__(self, method: nn.Module, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, runtime: Runtime) -> None:

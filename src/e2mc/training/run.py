@@ -188,9 +188,8 @@ def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str,
 
 
 def _split(cfg: RunConfig, run: RunDir, is_main: bool, images: Any) -> dict[str, Any] | None:
-    """The run's validation split: computed from the configuration (the same on every
-    process), written to the run directory by the main process, and on a resume checked
-    against the one the run started with."""
+    """The run's validation split, written by the main process, checked against the saved one
+    on a resume."""
     if cfg.data.val_split is None:
         return None
     split = holdout(cfg, images)

@@ -43,8 +43,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return self.n // self.global_batch
 
     def use(self) -> dict[str, int]:
-        """How an epoch uses the images: ``images``, ``batch`` (global), ``steps`` and
-        ``dropped``, the images no batch of the epoch takes (others each epoch)."""
+        """``images``, ``batch``, ``steps`` per epoch and ``dropped`` (images no batch takes)."""
         steps = self.steps_per_epoch
         return {"images": self.n, "batch": self.global_batch, "steps": steps,
                 "dropped": self.n - steps * self.global_batch}
@@ -69,8 +68,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
 @contextmanager
 def seeded_generators(seed: int) -> Iterator[None]:
-    """Within: torch's CPU generator, numpy's and python's seeded by ``seed``; after: the
-    caller's generator states, untouched."""
+    """Within: torch's CPU, numpy's and python's generators seeded by ``seed``; after: as before."""
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):
