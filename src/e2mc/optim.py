@@ -123,9 +123,7 @@ class LARC(torch.optim.SGD):
         if trust_coefficient <= 0:
             raise ValueError(f"trust_coefficient must be > 0, got {trust_coefficient}")
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.trust_coefficient = trust_coefficient
-        self.clip = clip
-        self.eps = eps
+        self.trust_coefficient, self.clip, self.eps = trust_coefficient, clip, eps
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

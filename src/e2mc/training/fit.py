@@ -10,8 +10,6 @@ from typing import Any
 from e2mc.config import RunConfig
 from e2mc.training.hardware import Choice
 
-__all__ = ["MAX_LEFT_OUT", "fit_batch", "fit_to_data", "needs_data"]
-
 #: The most of the training images an epoch may leave out with ``training.fit_batch`` (every
 #: step takes a full batch: the remainder ``images % batch`` sits out each epoch).
 MAX_LEFT_OUT = 0.05

@@ -12,8 +12,6 @@ import torch
 from e2mc.config import RunConfig
 from e2mc.processes import available_cores
 
-__all__ = ["Choice", "chosen", "describe", "hardware_choices", "is_image_folder"]
-
 #: Loader workers at most (beyond, a GPU's step is the bound on every machine we measured).
 MAX_WORKERS = 32
 

@@ -21,9 +21,7 @@ class MetricsLogger:
     TensorBoard and wandb get the finite numbers. ``logging.tensorboard`` None: used when
     installed, silently; True: a missing package is one note; False: off."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True,
-                 config: Any = None) -> None:
-        self.enabled = enabled
+    def __init__(self, run_dir: str | Path, enabled: bool = True, *, config: Any) -> None:
         self.run = RunDir(run_dir)
         self.path = self.run.metrics
         self._file = None
@@ -35,18 +33,14 @@ class MetricsLogger:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open_append(self.path)
-        log_cfg = getattr(config, "logging", None)
-        asked = False  # the user set logging.tensorboard: true
-        if log_cfg is not None:
-            tensorboard = tensorboard and log_cfg.tensorboard is not False
-            asked = log_cfg.tensorboard is True
-            if log_cfg.wandb:
-                self._wandb = start_wandb(self.run, log_cfg, config)
-        if tensorboard:
+        log_cfg = config.logging
+        if log_cfg.wandb:
+            self._wandb = start_wandb(self.run, log_cfg, config)
+        if log_cfg.tensorboard is not False:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                if asked and not _NOTED:
+                if log_cfg.tensorboard is True and not _NOTED:
                     _NOTED.add("tensorboard")
                     print("note: tensorboard is not installed (pip install tensorboard); "
                           "logging to metrics.jsonl only", file=sys.stderr)
@@ -54,7 +48,7 @@ class MetricsLogger:
                 self._writer = SummaryWriter(log_dir=str(own_dir(self.run.tensorboard)))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        if not self.enabled or self._file is None:
+        if self._file is None:
             return
         record = {"step": int(step), **{k: v.item() if hasattr(v, "item") else v
                                         for k, v in metrics.items()}}
@@ -92,7 +86,7 @@ def wandb_run_id(run: RunDir) -> str:
     return hashlib.sha1(str(run.root.resolve()).encode()).hexdigest()[:16]
 
 
-def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
+def start_wandb(run: RunDir, log_cfg: Any, config: Any) -> Any:
     """``wandb.init`` for a training run (name default: the run directory's), files under it."""
     try:
         import wandb
@@ -103,4 +97,4 @@ def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
         project=log_cfg.wandb_project, entity=log_cfg.wandb_entity,
         name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
         dir=str(run.root), id=wandb_run_id(run), resume="allow",
-        config=config.to_dict() if hasattr(config, "to_dict") else None)
+        config=config.to_dict())

@@ -133,20 +133,15 @@ class PreemptionHandler:
         return bool(flag.item())
 
 
-def ignore_in_worker(signals: Sequence[str] | None = DEFAULT_SIGNALS) -> None:
-    """In a DataLoader worker: ignore the pre-emption signals (the main process decides)."""
-    for sig in resolve_signals(signals):
-        signal.signal(sig, signal.SIG_IGN)
-
-
 class WorkerInit:
-    """A picklable ``worker_init_fn`` calling :func:`ignore_in_worker` (then ``inner``)."""
+    """A picklable ``worker_init_fn``: the worker ignores the signals (then calls ``inner``)."""
 
     def __init__(self, signals: Sequence[str] | None, inner: Any = None) -> None:
         self.signals, self.inner = signals, inner
 
     def __call__(self, worker_id: int) -> None:
-        ignore_in_worker(self.signals)
+        for sig in resolve_signals(self.signals):
+            signal.signal(sig, signal.SIG_IGN)
         if self.inner is not None:
             self.inner(worker_id)
 

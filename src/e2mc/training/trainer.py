@@ -34,8 +34,6 @@ from e2mc.training.progress_bar import ProgressBar
 from e2mc.training.result import TrainResult
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
-__all__ = ["TrainResult", "Trainer"]  # TrainResult: e2mc.training.result
-
 
 class Trainer:
     """Trains ``method`` (+ ``addon``) on ``dataset`` as ``cfg.training`` says, in ``run_dir``,
