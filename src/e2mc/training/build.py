@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,21 +92,16 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
     if pipeline in ("fast", "device"):
-        from e2mc.data.fast_views import (
-            DeviceAugment,
-            FastViewDataset,
-            FastViews,
-            collate_device_views,
-        )
+        from e2mc.data import fast_views
 
-        fast = FastViews(views, mode="cpu" if pipeline == "fast" else "device")
-        dataset = FastViewDataset(base, fast)
+        fast = fast_views.FastViews(views, mode="cpu" if pipeline == "fast" else "device")
+        dataset = fast_views.FastViewDataset(base, fast)
         # read by the trainer: "device" hands over uint8 crops and their parameters (the
         # photometric steps run on the training device), "fast" batches of finished 8-bit
         # views (FastViewDataset.collated); the training device normalises both
-        dataset.device_augment = DeviceAugment(fast, photometric=pipeline == "device")
+        dataset.device_augment = fast_views.DeviceAugment(fast, photometric=pipeline == "device")
         if pipeline == "device":
-            dataset.collate_fn = collate_device_views
+            dataset.collate_fn = fast_views.collate_device_views
     else:
         dataset = MultiViewDataset(base, views)
     dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt
@@ -154,7 +150,7 @@ def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = None
-               ) -> tuple[Any, int, Callable[[Any], None] | None]:
+               ) -> tuple[Any, int, Callable[[Any], Any] | None]:
     """The starting model of a run: ``init.checkpoint`` loaded strictly (official, project or
     ``builtin:NAME``), else the pretrained weights ``model.backbone`` names, else a ``backbone``
     module with its own weights, else fresh weights (``pretrain`` only); a checkpoint and
@@ -203,14 +199,11 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
     method, info = load_start_model(path, cfg.method.name, trust=cfg.init.trust,
                                      new_heads=cfg.init.new_heads, **method_kwargs(cfg))
     opt_state = info.get("optimizer")
-    prepare: Callable[[Any], None] | None = None
+    prepare: Callable[[Any], Any] | None = None
     if opt_state is not None and cfg.init.load_optimizer:
-        if info["optimizer_layout"] == "project":
-            def prepare(optimizer: Any) -> None:
-                load_optimizer_state_keep_hyperparameters(optimizer, opt_state)
-        else:
-            def prepare(optimizer: Any) -> None:
-                restore_optimizer_state(optimizer, method, opt_state)
+        prepare = (partial(load_optimizer_state_keep_hyperparameters, state=opt_state)
+                   if info["optimizer_layout"] == "project"
+                   else partial(restore_optimizer_state, method=method, state=opt_state))
     epoch = info.get("epoch")
     base_epoch = cfg.init.base_epoch if cfg.init.base_epoch is not None else int(epoch or 0)
     return method, base_epoch, prepare

@@ -171,9 +171,8 @@ def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str,
     from e2mc.evaluation.features import state_dict_digest
     from e2mc.models import pretrained_weights
 
-    pretrained = None
-    if backbone is None and cfg.init.checkpoint is None:
-        pretrained = pretrained_weights(cfg.model.backbone)
+    start_weights = backbone is None and cfg.init.checkpoint is None
+    pretrained = pretrained_weights(cfg.model.backbone) if start_weights else None
     if cfg.init.checkpoint is not None:
         described = f"checkpoint {cfg.init.checkpoint}"
     elif backbone is not None:
