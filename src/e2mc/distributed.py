@@ -42,12 +42,9 @@ def _first_host(nodelist: str) -> str:
 
 
 def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables ``torchrun`` would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT``) for a task of an ``srun`` step of several tasks, from
-    SLURM's (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``, the step's first node;
-    a ``MASTER_PORT`` already set is kept, else one derived from the job id, the same in every
-    task); empty outside such a step (no srun, one task, or ``WORLD_SIZE`` already set, as
-    under torchrun or submitit). A batch script's own process is no step: it joins nothing."""
+    """The ``torchrun`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) derived from SLURM's for a task of a multi-task ``srun`` step; empty
+    outside one (or when ``WORLD_SIZE`` is already set)."""
     tasks = environ.get("SLURM_STEP_NUM_TASKS")
     if "WORLD_SIZE" in environ or tasks is None or int(tasks) < 2 \
             or "SLURM_PROCID" not in environ:
@@ -61,9 +58,8 @@ def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def init_runtime(device: str = "auto") -> Runtime:
-    """Pick the device and, under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) or as a
-    task of an ``srun`` step of several tasks (:func:`srun_environment`), join the process group
-    from the environment variables: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    """Pick the device and, under torchrun or a multi-task srun step, join the process group
+    (``nccl`` on CUDA, ``gloo`` on CPU)."""
     os.environ.update(srun_environment(os.environ))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -84,8 +80,8 @@ def init_runtime(device: str = "auto") -> Runtime:
 
 
 def gather_objects(obj: Any) -> list[Any]:
-    """``obj`` of every process, in rank order. Serialised with ``torch.save`` first (tensors
-    inside ``all_gather_object`` payloads fail to unpickle) and read back weights-only."""
+    """``obj`` of every process in rank order (through ``torch.save``: tensors in
+    ``all_gather_object`` payloads fail to unpickle), read back weights-only."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -111,14 +107,9 @@ def is_main_process() -> bool:
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` from every rank along dim 0, in rank order, keeping the autograd graph.
-
-    Gradients flowing into the gathered tensor are summed across ranks and each rank receives the
-    gradient of its own rows (``torch.distributed.nn.functional.all_gather``). Outside a
-    process group this returns ``x`` unchanged. All ranks must hold the same number of rows.
-    Uses the functional collective ``all_gather_single_autograd`` where this torch has it, and
-    ``torch.distributed.nn.functional.all_gather`` (deprecated since torch 2.15) otherwise.
-    """
+    """Concatenate ``x`` from every rank along dim 0, in rank order, keeping the autograd graph
+    (each rank gets the summed gradient of its own rows); ``x`` outside a process group. All ranks
+    must hold the same number of rows."""
     if not is_distributed():
         return x
     import torch.distributed._functional_collectives as collectives

@@ -1,9 +1,5 @@
-"""Layer-wise adaptive optimizers, LARS (VICReg) and LARC (SwAV, SimSiam's probe), and the
-learning-rate schedules (:func:`lr_factor`, :func:`cosine_factor`). Both optimizers follow the
-authors' code exactly: :class:`LARS` is VICReg's ``main_vicreg.LARS`` (momentum buffer named
-``mu``, so the optimizer state of an official checkpoint resumes as is) and :class:`LARC` is
-NVIDIA apex's ``LARC`` wrapped around ``torch.optim.SGD`` as SwAV uses it.
-"""
+"""LARS (VICReg) and LARC (SwAV, SimSiam's probe), as the authors' code has them, and the
+learning-rate schedules."""
 
 from __future__ import annotations
 
@@ -21,24 +17,21 @@ LARC_TRUST, LARC_EPS = 0.001, 1e-8
 def larc_trust_ratio(param_norm: torch.Tensor, grad_norm: torch.Tensor,
                      weight_decay: float | torch.Tensor, trust: float = LARC_TRUST,
                      eps: float = LARC_EPS) -> torch.Tensor:
-    """apex LARC's adaptive learning rate ``trust ||p|| / (||g|| + wd ||p|| + eps)``, the one
-    formula of :class:`LARC` and of the batched probe's per-head update
-    (:mod:`e2mc.evaluation.batched.engine`); it applies where both norms are non-zero."""
+    """apex LARC's ``trust ||p|| / (||g|| + wd ||p|| + eps)`` (where both norms are non-zero),
+    shared with the batched probe."""
     return trust * param_norm / (grad_norm + param_norm * weight_decay + eps)
 
 
 def cosine_factor(step: float, total: float, final_fraction: float = 0.0) -> float:
-    """The cosine decay from 1 at ``step`` 0 to ``final_fraction`` at ``total`` and after (per
-    epoch, ``CosineAnnealingLR(T_max=total)`` in closed form)."""
+    """Cosine decay from 1 at ``step`` 0 to ``final_fraction`` at ``total`` and after."""
     progress = min(step / max(total, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
               final_fraction: float = 0.0) -> float:
-    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): ``constant``
-    is 1 throughout; ``cosine`` warms up linearly over ``warmup_steps`` and then decays to
-    ``final_fraction`` at ``total_steps``."""
+    """Multiplier of the peak learning rate at 0-based ``step``: ``constant`` 1; ``cosine``
+    warms up linearly over ``warmup_steps``, then decays to ``final_fraction``."""
     if schedule == "constant":
         return 1.0
     if schedule != "cosine":
@@ -50,8 +43,8 @@ def lr_factor(step: int, total_steps: int, schedule: str, warmup_steps: int = 0,
 
 def set_scheduled_lr(optimizer: Optimizer, step: int, total_steps: int, schedule: str,
                      warmup_steps: int = 0, final_fraction: float = 0.0) -> float:
-    """Set every parameter group's ``lr`` to its ``initial_lr`` times :func:`lr_factor` at
-    ``step`` (groups marked ``fix_lr`` keep theirs); returns the first group's ``lr``."""
+    """Set each group's ``lr`` to ``initial_lr`` times :func:`lr_factor` (not ``fix_lr``
+    groups); returns the first group's."""
     factor = lr_factor(step, total_steps, schedule, warmup_steps, final_fraction)
     for group in optimizer.param_groups:
         if not group.get("fix_lr", False):
@@ -61,9 +54,8 @@ def set_scheduled_lr(optimizer: Optimizer, step: int, total_steps: int, schedule
 
 def set_scheduled_weight_decay(optimizer: Optimizer, step: int, total_steps: int,
                                end: float) -> None:
-    """Set the weight decay of every group that has one (``initial_weight_decay`` > 0; the
-    groups of biases and norms stay at 0) by a cosine from its initial value at ``step`` 0 to
-    ``end`` at ``total_steps`` (DINO's official schedule)."""
+    """Cosine weight decay from each group's initial value (groups with none stay 0) to ``end``
+    at ``total_steps`` (DINO's schedule)."""
     progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
     for group in optimizer.param_groups:
         start = group.setdefault("initial_weight_decay", group.get("weight_decay", 0.0))
@@ -72,14 +64,10 @@ def set_scheduled_weight_decay(optimizer: Optimizer, step: int, total_steps: int
 
 
 class LARS(Optimizer):
-    """LARS as in VICReg's ``main_vicreg.py``.
+    """LARS as in VICReg's ``main_vicreg.py`` (buffer ``mu``, so official optimizer states load).
 
-    Per parameter ``p`` with gradient ``g``: ``d = g + wd * p``; if the group's
-    ``lars_adaptation`` is on, ``d *= eta * ||p|| / ||d||`` (factor 1 when either norm is 0);
-    ``mu = momentum * mu + d``; ``p -= lr * mu``. VICReg excludes 1-D parameters (biases, norm
-    weights) from both weight decay and adaptation: put them in a group with
-    ``weight_decay=0, lars_adaptation=False`` (see :meth:`e2mc.methods.VICReg.build_optimizer`).
-    """
+    ``d = g + wd * p``; with ``lars_adaptation`` ``d *= eta * ||p|| / ||d||`` (1 when a norm is
+    0); ``mu = momentum * mu + d``; ``p -= lr * mu``."""
 
     momentum_key = "mu"
 
@@ -108,11 +96,8 @@ class LARS(Optimizer):
                 if group["lars_adaptation"]:
                     param_norm = torch.linalg.vector_norm(p)
                     update_norm = torch.linalg.vector_norm(dp)
-                    one = torch.ones_like(param_norm)
-                    q = torch.where(param_norm > 0.0,
-                                    torch.where(update_norm > 0,
-                                                group["eta"] * param_norm / update_norm, one),
-                                    one)
+                    q = torch.where((param_norm > 0) & (update_norm > 0),
+                                    group["eta"] * param_norm / update_norm, 1.0)
                     dp = dp.mul(q)
                 state = self.state[p]
                 if "mu" not in state:
@@ -124,14 +109,11 @@ class LARS(Optimizer):
 
 
 class LARC(torch.optim.SGD):
-    """SGD with apex's LARC trust-ratio rescaling (``LARC(SGD(...), trust_coefficient, clip)``).
+    """SGD with apex's LARC trust-ratio rescaling, as SwAV uses it.
 
-    Before the SGD step, for every parameter with non-zero ``||p||`` and ``||g||``:
-    ``a = trust * ||p|| / (||g|| + wd * ||p|| + eps)``; with ``clip`` ``a = min(a / lr, 1)``;
-    ``g = (g + wd * p) * a``. The SGD step itself runs without weight decay (apex absorbs it), so
-    a parameter with a zero norm or zero gradient gets no weight decay, exactly as in apex.
-    SwAV: ``momentum=0.9, trust_coefficient=0.001, clip=False``.
-    """
+    For non-zero ``||p||`` and ``||g||``: ``a = trust * ||p|| / (||g|| + wd * ||p|| + eps)``
+    (``clip``: ``min(a / lr, 1)``); ``g = (g + wd * p) * a``; the SGD step runs without weight
+    decay, so a zero-norm parameter gets none, exactly as in apex."""
 
     momentum_key = "momentum_buffer"
 
@@ -141,9 +123,7 @@ class LARC(torch.optim.SGD):
         if trust_coefficient <= 0:
             raise ValueError(f"trust_coefficient must be > 0, got {trust_coefficient}")
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.trust_coefficient = trust_coefficient
-        self.clip = clip
-        self.eps = eps
+        self.trust_coefficient, self.clip, self.eps = trust_coefficient, clip, eps
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

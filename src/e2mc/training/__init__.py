@@ -1,9 +1,6 @@
-"""Continued pre-training (the paper's step 2) and pre-training from a run configuration
-(:mod:`e2mc.config`): one way in (:func:`~e2mc.training.run.run_training`), the trainer (AMP,
-DDP, exact resume), its callbacks, checkpoints and metric logging.
-
-Heavy modules are imported lazily so that ``e2mc --help`` stays fast.
-"""
+"""Continued pre-training and pre-training from a run configuration: one way in
+(:func:`~e2mc.training.run.run_training`), the trainer, its callbacks, checkpoints and logging.
+Heavy modules are imported lazily so that ``e2mc --help`` stays fast."""
 
 from __future__ import annotations
 

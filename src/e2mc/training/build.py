@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,7 @@ from e2mc.distributed import is_main_process
 
 def build_method_from_config(cfg: RunConfig, backbone: Any = None,
                              feature_dim: int | None = None) -> Any:
-    """``e2mc.methods.build_method(name, backbone=..., small_images=..., in_channels=...,
-    **method.params)``; ``backbone``: a module that replaces ``model.backbone`` (its pooled
-    output size ``feature_dim``, :func:`module_feature_dim`)."""
+    """``build_method`` from ``cfg``; ``backbone``: a module replacing ``model.backbone``."""
     from e2mc.methods import build_method
 
     kwargs = method_kwargs(cfg)
@@ -27,16 +26,15 @@ def build_method_from_config(cfg: RunConfig, backbone: Any = None,
 
 
 def module_feature_dim(cfg: RunConfig, module: Any) -> int:
-    """The pooled output size of ``module`` on two images of the run's size and channels
-    (:func:`e2mc.models.input_size.pooled_dim`)."""
+    """The pooled output size of ``module`` on images of the run's size and channels."""
     from e2mc.models.input_size import pooled_dim
 
     return pooled_dim(module, cfg.data.channels, cfg.data.image_size)
 
 
 def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
-    """``e2mc.addons.build_addon(name, **addon.params)``; for ``e2mc`` the compact space defaults
-    to the method's and ``batch_size_for_cov`` to the global batch size (as the authors ran it)."""
+    """``build_addon``; for ``e2mc`` the space and the covariance batch default as the
+    authors ran it."""
     from e2mc.addons import build_addon
 
     params = dict(cfg.addon.params)
@@ -47,10 +45,8 @@ def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
 
 
 def training_images(cfg: RunConfig) -> Any:
-    """``(images, skipped)``: the training split of ``data.dataset`` (first ``data.limit``
-    images), before the validation hold-out and without a transform (each consumer adds its
-    own: the view recipe, or the evaluation transform of the monitor), and the number of
-    unreadable images skipped."""
+    """``(images, skipped)``: the training split of ``data.dataset`` (first ``data.limit``),
+    before the hold-out and without a transform, and the number of unreadable images skipped."""
     from e2mc.data import LabeledSubset, build_dataset
 
     if cfg.data.dataset is None:
@@ -65,9 +61,8 @@ def training_images(cfg: RunConfig) -> Any:
 
 
 def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
-    """The validation split of the training ``images`` (``data.val_split``), as the record
-    stored in the run directory (:meth:`e2mc.artifacts.RunDir.val_split`): ``train`` and
-    ``val`` index lists and how they were drawn; None without a split."""
+    """The validation split record of ``images`` (``train``/``val`` indices and how drawn); None
+    without ``data.val_split``."""
     from e2mc.data import dataset_labels
     from e2mc.data.holdout import holdout_split
 
@@ -87,10 +82,8 @@ def holdout(cfg: RunConfig, images: Any) -> dict[str, Any] | None:
 
 def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | None = None,
                         images: tuple[Any, int] | None = None, pipeline: str = "pil") -> Any:
-    """The training images with the method's view recipe (or ``data.recipe``); with a
-    validation ``split`` (:func:`holdout`) only its training part. ``images``: what
-    :func:`training_images` returned (built here when not given). ``pipeline``: the value
-    ``data.pipeline`` runs with (``auto`` chosen, :mod:`e2mc.training.hardware`)."""
+    """The training images (``images``, built when not given) with the view recipe; with a
+    validation ``split`` only its training part; ``pipeline``: ``data.pipeline`` as chosen."""
     from e2mc.data import LabeledSubset, MultiViewDataset, build_views
 
     base, skipped = images or training_images(cfg)
@@ -99,21 +92,16 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
     views = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
                         cfg.data.channels)
     if pipeline in ("fast", "device"):
-        from e2mc.data.fast_views import (
-            DeviceAugment,
-            FastViewDataset,
-            FastViews,
-            collate_device_views,
-        )
+        from e2mc.data import fast_views
 
-        fast = FastViews(views, mode="cpu" if pipeline == "fast" else "device")
-        dataset = FastViewDataset(base, fast)
+        fast = fast_views.FastViews(views, mode="cpu" if pipeline == "fast" else "device")
+        dataset = fast_views.FastViewDataset(base, fast)
         # read by the trainer: "device" hands over uint8 crops and their parameters (the
         # photometric steps run on the training device), "fast" batches of finished 8-bit
         # views (FastViewDataset.collated); the training device normalises both
-        dataset.device_augment = DeviceAugment(fast, photometric=pipeline == "device")
+        dataset.device_augment = fast_views.DeviceAugment(fast, photometric=pipeline == "device")
         if pipeline == "device":
-            dataset.collate_fn = collate_device_views
+            dataset.collate_fn = fast_views.collate_device_views
     else:
         dataset = MultiViewDataset(base, views)
     dataset.num_skipped = skipped  # unreadable images dropped by --skip-corrupt
@@ -121,9 +109,7 @@ def build_train_dataset(cfg: RunConfig, method: Any, split: dict[str, Any] | Non
 
 
 def build_validation_data(cfg: RunConfig, split: dict[str, Any], images: Any = None) -> Any:
-    """The monitor's :class:`~e2mc.training.monitor.ValidationData`: the held-out images of
-    ``images`` (:func:`training_images`' data set, built here when not given) with the
-    evaluation transform."""
+    """The monitor's held-out images (eval transform) as a ``ValidationData``."""
     from e2mc.data import LabeledSubset, Transformed, dataset_labels, eval_transform
     from e2mc.training.monitor import ValidationData
 
@@ -138,11 +124,8 @@ def build_validation_data(cfg: RunConfig, split: dict[str, Any], images: Any = N
 
 def build_callbacks(cfg: RunConfig, method: Any, split: dict[str, Any] | None,
                     images: Any = None) -> list[Any]:
-    """Every callback of a run (besides the trainer's own: epoch copies, progress bar), in the
-    order they run: the pre-emption handler when ``training.preempt_signals`` names signals;
-    when there is a validation split the validation monitor, keep-best (reading the values the
-    monitor logged) and the monitor's plot; the collapse warning (once, on a base loss pinned
-    at its collapse value)."""
+    """The run's callbacks in order: pre-emption, then with a validation split the monitor,
+    keep-best and the monitor's plot, then the collapse warning."""
     from e2mc.training.collapse_monitor import CollapseMonitor
     from e2mc.training.keep_best import KeepBest
     from e2mc.training.monitor import MonitorPlot, ValidationMonitor
@@ -167,20 +150,15 @@ def method_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = None
-               ) -> tuple[Any, int, Callable[[Any], None] | None]:
-    """The starting model of a run: ``init.checkpoint`` loaded strictly (an official VICReg /
-    SwAV / SimSiam file through ``e2mc.checkpoints.load_official``, a project checkpoint of
-    the same method, or a shipped one, ``builtin:NAME``), else the pretrained weights that
-    ``model.backbone`` names (:func:`e2mc.models.pretrained_weights`: torchvision
-    ``NAME:WEIGHTS``, timm ``ARCH.TAG``, ``hf:REPO``; new heads), else a ``backbone`` module
-    with its own weights (new heads), else fresh weights (``pretrain`` only). A checkpoint and
-    pretrained weights (or a module) together are an error: one start, not one ignored.
+               ) -> tuple[Any, int, Callable[[Any], Any] | None]:
+    """The starting model of a run: ``init.checkpoint`` loaded strictly (official, project or
+    ``builtin:NAME``), else the pretrained weights ``model.backbone`` names, else a ``backbone``
+    module with its own weights, else fresh weights (``pretrain`` only); a checkpoint and
+    pretrained weights (or a module) together are an error.
 
-    Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch``
-    if set, else the checkpoint's epoch (0 without one); ``prepare_optimizer`` restores the
-    checkpoint's optimizer state (momentum) into a new optimizer when it has one and
-    ``init.load_optimizer`` is true.
-    """
+    Returns ``(method, base_epoch, prepare_optimizer)``: ``base_epoch`` is ``init.base_epoch`` or
+    the checkpoint's epoch; ``prepare_optimizer`` restores its optimizer state when
+    ``init.load_optimizer``."""
     from e2mc.checkpoints import load_start_model, restore_optimizer_state
     from e2mc.models import parse_backbone_name, pretrained_weights, timm_parts
     from e2mc.training.checkpointing import load_optimizer_state_keep_hyperparameters
@@ -221,14 +199,11 @@ def load_start(cfg: RunConfig, backbone: Any = None, feature_dim: int | None = N
     method, info = load_start_model(path, cfg.method.name, trust=cfg.init.trust,
                                      new_heads=cfg.init.new_heads, **method_kwargs(cfg))
     opt_state = info.get("optimizer")
-    prepare: Callable[[Any], None] | None = None
+    prepare: Callable[[Any], Any] | None = None
     if opt_state is not None and cfg.init.load_optimizer:
-        if info["optimizer_layout"] == "project":
-            def prepare(optimizer: Any) -> None:
-                load_optimizer_state_keep_hyperparameters(optimizer, opt_state)
-        else:
-            def prepare(optimizer: Any) -> None:
-                restore_optimizer_state(optimizer, method, opt_state)
+        prepare = (partial(load_optimizer_state_keep_hyperparameters, state=opt_state)
+                   if info["optimizer_layout"] == "project"
+                   else partial(restore_optimizer_state, method=method, state=opt_state))
     epoch = info.get("epoch")
     base_epoch = cfg.init.base_epoch if cfg.init.base_epoch is not None else int(epoch or 0)
     return method, base_epoch, prepare

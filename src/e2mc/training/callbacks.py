@@ -1,12 +1,6 @@
-"""Trainer callbacks: what runs beside the loop without being part of it (epoch copies, the progress
-bar, the validation monitor, keep-best, collapse warnings, pre-emption).
-
-The trainer calls every callback on every process, in order, at five points; a callback that
-only writes files or prints checks ``trainer.runtime.is_main`` itself. A callback sees the
-trainer through :class:`TrainerView` only, and other callbacks through what they logged
-(:attr:`TrainerView.last_logged`). Its ``state_dict`` is saved in the training checkpoint under
-its ``name`` and restored on resume, so a resumed run continues with the same best value,
-patience counter or schedule.
+"""Trainer callbacks: what runs beside the loop. Every callback runs on every process (one
+that writes checks ``trainer.runtime.is_main``), sees the trainer as a :class:`TrainerView`,
+and has its ``state_dict`` saved in the training checkpoint under its ``name``.
 """
 
 from __future__ import annotations
@@ -28,15 +22,12 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 class TrainerView(Protocol):
     """What a callback may use of the trainer that calls it."""
 
-    #: Device, rank and number of processes.
     runtime: Runtime
-    #: The method being trained (not its DDP wrapper).
+    #: not its DDP wrapper
     method: torch.nn.Module
-    #: The run's configuration.
     cfg: RunConfig
-    #: The run directory.
     run: RunDir
-    #: The training data loader (its ``dataset`` yields ``(index, seed)`` items).
+    #: its ``dataset`` yields ``(index, seed)`` items
     loader: DataLoader
     #: Completed epochs when this invocation started (the resumed checkpoint's; 0 when fresh).
     start_epoch: int
@@ -49,16 +40,15 @@ class TrainerView(Protocol):
 
     @property
     def last_logged(self) -> Mapping[str, tuple[int, Any]]:
-        """Every key logged in this invocation: the step and the value it was last logged with
-        (on every process, also where nothing is written)."""
+        """Every key logged in this invocation: its last ``(step, value)``, on every process."""
         ...
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """One record of ``metrics.jsonl`` / TensorBoard (written by the main process)."""
 
     def fixed_views(self, n: int) -> list[torch.Tensor]:
-        """The views of the first ``n`` training images (the same at every call), on the
-        training device as a step takes them, whatever the input pipeline."""
+        """The views of the first ``n`` training images (the same at every call), as a step
+        takes them."""
         ...
 
     def save_model(self, path: Path, run_epoch: int, step: int) -> None:
@@ -80,17 +70,15 @@ class Callback:
     name: str = "callback"
 
     def on_fit_start(self, trainer: TrainerView, step: int) -> None:
-        """Before the first step of this invocation; ``step`` is 0 for a fresh run (the weights
-        are the starting model's) or the resumed step."""
+        """Before the first step of this invocation (``step``: 0, or the resumed step)."""
 
     def on_epoch_start(self, trainer: TrainerView, run_epoch: int, start_batch: int) -> None:
         """Before the first batch of an epoch (``start_batch`` > 0: resumed in its middle)."""
 
     def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
                     terms: dict[str, torch.Tensor]) -> str | None:
-        """After optimizer step ``step`` (1-based) and before the checkpoint decision.
-        ``run_epoch`` counts completed epochs. Return a reason (a short sentence) to stop the
-        run; the trainer then writes its checkpoint and ends."""
+        """After optimizer step ``step`` (1-based), before the checkpoint decision; return a
+        reason to stop the run (the trainer then checkpoints and ends)."""
         return None
 
     def on_epoch_end(self, trainer: TrainerView, run_epoch: int, step: int) -> None:

@@ -1,22 +1,7 @@
-"""Training checkpoints: the project format plus everything needed to resume exactly.
-
-A training checkpoint is a project checkpoint (``e2mc.checkpoints.save_checkpoint``: format,
-method, hparams, model; written atomically) with these extra entries:
-
-``optimizer``, ``scaler`` (state dicts), ``epoch`` (total epochs the weights have been trained,
-base epochs included, as in the official checkpoints), ``run_epoch`` / ``step`` /
-``batch_in_epoch`` (position in this run: completed epochs, optimizer steps, batches of the
-current epoch already done), ``base_epoch``, ``skipped_steps``, ``rng`` (one entry per process:
-python, numpy, torch, cuda), ``training_state`` (the method's, e.g. the SwAV queue), ``addon``
-(name and state dict), ``run_config`` (the resolved configuration as a dict).
-
-Every entry is made of tensors, numbers, strings, lists, tuples and dicts, so resuming reads the
-file with ``torch.load(weights_only=True)`` (:func:`e2mc.checkpoints.torch_load`).
-:func:`checkpoint_state` makes these entries and
-:func:`resume` reads a run directory's checkpoint back into the trainer's objects, so that a
-run killed at any point and started again trains bit-identically to an uninterrupted one; the
-checks before a resume (the configuration, the images) are :func:`check_resume_config` and
-:func:`check_resume_data`.
+"""Training checkpoints: a project checkpoint (:func:`e2mc.checkpoints.save_checkpoint`) plus
+everything needed to resume bit-identically (:func:`checkpoint_state` lists the entries; all
+load with ``weights_only=True``); :func:`resume` reads them back, :func:`check_resume_config`
+and :func:`check_resume_data` guard a resume.
 """
 
 from __future__ import annotations
@@ -67,22 +52,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def save_training_checkpoint(path: str | Path, method: torch.nn.Module, **extra: Any) -> Path:
-    """Write a training checkpoint atomically (temporary file, then rename); returns ``path``."""
-    from e2mc.checkpoints import save_checkpoint
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(path, method, **extra)
-    return path
-
-
 def load_resume_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]:
-    """Read a training checkpoint written by this trainer for resuming.
-
-    Raises ``ValueError`` when the file is not a resumable e2mc checkpoint or was written by a
-    run of another method.
-    """
+    """Read a training checkpoint for resuming; ``ValueError`` when it is not a resumable e2mc
+    checkpoint or another method's."""
     from e2mc.checkpoints import torch_load
 
     path = Path(path)
@@ -100,9 +72,8 @@ def load_resume_checkpoint(path: str | Path, method_name: str) -> dict[str, Any]
 
 def load_optimizer_state_keep_hyperparameters(optimizer: torch.optim.Optimizer,
                                               state: dict[str, Any]) -> None:
-    """Take the per-parameter state (momentum buffers) of an optimizer ``state_dict`` written by
-    the same method's optimizer, keeping ``optimizer``'s own hyperparameters (lr, weight decay).
-    """
+    """Load the per-parameter state (momentum buffers) of ``state``, keeping ``optimizer``'s own
+    hyperparameters (lr, weight decay)."""
     ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(state)
@@ -115,11 +86,8 @@ def load_optimizer_state_keep_hyperparameters(optimizer: torch.optim.Optimizer,
 
 
 # --------------------------------------------------------------------------- resume checks
-#: Keys that may differ when a run directory is resumed: where and how fast the run computes,
-#: what it logs and saves, when it stops, how it handles a bad step; none changes what a step
-#: computes (the data order does not depend on the workers). ``training.epochs`` extends (or
-#: shortens) the run: a ``cosine`` schedule is then laid over the new total. Differences are
-#: recorded in ``config_changes.jsonl`` all the same.
+#: Keys that may differ on resume: none changes what a step computes (``training.epochs``
+#: re-lays a cosine schedule over the new total). Differences are recorded all the same.
 RESUME_FREE_KEYS = frozenset({
     "training.epochs", "training.max_steps", "training.progress", "training.device",
     "training.cpu_threads", "training.log_every", "training.checkpoint_every_steps",
@@ -130,18 +98,14 @@ RESUME_FREE_KEYS = frozenset({
     # how the images are named: what they are is their content identity (check_resume_data)
     "data.dataset",
 })
-#: Keys that cannot change within a run directory, not even with ``--override-config``: they
-#: change the model's shape, the method, the images or the position in the data
-#: (``batch_size``: steps per epoch).
-#: ``monitor.keep_best`` names what ``best.pt`` and its saved best value were chosen by: another
-#: metric would compare its values with the old metric's best.
+#: Keys that cannot change within a run directory, not even with ``--override-config``
+#: (``monitor.keep_best``: another metric would be compared with the old metric's best).
 RESUME_FIXED_KEYS = ("mode", "model.", "method.name", "training.batch_size", "data.split",
                      "data.limit", "data.val_split", "data.val_seed", "monitor.keep_best")
 
 
 def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
-    """``(run_config, step, data)`` of a training checkpoint, read without loading its tensors;
-    ``data``: the content identity of its training images (None in an older checkpoint)."""
+    """``(run_config, step, data identity or None)`` of a checkpoint, without loading tensors."""
     from e2mc.checkpoints import torch_load
     from e2mc.errors import CorruptFileError
 
@@ -156,15 +120,12 @@ def read_checkpoint_record(path: str | Path) -> tuple[dict[str, Any], int, dict[
 def check_resume_data(run_dir: str | Path, identity: dict[str, Any], new: dict[str, Any],
                       override: bool = False, overridable: bool = True
                       ) -> tuple[int, dict[str, Any]] | None:
-    """Compare the content identity of the training images a run is about to resume on
-    (:func:`e2mc.data.identity.data_identity`) with the one its checkpoint recorded.
+    """Compare the content identity of the images a run resumes on with its checkpoint's.
 
-    Other images are a :class:`~e2mc.errors.ConfigMismatchError` (one line saying what
-    changed) unless ``override`` (``--override-config``) or ``data.skip_corrupt`` was turned
-    on for this resume (dropping the unreadable images is then the change). Returns the
-    accepted change, ``(first step with the new images, the checkpoint's identity)``, for the
-    caller to record in ``config_changes.jsonl``; None when the images are the same. A
-    checkpoint of an older e2mc records no identity: nothing to compare."""
+    Other images are a :class:`~e2mc.errors.ConfigMismatchError` unless ``override`` or
+    ``data.skip_corrupt`` was turned on for this resume. Returns the accepted change
+    ``(first step with the new images, the checkpoint's identity)``, or None when the same
+    (or the checkpoint records no identity)."""
     from e2mc.data.identity import describe_change, same_data
     from e2mc.errors import ConfigMismatchError
 
@@ -187,15 +148,12 @@ def check_resume_data(run_dir: str | Path, identity: dict[str, Any], new: dict[s
 
 def check_resume_config(run_dir: str | Path, new: dict[str, Any], override: bool = False,
                         overridable: bool = True) -> tuple[int, dict[str, tuple[Any, Any]]]:
-    """Compare the configuration ``new`` (``RunConfig.to_dict()``) of a run about to resume in
-    ``run_dir`` with the one its checkpoint was trained with.
+    """Compare ``new`` (``RunConfig.to_dict()``) with the configuration of ``run_dir``'s checkpoint.
 
     A difference outside :data:`RESUME_FREE_KEYS` is a :class:`~e2mc.errors.ConfigMismatchError`
-    naming the keys unless ``override`` (``--override-config``); a key of
-    :data:`RESUME_FIXED_KEYS` is one even then. Returns ``(first step with the accepted
-    differences, the differences)``, for the caller to record in ``config_changes.jsonl``
-    (``(0, {})`` without a checkpoint). ``overridable`` False: the caller has no
-    ``--override-config`` (a search, the demo), so the refusal does not offer it."""
+    unless ``override``; one in :data:`RESUME_FIXED_KEYS` is one even then. Returns ``(first
+    step with the differences, the differences)``, ``(0, {})`` without a checkpoint.
+    ``overridable`` False: the refusal does not offer ``--override-config``."""
     from e2mc.errors import ConfigMismatchError
 
     run = RunDir(run_dir)
@@ -235,8 +193,7 @@ def checkpoint_state(*, method: nn.Module, addon: nn.Module, optimizer: torch.op
                      callbacks: Sequence[Callback], base_epoch: int, run_epoch: int, step: int,
                      batch_in_epoch: int, skipped: int, data: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
-    """The entries of ``checkpoint.pt`` besides the model (collective under DDP: the RNG
-    states and the method's training states of every process)."""
+    """The entries of ``checkpoint.pt`` besides the model (collective under DDP)."""
     rngs: list[Any] = [rng_state()]
     method_states: list[Any] = [method.training_state()]
     if runtime.distributed:  # per-process states (RNG, SwAV's queue shard)
@@ -255,9 +212,8 @@ def checkpoint_state(*, method: nn.Module, addon: nn.Module, optimizer: torch.op
 
 
 def callback_states(saved: dict[str, Any]) -> dict[str, Any]:
-    """The callbacks' states of a checkpoint by callback name. A checkpoint written before
-    keep-best was a callback of its own holds its state inside the monitor's
-    (``monitor.keep_best``, beside the monitor's ``history``): it is handed to ``keep_best``."""
+    """The callbacks' states by name; an older checkpoint's ``monitor.keep_best`` (with the
+    monitor's ``history``) is handed to ``keep_best``."""
     states = dict(saved)
     monitor = states.get("monitor") or {}
     if "keep_best" not in states and monitor.get("keep_best"):
@@ -267,8 +223,8 @@ def callback_states(saved: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Resumed:
-    """Where a run resumes: its position, its base epoch, the method's training state of this
-    process (applied when the epoch is entered) and the checkpoint read."""
+    """Where a run resumes, and this process's method training state (applied on entering
+    the epoch)."""
 
     run_epoch: int
     step: int
@@ -284,11 +240,9 @@ def resume(run: RunDir, *, method: nn.Module, addon: nn.Module,
            runtime: Runtime, callbacks: Sequence[Callback], base_epoch: int,
            prepare_optimizer: Callable[[torch.optim.Optimizer], None] | None = None
            ) -> Resumed | None:
-    """Load ``run``'s checkpoint, if it has one, into the trainer's objects (weights, optimizer,
-    scaler, add-on, callbacks, random generators) and return where it was; None for a fresh
-    start (then ``prepare_optimizer`` gets the optimizer). The main process removes the
-    partial files of killed atomic writes and cuts ``metrics.jsonl`` back to the checkpoint's
-    step (to nothing on a fresh start)."""
+    """Load ``run``'s checkpoint into the trainer's objects and return where it was; None for a
+    fresh start (then ``prepare_optimizer`` gets the optimizer). The main process removes
+    partial files of killed writes and cuts ``metrics.jsonl`` back to the checkpoint's step."""
     path = run.checkpoint
     if runtime.is_main:
         for stale in run.stale_temp_files():  # partial files of killed atomic writes
@@ -304,8 +258,6 @@ def resume(run: RunDir, *, method: nn.Module, addon: nn.Module,
     method.load_state_dict(ckpt["model"], strict=True)
     states = ckpt.get("training_states") or [ckpt.get("training_state") or {}]
     own_state = states[runtime.rank] if len(states) == runtime.world_size else states[0]
-    # the momentum buffers of the checkpoint with this configuration's hyperparameters
-    # (equal unless --override-config changed them)
     load_optimizer_state_keep_hyperparameters(optimizer, ckpt["optimizer"])
     scaler.load_state_dict(ckpt["scaler"])
     addon_state = ckpt.get("addon", {}).get("state")

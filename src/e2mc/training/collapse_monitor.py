@@ -25,13 +25,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 
 class CollapseMonitor(Callback):
-    """Training callback: warn once (stderr and a ``collapse/warning`` record in
-    ``metrics.jsonl``) when the base loss is pinned at its collapse value over the last
-    ``window`` steps, or when the effective rank of the embeddings of the current model on a
-    fixed batch falls below the threshold (measured and logged as ``collapse/effective_rank``
-    at the end of every epoch, also after a warning). Starts checking
-    after ``warmup_steps`` (a learning SwAV run starts near ``ln K`` too). Never stops the run.
-    """
+    """Warns once (stderr and ``collapse/warning``) when the base loss is pinned at its collapse
+    value over the last ``window`` steps, or the effective rank on a fixed batch (logged every
+    epoch as ``collapse/effective_rank``) falls below the threshold; from ``warmup_steps`` on.
+    Never stops the run."""
 
     name = "collapse"
 
@@ -73,10 +70,7 @@ class CollapseMonitor(Callback):
         return None
 
     def _rank(self, trainer: TrainerView, step: int) -> CollapseSignal | None:
-        """Effective rank of the first view's embeddings on the dataset's first
-        ``probe_size`` images (their views seeded by the index, so the batch is the same at
-        every check and the training's random streams are untouched), in eval mode without
-        gradients (no method state changes); logged as ``collapse/effective_rank``."""
+        """Effective rank of the first view's embeddings on a fixed batch (eval mode, no grad)."""
         model = trainer.method
         if min(self.probe_size, len(trainer.loader.dataset)) < 2:
             return None

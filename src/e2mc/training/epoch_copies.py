@@ -10,9 +10,8 @@ from e2mc.training.callbacks import Callback, TrainerView
 
 
 class EpochCopies(Callback):
-    """Writes the copy of epoch 0 on a fresh start and one after each epoch's checkpoint; after a
-    resume it writes the copy a kill interrupted (the checkpoint taken at an epoch's end holds the
-    same weights) and names the ones that cannot be recreated."""
+    """Writes the copy of epoch 0 and one after each epoch; after a resume it writes the copy a
+    kill interrupted and names the ones that cannot be recreated."""
 
     name = "epoch_copies"
 

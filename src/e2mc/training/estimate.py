@@ -1,11 +1,6 @@
-"""The run's own estimate of its time: once the first steps are timed, one line on stderr
-(``estimate: ...``) and a ``time/estimated_remaining_s`` record in ``metrics.jsonl``.
-
-The first ``warmup`` steps of an invocation are left out (loader workers starting, cuDNN's
-algorithm search, ``torch.compile``); the rate is then measured over at least ``min_steps``
-steps and ``min_seconds``. The estimate is the optimizer steps left at that rate: training
-only, without the validation monitor's evaluations and the checkpoints, which the line says.
-"""
+"""The run's estimate of its remaining time: once the first steps are timed, one ``estimate:``
+line on stderr and a ``time/estimated_remaining_s`` record. The first ``warmup`` steps (workers
+starting, cuDNN, compile) are left out; monitor evaluations and checkpoints are not counted."""
 
 from __future__ import annotations
 

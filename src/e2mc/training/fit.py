@@ -1,9 +1,6 @@
-"""A configuration fitted to its data (:func:`fit_to_data`), where the configuration meets the
-data: ``data.image_size`` / ``data.channels`` None take the images' own (and
-``model.in_channels`` None the data's channels), and ``training.fit_batch`` makes the batch
-smaller where an epoch would leave more than :data:`MAX_LEFT_OUT` of the images out. The
-values are fixed in the run's configuration (a resume with the same data fits them alike), and
-each is said with its reason, as :mod:`e2mc.training.hardware` says its ``auto`` choices."""
+"""A configuration fitted to its data (:func:`fit_to_data`): image size and channels left None
+take the images' own, and ``training.fit_batch`` shrinks a batch that would leave more than
+:data:`MAX_LEFT_OUT` of the images out of every epoch; each value is said with its reason."""
 
 from __future__ import annotations
 
@@ -12,8 +9,6 @@ from typing import Any
 
 from e2mc.config import RunConfig
 from e2mc.training.hardware import Choice
-
-__all__ = ["MAX_LEFT_OUT", "fit_batch", "fit_to_data", "needs_data"]
 
 #: The most of the training images an epoch may leave out with ``training.fit_batch`` (every
 #: step takes a full batch: the remainder ``images % batch`` sits out each epoch).
@@ -27,17 +22,15 @@ def needs_data(cfg: RunConfig) -> bool:
 
 
 def fit_batch(images: int, largest: int) -> int:
-    """The largest batch up to ``largest`` with which an epoch of ``images`` leaves at most
-    :data:`MAX_LEFT_OUT` of them out (all of them form one batch when fewer than ``largest``)."""
+    """The largest batch up to ``largest`` that leaves at most :data:`MAX_LEFT_OUT` out."""
     if images <= largest:
         return max(images, 1)
     return next(b for b in range(largest, 0, -1) if images % b <= MAX_LEFT_OUT * images)
 
 
 def fit_to_data(cfg: RunConfig, images: Any = None) -> tuple[RunConfig, dict[str, Choice]]:
-    """``cfg`` with the values it leaves to its data filled in, and what each was set to and
-    why; ``cfg`` itself when it leaves none (the data are then not read). ``images``: the
-    training images (``training_images(cfg)``) when already read."""
+    """``cfg`` with the values it leaves to its data filled in, and each :class:`Choice`; ``cfg``
+    itself when it leaves none (the data are then not read)."""
     if not needs_data(cfg):
         return cfg, {}
     from e2mc.data.holdout import holdout_split

@@ -1,9 +1,6 @@
-"""What ``auto`` chooses on this machine: the keys a configuration may leave to the hardware
-(``data.pipeline``, ``training.precision``, ``training.channels_last``, ``data.num_workers``),
-each choice with its reason. The configuration keeps ``auto`` (so a run resumes on another
-machine with that machine's choices); every invocation says what it chose (``auto: ...``) and
-``e2mc config show`` what it would choose here.
-"""
+"""What ``auto`` chooses on this machine for ``data.pipeline``, ``training.precision``,
+``training.channels_last`` and ``data.num_workers``, each with its reason. The configuration
+keeps ``auto``, so a run resumes on another machine with that machine's choices."""
 
 from __future__ import annotations
 
@@ -14,8 +11,6 @@ import torch
 
 from e2mc.config import RunConfig
 from e2mc.processes import available_cores
-
-__all__ = ["Choice", "chosen", "describe", "hardware_choices", "is_image_folder"]
 
 #: Loader workers at most (beyond, a GPU's step is the bound on every machine we measured).
 MAX_WORKERS = 32
@@ -28,8 +23,7 @@ class Choice:
 
 
 def is_image_folder(dataset: Any) -> bool:
-    """Whether the fast pipelines can read ``dataset``: image files (``samples``), also
-    under a subset (:func:`~e2mc.data.subsets.subset_parts`)."""
+    """Whether ``dataset`` (or the set under its subsets) holds image files (``samples``)."""
     from e2mc.data.subsets import subset_parts
 
     return hasattr(subset_parts(dataset)[0], "samples")
@@ -37,8 +31,8 @@ def is_image_folder(dataset: Any) -> bool:
 
 def hardware_choices(cfg: RunConfig, device: torch.device,
                      image_folder: bool | None = None) -> dict[str, Choice]:
-    """The value of every key of ``cfg`` left to ``auto`` (``None`` for the flags and counts),
-    on ``device``; ``image_folder`` None: not known yet (both cases said)."""
+    """The value of every key of ``cfg`` left to ``auto`` on ``device``; ``image_folder`` None:
+    not known yet (both cases said)."""
     cuda = device.type == "cuda"
     out: dict[str, Choice] = {}
     if cfg.data.pipeline == "auto":
@@ -74,8 +68,7 @@ def hardware_choices(cfg: RunConfig, device: torch.device,
 
 
 def chosen(cfg: RunConfig, choices: dict[str, Choice], key: str) -> Any:
-    """The value ``key`` (``section.name``) runs with: the choice for an ``auto`` key, else the
-    configuration's value."""
+    """The value ``key`` runs with: the ``auto`` choice, else the configuration's."""
     if key in choices:
         return choices[key].value
     section, name = key.split(".")

@@ -1,10 +1,6 @@
-"""Keep-best: the model of the step with the best validation metric so far, step 0 (the model the
-run started from) included, written atomically as ``best.pt``; optional early stop.
-
-A run with ``--keep-best`` therefore never hands back a model that is worse on the validation
-split than the one it was given: when no step beats the starting model, ``best.pt`` *is* the
-starting model and the run says so.
-"""
+"""Keep-best: the model of the step with the best validation metric so far, step 0 included,
+written atomically as ``best.pt`` (so it is never worse than the starting model); optional
+early stop."""
 
 from __future__ import annotations
 
@@ -17,17 +13,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from e2mc.training.callbacks import FitResult, TrainerView
 
 
-def print_trajectory(history: list[dict[str, float]], metric: str, file: Any = None) -> None:
-    """``step -> value`` of ``metric`` on one line (to ``file``, default stderr)."""
-    file = sys.stderr if file is None else file
-    points = ", ".join(f"{int(h['step'])}: {h[metric]:.2f}" for h in history if metric in h)
-    print(f"{metric} by step: {points}", file=file)
-
-
 class BestTracker:
-    """The pure rule: a value is an improvement when it exceeds the best so far by more than
-    ``min_delta`` (the first value always is); after ``patience`` evaluations in a row without
-    one, :meth:`update` asks to stop."""
+    """An improvement exceeds the best by more than ``min_delta`` (the first always is); after
+    ``patience`` evaluations without one, :meth:`update` asks to stop."""
 
     def __init__(self, patience: int | None = None, min_delta: float = 0.0) -> None:
         self.patience, self.min_delta = patience, min_delta
@@ -61,10 +49,8 @@ class BestTracker:
 
 
 class KeepBest(Callback):
-    """Writes ``best.pt`` (the run directory's :attr:`~e2mc.artifacts.RunDir.best`) whenever
-    ``metric`` improves, reading the values the validation monitor logged at a step (the
-    trainer's :attr:`~e2mc.training.callbacks.TrainerView.last_logged`); runs after the
-    monitor. Asks to stop after ``patience`` evaluations without improvement."""
+    """Writes ``best.pt`` whenever ``metric`` (as the monitor logged it; runs after the monitor)
+    improves; asks to stop after ``patience`` evaluations without improvement."""
 
     name = "keep_best"
 
@@ -107,13 +93,12 @@ class KeepBest(Callback):
         self.report(trainer)
 
     def report(self, trainer: TrainerView, file: Any = None) -> None:
-        """Print the chosen step and the metric's trajectory (main process; to ``file``,
-        default stderr)."""
+        """Print the chosen step and the metric's trajectory (main process)."""
         file = sys.stderr if file is None else file
         if not trainer.runtime.is_main or self.tracker.best_step is None:
             return
-        print_trajectory([{"step": s, self.metric: v} for s, v in self.trajectory],
-                         self.metric, file)
+        points = ", ".join(f"{int(s)}: {v:.2f}" for s, v in self.trajectory)
+        print(f"{self.metric} by step: {points}", file=file)
         t = self.tracker
         if t.best_step == 0:
             print(f"keep-best: no step beat the starting model on {self.metric} "
@@ -127,9 +112,7 @@ class KeepBest(Callback):
         return {**self.tracker.state_dict(), "trajectory": [list(p) for p in self.trajectory]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a checkpoint written before keep-best was a callback of
-        its own gives the monitor's ``history`` instead of the trajectory
-        (:func:`e2mc.training.checkpointing.callback_states`)."""
+        """Restore :meth:`state_dict` (or an older checkpoint's monitor ``history``)."""
         self.tracker.load_state_dict(state)
         if "trajectory" in state:
             self.trajectory = [(int(s), v) for s, v in state["trajectory"]]
@@ -139,10 +122,7 @@ class KeepBest(Callback):
 
 
 def next_steps(trainer: TrainerView) -> str:
-    """What to do with the kept model, as commands that work for this run: ``e2mc eval`` and
-    ``e2mc export-backbone`` for a model built by name; for one built around your own module
-    (``continue_module``: the CLI cannot rebuild it) the Python calls that evaluate and
-    analyse it (``evaluate_module``, ``module_loader``) and the command that compares it."""
+    """Commands (or, for a ``continue_module`` run, Python calls) that evaluate the kept model."""
     import shlex
 
     run, data = trainer.run.root, trainer.cfg.data

@@ -1,8 +1,5 @@
-"""Run logging: ``metrics.jsonl`` (one JSON object per logged step), TensorBoard scalars, and
-optionally Weights & Biases (``logging.wandb: true``, the ``[wandb]`` extra).
-
-Only the main process logs; on the others the logger is disabled and every call is a no-op.
-"""
+"""Run logging by the main process: ``metrics.jsonl``, TensorBoard scalars, and optionally
+Weights & Biases (``logging.wandb: true``, the ``[wandb]`` extra)."""
 
 from __future__ import annotations
 
@@ -20,22 +17,11 @@ _NOTED: set[str] = set()
 
 
 class MetricsLogger:
-    """Append metrics to ``run_dir/metrics.jsonl``, ``run_dir/tensorboard`` (if importable) and
-    a wandb run (when ``config.logging.wandb``).
+    """Each :meth:`log` writes one line ``{"step": ..., <name>: value, ...}`` to ``metrics.jsonl``;
+    TensorBoard and wandb get the finite numbers. ``logging.tensorboard`` None: used when
+    installed, silently; True: a missing package is one note; False: off."""
 
-    ``config.logging.tensorboard``: None (the default) uses TensorBoard when it is installed
-    and says nothing when it is not; True asks for it: a missing package is one note per
-    process; False turns it off.
-
-    Each :meth:`log` call writes one line ``{"step": ..., "epoch": ..., <name>: value, ...}``
-    with every name given; TensorBoard and wandb get the finite numeric ones at ``step``.
-    ``config`` (a :class:`~e2mc.config.RunConfig`) supplies the ``logging`` section and
-    the configuration recorded with the wandb run.
-    """
-
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True,
-                 config: Any = None) -> None:
-        self.enabled = enabled
+    def __init__(self, run_dir: str | Path, enabled: bool = True, *, config: Any) -> None:
         self.run = RunDir(run_dir)
         self.path = self.run.metrics
         self._file = None
@@ -47,18 +33,14 @@ class MetricsLogger:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open_append(self.path)
-        log_cfg = getattr(config, "logging", None)
-        asked = False  # the user set logging.tensorboard: true
-        if log_cfg is not None:
-            tensorboard = tensorboard and log_cfg.tensorboard is not False
-            asked = log_cfg.tensorboard is True
-            if log_cfg.wandb:
-                self._wandb = start_wandb(self.run, log_cfg, config)
-        if tensorboard:
+        log_cfg = config.logging
+        if log_cfg.wandb:
+            self._wandb = start_wandb(self.run, log_cfg, config)
+        if log_cfg.tensorboard is not False:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                if asked and not _NOTED:
+                if log_cfg.tensorboard is True and not _NOTED:
                     _NOTED.add("tensorboard")
                     print("note: tensorboard is not installed (pip install tensorboard); "
                           "logging to metrics.jsonl only", file=sys.stderr)
@@ -66,9 +48,10 @@ class MetricsLogger:
                 self._writer = SummaryWriter(log_dir=str(own_dir(self.run.tensorboard)))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        if not self.enabled or self._file is None:
+        if self._file is None:
             return
-        record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        record = {"step": int(step), **{k: v.item() if hasattr(v, "item") else v
+                                        for k, v in metrics.items()}}
         self._file.write(json.dumps(record, allow_nan=True) + "\n")
         self._file.flush()
         scalars = {name: value for name, value in record.items()
@@ -99,15 +82,12 @@ class MetricsLogger:
 
 
 def wandb_run_id(run: RunDir) -> str:
-    """A wandb run id fixed by the run directory's absolute path, so that a resumed run
-    continues the same wandb run (``resume="allow"``)."""
+    """A wandb id fixed by the run directory's path, so a resumed run continues its wandb run."""
     return hashlib.sha1(str(run.root.resolve()).encode()).hexdigest()[:16]
 
 
-def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
-    """``wandb.init`` for a training run: project, entity, name (default: the run directory's
-    name), mode (``online``, ``offline``, ``disabled``; default wandb's own, ``$WANDB_MODE``),
-    the resolved configuration, files under ``run_dir`` (wandb's own ``wandb/`` folder)."""
+def start_wandb(run: RunDir, log_cfg: Any, config: Any) -> Any:
+    """``wandb.init`` for a training run (name default: the run directory's), files under it."""
     try:
         import wandb
     except ImportError:
@@ -117,11 +97,4 @@ def start_wandb(run: RunDir, log_cfg: Any, config: Any = None) -> Any:
         project=log_cfg.wandb_project, entity=log_cfg.wandb_entity,
         name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
         dir=str(run.root), id=wandb_run_id(run), resume="allow",
-        config=config.to_dict() if hasattr(config, "to_dict") else None)
-
-
-def _plain(value: Any) -> Any:
-    """Tensors and numpy scalars to Python numbers."""
-    if hasattr(value, "item"):
-        return value.item()
-    return value
+        config=config.to_dict())

@@ -11,16 +11,9 @@ and seeded, into a *probe-train* half and a *probe-test* half. On the backbone f
   fraction ``f`` of the *training set* would give (all of the half when it has fewer), top-1
   on the probe-test half, mean over ``monitor.label_seeds``.
 
-On the projector embeddings (label-free): ``val/rankme``, the effective rank (RankMe), and
-``val/entropy``, the mean m-spacings entropy of the compact-transformed dimensions (Eq. 5).
-``val/seconds`` is the wall time of the evaluation. Everything runs under ``no_grad`` in eval
-mode with the random number generators forked, so monitoring does not change training. At the end
-the main process draws the history (kept step marked) to ``RunDir.monitor_plot``.
-
-The three kinds of metric (:data:`METRICS`: kNN, linear probes, label-free) are functions of the
-one extraction of the images (:class:`ValidationExtraction`), so an evaluation runs the backbone
-over the validation images once and writes one record; :class:`ValidationMonitor` is the callback
-that evaluates and logs, :class:`MonitorPlot` the one that draws.
+On the projector embeddings: ``val/rankme`` (RankMe) and ``val/entropy`` (mean m-spacings
+entropy, Eq. 5); ``val/seconds``: the evaluation's wall time. It runs in eval mode under
+``no_grad`` with the generators forked, so monitoring does not change training.
 """
 
 from __future__ import annotations
@@ -85,8 +78,7 @@ _NICE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def probe_labels(data: ValidationData, fraction: float) -> int:
-    """How many labels the probe of ``fraction`` (of the training set) trains on: the draw
-    :func:`probe_metrics` makes from the probe-train half."""
+    """How many probe-train labels the probe of ``fraction`` (of the training set) trains on."""
     from e2mc.data.subsets import label_fraction_indices
 
     y = data.labels[data.probe_train]
@@ -95,8 +87,7 @@ def probe_labels(data: ValidationData, fraction: float) -> int:
 
 def thin_probes_warning(data: ValidationData, cfg: MonitorConfig) -> str | None:
     """The warning for monitor metrics that train on fewer than :data:`MIN_LABELS_PER_CLASS`
-    labels per class, naming what would serve (a metric the monitor has, a fraction to add, or
-    a larger validation split); None when every metric has enough."""
+    labels per class, naming what would serve; None when every metric has enough."""
     from e2mc.data.subsets import fraction_label
 
     classes = len(np.unique(data.labels))
@@ -132,8 +123,8 @@ def thin_probes_warning(data: ValidationData, cfg: MonitorConfig) -> str | None:
 def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: MonitorConfig,
                        device: torch.device | str = "cpu"
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Backbone features and projector embeddings of the validation images, in eval mode,
-    with the random number generators forked (monitoring does not change training)."""
+    """Backbone features and projector embeddings of the validation images (eval mode, the
+    generators forked: monitoring does not change training)."""
     from e2mc.evaluation.features import features_and_embeddings
 
     devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
@@ -147,76 +138,35 @@ def validation_vectors(method: torch.nn.Module, data: ValidationData, cfg: Monit
             np.random.set_state(numpy_state)
 
 
-@dataclass
-class ValidationExtraction:
-    """One extraction of the validation images (:func:`validation_vectors`), which every metric
-    of the monitor reads: backbone ``features``, projector ``embeddings`` (None without a
-    projector) and the method's compact space."""
-
-    features: torch.Tensor
-    embeddings: torch.Tensor | None
-    space: str
-
-
-def knn_metric(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
-               device: torch.device | str = "cpu") -> dict[str, float]:
-    """``val/knn``: cosine kNN top-1 of the probe-test half against the probe-train half."""
-    from e2mc.evaluation.knn import knn_classify
-
-    x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
-    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
-                       num_classes=int(y.max()) + 1, weightings=("weighted",))
-    return {"val/knn": float(knn[0].top1)}
-
-
-def probe_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
-                  device: torch.device | str = "cpu") -> dict[str, float]:
-    """``val/linear_<f>``: the linear probes of every label fraction, mean over the seeds."""
-    from e2mc.data.subsets import fraction_label
-    from e2mc.evaluation.probe_settings import linear_settings
-    from e2mc.evaluation.sweep import linear_protocol
-
-    x, y, tr, te = vectors.features.numpy(), data.labels, data.probe_train, data.probe_test
-    nominal = cfg.fractions
-    effective = {f: min(1.0, f * data.train_size / len(tr)) for f in nominal}
-    entries = linear_protocol(
-        x[tr], y[tr], x[te], y[te], sorted(set(effective.values())),
-        cfg.label_seeds,
-        config_for=lambda f: linear_settings("generic", f, epochs=cfg.probe_epochs),
-        device=device)
-    out: dict[str, float] = {}
-    for f in nominal:
-        values = [e.result.top1_last for e in entries if e.fraction == effective[f]]
-        out[f"val/linear_{fraction_label(f)}"] = float(np.mean(values))
-    return out
-
-
-def label_free_metrics(vectors: ValidationExtraction, data: ValidationData, cfg: MonitorConfig,
-                       device: torch.device | str = "cpu") -> dict[str, float]:
-    """``val/rankme`` and ``val/entropy`` of the projector embeddings (none without them)."""
-    from e2mc.criterion import m_spacings_entropy
-    from e2mc.diagnostics.embedding_stats import effective_rank, marginal_values
-
-    embs = vectors.embeddings
-    if embs is None:
-        return {}
-    return {"val/rankme": float(effective_rank(embs)),
-            "val/entropy": float(m_spacings_entropy(marginal_values(embs, vectors.space)
-                                                    .double()).mean())}
-
-
-#: The monitor's metrics, in the order of its record: each reads the one extraction.
-METRICS = (knn_metric, probe_metrics, label_free_metrics)
-
-
 def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: ValidationData,
                    cfg: MonitorConfig, space: str, device: torch.device | str = "cpu"
                    ) -> dict[str, float]:
-    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`."""
-    vectors = ValidationExtraction(feats, embs, space)
-    out: dict[str, float] = {}
-    for metric in METRICS:
-        out.update(metric(vectors, data, cfg, device))
+    """The monitor's metrics (see the module docstring) from :func:`validation_vectors`:
+    ``val/knn``, ``val/linear_<f>`` (mean over the seeds), and ``val/rankme`` and
+    ``val/entropy`` of the projector embeddings (none without them)."""
+    from e2mc.criterion import m_spacings_entropy
+    from e2mc.data.subsets import fraction_label
+    from e2mc.diagnostics.embedding_stats import effective_rank, marginal_values
+    from e2mc.evaluation.knn import knn_classify
+    from e2mc.evaluation.probe_settings import linear_settings
+    from e2mc.evaluation.sweep import linear_protocol
+
+    x, y, tr, te = feats.numpy(), data.labels, data.probe_train, data.probe_test
+    knn = knn_classify(x[tr], y[tr], x[te], y[te], ks=(min(cfg.knn_k, len(tr)),),
+                       num_classes=int(y.max()) + 1, weightings=("weighted",))
+    out = {"val/knn": float(knn[0].top1)}
+    effective = {f: min(1.0, f * data.train_size / len(tr)) for f in cfg.fractions}
+    entries = linear_protocol(
+        x[tr], y[tr], x[te], y[te], sorted(set(effective.values())), cfg.label_seeds,
+        config_for=lambda f: linear_settings("generic", f, epochs=cfg.probe_epochs),
+        device=device)
+    for f in cfg.fractions:
+        values = [e.result.top1_last for e in entries if e.fraction == effective[f]]
+        out[f"val/linear_{fraction_label(f)}"] = float(np.mean(values))
+    if embs is not None:
+        out["val/rankme"] = float(effective_rank(embs))
+        out["val/entropy"] = float(m_spacings_entropy(marginal_values(embs, space)
+                                                      .double()).mean())
     return out
 
 
@@ -233,10 +183,8 @@ def validation_metrics(method: torch.nn.Module, data: ValidationData, cfg: Monit
 
 class ValidationMonitor(Callback):
     """Evaluates :func:`validation_metrics` at step 0, every ``cfg.every`` steps (None: every
-    epoch) and at the last step, and logs the values as one record (``metrics.jsonl``,
-    TensorBoard; keep-best and the progress bar read them from the trainer's
-    :attr:`~e2mc.training.callbacks.TrainerView.last_logged`). Under ``torch.distributed``
-    every rank extracts the vectors, rank 0 scores them and broadcasts the values."""
+    epoch) and at the last step, and logs the values as one record. Under DDP every rank
+    extracts the vectors, rank 0 scores them and broadcasts the values."""
 
     name = "monitor"
 
@@ -250,22 +198,20 @@ class ValidationMonitor(Callback):
     def _evaluate(self, trainer: TrainerView, step: int, run_epoch: int) -> None:
         import torch.distributed as dist
 
-        values: dict[str, float] | None = None
-        if not trainer.runtime.distributed:
-            values = validation_metrics(trainer.method, self.data, self.cfg, trainer.runtime.device)
+        method, runtime = trainer.method, trainer.runtime
+        if not runtime.distributed:
+            values = validation_metrics(method, self.data, self.cfg, runtime.device)
         else:  # every rank runs the forward passes (a method's loss may hold collectives)
             start = time.perf_counter()
-            feats, embs = validation_vectors(trainer.method, self.data, self.cfg,
-                                             trainer.runtime.device)
-            if trainer.runtime.is_main:
-                values = vector_metrics(feats, embs, self.data, self.cfg,
-                                        getattr(trainer.method, "compact_space",
-                                                "standardized"), trainer.runtime.device)
-                values["val/seconds"] = time.perf_counter() - start
-            box = [values]
+            feats, embs = validation_vectors(method, self.data, self.cfg, runtime.device)
+            box: list[Any] = [None]
+            if runtime.is_main:
+                space = getattr(method, "compact_space", "standardized")
+                box[0] = {**vector_metrics(feats, embs, self.data, self.cfg, space,
+                                           runtime.device),
+                          "val/seconds": time.perf_counter() - start}
             dist.broadcast_object_list(box, src=0)
             values = box[0]
-        assert values is not None
         self.history.append({"step": step, **values})
         trainer.log(step, {"epoch": run_epoch, **values})
 
@@ -295,8 +241,7 @@ class ValidationMonitor(Callback):
 
 
 class MonitorPlot(Callback):
-    """At the end, the main process draws the monitor's history to ``RunDir.monitor_plot``
-    with the step ``keep_best`` kept marked; runs after both."""
+    """At the end, draws the monitor's history (keep-best's step marked); runs after both."""
 
     name = "monitor_plot"
 
@@ -315,9 +260,8 @@ class MonitorPlot(Callback):
 def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
                  path: str | os.PathLike[str], kept_step: int | None = None,
                  kept_by: str | None = None) -> list[str]:
-    """Each of ``metrics`` (:func:`metric_names`) that ``history`` has against steps, one panel
-    each, the step kept by keep-best marked (and the metric that chose it, ``kept_by``, named
-    in the legend); written atomically to ``path``. Returns the metrics drawn."""
+    """Each of ``metrics`` that ``history`` has against steps, one panel each, ``kept_step``
+    marked (chosen by ``kept_by``), written atomically to ``path``; returns the metrics drawn."""
     import matplotlib
 
     matplotlib.use("Agg")

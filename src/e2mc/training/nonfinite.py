@@ -1,7 +1,6 @@
-"""The non-finite guard of the training loop: a loss term, a gradient or a weight that became NaN
-or infinite (or a weight that exploded past :data:`EXPLODED`) is found, named and agreed on by
-every process; a checkpoint of such weights is refused; with ``--skip-nonfinite`` a failed step is
-undone from a snapshot taken before it."""
+"""The non-finite guard: a loss term, gradient or weight that is NaN, infinite or past
+:data:`EXPLODED` is named and agreed on by every process; a checkpoint of such weights is
+refused; with ``--skip-nonfinite`` a failed step is undone from a snapshot."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from e2mc.errors import NonFiniteError
 
 
 class NonFiniteLossError(NonFiniteError):
-    """A loss term, a gradient or a weight became NaN or infinite (or a weight exploded past
-    :data:`EXPLODED`); the message names it, the step and the last good checkpoint."""
+    """A loss term, gradient or weight became non-finite or exploded; the message names it."""
 
 
 #: A parameter whose magnitude passes this after an update counts as exploded (a learning-rate
@@ -37,9 +35,8 @@ def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class NonFiniteGuard:
-    """The checks of one trainer's ``method`` (collective under ``torch.distributed``), the
-    snapshot and restore of a step for ``skip_nonfinite``, and the last good checkpoint the
-    messages name."""
+    """The non-finite checks of a trainer's ``method`` (collective under DDP), the snapshot and
+    restore of a step, and the last good checkpoint the messages name."""
 
     def __init__(self, method: nn.Module, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, runtime: Runtime) -> None:
@@ -63,10 +60,7 @@ class NonFiniteGuard:
         """Name of the first non-finite term, agreed over all processes (``"?"``: another's)."""
         values = torch.stack([t.detach().float().reshape(()) for t in terms.values()])
         finite = torch.isfinite(values)
-        flag = (~finite).any().to(torch.int32).reshape(1)
-        if self.runtime.distributed:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not bool(flag.item()):
+        if not self._agree(not bool(finite.all())):
             return None
         bad = [name for name, ok in zip(terms, finite.tolist(), strict=True) if not ok]
         return bad[0] if bad else "a term on another process"

@@ -1,29 +1,11 @@
-"""Pre-emption: stop at a step boundary on a signal, checkpoint, exit with a distinct code.
+"""Pre-emption: stop at a step boundary on a signal, checkpoint, exit with a distinct code (75).
 
-Clusters pre-empt jobs with a signal (SLURM: ``SIGTERM`` on ``scancel`` or on pre-emption,
-``SIGUSR1`` or another one ahead of the time limit with ``#SBATCH --signal=B:USR1@120``, submitit's
-``USR2``) and kill them some time later; a closed terminal sends ``SIGHUP``. What each signal means
-is :data:`SIGNAL_TABLE` (the same table is in docs/cli.md): every one of them stops the run at a
-step boundary with a checkpoint, and only a time-limit signal requeues the SLURM job
-(:data:`REQUEUE_SIGNALS`); a ``SIGTERM`` comes from ``scancel`` (which must end the job) or from a
-pre-emption that SLURM requeues itself, so the trainer does not requeue on it.
-:class:`PreemptionHandler` only records the signal (nothing is done inside the handler, so a
-checkpoint being written when it arrives is finished normally; checkpoints are written to a
-temporary file and renamed, so even a kill during a write leaves the previous one intact). The
-trainer polls :meth:`PreemptionHandler.should_stop` after every optimizer step, all processes agree
-on the answer, and it then writes ``checkpoint.pt`` and stops. ``e2mc continue`` / ``e2mc
-pretrain`` then exit with :data:`PREEMPTED_EXIT_CODE` (75, ``EX_TEMPFAIL``: "try again"), after
-asking SLURM to requeue the job when the signal was a time-limit signal, ``SLURM_JOB_ID`` is set
-and requeueing is on. Running the same command again resumes exactly.
-
-DataLoader workers ignore the pre-emption signals (:func:`ignore_in_worker`): SLURM signals every
-process of the job, and a worker killed by it would abort the step the trainer is finishing.
-
-A signal during start-up (reading the configuration, loading the checkpoint and the data) is
-recorded too: ``e2mc continue`` / ``pretrain`` install a handler first thing, a handler installed
-later takes over what an earlier one recorded, and :class:`PreemptionCallback` then stops the run
-before its first step with :class:`PreemptedAtStart` (exit code 75; nothing was trained, so
-nothing is lost, and the next run starts or resumes as if this one had not been).
+What each signal means is :data:`SIGNAL_TABLE` (also in docs/cli.md); only a time-limit signal
+requeues the SLURM job. The handler only records the signal (a checkpoint being written is
+finished normally); the trainer polls :meth:`PreemptionHandler.should_stop` after every step.
+A signal during start-up is taken over by the handler installed later and stops the run before
+its first step (:class:`PreemptedAtStart`). DataLoader workers ignore the signals: SLURM signals
+every process, and a killed worker would abort the step being finished.
 """
 
 from __future__ import annotations
@@ -43,28 +25,10 @@ from e2mc.config import resolve_signals
 from e2mc.errors import E2MCError
 from e2mc.training.callbacks import Callback
 
-__all__ = [
-    "DEFAULT_SIGNALS",
-    "PREEMPTED_EXIT_CODE",
-    "REQUEUE_SIGNALS",
-    "SIGNAL_TABLE",
-    "PREEMPTED_REASON",
-    "PreemptedAtStart",
-    "PreemptionCallback",
-    "PreemptionHandler",
-    "WorkerInit",
-    "is_preemption",
-    "ignore_in_worker",
-    "note_time_limit",
-    "requeue_slurm_job",
-    "wants_requeue",
-]
-
 PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, run again to resume
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP")
 
-#: The pre-emption signals: (signal, who sends it, what the trainer does). Every one stops the run
-#: after the step in flight with ``checkpoint.pt`` and exit code 75; docs/cli.md has this table.
+#: The pre-emption signals: (signal, who sends it, what the trainer does); docs/cli.md has it.
 SIGNAL_TABLE = (
     ("SIGUSR2", "submitit's --signal (USR2@delay before the time limit of a search's job)",
      "finish the step, checkpoint, requeue the job once (the trainer alone: submitit's own "
@@ -81,25 +45,19 @@ _TIME_LIMIT_AHEAD = [False]  # set by note_time_limit (submitit's signal, raised
 
 
 def note_time_limit() -> None:
-    """Record that the time limit is ahead (submitit's signal arrived, and was raised again as
-    one of the run's pre-emption signals): the run's stop then requeues the job."""
+    """Record that the time limit is ahead (submitit's signal): the run's stop then requeues."""
     _TIME_LIMIT_AHEAD[0] = True
 
 
 def wants_requeue(received: signal.Signals | None) -> bool:
-    """Whether a stop for ``received`` should requeue the SLURM job: a time-limit signal
-    (:data:`REQUEUE_SIGNALS`), or any signal after :func:`note_time_limit`; never a plain
-    ``SIGTERM`` / ``SIGHUP`` (:data:`SIGNAL_TABLE`)."""
+    """Whether a stop for ``received`` requeues the SLURM job: a time-limit signal, or any
+    after :func:`note_time_limit`."""
     return _TIME_LIMIT_AHEAD[0] or received in REQUEUE_SIGNALS
 
 
 class PreemptionHandler:
-    """Records the first of ``signals`` received while installed (a context manager).
-
-    ``should_stop()`` is true on every process once any process got a signal (an all-reduce when
-    ``torch.distributed`` is initialised). Handlers are installed only in the main thread and the
-    previous ones are restored on exit.
-    """
+    """Records the first of ``signals`` received while installed (a context manager; main
+    thread only; the previous handlers are restored on exit)."""
 
     def __init__(self, signals: Sequence[str] | None = DEFAULT_SIGNALS) -> None:
         self.signals = resolve_signals(signals)
@@ -111,8 +69,7 @@ class PreemptionHandler:
             self.received = signal.Signals(signum)
 
     def install(self) -> PreemptionHandler:
-        """Handle the signals (main thread only); a signal that an installed
-        :class:`PreemptionHandler` recorded before counts as received by this one too."""
+        """Handle the signals; one an earlier installed handler recorded counts here too."""
         import threading
 
         if threading.current_thread() is threading.main_thread():
@@ -129,9 +86,8 @@ class PreemptionHandler:
             self.received = earlier.received
 
     def retarget(self, signals: Sequence[str] | None) -> None:
-        """Handle ``signals`` from now on (once the configuration names them): a signal no
-        longer handled gets its previous handler back, and if it was the one recorded, it is
-        raised again for that handler (the process ends as it would have without this one)."""
+        """Handle ``signals`` from now on: one no longer handled gets its previous handler
+        back, and if it was the one recorded, it is raised again for that handler."""
         new = resolve_signals(signals)
         installed = bool(self._previous)
         for sig in [s for s in self._previous if s not in new]:
@@ -146,9 +102,8 @@ class PreemptionHandler:
             self.install()
 
     def uninstall(self) -> None:
-        """Restore the previous handlers; a signal recorded here is handed on to an enclosing
-        :class:`PreemptionHandler` (e.g. the search's, when a run's last step got it), so it
-        is not lost when it came too late for this one to act on."""
+        """Restore the previous handlers, handing a signal recorded here on to an enclosing
+        :class:`PreemptionHandler` (it may have come too late for this one to act on)."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
             earlier = getattr(previous, "__self__", None)
@@ -178,28 +133,22 @@ class PreemptionHandler:
         return bool(flag.item())
 
 
-def ignore_in_worker(signals: Sequence[str] | None = DEFAULT_SIGNALS) -> None:
-    """In a DataLoader worker: ignore the pre-emption signals (the main process decides)."""
-    for sig in resolve_signals(signals):
-        signal.signal(sig, signal.SIG_IGN)
-
-
 class WorkerInit:
-    """A picklable ``worker_init_fn`` calling :func:`ignore_in_worker` (then ``inner``)."""
+    """A picklable ``worker_init_fn``: the worker ignores the signals (then calls ``inner``)."""
 
     def __init__(self, signals: Sequence[str] | None, inner: Any = None) -> None:
         self.signals, self.inner = signals, inner
 
     def __call__(self, worker_id: int) -> None:
-        ignore_in_worker(self.signals)
+        for sig in resolve_signals(self.signals):
+            signal.signal(sig, signal.SIG_IGN)
         if self.inner is not None:
             self.inner(worker_id)
 
 
 def requeue_slurm_job(environ: dict[str, str] | None = None) -> bool:
-    """``scontrol requeue $SLURM_JOB_ID`` (``ARRAY_TASK`` for a task of a job array) when
-    ``SLURM_JOB_ID`` is set; returns whether it ran
-    and succeeded (a failure is reported on stderr, not raised: the checkpoint is written)."""
+    """``scontrol requeue`` this SLURM job (or array task); returns whether it succeeded (a
+    failure is reported on stderr, not raised: the checkpoint is written)."""
     env = os.environ if environ is None else environ
     job = env.get("SLURM_JOB_ID")
     if not job:
@@ -224,8 +173,7 @@ PREEMPTED_REASON = "pre-empted by "
 
 
 class PreemptedAtStart(E2MCError):
-    """A pre-emption signal arrived before the first step of this invocation: the run stops
-    without a step (nothing to save) and the command exits with :data:`PREEMPTED_EXIT_CODE`."""
+    """A pre-emption signal arrived before the first step: nothing to save, exit 75."""
 
     exit_code = PREEMPTED_EXIT_CODE
 
@@ -242,10 +190,8 @@ def is_preemption(stop_reason: str | None) -> bool:
 
 
 class PreemptionCallback(Callback):
-    """The trainer side: installs the handler for the run, makes the DataLoader workers ignore the
-    signals, and after each step stops the run (the trainer then writes ``checkpoint.pt``) once
-    any process got one. On the way out the main process requeues the SLURM job when
-    ``requeue`` is on and ``SLURM_JOB_ID`` is set."""
+    """Installs the handler for the run, makes the loader's workers ignore the signals, stops
+    the run after a step once any process got one, and requeues the SLURM job on the way out."""
 
     name = "preemption"
 
@@ -256,8 +202,6 @@ class PreemptionCallback(Callback):
         self.requeued = False
 
     def on_fit_start(self, trainer: Any, step: int) -> None:
-        """Install the handler (taking over a signal recorded during start-up) and stop before
-        the first step, on every process, when any process got one."""
         self.handler.install()
         if self.handler.signals and self.handler.should_stop(self._device(trainer)):
             received = self.handler.received or "another process"

@@ -10,15 +10,13 @@ from e2mc.training.callbacks import Callback, FitResult, TrainerView
 
 
 def progress_bar(total: int, initial: int, desc: str) -> Any:
-    """The bar of one epoch on stderr: tqdm on a terminal, plain lines in a log
-    (:func:`e2mc.progress.progress_bar`)."""
+    """One epoch's bar on stderr (:func:`e2mc.progress.progress_bar`)."""
     return progress.progress_bar(total=total, initial=initial, unit="step", desc=desc,
                                  dynamic_ncols=True, mininterval=1.0)
 
 
 def postfix(metrics: dict[str, Any]) -> dict[str, str]:
-    """The bar's fields from a training record (``images_per_s``, ``loss``, ``base/loss``,
-    ``addon/loss``)."""
+    """The bar's fields from a training record."""
     shown = {"img/s": f"{metrics['images_per_s']:.0f}", "loss": f"{metrics['loss']:.4g}"}
     for key in ("base/loss", "addon/loss"):
         shown[key.split("/")[0]] = f"{metrics[key]:.4g}"
@@ -26,8 +24,7 @@ def postfix(metrics: dict[str, Any]) -> dict[str, str]:
 
 
 class ProgressBar(Callback):
-    """Advances the epoch's bar after every step; at each logged step it shows the training
-    record and ``val_metric``'s latest value (keep-best's metric, else ``val/knn``)."""
+    """Advances the epoch's bar every step, showing the logged record and ``val_metric``."""
 
     name = "progress"
 

@@ -10,8 +10,7 @@ from torch import nn
 
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.fit` did: the position reached, how it ended, the trained method;
-    or, for a run already marked done (:meth:`done`), the step and end its marker records."""
+    """What :meth:`Trainer.fit` did, or for a run already marked done (:meth:`done`) its marker."""
 
     run_epoch: int | None
     step: int
@@ -35,9 +34,8 @@ class TrainResult:
 
     @property
     def finished(self) -> bool:
-        """Whether the run reached the end its configuration sets: every epoch, or
-        ``training.max_steps``, or a callback's deliberate stop (keep-best's patience). A
-        pre-empted run is not finished: running it again resumes it."""
+        """Whether the run reached its configured end (epochs, ``max_steps`` or a callback's stop);
+        a pre-empted run is not finished."""
         from e2mc.training.preemption import is_preemption
 
         return self.completed or (self.stop_reason is not None

@@ -1,10 +1,5 @@
-"""The one way into training: :func:`run_training`, behind ``e2mc continue`` and ``e2mc
-pretrain``, ``e2mc search`` (inline and as jobs), the demo, the evaluation harnesses and
-:func:`continue_module` (a wrapper that loads a configuration around a module of your own).
-It checks a run directory once (the configuration, the images, a done marker), chooses the
-``auto`` values once, builds everything from a :class:`RunConfig`
-(:mod:`e2mc.training.build`) and trains in the run directory (:class:`e2mc.artifacts.RunDir`).
-"""
+"""The one way into training: :func:`run_training` (behind ``continue``, ``pretrain``,
+``search``, the demo and the harnesses) and :func:`continue_module` for a module of your own."""
 
 from __future__ import annotations
 
@@ -35,20 +30,15 @@ from e2mc.training.result import TrainResult
 def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = False, *,
                  module: Any = None, feature_dim: int | None = None,
                  done_marker: bool = False) -> TrainResult:
-    """Build everything from ``cfg`` and train in ``run_dir``, resuming its checkpoint, whose
-    configuration must equal ``cfg`` up to the keys of
-    :func:`~e2mc.training.checkpointing.check_resume_config` (or ``override_config``,
-    ``--override-config``) and whose images must be these
-    (:func:`~e2mc.training.checkpointing.check_resume_data`).
+    """Build everything from ``cfg`` and train in ``run_dir``, resuming its checkpoint when the
+    configuration and images pass :func:`~e2mc.training.checkpointing.check_resume_config`
+    and :func:`~e2mc.training.checkpointing.check_resume_data` (``override_config``:
+    ``--override-config``).
 
-    ``module``: an ``nn.Module`` that replaces ``model.backbone`` and starts with its own
-    weights (trained in place; its pooled output size ``feature_dim`` is measured when not
-    given). ``done_marker``: the run is marked done (main process) when it reaches its
-    configured end, and a run marked done is returned untrained (``trained`` False) after the
-    same checks, so a done marker never stands for another configuration or other images; a
-    pre-empted run is never marked, so calling again resumes it. Such callers (``e2mc search``,
-    the demo, the harnesses) offer no ``--override-config``, and the refusals do not suggest
-    it. Returns the :class:`~e2mc.training.result.TrainResult`."""
+    ``module``: an ``nn.Module`` that replaces ``model.backbone`` with its own weights (trained in
+    place; ``feature_dim`` measured when not given). ``done_marker``: mark the run done when it
+    reaches its end, and return a run marked done untrained after the same checks (a pre-empted
+    run is never marked); such callers offer no ``--override-config``."""
     from e2mc.data.identity import data_identity
     from e2mc.distributed import init_runtime
     from e2mc.errors import ConfigMismatchError
@@ -85,16 +75,10 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
 def continue_module(module: Any, config: str | Path, run_dir: str | Path,
                     overrides: Sequence[str] = (), feature_dim: int | None = None,
                     override_config: bool = False) -> TrainResult:
-    """Continue training your own backbone ``module`` (images ``[B, C, H, W]`` to pooled
-    features ``[B, feature_dim]``) with the preset or YAML file ``config`` and ``--set``-style
-    ``overrides``, as ``e2mc continue`` does (:func:`run_training` of a copy of the module):
-    the method's heads start new, the add-on, the validation monitor, keep-best
-    (``best.pt``), early stopping, pre-emption and resume work as for a named backbone.
-    ``feature_dim`` defaults to the module's output size on two images of
-    ``data.image_size`` and ``data.channels``. The module is copied, not changed: the result
-    is the run directory (``e2mc.checkpoints.save_checkpoint`` layout; its ``model`` state
-    dict loads into the method rebuilt around your module). Running it again with the same
-    arguments resumes."""
+    """Continue training your own backbone ``module`` (``[B, C, H, W]`` to ``[B, feature_dim]``)
+    with the preset or YAML ``config`` and ``--set``-style ``overrides``, as ``e2mc continue``
+    does; new heads, everything else as for a named backbone. The module is copied, not changed;
+    the result is the run directory. Running it again with the same arguments resumes."""
     import copy
 
     from e2mc.config import load_config
@@ -182,16 +166,13 @@ def _train(cfg: RunConfig, run: RunDir, runtime: Any, override_config: bool,
 
 
 def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str, Any]:
-    """What ``start.json`` records of a run's start: ``from`` (the checkpoint, the pretrained
-    weights, the module or a fresh initialisation, in words), ``checkpoint``, ``pretrained``
-    (:func:`e2mc.models.pretrained_weights`), ``module`` (its class) and ``backbone_sha256``
-    (:func:`e2mc.evaluation.features.state_dict_digest` of the starting backbone)."""
+    """What ``start.json`` records of a run's start: ``from`` (in words), ``checkpoint``,
+    ``pretrained``, ``module`` (its class) and ``backbone_sha256`` of the starting backbone."""
     from e2mc.evaluation.features import state_dict_digest
     from e2mc.models import pretrained_weights
 
-    pretrained = None
-    if backbone is None and cfg.init.checkpoint is None:
-        pretrained = pretrained_weights(cfg.model.backbone)
+    start_weights = backbone is None and cfg.init.checkpoint is None
+    pretrained = pretrained_weights(cfg.model.backbone) if start_weights else None
     if cfg.init.checkpoint is not None:
         described = f"checkpoint {cfg.init.checkpoint}"
     elif backbone is not None:
@@ -206,9 +187,8 @@ def start_record(cfg: RunConfig, method: Any, backbone: Any = None) -> dict[str,
 
 
 def _split(cfg: RunConfig, run: RunDir, is_main: bool, images: Any) -> dict[str, Any] | None:
-    """The run's validation split: computed from the configuration (the same on every
-    process), written to the run directory by the main process, and on a resume checked
-    against the one the run started with."""
+    """The run's validation split, written by the main process, checked against the saved one
+    on a resume."""
     if cfg.data.val_split is None:
         return None
     split = holdout(cfg, images)

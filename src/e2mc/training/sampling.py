@@ -1,9 +1,5 @@
-"""Data order and augmentation randomness as pure functions of (seed, epoch, sample).
-
-Resuming mid-epoch gives exactly the batches and augmentations of an uninterrupted run, whatever
-the number of loader workers: the permutation of an epoch is drawn from ``seed + epoch``, and
-every sample is transformed under generators seeded from ``(seed, epoch, index)``.
-"""
+"""Data order and augmentation randomness as pure functions of (seed, epoch, sample), so a
+mid-epoch resume replays an uninterrupted run exactly, whatever the number of loader workers."""
 
 from __future__ import annotations
 
@@ -25,12 +21,9 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Yields this process's share of every global batch as ``[(index, sample_seed), ...]``.
 
-    Epoch ``e`` shuffles the ``n`` indices with ``torch.randperm`` seeded by ``seed + e`` and cuts
-    them into ``n // global_batch`` global batches (the remainder is dropped, so every step has the
-    configured batch size). Process ``rank`` takes rows ``[rank * B, (rank + 1) * B)`` of each
-    global batch, ``B = global_batch / world_size``: the global batches do not depend on the
-    number of processes. :meth:`set_epoch` chooses the epoch and the first batch to yield.
-    """
+    Epoch ``e`` shuffles with ``torch.randperm`` seeded by ``seed + e`` and drops the remainder;
+    process ``rank`` takes its rows of each global batch, so the global batches do not depend on
+    the number of processes."""
 
     def __init__(self, n: int, global_batch: int, seed: int = 0, rank: int = 0,
                  world_size: int = 1) -> None:
@@ -50,8 +43,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return self.n // self.global_batch
 
     def use(self) -> dict[str, int]:
-        """How an epoch uses the images: ``images``, ``batch`` (global), ``steps`` and
-        ``dropped``, the images no batch of the epoch takes (others each epoch)."""
+        """``images``, ``batch``, ``steps`` per epoch and ``dropped`` (images no batch takes)."""
         steps = self.steps_per_epoch
         return {"images": self.n, "batch": self.global_batch, "steps": steps,
                 "dropped": self.n - steps * self.global_batch}
@@ -76,8 +68,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
 @contextmanager
 def seeded_generators(seed: int) -> Iterator[None]:
-    """Within: torch's CPU generator, numpy's and python's seeded by ``seed``; after: the
-    caller's generator states, untouched."""
+    """Within: torch's CPU, numpy's and python's generators seeded by ``seed``; after: as before."""
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):
@@ -94,11 +85,8 @@ def seeded_generators(seed: int) -> Iterator[None]:
 
 
 class SeededSamples(Dataset):
-    """Wraps a data set so that item ``(index, seed)`` is produced under generators seeded by
-    ``seed`` (torch, numpy, python), leaving the caller's generator states untouched. A data set
-    that collates its own batches (``collates`` and ``collated(indices, contexts)``, e.g.
-    :class:`~e2mc.data.fast_views.FastViewDataset`) gets a DataLoader's batch of keys at once,
-    each item under its seeding."""
+    """Item ``(index, seed)`` of a data set, produced under generators seeded by ``seed`` (the
+    caller's states untouched); a data set that collates its own batches gets a batch of keys."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset

@@ -1,11 +1,6 @@
-"""The training loop: base loss + add-on, AMP, DDP, logging, checkpoints, exact resume.
-
-One loop serves ``e2mc continue`` (the paper's step 2, docs/method.md) and ``e2mc pretrain``. The
-trainer only knows the :class:`~e2mc.methods.SSLMethod` interface and an add-on called as
-``addon(embeddings) -> {"loss": ..., <term>: ...}``; it never knows which ones it runs. Beside the
-loop: the non-finite checks (:mod:`~e2mc.training.nonfinite`), the resume state
-(:mod:`~e2mc.training.checkpointing`) and the callbacks (:mod:`~e2mc.training.callbacks`), which see
-the trainer as a :class:`~e2mc.training.callbacks.TrainerView`.
+"""The training loop of ``e2mc continue`` and ``e2mc pretrain``: base loss + add-on, AMP, DDP,
+logging, checkpoints, exact resume. It knows only the :class:`~e2mc.methods.SSLMethod`
+interface and an add-on ``addon(embeddings) -> {"loss": ..., <term>: ...}``.
 """
 
 from __future__ import annotations
@@ -22,13 +17,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from e2mc.artifacts import RunDir
+from e2mc.checkpoints import save_checkpoint
 from e2mc.config import RunConfig
 from e2mc.data import collate_views
 from e2mc.distributed import Runtime, init_runtime
 from e2mc.optim import set_scheduled_lr, set_scheduled_weight_decay
 from e2mc.processes import loader_options
 from e2mc.training.callbacks import Callback
-from e2mc.training.checkpointing import checkpoint_state, resume, save_training_checkpoint
+from e2mc.training.checkpointing import checkpoint_state, resume
 from e2mc.training.epoch_copies import EpochCopies
 from e2mc.training.estimate import RunEstimate
 from e2mc.training.hardware import Choice, chosen, hardware_choices
@@ -38,21 +34,15 @@ from e2mc.training.progress_bar import ProgressBar
 from e2mc.training.result import TrainResult
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 
-__all__ = ["TrainResult", "Trainer"]  # TrainResult: e2mc.training.result
-
 
 class Trainer:
-    """Trains ``method`` (+ ``addon``) on ``dataset`` as ``cfg.training`` says, in ``run_dir``.
+    """Trains ``method`` (+ ``addon``) on ``dataset`` as ``cfg.training`` says, in ``run_dir``,
+    resuming from its checkpoint if present.
 
-    ``dataset[i]`` yields the views of image ``i`` (``views`` or ``(views, label)``).
-    ``base_epoch``: epochs the starting weights were trained (continued runs), added to the
-    epoch and iteration numbers the method's hooks receive. If the run directory's checkpoint
-    exists the run resumes from it. ``callbacks`` (:class:`~e2mc.training.callbacks.Callback`)
-    see the start, every epoch and step and the end, through the trainer's
-    :class:`~e2mc.training.callbacks.TrainerView`; their state is saved in the checkpoint. The
-    epoch copies, the progress bar and the run's time estimate are callbacks the trainer always
-    runs first. ``hardware``: the values of the ``auto`` keys
-    (:func:`~e2mc.training.hardware.hardware_choices`; chosen here when not given).
+    ``base_epoch``: epochs the starting weights were trained, added to the epoch and iteration
+    numbers the method's hooks receive. ``callbacks`` see the trainer as a
+    :class:`~e2mc.training.callbacks.TrainerView`; their state is checkpointed. ``hardware``:
+    the values of the ``auto`` keys (chosen here when not given).
     """
 
     def __init__(self, method: nn.Module, addon: nn.Module, dataset: Dataset, cfg: RunConfig,
@@ -62,7 +52,6 @@ class Trainer:
                  data_identity: dict[str, Any] | None = None,
                  hardware: dict[str, Choice] | None = None) -> None:
         self.cfg = cfg
-        #: the content identity of the training images, saved in every checkpoint
         self.data_identity = data_identity
         self.training_cfg = cfg.training
         self.run_dir = Path(run_dir)
@@ -80,9 +69,8 @@ class Trainer:
         self.start_epoch = 0
         self.prepare_optimizer = prepare_optimizer
         self._pending_training_state: dict[str, Any] | None = None
-        if hardware is None:  # (a trainer built by hand; run_training chooses once per run)
+        if hardware is None:
             hardware = hardware_choices(cfg, self.runtime.device)
-        #: the precision, memory format and loader workers this invocation runs with
         self.precision: str = chosen(cfg, hardware, "training.precision")
         self.channels_last: bool = chosen(cfg, hardware, "training.channels_last")
         if self.precision == "fp16" and self.runtime.device.type != "cuda":
@@ -97,12 +85,10 @@ class Trainer:
                   f"(batch {use['batch']}: {use['steps']} step(s) per epoch; other images each "
                   "epoch)", file=sys.stderr)
         workers = chosen(cfg, hardware, "data.num_workers")
-        # data.pipeline=fast / device: the data set hands over 8-bit views (or uint8 crops and
-        # their parameters) and names what finishes them on the training device
+        # fast / device pipelines: what finishes the views on the training device
         self.device_augment = getattr(dataset, "device_augment", None)
-        # on a CPU the fast pipeline's views are normalised into the previous step's input
-        # tensors (fresh ones cost page faults worth a third of the normalisation); they are
-        # free by then: a step's graph is freed by its backward and nothing keeps its views
+        # on a CPU the fast pipeline normalises into the previous step's views (saves page
+        # faults); they are free by then: the backward freed the graph that held them
         self._reused_views: list[torch.Tensor] | None = None
         self._reuse_views = (self.device_augment is not None
                              and not self.device_augment.photometric
@@ -174,28 +160,24 @@ class Trainer:
             self.logger.log(step, metrics)
 
     def save_model(self, path: Path, run_epoch: int, step: int) -> None:
-        """Model-only checkpoint of the current weights (epoch copies, ``best.pt``); main
-        process only, written atomically."""
+        """Model-only checkpoint of the current weights, written atomically by the main process."""
         self.guard.refuse_bad_weights(step, agree=False)  # may be called on the main process only
         if self.runtime.is_main:
-            save_training_checkpoint(
+            save_checkpoint(
                 path, self.method, epoch=self.base_epoch + run_epoch, run_epoch=run_epoch,
                 step=step, base_epoch=self.base_epoch, run_config=self.cfg.to_dict(),
                 epoch_use=self.epoch_use)
 
     def fixed_views(self, n: int) -> list[torch.Tensor]:
         """The views of training images ``0 .. n-1``, image ``i``'s drawn under seed ``i`` (the
-        same batch at every call; the training's generators untouched), made as a training
-        batch is: the loader's data set and collation, then :meth:`_views_on_device`."""
+        same batch at every call), made as a training batch is."""
         keys = [(i, i) for i in range(min(n, len(self.loader.dataset)))]
         items = self.loader.dataset.__getitems__(keys)
         return self._views_on_device(self.loader.collate_fn(items), reuse=False)
 
     def _views_on_device(self, batch: Any, reuse: bool = False) -> list[torch.Tensor]:
-        """A loader batch as a step takes it: the views on the training device, finished by
-        the pipeline's device part where it has one (the normalisation of 8-bit views, or the
-        photometric steps of uint8 crops and their parameters), in the step's memory format.
-        ``reuse``: normalise into the previous step's tensors (see ``_reused_views``)."""
+        """A loader batch on the training device, finished by the pipeline's device part, in the
+        step's memory format; ``reuse``: into the previous step's tensors."""
         views = batch[0] if isinstance(batch, tuple) else batch
         views = [v.to(self.runtime.device, non_blocking=True) for v in views]
         if self.device_augment is not None:  # views to normalise, or crops + params
@@ -217,13 +199,12 @@ class Trainer:
         state["epoch_use"] = self.epoch_use
         path = self.run.checkpoint
         if self.runtime.is_main:
-            save_training_checkpoint(path, self.method, **state)
+            save_checkpoint(path, self.method, **state)
         self.guard.last_good = (path, step)
         return path
 
     def _resume(self) -> tuple[int, int, int, int]:
-        """Load the run's checkpoint if present; returns ``(run_epoch, step, batch_in_epoch,
-        skipped)``."""
+        """Returns ``(run_epoch, step, batch_in_epoch, skipped)`` to start from."""
         resumed = resume(self.run, method=self.method, addon=self.addon,
                          optimizer=self.optimizer, scaler=self.scaler, cfg=self.cfg,
                          runtime=self.runtime, callbacks=self.callbacks,
@@ -236,9 +217,8 @@ class Trainer:
         return resumed.run_epoch, resumed.step, resumed.batch_in_epoch, resumed.skipped
 
     def _enter_epoch(self, run_epoch: int, mid_epoch: bool) -> None:
-        """``method.set_epoch`` and, after a resume, the method's saved training state in the
-        order an uninterrupted run would have produced it: a checkpoint written mid-epoch was
-        taken after ``set_epoch`` of its epoch, one written at an epoch's end before it."""
+        """``method.set_epoch``, and after a resume the saved training state in the order an
+        uninterrupted run had them: a mid-epoch checkpoint was taken after ``set_epoch``."""
         pending, self._pending_training_state = self._pending_training_state, None
         if pending is not None and not mid_epoch:
             self.method.load_training_state(pending)
@@ -248,8 +228,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _set_lr(self, step: int) -> float:
-        """The learning rate (and, with ``optim.weight_decay_end``, the weight decay) of
-        ``step``."""
+        """Set the learning rate (and scheduled weight decay) of ``step``; returns the rate."""
         optim, steps_per_epoch = self.cfg.optim, self.steps_per_epoch
         total = self.training_cfg.epochs * steps_per_epoch
         if optim.weight_decay_end is not None:
@@ -276,9 +255,8 @@ class Trainer:
 
     def _step(self, views: list[torch.Tensor], iteration: int
               ) -> tuple[dict[str, torch.Tensor], str | None]:
-        """Forward, backward, update; returns the terms and what was not finite (the loss, a
-        gradient, the updated weights), if anything. With ``skip_nonfinite`` a failed step
-        leaves weights, buffers and optimizer state as they were before it."""
+        """Forward, backward, update; returns the terms and what was not finite, if anything.
+        With ``skip_nonfinite`` a failed step leaves the state as it was before it."""
         guard = self.guard
         snapshot = guard.snapshot() if self.training_cfg.skip_nonfinite else None
         terms = self._forward(views)
@@ -399,10 +377,8 @@ class Trainer:
         return result
 
     def _unless_unreadable(self, batches: Any) -> Any:
-        """``batches``, as they come; when the loader stops on an unreadable image
-        (:class:`~e2mc.errors.CorruptImageError`), the run's checkpoint is written at the last
-        completed step first (one process: under DDP the other ranks could not join), so
-        nothing is lost, and the error says how to go on."""
+        """``batches``; on an unreadable image the checkpoint is first written at the last
+        completed step (one process only: under DDP the other ranks could not join)."""
         from e2mc.errors import CorruptImageError, describe
 
         try:
@@ -421,9 +397,8 @@ class Trainer:
             ) from err
 
     def _stop_workers(self) -> None:
-        """Stop the DataLoader's persistent workers now. A run stopped mid-epoch (max_steps, a
-        signal) leaves its iterator unfinished; its workers ignore the pre-emption signals,
-        so the interpreter's exit could not terminate them and would wait for them forever."""
+        """Stop the persistent workers of an unfinished iterator: they ignore the pre-emption
+        signals, so the interpreter's exit would wait for them forever."""
         iterator = getattr(self.loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
