@@ -1,12 +1,6 @@
-"""``e2mc demo``: the paper's three stages on the shipped Fashion-MNIST subset, on a CPU.
-
-1. The base model: a VICReg ``cnn5_small`` checkpoint the package ships (made by
-   ``e2mc pretrain``; the command is in ``docs/demo.md``).
-2. Continued training from it with the add-on ``none`` ("continued") and with ``e2mc``.
-3. Linear probes at 1%, 10% and 100% labels (several label-subset seeds) and kNN on frozen
-   features of all three, paired McNemar / permutation tests against "continued", and the
-   diagnostics figures; the comparison table is printed at the end.
-"""
+"""``e2mc demo``: the paper's three stages on the shipped Fashion-MNIST subset, on a CPU: the
+shipped VICReg ``cnn5_small`` base, continued training with add-on ``none`` and ``e2mc``, then
+linear probes, kNN, paired tests against "continued" and the diagnostics (docs/demo.md)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
-"""The errors of the package and the exit codes of the ``e2mc`` command line (docs/cli.md).
-
-Every subcommand ends through :func:`e2mc.cli.main`, which turns an exception into one
-``e2mc COMMAND: error: ...`` line on stderr and an exit code with :func:`describe`:
-
-==========  ================================================================================
-exit code   meaning
-==========  ================================================================================
-0           done
-1           a failure while running (disk full, an unexpected error): :class:`RunFailure`
-2           bad input (a path, a value, a file that is not what it should be): :class:`InputError`
-3           the training stopped on a non-finite loss, gradient or weight: :class:`NonFiniteError`
-75          stopped by a pre-emption signal after its checkpoint (``e2mc.training.preemption``)
-130         interrupted (Ctrl-C)
-==========  ================================================================================
-
-Library code raises :class:`InputError` (a ``ValueError``) for bad input and
-:class:`RunFailure` (a ``RuntimeError``) for failures while running; plain ``ValueError`` /
-``FileNotFoundError`` / ``PermissionError`` / a read-only file system (``EROFS``) / unreadable
-files (``EOFError``, ``UnpicklingError``, ``BadZipFile``) count as bad input, any other
-``OSError`` as a failure while running. The message is always one line (a message of several
-lines is joined).
-"""
+"""The errors of the package and the exit codes of the ``e2mc`` command line (table: docs/cli.md):
+0 done, 1 :class:`RunFailure`, 2 :class:`InputError` (also plain ``ValueError``,
+``FileNotFoundError``, ``PermissionError``, ``EROFS``, unreadable files), 3
+:class:`NonFiniteError`, 75 pre-empted after its checkpoint, 130 interrupted. Any other
+``OSError`` is a failure while running; a message is always one line."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""The declared ranges of the builders' parameters.
-
-Each method declares, next to its signature, one table ``{name: bound}`` of its constructor's
-parameters (``SSLMethod.param_ranges``) and one of its optimizer preset's
-(``SSLMethod.optimizer_ranges``); each add-on one of its constructor's (``Addon.param_ranges``).
-A table names every parameter but the flags (``true``/``false``) and the backbone's own
-(``backbone``, ``small_images``, ``in_channels``). The configuration checks the ``params`` it
-hands to a builder against that table before anything is built or trained, and the builder
-checks its own arguments against it, with one message, e.g.
-``method.params.out_dim must be >= 2, got 0``.
-
-A bound accepts ``None`` (whether a parameter may be ``None`` is its type's business, checked
-beside). The configuration's own keys declare theirs the same way (``RANGES`` of each section of
-:class:`e2mc.config.RunConfig`). Torch-free.
-"""
+"""The declared ranges of the builders' parameters: each method declares ``{name: bound}`` tables
+of its constructor's (``param_ranges``) and its optimizer's (``optimizer_ranges``) parameters,
+each add-on of its constructor's; the configuration (each section's ``RANGES``) and the builders
+check against them with one message, e.g. ``method.params.out_dim must be >= 2, got 0``. A bound
+accepts ``None`` (the type decides). Torch-free."""
 
 from __future__ import annotations
 

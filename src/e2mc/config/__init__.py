@@ -1,23 +1,10 @@
 """Typed run configuration: dataclasses loaded from YAML presets with ``key.sub=value`` overrides.
 
-Every field has a type; values from YAML files and from ``--set`` are converted to it by
-OmegaConf's structured config of :class:`RunConfig` (``OmegaConf.merge``,
-``OmegaConf.update``), after :func:`~e2mc.config.presets._prepared` has done what OmegaConf
-does not (comma strings, ``none``, integral ``1e3``, one-line errors, ``???`` refused), and an
-unknown key is a :class:`ValueError` that names it. The ``params`` sections are free-form
-keyword arguments handed to the method, add-on or optimizer builder; :meth:`RunConfig.validate`
-checks them against those builders' signatures (``e2mc.methods``, ``e2mc.addons``, a layer
-below). List fields (``monitor.fractions``, ``monitor.label_seeds``,
-``training.preempt_signals``) are typed lists; a YAML list, ``[a, b]`` or the comma string
-``a,b`` all give the same list. Their ranges are checked here too (and
-:func:`resolve_metric`, :func:`resolve_signals` give their meaning), so that the configuration
-imports none of the modules that use it.
-
-Three rooms: :mod:`~e2mc.config.schema` (the dataclasses and their checks),
-:mod:`~e2mc.config.fields` (typed parsers: lists, metric and signal names, strict YAML,
-``params`` against a signature) and :mod:`~e2mc.config.presets` (presets, ``base:`` chains,
-overrides, differences).
-"""
+:mod:`~e2mc.config.schema` (the dataclasses and their checks), :mod:`~e2mc.config.fields` (typed
+parsers: lists, metric and signal names, strict YAML, ``params`` against a signature) and
+:mod:`~e2mc.config.presets` (presets, ``base:`` chains, overrides, differences). Values are
+converted by OmegaConf's structured config of :class:`RunConfig`; an unknown key is a
+:class:`ValueError` naming it."""
 
 from e2mc.config.fields import (
     comma_list,

@@ -1,9 +1,7 @@
-"""Loading a configuration: a preset or YAML file with its ``base:`` chain merged
-(``OmegaConf.merge``), ``key.sub=value`` overrides set (``OmegaConf.update``), the values
-converted by OmegaConf's structured config of :class:`~e2mc.config.schema.RunConfig` after
-:func:`_prepared` has done what OmegaConf does not (comma strings, ``none``, integral ``1e3``,
-one-line errors, ``???`` refused naming its key); and the differences between two
-configurations (:func:`config_differences`)."""
+"""Loading a configuration: a preset or YAML file with its ``base:`` chain merged and
+``key.sub=value`` overrides set (OmegaConf), after :func:`_prepared` has done what OmegaConf
+does not (comma strings, ``none``, integral ``1e3``, one-line errors, ``???`` refused); and
+:func:`config_differences` between two configurations."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The run configuration's schema: the typed dataclasses of :class:`RunConfig`, each section
-with the ranges of its keys (``RANGES``, :mod:`e2mc.ranges`, as the builders declare theirs),
-and their checks (:meth:`RunConfig.validate`: the ranges, the ``params`` against the builders'
-signatures and tables, the monitor's metric names). Values are converted to these types by
-:mod:`e2mc.config.presets`; the field parsers are :mod:`e2mc.config.fields`."""
+"""The run configuration's schema: the dataclasses of :class:`RunConfig`, each section with the
+ranges of its keys (``RANGES``, :mod:`e2mc.ranges`), and :meth:`RunConfig.validate`."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""The state of SLURM jobs: from ``sacct`` where accounting exists, and ``squeue`` and
-``scontrol show job`` for what it does not know (many small clusters run without an accounting
-database, and submitit's watcher, which asks ``sacct`` only, then never learns that a job ended).
-
-:meth:`SlurmStates.states` maps each job id (``123`` or ``123_4`` for an array task) to its SLURM
-state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...); to ``None`` when SLURM
-answered and no source knows the job any more (``squeue`` forgets it when it ends, ``scontrol``
-after ``MinJobAge``, 300 s by default): :class:`~e2mc.jobs.runner.JobRunner` takes such a job,
-when it left no result, for one that failed; and to :data:`NO_ANSWER` when SLURM did not answer
-(the controller down or restarting: ``Unable to contact slurm controller``, a command that timed
-out), which is no end: the runner waits (``--slurm-outage``). That ``sacct`` is unavailable is
-said once, not at every look.
-"""
+"""The state of SLURM jobs: from ``sacct`` where accounting exists, else ``squeue`` and
+``scontrol show job`` (submitit's watcher asks ``sacct`` only, so without accounting it never
+learns that a job ended). :meth:`SlurmStates.states` maps each job id (``123``, ``123_4``) to
+its state; to ``None`` when SLURM answered and no source knows the job any more (the runner
+takes it, without a result, for failed); to :data:`NO_ANSWER` when SLURM did not answer, which
+is no end: the runner waits (``--slurm-outage``)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""``e2mc search``: does E2MC help *this* model, at which setting, and does it hold up?
-
-For one starting checkpoint, data set and preset, every trial (a point of a grid or a list of
-config overrides) is trained twice from the same base with the same seed: once as configured
-(the add-on, e.g. E2MC) and once as its paired control (the same overrides without the
-add-on: "continued"). Both hold out the same validation split and run the validation monitor
-(:mod:`e2mc.training.monitor`); the test split is never read.
-
-The selection rule is declared before the first run and stored with the search: the trial with
-the largest paired validation difference (add-on minus control) in ``metric`` at the last step,
-if that difference is positive; otherwise nothing is selected. A search directory resumes:
-finished trials are read back, not re-run; a search directory made from another base, data set,
-preset or rule is refused.
-
-``--confirm SEEDS`` then trains the selected setting and its control once per training seed,
-evaluates both on the *test* split (linear probes at 1%/10%/100% labels with three label seeds,
-and kNN) and reports the paired tests (McNemar, permutation, pooled over seeds) with
-:func:`e2mc.evaluation.compare_evaluations`.
-"""
+"""``e2mc search``: every trial trained with its add-on and as its paired control (add-on
+``none``, same overrides and seed) on a validation split; the rule declared before the first run
+selects the largest positive paired difference; ``--confirm`` re-trains the selected setting with
+fresh seeds and tests it on the test split (docs/search.md)."""
 
 from __future__ import annotations
 
