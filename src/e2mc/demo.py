@@ -46,8 +46,7 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
     preset = "fmnist-vicreg-e2mc" if addon == "e2mc" else "fmnist-vicreg-continued"
     overrides = [
         "model.backbone=cnn5_small", f"data.dataset={DATA}", "data.num_workers=0",
-        # oneDNN's channels-last convolutions: a step of cnn5_small 0.40 s instead of 0.51 s
-        # on one CPU thread (the run 22.9 s instead of 26.4 s)
+        # oneDNN's channels-last convolutions: a cnn5_small step 0.40 s instead of 0.51 s
         "training.channels_last=true",
         f"training.epochs={settings.continued_epochs}", "training.keep_epoch_checkpoints=true",
         f"training.progress={str(settings.progress).lower()}",
@@ -63,13 +62,9 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
 
 def evaluate(checkpoint: Path, out_dir: Path, settings: DemoSettings, cache_dir: Path
              ) -> Any:
-    """Linear probes and kNN on frozen features of the checkpoint's backbone, through
-    :func:`e2mc.evaluation.workflow.evaluate_checkpoint`.
-
-    The probes use the ``generic`` preset (standardised features, SGD lr 0.1, cosine): the
-    paper's VICReg preset (lr 0.02 on raw features) is tuned for 2048-d ResNet-50 features and
-    under-trains on these 128-d ones (75 % instead of 82 % top-1 at 100 % labels).
-    """
+    """Linear probes and kNN on frozen features of the checkpoint's backbone. The ``generic``
+    probe preset: the paper's VICReg one is tuned for 2048-d features and under-trains on these
+    128-d ones (75 % instead of 82 % top-1 at 100 % labels)."""
     from e2mc.evaluation.runner import EvalOptions
     from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
 
@@ -164,11 +159,8 @@ def _train(cfg: Any, run_dir: Path) -> Path:
 def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
                        threads: int | None = None) -> dict[str, Path]:
     """Train the runs ``out/<name>`` at once, one process each with an equal share of the CPU
-    cores (on a CPU, a 10k-image epoch of ``cnn5_small`` is bound by the single-threaded image
-    pipeline: one thread per run trains as fast as two, so two runs side by side take about
-    the time of one). ``threads``: torch threads per run (default: the cores shared out). One
-    progress bar counts the steps of all runs (their ``metrics.jsonl``). A run's error is
-    raised here, as if it had run in this process."""
+    cores (the single-threaded image pipeline bounds a run: two side by side take about the
+    time of one); ``threads``: torch threads per run. A run's error is raised here."""
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
     from multiprocessing import get_context
 

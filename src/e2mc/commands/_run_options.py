@@ -10,6 +10,15 @@ from pathlib import Path
 from e2mc.config import RunConfig, load_config, preset_names
 
 
+def register_run_command(subparsers: argparse._SubParsersAction, mode: str, help: str,
+                         description: str) -> None:
+    """Add ``e2mc continue`` or ``e2mc pretrain`` (``mode``): the options, and
+    :func:`run_command` as its body."""
+    parser = subparsers.add_parser(mode, help=help, description=description)
+    add_run_arguments(parser, mode)
+    parser.set_defaults(func=lambda args: run_command(args, mode))
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
     parser.add_argument("--config", required=True,
@@ -153,14 +162,9 @@ def check_model_input(cfg: RunConfig) -> None:
 
 
 def run_command(args: argparse.Namespace, mode: str) -> int:
-    """Body of ``e2mc continue`` / ``e2mc pretrain``; errors end through :func:`e2mc.cli.main`
-    (exit 2 bad configuration / data / checkpoint / an unwritable run directory, 3 non-finite
-    training, 1 other failures); 75 when a pre-emption signal stopped the run after a
-    checkpoint, or during start-up before the first step (run it again to resume).
-
-    The pre-emption signals are recorded from the start (:mod:`e2mc.training.preemption`): a
-    signal while the configuration, the checkpoint or the data are read stops the run before
-    its first step instead of killing the process."""
+    """Body of ``e2mc continue`` / ``e2mc pretrain``: 0, or 75 when a pre-emption signal
+    stopped the run (also one during start-up: signals are caught from the start, so the
+    process is not killed); errors end through :func:`e2mc.cli.main`."""
     from e2mc.distributed import is_main_process
     from e2mc.files import check_writable_dir
     from e2mc.training.preemption import (

@@ -256,12 +256,10 @@ def _type_text(tp: Any) -> str:
 
 def check_params(builder: Any, params: dict[str, Any], section: str,
                  ranges: Mapping[str, Any], skip: Iterable[str] = ()) -> None:
-    """Check the ``params`` handed to ``builder`` (a function or method) against its signature:
-    names it does not take and values of another type than annotated are a ``ValueError``
-    naming ``section.name``; numbers written as text (``1e3``) are converted in place.
-    ``ranges``: the builder's declared ranges (:mod:`e2mc.ranges`), checked on ``params`` with
-    the signature's defaults for the others (a range may depend on another parameter).
-    ``skip``: parameters the caller fills itself."""
+    """Check the ``params`` handed to ``builder`` against its signature: unknown names and
+    values of another type are a ``ValueError`` naming ``section.name``; text numbers (``1e3``) are
+    converted in place. ``ranges`` (:mod:`e2mc.ranges`) are checked with the signature's defaults
+    for the rest; ``skip``: parameters the caller fills itself."""
     import inspect
 
     from e2mc.ranges import check_values

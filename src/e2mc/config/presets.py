@@ -280,15 +280,11 @@ def flatten_config(data: Mapping[str, Any], whole_params: bool = False,
 def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None = None,
                        whole_params: bool = False
                        ) -> tuple[str, list[tuple[str, Any, Any]]]:
-    """The keys where ``config`` (``RunConfig.to_dict()``, e.g. as a checkpoint records it)
-    differs from ``base``, as ``(base name, [(dotted key, base value, value)])``.
-
-    Without ``base``: the shipped preset named by ``config``'s ``name`` when there is one, else
-    the defaults; a key ``config`` lacks (recorded by an older version of the package) is left
-    out, a key the base lacks (a ``params`` entry) shows ``None`` on that side. A given
-    ``base`` (the configuration a run was trained with, when it resumes) counts a key it lacks
-    as its default, and every key of either side is compared. ``whole_params``: compare the
-    ``params`` sections whole."""
+    """The keys where ``config`` (``RunConfig.to_dict()``) differs from ``base``, as
+    ``(base name, [(dotted key, base value, value)])``. Without ``base``: the shipped preset of
+    ``config``'s ``name``, else the defaults; a key ``config`` lacks is left out, one the base
+    lacks shows ``None``. A given ``base`` counts a key it lacks as its default and compares every
+    key of either side. ``whole_params``: compare the ``params`` sections whole."""
     if base is None:
         name = config.get("name")
         if isinstance(name, str) and name in preset_names():

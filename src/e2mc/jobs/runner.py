@@ -152,10 +152,9 @@ class JobRunner:
                      f"are unknown; waiting for it (up to {limit:g} min, --slurm-outage)")
 
     def _state(self, t: _Tracked) -> str:
-        """``queued``, ``running``, ``unknown`` or ``ended``. A SLURM job as of the last
-        :meth:`_look_up`: ended only when SLURM says so (an end state, or a job it answers it
-        does not know); ``unknown`` while it does not answer. A job SLURM requeued after its
-        work was done is cancelled, then waited for until SLURM reports it ended."""
+        """``queued``, ``running``, ``unknown`` (SLURM does not answer) or ``ended`` (only when
+        SLURM says so). A job SLURM requeued after its work was done is cancelled, then waited
+        for."""
         if self.options.kind == "slurm":
             state = self._slurm_state.get(t.job_id)
             if state == NO_ANSWER:
@@ -194,10 +193,9 @@ class JobRunner:
     # ------------------------------------------------------------ the loop
     def run(self, works: Sequence[Work], kind: str = "train",
             should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Bring every one of ``works`` to done: skip the done ones, wait for recorded jobs
-        still in flight, submit the rest (at most ``max_parallel`` at a time), and return when
-        all are done. A failed job is :class:`RunFailure` (its log tail printed first); a job
-        that ended without finishing, or a stop request, is :class:`JobStopped`."""
+        """Bring every one of ``works`` to done: wait for recorded jobs in flight, submit the rest
+        (``max_parallel`` at a time). A failed job is :class:`RunFailure` (its log tail printed
+        first); one that ended unfinished, or a stop request, :class:`JobStopped`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.read_record()
         done: list[Work] = []

@@ -41,14 +41,11 @@ def _join_process_group() -> None:
 
 @contextmanager
 def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
-    """Within a submitit job: submitit's signal (``USR2``, sent ``--signal-delay`` seconds
-    before the time limit) is noted as "time limit ahead" (so that the trainer's stop requeues
-    the job, :func:`~e2mc.training.preemption.wants_requeue`) and raised again as the trainer's
-    first pre-emption signal; a signal during start-up is recorded for the trainer to act on (as
-    ``e2mc continue`` does). submitit's own handler, which would requeue the job at once and
-    race the trainer's checkpoint, is not put back afterwards: a later ``USR2`` is ignored (the
-    trainer has stopped, and requeued when it had to). Without pre-emption signals, submitit's
-    own handling stays."""
+    """Within a submitit job: submitit's ``USR2`` (the time limit ahead) is noted as such and
+    raised again as the trainer's first pre-emption signal, so that its stop checkpoints, then
+    requeues; a signal during start-up is recorded for the trainer. submitit's own handler would
+    requeue at once and race the checkpoint, so it is not put back. Without pre-emption signals,
+    submitit's own handling stays."""
     from e2mc.config import resolve_signals
     from e2mc.training.preemption import REQUEUE_SIGNALS, PreemptionHandler, note_time_limit
 

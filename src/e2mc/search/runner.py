@@ -25,13 +25,8 @@ class SearchPreempted(Exception):
 
 
 class Search:
-    """A search directory: ``trials/<trial>/run`` and ``trials/<control>/control`` training
-    runs, ``search.json`` (spec, rule, results, selection), ``search.md`` and
-    ``search.png``; ``confirm/`` after :meth:`confirm`.
-
-    ``executor`` (:mod:`e2mc.jobs`): ``inline`` (the default) trains every run in this process,
-    one after another; ``local`` and ``slurm`` run each training run and each evaluation as a
-    job, wait for them, then read the results back exactly as the inline search does."""
+    """A search in its directory; ``executor`` (:mod:`e2mc.jobs`) ``local`` or ``slurm`` runs
+    each run and evaluation as a job, then reads the results back as the inline search does."""
 
     def __init__(self, spec: SearchSpec, out: str | Path,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
@@ -282,6 +277,8 @@ class Search:
     def _confirm(self, seeds: Sequence[int], record: dict[str, Any],
                  eval_fractions: Sequence[float], label_seeds: Sequence[int],
                  probe_epochs: int, device: str) -> dict[str, Any] | None:
+        from e2mc.evaluation.workflow import evaluate_checkpoint
+
         chosen = record.get("selected")
         if chosen is None:
             self.log("nothing selected: nothing to confirm")
@@ -307,8 +304,10 @@ class Search:
                 overrides = trial.control_overrides if control else trial.overrides
                 run = self.files.confirm_run(seed, kind)
                 self._train(self._config(overrides, control, seed), run, control=control)
-                evals[kind] = self._test_eval(run, self.files.confirm_eval(seed, kind),
-                                              eval_fractions, label_seeds, probe_epochs, device)
+                out = self.files.confirm_eval(seed, kind)  # read back when it holds it
+                evaluate_checkpoint(**self._eval_call(run, out, eval_fractions, label_seeds,
+                                                      probe_epochs, device))
+                evals[kind] = out.root
             pairs.append((seed, evals["control"], evals["run"]))
         result = confirmation(pairs, chosen)
         atomic_write_text(self.files.confirm_json, json.dumps(result, indent=2))
@@ -316,22 +315,11 @@ class Search:
         self.log(confirm_markdown(result))
         return result
 
-    def _test_eval(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
-                   label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
-        """The test evaluation of ``run`` in ``out``, unless ``out`` holds it (read back)."""
-        from e2mc.evaluation.workflow import evaluate_checkpoint
-
-        evaluate_checkpoint(**self._eval_call(run, out, fractions, label_seeds, probe_epochs,
-                                              device))
-        return out.root
-
     def _eval_call(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str
                    ) -> dict[str, Any]:
-        """The arguments of :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` for the
-        confirmation's test evaluation of ``run`` in ``out`` (linear probes at ``fractions``
-        with ``label_seeds``, kNN k = 20, features cached in the search directory), by the
-        search itself or as a job (:func:`~e2mc.jobs.evaluation_work`)."""
+        """The arguments of :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` for the test
+        evaluation of ``run`` in ``out``, by the search itself or as a job."""
         from e2mc.evaluation.runner import EvalOptions
         from e2mc.evaluation.workflow import EvalData
 
