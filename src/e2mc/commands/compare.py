@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from e2mc.commands._types import at_least
@@ -61,13 +60,9 @@ def run(args: argparse.Namespace) -> int:
     names = comma_list(args.names) if args.names else None
     if args.out is not None:
         _check_out_dir(Path(args.out))
-    try:
-        comp = compare_evaluations(args.runs, names, n_resamples=args.resamples,
-                            seed=args.resample_seed, floor=args.floor,
-                            allow_mismatch=args.allow_mismatch)
-    except ValueError as exc:
-        print(f"e2mc compare: error: {exc}", file=sys.stderr)
-        return 2
+    comp = compare_evaluations(args.runs, names, n_resamples=args.resamples,
+                               seed=args.resample_seed, floor=args.floor,
+                               allow_mismatch=args.allow_mismatch)  # errors: e2mc.cli's path
     out = Path(args.out) if args.out is not None else Path(args.runs[0]).resolve().parent
     paths = write_comparison(comp, out / COMPARISON_STEM)
     page = write_comparison_page(comp, out, chart=paths[1])
