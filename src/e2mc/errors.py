@@ -59,9 +59,8 @@ _UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, UnicodeDeco
 
 
 def _one_line_cause(message: str) -> str:
-    """The message on one line. A DataLoader worker's exception carries the worker's traceback
-    in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."): keep its
-    last line, without the ``module.Class:`` prefix. Other lines are joined."""
+    """The message on one line; of a DataLoader worker's traceback message, its last line
+    without the ``module.Class:`` prefix."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if "Original Traceback" in message:
         head, sep, tail = lines[-1].partition(": ")

@@ -184,9 +184,8 @@ class IndicesOf(Bound):
 
 def check_values(ranges: Mapping[str, Bound], values: Mapping[str, Any],
                  prefix: str = "") -> None:
-    """Raise :class:`~e2mc.errors.InputError` (``"<prefix><name> must be <range>, got
-    <value>"``) for the first of ``values`` outside its range in ``ranges``; names absent from
-    either are not checked. ``values`` may be a builder's ``locals()``."""
+    """Raise :class:`~e2mc.errors.InputError` ``"<prefix><name> must be <range>, got
+    <value>"`` for the first of ``values`` outside its range in ``ranges``."""
     for name, bound in ranges.items():
         if name in values:
             wrong = bound.problem(values[name], values)
@@ -196,10 +195,8 @@ def check_values(ranges: Mapping[str, Bound], values: Mapping[str, Any],
 
 def checked(builder: Callable[..., Any], table: str, skip: type | tuple[type, ...] = ()
             ) -> Callable[..., Any]:
-    """``builder`` (a method of a class: its constructor, ``build_optimizer``) that first checks
-    its arguments, defaults included, against the class's table named ``table``
-    (:func:`check_values`); values of the types ``skip`` (a module given for a spec) are not
-    checked. Arguments the signature does not take are left to ``builder`` to refuse."""
+    """``builder`` (a constructor or ``build_optimizer``) first checking its arguments,
+    defaults included, against the class's table ``table``; values of the types ``skip`` are not."""
     signature = inspect.signature(builder)
 
     @functools.wraps(builder)

@@ -64,9 +64,8 @@ BUILTIN_PREFIX = "builtin:"
 
 
 def builtin_checkpoint(ref: str | os.PathLike[str]) -> Path | None:
-    """The shipped file ``builtin:NAME`` stands for (:data:`BUILTIN_CHECKPOINTS`); ``None`` for
-    any other reference; an unknown ``NAME`` is an :class:`~e2mc.errors.InputError` listing
-    the builtin names."""
+    """The shipped file ``builtin:NAME`` stands for; ``None`` for any other reference; an
+    unknown ``NAME`` is an :class:`~e2mc.errors.InputError` listing the builtin names."""
     ref = os.fspath(ref)
     if not ref.startswith(BUILTIN_PREFIX):
         return None
@@ -80,11 +79,9 @@ def builtin_checkpoint(ref: str | os.PathLike[str]) -> Path | None:
 
 
 def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | None:
-    """What a command's model argument stands for: a training run directory's model
-    (:meth:`RunDir.model`: ``best.pt`` when keep-best wrote one, else or with ``last`` the
-    latest checkpoint), a checkpoint file itself (``best.pt`` named explicitly counts as the
-    kept model) or a shipped one (``builtin:NAME``, :func:`builtin_checkpoint`); ``None`` for a
-    URL."""
+    """What a command's model argument stands for: a run directory's :meth:`RunDir.model`, a
+    checkpoint file (``best.pt`` named explicitly is the kept model) or ``builtin:NAME``; ``None``
+    for a URL."""
     if "://" in os.fspath(ref):
         return None
     builtin = builtin_checkpoint(ref)

@@ -146,10 +146,8 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
 
 
 def check_model_input(cfg: RunConfig) -> None:
-    """The configured backbone takes images of ``data.image_size`` (a ViT's patch size divides
-    it, a fixed-size ViT is given its size, a CNN does not shrink them to nothing), and is the
-    architecture of a starting backbone that export-backbone wrote (its sidecar): else refused
-    (exit 2, one line naming both) before the data or any checkpoint is read."""
+    """The backbone takes images of ``data.image_size`` and is the architecture of an exported
+    starting backbone, else exit 2, before the data or any checkpoint is read."""
     from e2mc.checkpoints import check_exported_start
     from e2mc.models import check_backbone_input
 

@@ -74,9 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_out_dir(out: Path) -> None:
-    """``--out`` is a directory (it was a file prefix: ``--out X`` wrote ``X.md``,
-    ``X.csv``, ...). A file there, or a comparison written with the old prefix
-    beside it (a script would go on reading its stale numbers), is refused with what changed."""
+    """``--out`` is a directory (it was a file prefix): a file there, or a stale comparison
+    written with the old prefix beside it, is refused saying what changed."""
     from e2mc.errors import InputError
     from e2mc.evaluation.compare_report import COMPARISON_STEM, comparison_paths
 

@@ -54,10 +54,8 @@ def resolve_metric(name: str, fractions: Sequence[float]) -> str:
 
 
 def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal.Signals, ...]:
-    """``["SIGTERM", "SIGUSR1"]`` (``training.preempt_signals``: names with or without ``SIG``,
-    any case, or numbers) -> signals; ``[]``, ``["none"]`` or ``None`` -> none. Raises
-    ``ValueError`` naming an unknown signal or one that cannot be handled (``SIGKILL``,
-    ``SIGSTOP``)."""
+    """``["SIGTERM", "usr1", "10"]`` -> signals (``[]``, ``["none"]``, ``None``: none);
+    ``ValueError`` naming an unknown signal or one that cannot be caught."""
 
     if isinstance(spec, str):
         raise TypeError(f"a list of signal names, not the string {spec!r}")
@@ -150,10 +148,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def load_yaml_text(text: str, where: str) -> Any:
-    """Parse one YAML document of user input (a config file, a ``--set`` value, a trials file)
-    safely and within bounds: ``yaml.safe_load`` that also refuses duplicate keys, recursive
-    aliases, aliases that expand beyond :data:`YAML_MAX_NODES` nodes and nesting deeper than the
-    parser can follow. Every refusal is a one-line ``ValueError`` beginning with ``where``."""
+    """One YAML document of user input, read by ``yaml.safe_load`` that also refuses duplicate
+    keys, recursive aliases, alias bombs (:data:`YAML_MAX_NODES`) and too deep nesting, each a
+    one-line ``ValueError`` beginning with ``where``."""
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()

@@ -70,9 +70,8 @@ def _without_missing(data: Any) -> Any:
 
 
 def _refuse_missing(key: str, value: Any) -> None:
-    """OmegaConf's missing-value marker ``???`` is an error naming the key (OmegaConf would
-    keep the default in its place, silently): a config that leaves a value to be filled in must
-    have it filled in."""
+    """OmegaConf's ``???`` is an error naming the key (OmegaConf would silently keep the
+    default in its place)."""
     if isinstance(value, str) and value.strip() == "???":
         raise ValueError(f"config key {key!r} is ??? (a value still to be given): set it in "
                          f"the file or with --set {key}=VALUE")
@@ -84,17 +83,14 @@ def _refuse_missing(key: str, value: Any) -> None:
 
 @functools.cache
 def _schema() -> DictConfig:
-    """OmegaConf's structured config of :class:`RunConfig`, made once (tens of milliseconds
-    each time; a config is built several times per command): ``OmegaConf.merge`` copies its
-    first argument, so this one is never changed."""
+    """OmegaConf's structured config of :class:`RunConfig`, made once (it is slow; ``merge``
+    copies it, so it is never changed)."""
     return OmegaConf.structured(RunConfig)
 
 
 def _build(data: Mapping[str, Any], missing_ok: bool = False) -> RunConfig:
-    """The defaults with ``data`` laid over them: OmegaConf's structured config of
-    :class:`RunConfig` converts the values to the field types and refuses unknown keys; a
-    ``???`` is refused unless ``missing_ok`` (one file of a ``base:`` chain, whose later
-    files or overrides may give the value)."""
+    """The defaults with ``data`` laid over them (OmegaConf's structured config converts and
+    refuses unknown keys); ``missing_ok``: a ``???`` is allowed (one file of a ``base:`` chain)."""
     try:
         prepared = _prepared(data, RunConfig, missing_ok=missing_ok)
         if missing_ok:  # checked for the rest; ??? stays in the data for the final build
@@ -179,9 +175,8 @@ def _locate(ref: str, folder: Path | None,
 
 
 def _renamed(ref: str) -> str | None:
-    """The name a preset of the first naming scheme has now (``fmnist-<family>-continue`` is
-    ``fmnist-<family>-continued``, ``fmnist-<family>-continue-e2mc`` is
-    ``fmnist-<family>-e2mc``), or None."""
+    """The name a preset of the first naming scheme has now (``fmnist-X-continue`` ->
+    ``fmnist-X-continued``, ``fmnist-X-continue-e2mc`` -> ``fmnist-X-e2mc``), or None."""
     match = re.fullmatch(r"fmnist-([a-z0-9]+)-continue(-e2mc)?", ref)
     if match is None:
         return None

@@ -100,9 +100,8 @@ class ExecutorOptions:
             import_submitit()
 
     def parallel(self, jobs: int) -> int:
-        """Jobs in flight at once: ``--max-parallel``, else on SLURM all of ``jobs`` (its
-        scheduler decides), on this machine one, or with ``--gpus-per-node G`` as many as its
-        GPUs hold (GPUs // G): each local job trains with all the cores or its own GPUs."""
+        """Jobs in flight at once: ``--max-parallel``, else on SLURM all, here one, or with
+        ``--gpus-per-node G`` as many as the GPUs hold."""
         if self.max_parallel is not None or self.kind == "slurm":
             return self.max_parallel or max(jobs, 1)
         if not self.gpus_per_node:
@@ -139,9 +138,8 @@ def train_tasks_per_node(options: ExecutorOptions) -> int:
 
 def slurm_parameters(options: ExecutorOptions, name: str, kind: str = "train"
                      ) -> dict[str, Any]:
-    """The parameters of ``submitit.SlurmExecutor.update_parameters`` for the jobs of ``kind``
-    (``train``: ``--nodes`` nodes with one task per GPU, or ``--tasks-per-node`` tasks on the
-    CPU, for DDP; ``eval``: one task, at most one GPU)."""
+    """``submitit.SlurmExecutor.update_parameters`` for jobs of ``kind`` (``train``: DDP over
+    ``--nodes``; ``eval``: one task, at most one GPU)."""
     gpus = options.gpus_per_node
     train = kind == "train"
     params: dict[str, Any] = {

@@ -128,9 +128,8 @@ class JobRunner:
 
     # ------------------------------------------------------------ states
     def _look_up(self, job_ids: Sequence[str]) -> None:
-        """Ask SLURM once for the states of ``job_ids`` (:class:`SlurmStates`). While it does
-        not answer, say so every :data:`OUTAGE_SAY_S` seconds; after ``--slurm-outage``
-        minutes, :class:`RunFailure` (the jobs stay recorded: the same command waits for them)."""
+        """Ask SLURM once for the states of ``job_ids``. While it does not answer, say so every
+        :data:`OUTAGE_SAY_S` s; after ``--slurm-outage`` minutes, :class:`RunFailure`."""
         if self.options.kind != "slurm":
             return
         self._slurm_state = self.slurm.states(job_ids)

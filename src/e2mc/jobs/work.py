@@ -28,9 +28,8 @@ def _in_submitit(executor: str | None = None) -> bool:
 
 
 def _join_process_group() -> None:
-    """Under submitit with several tasks: export the process group's environment of this task
-    (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; one GPU per task),
-    so that the trainer joins it as it does under ``torchrun``."""
+    """Under submitit with several tasks: export this task's process-group environment, so
+    that the trainer joins it as under ``torchrun``."""
     if not _in_submitit():
         return
     import submitit
@@ -77,9 +76,8 @@ def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
 
 
 class _Checkpointable:
-    """submitit's checkpoint protocol (``submitit.helpers.Checkpointable``, without importing
-    submitit here): on its signal submitit calls :meth:`checkpoint` and requeues the job with
-    what it returns, the same job, which starts again from what is on disk."""
+    """submitit's checkpoint protocol (without importing submitit here): on its signal the
+    same job is requeued and starts again from what is on disk."""
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         from submitit.helpers import DelayedSubmission
@@ -140,9 +138,8 @@ class CallJob(_Checkpointable):
 
 
 def evaluation_work(key: str, call: dict[str, Any]) -> Work:
-    """``evaluate_checkpoint(**call)`` (:mod:`e2mc.evaluation.workflow`) as a unit of work in
-    ``call["out"]``: done when that directory holds the same evaluation (the same checkpoint
-    bytes, data and options: ``is_evaluated``), which is remembered once true."""
+    """``evaluate_checkpoint(**call)`` as a unit of work in ``call["out"]``, done when that
+    directory holds the same evaluation (``is_evaluated``, remembered once true)."""
     from e2mc.evaluation.workflow import evaluate_checkpoint, is_evaluated
 
     known = [False]

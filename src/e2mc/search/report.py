@@ -40,9 +40,7 @@ def search_markdown(record: dict[str, Any]) -> str:
 
 
 def control_lines(record: dict[str, Any]) -> list[tuple[list[str], list[Any]]]:
-    """The controls' trajectories, each drawn once: ``(names of the trials whose control it is,
-    points)``. Controls that trained the same (a grid over the add-on's own settings gives every
-    trial the same control) are one line, named after all their trials."""
+    """The distinct controls' trajectories, each once: ``(names of its trials, points)``."""
     lines: dict[tuple[tuple[float, float], ...], list[str]] = {}
     for t in record["trials"]:
         points = t.get("control_trajectory") or []
@@ -52,9 +50,8 @@ def control_lines(record: dict[str, Any]) -> list[tuple[list[str], list[Any]]]:
 
 
 def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
-    """The validation metric against steps: one colour per trial (solid, filled circles);
-    the controls dashed, grey shades, hollow squares, each distinct control once with the
-    names of its trials (:func:`control_lines`); whole steps on the x axis."""
+    """The validation metric against steps: trials solid in colour, each distinct control
+    dashed in grey with the names of its trials."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,9 +90,8 @@ def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
 
 
 def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, Any]:
-    """Paired tests of each training seed's trial against its control on the test split
-    (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
-    pooled over every (training seed, label seed) pair)."""
+    """Paired tests of each training seed's trial against its control on the test split per
+    column, plus the permutation p pooled over every pair."""
     from e2mc.evaluation.compare import compare_evaluations
     from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
 

@@ -147,9 +147,8 @@ class Search:
                                   "again to resume")
 
     def _train(self, cfg: Any, run: RunDir, control: bool = False) -> list[dict[str, Any]]:
-        """Train ``run`` to its configured end unless it is marked done (with jobs: done by its
-        job); a pre-empted run is :class:`SearchPreempted` (never marked done, resumed by the
-        next invocation)."""
+        """Train ``run`` to its configured end unless done; a pre-empted run is
+        :class:`SearchPreempted` (never marked done)."""
         from e2mc.training.preemption import PreemptedAtStart
         from e2mc.training.run import run_training
 
@@ -202,9 +201,8 @@ class Search:
             runs.append(self._work_key(run))
 
     def run(self) -> dict[str, Any]:
-        """Train every trial and its control (skipping finished ones), apply the rule, write
-        ``search.json``, ``search.md`` and ``search.png``; returns the record. The search
-        directory is locked meanwhile (one writer)."""
+        """Train every trial and its control, apply the rule, write the search's files (under
+        the directory's lock); returns the record."""
         with writer_lock(self.out):
             self.files.refuse_links(*(rd.root for t in self.spec.trials
                                       for rd in self.run_dirs(t)))
@@ -359,9 +357,8 @@ def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
 
 
 def _addon_reset(overrides: list[str], addon: str) -> list[str]:
-    """``["addon.params={}"]`` when ``overrides`` name another add-on than the config's
-    (``--grid addon.name=e2mc,vcreg``): that add-on starts from its own defaults, not the
-    config's add-on's params; the trial's own ``addon.params.*`` then apply."""
+    """``["addon.params={}"]`` when ``overrides`` name another add-on than the config's: it
+    starts from its own defaults, then the trial's ``addon.params.*``."""
     names = [o.split("=", 1)[1].strip() for o in overrides
              if o.split("=", 1)[0].strip() == "addon.name"]
     return ["addon.params={}"] if names and names[-1] != addon else []
