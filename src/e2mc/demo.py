@@ -136,7 +136,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
                         progress=settings.progress)
     page = write_comparison_page(comparison, out, chart=table_paths[1],
                                  title="e2mc demo: E2MC against plain continued training",
-                                 sections=[diagnostics_section(report, out, settings)])
+                                 sections=[_diagnostics_section(report, out)])
     stage("done")
     print("\n" + comparison_markdown(comparison, per_seed=False))  # per seed: in the files
     print(f"\ntables: {', '.join(str(p) for p in table_paths)}")
@@ -200,7 +200,7 @@ def _last_step(run_dir: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
-def diagnostics_section(report: Path, out: Path, settings: DemoSettings) -> tuple[str, str]:
+def _diagnostics_section(report: Path, out: Path) -> tuple[str, str]:
     """The demo page's diagnostics: the report's verdict lines (its ``diagnostics.json``),
     its marginals figure and a link to the whole report."""
     import html

@@ -93,6 +93,11 @@ def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | Non
     return RunModel(path, kept=path.name == BEST, from_directory=False)
 
 
+def _file(name: str) -> property:
+    """``root / name`` as a read-only attribute."""
+    return property(lambda self: self.root / name)
+
+
 @dataclass(frozen=True)
 class RunDir:
     """The files of one training run directory (see the module docstring)."""
@@ -102,41 +107,17 @@ class RunDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "root", Path(root))
 
-    @property
-    def config(self) -> Path:
-        return self.root / CONFIG
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / CHECKPOINT
-
-    @property
-    def best(self) -> Path:
-        return self.root / BEST
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / METRICS
-
-    @property
-    def val_split(self) -> Path:
-        return self.root / VAL_SPLIT
-
-    @property
-    def start(self) -> Path:
-        return self.root / START
-
-    @property
-    def monitor_plot(self) -> Path:
-        return self.root / MONITOR_PLOT
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / TENSORBOARD_DIR
-
-    @property
-    def epoch_dir(self) -> Path:
-        return self.root / EPOCH_DIR
+    config = _file(CONFIG)
+    checkpoint = _file(CHECKPOINT)
+    best = _file(BEST)
+    metrics = _file(METRICS)
+    val_split = _file(VAL_SPLIT)
+    start = _file(START)
+    monitor_plot = _file(MONITOR_PLOT)
+    tensorboard = _file(TENSORBOARD_DIR)
+    epoch_dir = _file(EPOCH_DIR)
+    done = _file(RUN_DONE)
+    config_changes = _file(CONFIG_CHANGES)
 
     def epoch_checkpoint(self, run_epoch: int) -> Path:
         """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model);
@@ -215,10 +196,6 @@ class RunDir:
                 found += [p for p in folder.iterdir() if is_temp_file(p.name)]
         return sorted(found)
 
-    @property
-    def done(self) -> Path:
-        return self.root / RUN_DONE
-
     def mark_done(self, step: int, end: str) -> None:
         """Record that the run reached its configured end (``end``: how) at ``step``; a run that
         was stopped early (pre-empted) is never marked. Written atomically."""
@@ -240,10 +217,6 @@ class RunDir:
     def is_done(self) -> bool:
         """Whether :meth:`mark_done` was called and the checkpoint it describes is there."""
         return self.read_done() is not None
-
-    @property
-    def config_changes(self) -> Path:
-        return self.root / CONFIG_CHANGES
 
     def record_config_change(self, step: int, changes: dict[str, Any]) -> None:
         """Append ``{"step": first step with the change, "changes": {key: {"old", "new"}}}`` to

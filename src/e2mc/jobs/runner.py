@@ -352,10 +352,7 @@ def _task0(job: Any) -> Any:
 def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of the job's error log (else of its output log)."""
     for path in (log, _task0(job).paths.stdout):
-        try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
+        text = _read(path)
         if text.strip():
             return "\n".join(text.rstrip().splitlines()[-lines:])
     return ""
@@ -363,12 +360,16 @@ def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
 
 def _warnings(log: Path) -> list[str]:
     """The distinct ``warning:`` lines of a job's log, in order."""
-    try:
-        text = Path(log).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    return list(dict.fromkeys(ln.strip() for ln in text.splitlines()
+    return list(dict.fromkeys(ln.strip() for ln in _read(log).splitlines()
                               if ln.startswith("warning:")))
+
+
+def _read(path: str | Path) -> str:
+    """A log's text ("" when it cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _controller(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
