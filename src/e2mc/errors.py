@@ -10,7 +10,6 @@ import errno
 import pickle
 import zipfile
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_INPUT = 2
 EXIT_NONFINITE = 3

@@ -22,17 +22,13 @@ from e2mc.config.fields import comma_list, load_yaml_text, number_value
 from e2mc.config.schema import RunConfig
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _prepared(data: Any, cls: type, prefix: str = "", missing_ok: bool = False
               ) -> dict[str, Any]:
     """``data`` as OmegaConf can merge it into ``cls``: what OmegaConf does not convert itself
     (a comma string for a list, ``none`` for null, a YAML mapping as text, null ``params``)."""
     if not isinstance(data, Mapping):
         raise ValueError(f"config section {prefix.rstrip('.') or '<root>'!r} must be a mapping")
-    hints, out = _hints(cls), {}
+    hints, out = typing.get_type_hints(cls), {}
     for key, value in data.items():
         full, tp = f"{prefix}{key}", hints.get(key)
         if tp is None:
@@ -229,11 +225,6 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     return merge_config(_resolve(base, own_folder, (*chain, ident)), data)
 
 
-def resolve_config_file(name_or_path: str) -> dict[str, Any]:
-    """The mapping a preset or YAML file stands for, its ``base`` chain merged in."""
-    return _resolve(name_or_path, None, ())
-
-
 def preset_summary(name: str) -> tuple[str | None, str]:
     """``(base, description)`` of a shipped preset; the description is its first comment line."""
     _, resource, _ = _locate(name, None, preset_only=True)
@@ -251,7 +242,7 @@ def preset_summary(name: str) -> tuple[str | None, str]:
 def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from a preset name or YAML file (with its ``base`` chain),
     then apply ``overrides``."""
-    data = resolve_config_file(name_or_path) if name_or_path is not None else {}
+    data = _resolve(name_or_path, None, ()) if name_or_path is not None else {}
     cfg = _build(_overridden(data, overrides))
     cfg.validate()
     return cfg

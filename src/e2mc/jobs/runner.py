@@ -21,7 +21,6 @@ from e2mc.jobs.slurm_state import ENDED_STATES, NO_ANSWER, QUEUED_STATES, SlurmS
 from e2mc.jobs.work import Work
 from e2mc.processes import process_alive, process_identity, same_process
 
-LOG_TAIL_LINES = 25
 #: Seconds between two lines saying that SLURM does not answer, and between two lines saying
 #: what runs when no count changed.
 OUTAGE_SAY_S = 180
@@ -349,7 +348,7 @@ def _task0(job: Any) -> Any:
     return job.task(0) if getattr(job, "num_tasks", 1) > 1 else job
 
 
-def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
+def _tail(log: Path, job: Any, lines: int = 25) -> str:
     """The last ``lines`` lines of the job's error log (else of its output log)."""
     for path in (log, _task0(job).paths.stdout):
         text = _read(path)

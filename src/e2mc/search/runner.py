@@ -282,31 +282,26 @@ class Search:
             self.log("nothing selected: nothing to confirm")
             return None
         trial = next(t for t in self.spec.trials if t.name == chosen)
-        if self.jobs is not None:  # the runs as jobs, then their evaluations as jobs
-            kinds = (("run", False), ("control", True))
-            self._run_jobs([self._train_work(self._config(trial.control_overrides if control
-                                                          else trial.overrides, control, seed),
-                                              self.files.confirm_run(seed, kind))
-                            for seed in seeds for kind, control in kinds], "train")
-            self._run_jobs([evaluation_work(self._work_key(out.root),
-                                            self._eval_call(run, out, eval_fractions,
-                                                            label_seeds, probe_epochs, device))
-                            for run, out in ((self.files.confirm_run(seed, kind),
-                                              self.files.confirm_eval(seed, kind))
-                                             for seed in seeds for kind, _ in kinds)], "eval")
-        pairs = []
+        units = {}  # (seed, kind) -> (its config, run directory, evaluation's arguments)
         for seed in seeds:
-            self.log(f"confirm {display_name(chosen)}, training seed {seed}")
-            evals = {}
             for kind, control in (("run", False), ("control", True)):
-                overrides = trial.control_overrides if control else trial.overrides
-                run = self.files.confirm_run(seed, kind)
-                self._train(self._config(overrides, control, seed), run, control=control)
-                out = self.files.confirm_eval(seed, kind)  # read back when it holds it
-                evaluate_checkpoint(**self._eval_call(run, out, eval_fractions, label_seeds,
-                                                      probe_epochs, device))
-                evals[kind] = out.root
-            pairs.append((seed, evals["control"], evals["run"]))
+                run, out = self.files.confirm_run(seed, kind), self.files.confirm_eval(seed, kind)
+                units[seed, kind] = (self._config(trial.control_overrides if control
+                                                  else trial.overrides, control, seed), run,
+                                     self._eval_call(run, out, eval_fractions, label_seeds,
+                                                     probe_epochs, device))
+        if self.jobs is not None:  # the runs as jobs, then their evaluations as jobs
+            self._run_jobs([self._train_work(cfg, run) for cfg, run, _ in units.values()],
+                           "train")
+            self._run_jobs([evaluation_work(self._work_key(Path(call["out"])), call)
+                            for _, _, call in units.values()], "eval")
+        for (seed, kind), (cfg, run, call) in units.items():
+            if kind == "run":
+                self.log(f"confirm {display_name(chosen)}, training seed {seed}")
+            self._train(cfg, run, control=kind == "control")
+            evaluate_checkpoint(**call)  # read back when its directory holds it
+        pairs = [(seed, self.files.confirm_eval(seed, "control").root,
+                  self.files.confirm_eval(seed, "run").root) for seed in seeds]
         result = confirmation(pairs, chosen)
         atomic_write_text(self.files.confirm_json, json.dumps(result, indent=2))
         atomic_write_text(self.files.confirm_markdown, confirm_markdown(result))
