@@ -73,7 +73,3 @@ def _print_unencodable_as_text() -> None:
         if reconfigure is not None:  # (a TextIOWrapper; not a test's capture)
             with contextlib.suppress(ValueError, OSError):  # (a closed or detached stream)
                 reconfigure(errors=UNENCODABLE_AS_TEXT)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

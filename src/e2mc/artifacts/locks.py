@@ -17,7 +17,6 @@ from e2mc.errors import InputError
 from e2mc.processes import lock_held, process_identity, same_process
 
 
-# --------------------------------------------------------------------------- one writer
 class DirectoryBusy(InputError):
     """Another live process is writing to the directory (exit 2 on the command line)."""
 

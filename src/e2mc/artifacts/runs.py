@@ -28,7 +28,6 @@ from e2mc.artifacts.layout import (
 from e2mc.errors import InputError
 
 
-# --------------------------------------------------------------------------- training runs
 @dataclass(frozen=True)
 class RunModel:
     """Which file of a run directory stands for the run (:meth:`RunDir.model`)."""

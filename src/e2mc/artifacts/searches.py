@@ -13,7 +13,6 @@ from e2mc.artifacts.layout import (
 from e2mc.artifacts.runs import RunDir
 
 
-# --------------------------------------------------------------------------- searches
 class SearchDir:
     """The files of one ``e2mc search`` directory (see the module docstring)."""
 
@@ -55,6 +54,5 @@ class SearchDir:
                 if part == self.root or self.root not in part.parents:
                     break
                 refuse_link(part)
-
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import yaml
 
-# --------------------------------------------------------------------------- field values
 #: The monitor's label-free metrics (``e2mc.training.monitor``).
 LABEL_FREE = ("val/rankme", "val/entropy")
 
@@ -78,7 +77,6 @@ def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal
     return tuple(dict.fromkeys(out))
 
 
-# --------------------------------------------------------------------------- YAML input
 #: The most nodes a YAML text may stand for once its aliases are expanded (a config has a few
 #: hundred): an "alias bomb" of a few lines that stands for 10**9 strings is refused.
 YAML_MAX_NODES = 100_000
@@ -177,7 +175,6 @@ def read_yaml(path: str | Path) -> Any:
     return load_yaml_text(Path(path).read_text(encoding="utf-8"), str(path))
 
 
-# --------------------------------------------------------------------------- coercion
 def number_value(key: str, value: Any, tp: type) -> Any:
     """``value`` (a number or its text) as ``tp`` (int or float); ``ValueError`` naming ``key``."""
     try:

@@ -133,7 +133,6 @@ def _overridden(data: Mapping[str, Any], assignments: Iterable[str]) -> dict[str
     return OmegaConf.to_container(conf)
 
 
-# --------------------------------------------------------------------------- presets
 # A preset or YAML file may start from another one: ``base: <preset name or YAML file>`` plus only
 # what changes. A relative file name in ``base`` is relative to the file that names it.
 BASE_KEY = "base"
@@ -248,7 +247,6 @@ def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) 
     return cfg
 
 
-# --------------------------------------------------------------------------- differences
 def flatten_config(data: Mapping[str, Any], whole_params: bool = False,
                    prefix: str = "") -> dict[str, Any]:
     """``{"training.epochs": 10, ...}``: a nested configuration mapping by dotted key (an empty
