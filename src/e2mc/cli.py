@@ -61,9 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_unencodable_as_text() -> None:
-    """Let the terminal show a name or path that is not UTF-8 (a byte Python carries as a lone
-    surrogate, ``os.fsdecode``) as ``\\xff``, as the files do (:func:`e2mc.files.display_name`),
-    instead of ending a finished command with a ``UnicodeEncodeError``."""
+    """Show a non-UTF-8 name (a lone surrogate) as ``\\xff``, as the files do, instead of ending
+    a finished command with a ``UnicodeEncodeError``."""
     import contextlib
 
     from e2mc.files import UNENCODABLE_AS_TEXT

@@ -192,9 +192,8 @@ _NO_CHECK = object()
 
 
 def _param_value(key: str, value: Any, tp: Any) -> Any:
-    """``value`` if it is of the annotated type ``tp`` (a number written as text is converted);
-    ``ValueError`` naming ``key`` otherwise. Types this cannot tell (a class other than the
-    plain ones, ``Any``) accept anything."""
+    """``value`` if it is of the annotated type ``tp`` (text numbers converted), else a
+    ``ValueError`` naming ``key``; a type this cannot tell accepts anything."""
     origin = typing.get_origin(tp)
     if tp is Any or tp is _NO_CHECK:
         return value

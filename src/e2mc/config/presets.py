@@ -117,9 +117,9 @@ def _unknown(full: str, hints: Mapping[str, Any]) -> str:
 
 
 def _overridden(data: Mapping[str, Any], assignments: Iterable[str]) -> dict[str, Any]:
-    """``data`` with ``key.sub=value`` overrides set (``OmegaConf.update``, a mapping value
-    replacing the old one); a value inside ``params`` is YAML read by :func:`load_yaml_text`
-    (duplicate keys, alias bombs), a field's value stays text for :func:`_prepared`."""
+    """``data`` with ``key.sub=value`` overrides set (``OmegaConf.update``); a value inside
+    ``params`` is read as YAML (:func:`load_yaml_text`); a field's stays text for
+    :func:`_prepared`."""
     conf = OmegaConf.create(dict(data))
     for assignment in assignments:
         if "=" not in assignment:
@@ -288,9 +288,8 @@ def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None
 
 
 def _typed(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``data`` with every key given (others at their defaults) coerced to its field's type,
-    as :meth:`RunConfig.to_dict` has it; unchanged when it has a key this version does not
-    know (compare what there is)."""
+    """``data`` coerced to its fields' types with defaults (as ``RunConfig.to_dict``), unchanged
+    when it has a key this version does not know."""
     try:
         return _build(data).to_dict()
     except ValueError:

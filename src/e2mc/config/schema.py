@@ -113,10 +113,8 @@ class InitConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where a run's metrics go besides ``metrics.jsonl``: TensorBoard (``tensorboard``: null =
-    when installed, silently; true = asked for, a note when it is not installed; false = off)
-    and Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
-    ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
+    """Metrics besides ``metrics.jsonl``: TensorBoard (null: when installed; true: a note when
+    it is not; false: off) and Weights & Biases (``wandb``, ``wandb_mode`` default: wandb's own)."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
         "wandb_mode": OneOf(("online", "offline", "disabled"))}

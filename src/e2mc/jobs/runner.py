@@ -196,7 +196,7 @@ class JobRunner:
         first); one that ended unfinished, or a stop request, :class:`JobStopped`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.read_record()
-        done: list[Work] = []
+        done = 0
         tracked: list[_Tracked] = []
         pending: list[Work] = []
         for work in works:  # a done work's job is waited for too while in flight (requeued)
@@ -209,20 +209,18 @@ class JobRunner:
                 self.log(f"  waiting for job {attached.job_id} (still {self._state(attached)}): "
                          f"{work.key} (log {attached.log})")
             elif finished:
-                done.append(work)
+                done += 1
                 if in_flight:  # its job ended while no search watched
                     self._note(record, work.key, state="done")
             else:
                 pending.append(work)
-        total = len(works)
-        progress = _Progress(total, len(done), self.log, shown=self.progress)
+        progress = _Progress(len(works), done, self.log, shown=self.progress)
         executor = make_executor(self.options, self.folder, self.name, kind) if pending else None
         limit = self.options.parallel(len(pending) + len(tracked))
         free_slots = list(range(limit))
-        for t in tracked:
-            if free_slots:
-                t.slot = free_slots.pop(0)
-        finished = len(done)
+        for t in tracked[:limit]:
+            t.slot = free_slots.pop(0)
+        finished = done
         try:
             if pending and self.options.kind == "slurm":  # one array, max_parallel at a time
                 tracked += self._submit(executor, pending, record, kind)
