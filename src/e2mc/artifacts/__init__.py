@@ -17,42 +17,22 @@ from e2mc.artifacts.evaluations import (
 from e2mc.artifacts.layout import (
     BEST,
     CHECKPOINT,
-    CONFIG,
-    CONFIG_CHANGES,
     EPOCH_DIR,
     GENERATIONS,
     LOCK,
-    METRICS,
-    MONITOR_PLOT,
-    PREDICTIONS_DIR,
     RESULTS,
-    RUN_DONE,
     SEARCH_JSON,
-    SEARCH_MD,
-    START,
-    TENSORBOARD_DIR,
-    VAL_SPLIT,
     mean_se,
     read_jsonl,
-    write_jsonl,
 )
 from e2mc.artifacts.locks import DirectoryBusy, describe_holder, live_writer, writer_lock
-from e2mc.artifacts.runs import (
-    BUILTIN_CHECKPOINTS,
-    BUILTIN_PREFIX,
-    RunDir,
-    RunModel,
-    builtin_checkpoint,
-    run_model,
-)
+from e2mc.artifacts.runs import BUILTIN_CHECKPOINTS, RunDir, RunModel, builtin_checkpoint, run_model
 from e2mc.artifacts.searches import SearchDir
 
 __all__ = [
-    "BEST", "BUILTIN_CHECKPOINTS", "BUILTIN_PREFIX", "CHECKPOINT", "CONFIG", "CONFIG_CHANGES",
-    "EPOCH_DIR", "GENERATIONS", "LOCK", "METRICS", "MONITOR_PLOT", "PREDICTIONS_DIR",
-    "RESULTS", "RUN_DONE", "SEARCH_JSON", "SEARCH_MD", "START", "TENSORBOARD_DIR", "VAL_SPLIT",
-    "DirectoryBusy", "EvalDir", "EvalEntry", "EvalResults", "EvalSetDir", "RunDir", "RunModel",
-    "SearchDir", "builtin_checkpoint", "describe_holder", "evaluation_set_names", "live_writer",
-    "mean_se", "read_jsonl", "run_model", "slug_dir_name", "summarize", "write_jsonl",
-    "writer_lock",
+    "BEST", "BUILTIN_CHECKPOINTS", "CHECKPOINT", "EPOCH_DIR", "GENERATIONS", "LOCK", "RESULTS",
+    "SEARCH_JSON", "DirectoryBusy", "EvalDir", "EvalEntry", "EvalResults", "EvalSetDir",
+    "RunDir", "RunModel", "SearchDir", "builtin_checkpoint", "describe_holder",
+    "evaluation_set_names", "live_writer", "mean_se", "read_jsonl", "run_model",
+    "slug_dir_name", "summarize", "writer_lock",
 ]

@@ -6,10 +6,7 @@ import os
 from pathlib import Path
 
 from e2mc.artifacts.evaluations import EvalDir
-from e2mc.artifacts.layout import (
-    SEARCH_JSON,
-    SEARCH_MD,
-)
+from e2mc.artifacts.layout import SEARCH_JSON, SEARCH_MD
 from e2mc.artifacts.runs import RunDir
 
 

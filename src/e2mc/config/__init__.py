@@ -18,7 +18,6 @@ from e2mc.config.presets import (
     config_differences,
     flatten_config,
     load_config,
-    merge_config,
     preset_names,
     preset_summary,
 )
@@ -26,6 +25,6 @@ from e2mc.config.schema import PIPELINES, MonitorConfig, RunConfig
 
 __all__ = [
     "PIPELINES", "MonitorConfig", "RunConfig", "comma_list", "config_differences",
-    "flatten_config", "load_config", "load_yaml_text", "merge_config", "metric_names",
-    "preset_names", "preset_summary", "read_yaml", "resolve_metric", "resolve_signals",
+    "flatten_config", "load_config", "load_yaml_text", "metric_names", "preset_names",
+    "preset_summary", "read_yaml", "resolve_metric", "resolve_signals",
 ]

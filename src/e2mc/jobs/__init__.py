@@ -3,21 +3,11 @@ inline (default), in local processes or as SLURM jobs (submitit, imported only w
 :class:`JobRunner` submits what is not done, records it in ``jobs.json`` and waits; the search
 alone decides. Resuming, SLURM states, pre-emption: docs/search.md."""
 
-from e2mc.jobs.options import (
-    DEFAULT_SLURM_TIME_MIN,
-    EXECUTORS,
-    SIGNAL_DELAY_S,
-    ExecutorOptions,
-    import_submitit,
-    make_executor,
-    parse_slurm_settings,
-    slurm_parameters,
-)
+from e2mc.jobs.options import ExecutorOptions, make_executor, parse_slurm_settings, slurm_parameters
 from e2mc.jobs.runner import JobRunner, JobStopped
-from e2mc.jobs.work import CallJob, TrainJob, Work, evaluation_work
+from e2mc.jobs.work import TrainJob, Work, evaluation_work
 
 __all__ = [
-    "DEFAULT_SLURM_TIME_MIN", "EXECUTORS", "SIGNAL_DELAY_S", "CallJob", "ExecutorOptions",
-    "JobRunner", "JobStopped", "TrainJob", "Work", "evaluation_work", "import_submitit",
+    "ExecutorOptions", "JobRunner", "JobStopped", "TrainJob", "Work", "evaluation_work",
     "make_executor", "parse_slurm_settings", "slurm_parameters",
 ]
