@@ -53,8 +53,7 @@ class RunModel:
         return {"file": str(self.path), "step": step, "kept_model": self.kept}
 
 
-#: Checkpoints shipped with the package (``e2mc/assets``), by the name ``builtin:NAME`` that
-#: every command taking a checkpoint accepts: name -> (file, what it is).
+#: Checkpoints shipped in ``e2mc/assets`` (``builtin:NAME``): name -> (file, what it is).
 BUILTIN_CHECKPOINTS: dict[str, tuple[str, str]] = {
     "demo-vicreg": ("demo_base_vicreg.pt", "the demo's VICReg base (cnn5_small, 16 epochs on the "
                                            "shipped Fashion-MNIST subset)"),

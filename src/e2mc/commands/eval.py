@@ -190,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.checkpoint) > 1 or executor.kind != "inline":
         return _evaluate_set(args, executor)
     device = str(init_runtime(args.device).device)  # joins the group under torchrun
-    # One writer per evaluation directory, from the start: a second 'e2mc eval --out' into it
-    # stops here (exit 2, naming the holder) before loading or extracting anything.
+    # one writer per evaluation directory, taken before anything is loaded or extracted
     with writer_lock(args.out) if is_main_process() else nullcontext():
         return _evaluate(args, device)
 

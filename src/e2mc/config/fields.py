@@ -77,8 +77,7 @@ def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal
     return tuple(dict.fromkeys(out))
 
 
-#: The most nodes a YAML text may stand for once its aliases are expanded (a config has a few
-#: hundred): an "alias bomb" of a few lines that stands for 10**9 strings is refused.
+#: The most nodes a YAML text may stand for with its aliases expanded (refuses alias bombs).
 YAML_MAX_NODES = 100_000
 
 

@@ -133,8 +133,7 @@ def _overridden(data: Mapping[str, Any], assignments: Iterable[str]) -> dict[str
     return OmegaConf.to_container(conf)
 
 
-# A preset or YAML file may start from another one: ``base: <preset name or YAML file>`` plus only
-# what changes. A relative file name in ``base`` is relative to the file that names it.
+# ``base: <preset or YAML file>`` (relative to the file naming it), then only what changes
 BASE_KEY = "base"
 
 

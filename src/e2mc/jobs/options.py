@@ -12,8 +12,7 @@ from typing import Any
 from e2mc.errors import InputError
 
 EXECUTORS = ("inline", "local", "slurm")
-#: Seconds between submitit's signal and the time limit: the step in flight and the checkpoint
-#: must fit (docs/training.md, pre-emption); ``--signal-delay`` changes it.
+#: Seconds between submitit's signal and the time limit (``--signal-delay``).
 SIGNAL_DELAY_S = 300
 #: ``--time`` of a SLURM job when none is given (minutes).
 DEFAULT_SLURM_TIME_MIN = 240

@@ -21,8 +21,7 @@ from e2mc.jobs.slurm_state import ENDED_STATES, NO_ANSWER, QUEUED_STATES, SlurmS
 from e2mc.jobs.work import Work
 from e2mc.processes import process_alive, process_identity, same_process
 
-#: Seconds between two lines saying that SLURM does not answer, and between two lines saying
-#: what runs when no count changed.
+#: Seconds between two lines saying that SLURM does not answer / what runs.
 OUTAGE_SAY_S = 180
 HEARTBEAT_S = 60
 
@@ -70,7 +69,6 @@ class JobRunner:
                 log("note: --executor local without --gpus-per-node: the jobs see no GPU "
                     "(submitit hides them) and train on the CPU")
 
-    # ------------------------------------------------------------ the record
     def read_record(self) -> dict[str, dict[str, Any]]:
         """``jobs.json``: ``{key: {executor, job_id, folder, tasks, log, state, ...}}``."""
         path = self.files.jobs_json
@@ -105,7 +103,6 @@ class JobRunner:
         if changed:
             self._write_record(record)
 
-    # ------------------------------------------------------------ attaching
     def _attach(self, work: Work, entry: dict[str, Any]) -> _Tracked | None:
         """The recorded job of ``work`` if it is still queued or running, else ``None``."""
         import submitit
@@ -125,7 +122,6 @@ class JobRunner:
         t = _Tracked(work, job_id, job, job.paths.stderr, foreign=_controller(entry, job_id))
         return None if self._state(t) == "ended" else t
 
-    # ------------------------------------------------------------ states
     def _look_up(self, job_ids: Sequence[str]) -> None:
         """Ask SLURM once for the states of ``job_ids``. While it does not answer, say so every
         :data:`OUTAGE_SAY_S` s; after ``--slurm-outage`` minutes, :class:`RunFailure`."""
@@ -188,7 +184,6 @@ class JobRunner:
             return "missing", None
         return pickle_load(path)
 
-    # ------------------------------------------------------------ the loop
     def run(self, works: Sequence[Work], kind: str = "train",
             should_stop: Callable[[], bool] = lambda: False) -> None:
         """Bring every one of ``works`` to done: wait for recorded jobs in flight, submit the rest

@@ -56,8 +56,7 @@ def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
 
     ours = submitit.JobEnvironment._usr_sig()
 
-    # raised on as a time-limit signal of the run's where it has one (the stop reason then
-    # names it: "pre-empted by SIGUSR1"), else as its first
+    # raised on as the run's own time-limit signal where it has one (named in the stop reason)
     raised = next((s for s in signals if s in REQUEUE_SIGNALS), signals[0])
 
     def time_limit(signum: int, frame: Any) -> None:
@@ -116,9 +115,7 @@ class TrainJob(_Checkpointable):
                     requeue_slurm_job()
                 raise SystemExit(PREEMPTED_EXIT_CODE) from None
         if under_slurm and not result.finished and is_preemption(result.stop_reason):
-            # no result: the job is requeued (a time-limit signal: by the trainer, which wrote
-            # its checkpoint first; a pre-emption: by SLURM) and the search waits for it, or it
-            # was cancelled and the search reports it; a new job resumes from the checkpoint
+            # no result: requeued (by the trainer after its checkpoint, or by SLURM) or cancelled
             print(f"{self.run_dir}: {result.stop_reason}; checkpoint at step {result.step}",
                   file=sys.stderr)
             raise SystemExit(PREEMPTED_EXIT_CODE)

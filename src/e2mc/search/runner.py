@@ -32,8 +32,7 @@ class Search:
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
                  executor: ExecutorOptions | None = None, progress: bool = True) -> None:
         self.spec, self.out, self.log = spec, Path(out), log
-        #: the runs' progress bars and the jobs' counts (``--quiet``: off); not part of the
-        #: spec, so a search resumes with or without it
+        #: progress bars and job counts (``--quiet``: off); not in the spec (resumes either way)
         self.progress = progress
         self.files = SearchDir(out)
         self.jobs = (JobRunner(executor, self.files, log, progress=progress)
@@ -49,7 +48,6 @@ class Search:
         #: the runs' ``warning:`` lines: {text: [run directories]} (search.md lists them)
         self.warnings: dict[str, list[str]] = {}
 
-    # ---------------------------------------------------------------- configuration
     def _base(self, seed: int | None = None) -> list[str]:
         """The overrides every run of the search shares."""
         s = self.spec
@@ -133,7 +131,6 @@ class Search:
                              f"{', '.join(differ)} (e.g. base checkpoint or data); use another "
                              "--out or the same settings")
 
-    # ---------------------------------------------------------------- running
     def run_dirs(self, trial: Trial) -> tuple[RunDir, RunDir]:
         """The trial's run and its control's (shared by trials that differ only in add-on
         settings)."""
@@ -172,7 +169,6 @@ class Search:
         self._check_stop()
         return [r for r in run.read_metrics() if self.spec.metric in r]
 
-    # ---------------------------------------------------------------- jobs
     def _work_key(self, directory: Path) -> str:
         return directory.relative_to(self.files.root).as_posix()
 
@@ -261,7 +257,6 @@ class Search:
         self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
                  f"{self.files.plot}")
 
-    # ---------------------------------------------------------------- confirmation
     def confirm(self, seeds: Sequence[int], record: dict[str, Any],
                 eval_fractions: Sequence[float] = (0.01, 0.1, 1.0),
                 label_seeds: Sequence[int] = (0, 1, 2), probe_epochs: int = 30,
