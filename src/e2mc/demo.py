@@ -201,8 +201,7 @@ def _last_step(run_dir: Path) -> int:
 
 
 def _diagnostics_section(report: Path, out: Path) -> tuple[str, str]:
-    """The demo page's diagnostics: the report's verdict lines (its ``diagnostics.json``),
-    its marginals figure and a link to the whole report."""
+    """The demo page's diagnostics: the report's verdicts, its marginals and a link."""
     import html
     import json
 

@@ -98,8 +98,7 @@ def describe(exc: BaseException) -> tuple[int, str]:
 
 
 def _torchvision_mismatch(message: str) -> str:
-    """torchvision's compiled operators were built for another torch (``operator
-    torchvision::nms does not exist``): the installed pair, in one line."""
+    """torchvision built for another torch (``operator torchvision::nms does not exist``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(name: str) -> str:

@@ -106,8 +106,7 @@ class OneOf(Bound):
 
 
 def parse_widths(spec: Any) -> list[int] | None:
-    """``"8192-8192-8192"`` -> ``[8192, 8192, 8192]``; ``None`` unless every width is an
-    integer >= 1."""
+    """``"8192-8192-8192"`` -> ``[8192, 8192, 8192]``; ``None`` unless every width >= 1."""
     try:
         sizes = [int(s) for s in str(spec).split("-")]
     except ValueError:

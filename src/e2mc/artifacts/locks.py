@@ -112,8 +112,7 @@ def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def describe_holder(record: str | dict[str, Any]) -> str:
-    """A lock's record (its text, or :func:`live_writer`'s dict) in words: pid, host, since
-    when, command."""
+    """A lock's record (text or dict) in words: pid, host, since when, command."""
     try:
         r = json.loads(record) if isinstance(record, str) else record
         return (f"pid {r['pid']} on {r['host']} since {r['started']}: "

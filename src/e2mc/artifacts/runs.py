@@ -183,8 +183,7 @@ class RunDir:
         atomic_write_text(self.val_split, json.dumps(record))
 
     def stale_temp_files(self) -> list[Path]:
-        """Temporary files of interrupted atomic writes (``.NAME.*.tmp``) in the run directory
-        and its epoch folder."""
+        """Temporary files of interrupted atomic writes here and in the epoch folder."""
         from e2mc.files import is_temp_file, refuse_link
 
         found: list[Path] = []
@@ -202,8 +201,7 @@ class RunDir:
         atomic_write_text(self.done, json.dumps({"step": int(step), "end": end}))
 
     def read_done(self) -> dict[str, Any] | None:
-        """What :meth:`mark_done` recorded (``step``, ``end``) when the run is done and the
-        checkpoint it describes is there; else ``None``."""
+        """What :meth:`mark_done` recorded when the run is done and its checkpoint is there."""
         if not (self.done.is_file() and self.checkpoint.is_file()):
             return None
         try:

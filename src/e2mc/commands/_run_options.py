@@ -12,8 +12,7 @@ from e2mc.config import RunConfig, load_config, preset_names
 
 def register_run_command(subparsers: argparse._SubParsersAction, mode: str, help: str,
                          description: str) -> None:
-    """Add ``e2mc continue`` or ``e2mc pretrain`` (``mode``): the options, and
-    :func:`run_command` as its body."""
+    """Add ``e2mc continue`` or ``e2mc pretrain`` (``mode``) with :func:`run_command`."""
     parser = subparsers.add_parser(mode, help=help, description=description)
     add_run_arguments(parser, mode)
     parser.set_defaults(func=lambda args: run_command(args, mode))
@@ -118,8 +117,7 @@ def training_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
-    """Preset + ``--set`` overrides + the dedicated options, validated. ``--seed`` and a
-    ``--set training.seed`` of another value are refused (exit 2)."""
+    """Preset + ``--set`` + the options, validated; ``--seed`` must agree with the ``--set``."""
     from e2mc.errors import InputError
 
     seed = getattr(args, "seed", None)

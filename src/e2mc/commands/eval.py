@@ -27,8 +27,7 @@ _floats, _ints, _protocols = _listed(float, "numbers"), _listed(int, "integers")
 
 
 def _checked(parse, what: str, bound: Interval, unique: bool = True):
-    """An argparse type: ``parse(text)`` (a tuple of numbers), each finite and in ``bound``
-    (:mod:`e2mc.ranges`), no value twice."""
+    """An argparse type: ``parse(text)``, each value in ``bound``, no value twice."""
     def check(text: str) -> tuple:
         values = parse(text)
         if not values:

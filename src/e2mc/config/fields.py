@@ -88,8 +88,7 @@ class _DuplicateKeyError(yaml.YAMLError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (a merge key ``<<``
-    may still be overridden)."""
+    """``yaml.SafeLoader`` refusing a key given twice in one mapping (``<<`` may be overridden)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
@@ -169,8 +168,7 @@ def load_yaml_text(text: str, where: str) -> Any:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """:func:`load_yaml_text` of a file (named in every error); a missing file is a
-    ``FileNotFoundError``."""
+    """:func:`load_yaml_text` of a file; a missing file is a ``FileNotFoundError``."""
     return load_yaml_text(Path(path).read_text(encoding="utf-8"), str(path))
 
 

@@ -238,8 +238,7 @@ def preset_summary(name: str) -> tuple[str | None, str]:
 
 
 def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Build a :class:`RunConfig` from a preset name or YAML file (with its ``base`` chain),
-    then apply ``overrides``."""
+    """A :class:`RunConfig` of a preset or YAML file (its ``base`` chain), with ``overrides``."""
     data = _resolve(name_or_path, None, ()) if name_or_path is not None else {}
     cfg = _build(_overridden(data, overrides))
     cfg.validate()

@@ -58,8 +58,7 @@ class ExecutorOptions:
     slurm_outage_min: float = DEFAULT_SLURM_OUTAGE_MIN
 
     def check(self) -> None:
-        """Refuse values out of range and options that the executor would ignore; import
-        submitit for ``local`` and ``slurm``."""
+        """Refuse values out of range and options the executor would ignore; need submitit."""
         if self.kind not in EXECUTORS:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got "
                              f"{self.kind!r}")
@@ -117,8 +116,7 @@ class ExecutorOptions:
 
 
 def parse_slurm_settings(items: Sequence[str]) -> dict[str, Any]:
-    """``["mail-type=END", "exclusive"]`` -> ``{"mail-type": "END", "exclusive": True}`` (a key
-    alone is a flag)."""
+    """``["mail-type=END", "exclusive"]`` -> ``{"mail-type": "END", "exclusive": True}``."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -130,8 +128,7 @@ def parse_slurm_settings(items: Sequence[str]) -> dict[str, Any]:
 
 
 def train_tasks_per_node(options: ExecutorOptions) -> int:
-    """Processes per node of a training job: one per GPU, else ``--tasks-per-node`` (default
-    1)."""
+    """Processes per node of a training job: one per GPU, else ``--tasks-per-node`` (1)."""
     return options.gpus_per_node or options.tasks_per_node or 1
 
 

@@ -365,8 +365,7 @@ def _read(path: str | Path) -> str:
 
 
 def _controller(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
-    """The identity of a recorded local job's controller (jobs.json before identities were
-    recorded: the pid on this host)."""
+    """A recorded local job's controller (an older jobs.json: the pid on this host)."""
     identity = entry.get("controller")
     if isinstance(identity, dict) and "pid" in identity:
         return identity
@@ -400,8 +399,7 @@ class _Progress:
             self.bar = progress_bar(total=total, initial=done, desc="jobs", unit="job")
 
     def show(self, queued: int, running: list[_Tracked], done: int, failed: int = 0) -> None:
-        """The counts, when one changed (on a terminal: at every look), and every
-        :data:`HEARTBEAT_S` seconds what runs, for how long."""
+        """The counts when one changed, and every :data:`HEARTBEAT_S` s what runs, how long."""
         counts = (queued, len(running), done, failed)
         now = time.monotonic()
         if not self.shown or (self.bar is None and counts == self.last

@@ -85,8 +85,7 @@ class _Checkpointable:
 
 
 class TrainJob(_Checkpointable):
-    """One training run as a job: :func:`~e2mc.training.run.run_training` of ``cfg`` in
-    ``run_dir`` (``done_marker``)."""
+    """One training run as a job: ``run_training(cfg, run_dir, done_marker=True)``."""
 
     def __init__(self, cfg: Any, run_dir: str | Path) -> None:
         self.cfg, self.run_dir = cfg, str(run_dir)
@@ -123,8 +122,7 @@ class TrainJob(_Checkpointable):
 
 
 class CallJob(_Checkpointable):
-    """A job calling ``fn(**kwargs)`` (an importable function: an evaluation); it finishes when
-    the call returns."""
+    """A job calling ``fn(**kwargs)`` (an importable function: an evaluation)."""
 
     def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
         self.fn, self.kwargs = fn, kwargs

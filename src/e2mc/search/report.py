@@ -11,8 +11,7 @@ from e2mc.files import display_name, markdown_text
 
 
 def search_markdown(record: dict[str, Any]) -> str:
-    """search.md: the rule, every trial against its control, the selection; names escaped
-    (:func:`e2mc.files.markdown_text`)."""
+    """search.md: the rule, every trial against its control, the selection (names escaped)."""
     spec = record["spec"]
     lines = [f"# Search: {markdown_text(spec['config'])}", "",
              f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
@@ -111,8 +110,7 @@ def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, A
 
 
 def confirm_markdown(result: dict[str, Any]) -> str:
-    """confirm.md: the paired tests of the selected trial against its control per column;
-    names escaped (:func:`e2mc.files.markdown_text`)."""
+    """confirm.md: the confirmation's paired tests per column (names escaped)."""
     lines = [f"# Confirmation of {markdown_text(result['trial'])} on the test split", "",
              f"Training seeds {', '.join(map(str, result['seeds']))}; each trained as the trial "
              "and as its control (no add-on), both evaluated on the test split.", "",

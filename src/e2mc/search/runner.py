@@ -132,8 +132,7 @@ class Search:
                              "--out or the same settings")
 
     def run_dirs(self, trial: Trial) -> tuple[RunDir, RunDir]:
-        """The trial's run and its control's (shared by trials that differ only in add-on
-        settings)."""
+        """The trial's run and its control's (shared by trials differing only in add-on params)."""
         control = trial.control_overrides
         return (self.files.trial_run(run_dir_name(trial.name, trial.overrides)),
                 self.files.control_run(run_dir_name(" ".join(control) or "default", control)))
@@ -144,8 +143,7 @@ class Search:
                                   "again to resume")
 
     def _train(self, cfg: Any, run: RunDir, control: bool = False) -> list[dict[str, Any]]:
-        """Train ``run`` to its configured end unless done; a pre-empted run is
-        :class:`SearchPreempted` (never marked done)."""
+        """Train ``run`` to its end unless done; pre-empted: :class:`SearchPreempted`, not done."""
         from e2mc.training.preemption import PreemptedAtStart
         from e2mc.training.run import run_training
 
@@ -306,8 +304,7 @@ class Search:
     def _eval_call(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str
                    ) -> dict[str, Any]:
-        """The arguments of :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` for the test
-        evaluation of ``run`` in ``out``, by the search itself or as a job."""
+        """``evaluate_checkpoint``'s arguments for the test evaluation of ``run`` in ``out``."""
         from e2mc.evaluation.runner import EvalOptions
         from e2mc.evaluation.workflow import EvalData
 
@@ -325,8 +322,7 @@ class Search:
 
 @contextmanager
 def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
-    """Within: what is written to ``sys.stderr`` goes on to it, and each ``warning:`` line is
-    also handed to ``note``."""
+    """Within: ``sys.stderr`` passes through, and each ``warning:`` line goes to ``note`` too."""
     stream = sys.stderr
 
     class Tee:

@@ -34,8 +34,7 @@ class Trial:
 
 
 def grid_trials(grid: Sequence[str]) -> list[Trial]:
-    """``["optim.base_lr=0.001,0.01", "training.epochs=1,2"]`` -> the 4 trials of the product
-    (first key slowest)."""
+    """``["a=1,2", "b=3,4"]`` -> the 4 trials of the product (first key slowest)."""
     axes: list[list[str]] = []
     for item in grid:
         if "=" not in item:
