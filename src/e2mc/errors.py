@@ -29,8 +29,7 @@ class InputError(E2MCError, ValueError):
 
 
 class CorruptFileError(InputError):
-    """A file is truncated, empty or in another format; the message names it (and says what to
-    delete or re-create when the file is derived)."""
+    """A truncated, empty or wrong-format file; the message names it and what to do."""
 
 
 class ConfigMismatchError(InputError):

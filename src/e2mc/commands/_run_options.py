@@ -72,8 +72,7 @@ TRAINING_KEYS = {"new_heads": "init.new_heads", "trust": "init.trust",
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
-    """The options of a run that ``e2mc continue``, ``e2mc pretrain`` and ``e2mc search`` (for
-    every trial and control) share, each meaning the same (:data:`TRAINING_KEYS`)."""
+    """The run options ``continue``, ``pretrain`` and ``search`` share (:data:`TRAINING_KEYS`)."""
     if mode == "continue":
         parser.add_argument("--new-heads", action="store_true",
                             help="allow a backbone-only checkpoint: the projector (and "

@@ -20,8 +20,7 @@ LABEL_FREE = ("val/rankme", "val/entropy")
 
 
 def comma_list(text: Any, cast: Any = str) -> list[Any]:
-    """``"a, b,,c"`` -> ``[cast("a"), cast("b"), cast("c")]``: the items of a comma-separated
-    list (a config value, an option), stripped, empty ones dropped."""
+    """``"a, b,,c"`` -> ``[cast("a"), cast("b"), cast("c")]`` (stripped, empty ones dropped)."""
     return [cast(item) for item in (t.strip() for t in str(text).split(",")) if item]
 
 

@@ -204,8 +204,7 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
-        """Check the values whose range the types cannot express: each section's ``RANGES``
-        (every float in one is finite), the device, the signals, the monitor, the ``params``."""
+        """What the types cannot check: the ``RANGES``, device, signals, monitor and ``params``."""
         check_values(self.RANGES, vars(self))
         for section in dataclasses.fields(self):
             value = getattr(self, section.name)

@@ -50,11 +50,8 @@ class ExecutorOptions:
     slurm: dict[str, Any] = field(default_factory=dict)
     max_parallel: int | None = None
     jobs_dir: str | None = None
-    #: seconds between two looks at the jobs (default: 0.5 locally, 30 on SLURM)
     poll_s: float | None = None
-    #: seconds between submitit's signal (USR2) and the time limit (``--signal-delay``)
     signal_delay_s: int = SIGNAL_DELAY_S
-    #: minutes SLURM may not answer (its controller down) before the command gives up
     slurm_outage_min: float = DEFAULT_SLURM_OUTAGE_MIN
 
     def check(self) -> None:

@@ -27,8 +27,7 @@ HEARTBEAT_S = 60
 
 
 class JobStopped(Exception):
-    """A job ended without finishing its work (pre-empted without a requeue, killed), or the
-    search was asked to stop while waiting: running the search again resumes it."""
+    """A job ended unfinished, or the search was asked to stop: running it again resumes."""
 
 
 @dataclass
@@ -385,8 +384,7 @@ def _local_controller_alive(identity: dict[str, Any]) -> bool:
 
 
 class _Progress:
-    """The jobs' progress: a bar on a terminal (:func:`e2mc.progress.progress_bar`), else a
-    line whenever a count changes; nothing when not ``shown`` (``--quiet``)."""
+    """The jobs' progress: a bar on a terminal, else a line when a count changes (if ``shown``)."""
 
     def __init__(self, total: int, done: int, log: Callable[[str], None],
                  shown: bool = True) -> None:

@@ -28,8 +28,7 @@ def _in_submitit(executor: str | None = None) -> bool:
 
 
 def _join_process_group() -> None:
-    """Under submitit with several tasks: export this task's process-group environment, so
-    that the trainer joins it as under ``torchrun``."""
+    """With several submitit tasks: export the process group's environment (as torchrun)."""
     if not _in_submitit():
         return
     import submitit

@@ -49,8 +49,7 @@ def control_lines(record: dict[str, Any]) -> list[tuple[list[str], list[Any]]]:
 
 
 def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
-    """The validation metric against steps: trials solid in colour, each distinct control
-    dashed in grey with the names of its trials."""
+    """The metric against steps: trials solid in colour, each distinct control dashed grey."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -20,8 +20,7 @@ from e2mc.search.spec import CONTROL_ADDON, SearchSpec, Trial, run_dir_name, sel
 
 
 class SearchPreempted(Exception):
-    """A run of the search was pre-empted (or the search got a pre-emption signal): its
-    checkpoint is written and running the same search again resumes it (exit 75)."""
+    """A run or the search was pre-empted (checkpoint written): running it again resumes."""
 
 
 class Search:
@@ -175,8 +174,7 @@ class Search:
                     run.is_done)
 
     def _run_jobs(self, works: list[Work], kind: str) -> None:
-        """Bring ``works`` to done through the executor's jobs (:class:`~e2mc.jobs.JobRunner`);
-        a job that stopped unfinished is :class:`SearchPreempted`."""
+        """Bring ``works`` to done as jobs; one stopped unfinished is :class:`SearchPreempted`."""
         assert self.jobs is not None
         unique = list({w.key: w for w in works}.values())  # a shared control once
         try:
