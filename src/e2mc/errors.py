@@ -43,8 +43,6 @@ class CorruptImageError(OSError):
 class RunFailure(E2MCError, RuntimeError):
     """A failure while running (not the input's fault). Exit 1."""
 
-    exit_code = EXIT_FAILURE
-
 
 class NonFiniteError(RunFailure):
     """Training produced a NaN / infinite loss, gradient or weight. Exit 3."""

@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from e2mc.demo import DemoSettings, run_demo
+    from e2mc.demo import BASE_CHECKPOINT, DemoSettings, run_demo
     from e2mc.errors import InputError
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -54,7 +54,5 @@ def run(args: argparse.Namespace) -> int:
         settings.continued_epochs = args.epochs
     settings.overrides = list(args.overrides)
     settings.progress = not args.quiet
-    from e2mc.demo import BASE_CHECKPOINT
-
     run_demo(args.out, settings, base_checkpoint=args.base or BASE_CHECKPOINT, device=args.device)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from e2mc.commands._executor import add_executor_arguments, executor_options
 from e2mc.commands._types import at_least
@@ -252,8 +253,6 @@ def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
     # device "auto" is resolved by each evaluation where it runs (a job: on its node)
     evaluated = evaluate_set(args.checkpoint, args.out, options=_options(args, args.device),
                              executor=executor, **_inputs(args))
-    from pathlib import Path
-
     for (name, results), given in zip(evaluated.items(), args.checkpoint, strict=True):
         print(f"{name}: {given}")
         _print(results)

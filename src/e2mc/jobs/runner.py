@@ -36,8 +36,7 @@ class _Tracked:
     job_id: str
     job: Any  # a submitit Job (for a local job of an earlier search: paths only)
     log: Path
-    foreign: dict[str, Any] | None = None  # a local job started by an earlier search: its
-    #                                        controller's identity (processes.process_identity)
+    foreign: dict[str, Any] | None = None  # an earlier search's local job: its controller
     slot: int | None = None  # local: which GPU slot it holds
     cancelled: bool = False  # requeued by SLURM after its work was done, and cancelled
     started: float = 0.0  # when this search first saw it running (time.monotonic())

@@ -43,10 +43,6 @@ def _expand(job_id: str) -> list[str]:
     return out
 
 
-def _base(job_id: str) -> str:
-    return job_id.split("_", 1)[0]
-
-
 def parse_table(text: str) -> dict[str, str]:
     """``ID|STATE`` lines (``sacct -P``, ``squeue -o %i|%T``) -> ``{id: STATE}`` (the first word:
     ``CANCELLED by 0`` -> ``CANCELLED``; array ranges expanded)."""
@@ -143,7 +139,7 @@ class SlurmStates:
 
 
 def _bases(job_ids: list[str]) -> list[str]:
-    return sorted({_base(j) for j in job_ids}, key=int)
+    return sorted({j.split("_", 1)[0] for j in job_ids}, key=int)  # an array task's job
 
 
 def _why(done: subprocess.CompletedProcess[str] | None, name: str) -> str:
