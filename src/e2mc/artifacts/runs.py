@@ -98,7 +98,7 @@ def _file(name: str) -> property:
 
 @dataclass(frozen=True)
 class RunDir:
-    """The files of one training run directory (see the module docstring)."""
+    """The files of one training run directory (docs/architecture.md)."""
 
     root: Path
 

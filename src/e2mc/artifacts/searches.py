@@ -11,7 +11,7 @@ from e2mc.artifacts.runs import RunDir
 
 
 class SearchDir:
-    """The files of one ``e2mc search`` directory (see the module docstring)."""
+    """The files of one ``e2mc search`` directory (docs/search.md)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)

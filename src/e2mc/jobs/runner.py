@@ -1,7 +1,7 @@
 """Running jobs: :class:`JobRunner` submits the works of a search or an evaluation set that are
 not done, records every job in ``jobs.json``, waits for them (SLURM's states from
 :mod:`e2mc.jobs.slurm_state`, a local job through its controller process or its directory's lock)
-and checks how each ended (see :mod:`e2mc.jobs`)."""
+and checks how each ended (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class _Tracked:
 
 
 class JobRunner:
-    """Submits, records, waits for and checks the jobs of a search (see the module text)."""
+    """Submits, records, waits for and checks the jobs of a search or an evaluation set."""
 
     def __init__(self, options: ExecutorOptions, files: Any,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),

@@ -1,6 +1,6 @@
 """The jobs: :class:`TrainJob` (one training run) and :class:`CallJob` (one evaluation), picklable
 callables that submitit runs in a process of their own or as a SLURM job, and :class:`Work`, one
-unit of a search or an evaluation set (see :mod:`e2mc.jobs`)."""
+unit of a search or an evaluation set."""
 
 from __future__ import annotations
 
