@@ -110,7 +110,7 @@ def training_overrides(args: argparse.Namespace) -> list[str]:
     out = []
     for dest, key in TRAINING_KEYS.items():
         value = getattr(args, dest, None)
-        if value not in (None, False, ""):
+        if value is not None and value is not False and value != "":  # (0 == False: kept)
             out.append(f"{key}={'true' if value is True else value}")
     return out
 
