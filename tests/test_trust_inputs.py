@@ -244,6 +244,7 @@ def test_yaml_loader_keeps_merges_and_small_aliases():
     (["--val-split", "0.1", "--monitor-every", "0"], "monitor.every must be >= 1"),
     (["--val-split", "0.1", "--patience", "3"], "monitor.patience"),
     (["--val-split", "0.1", "--set", "monitor.min_delta=0.5"], "monitor.min_delta"),
+    (["--epochs", "0"], "training.epochs must be >= 1"),  # a 0 is given, not dropped
 ])
 def test_monitor_options_that_would_be_ignored_are_errors(tmp_path, capsys, args, match):
     code = main([*PRETRAIN, "--out", str(tmp_path / "run"), *args])

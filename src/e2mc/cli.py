@@ -1,14 +1,7 @@
-"""The ``e2mc`` command line.
-
-Each subcommand lives in its own module under :mod:`e2mc.commands` and exposes
-``register(subparsers) -> None``; the parser created there sets ``func`` (a callable taking the
-parsed ``argparse.Namespace`` and returning an exit code). New commands need no change here.
-
-Errors have one path for every subcommand (docs/cli.md): a command raises, :func:`main` prints one
-``e2mc COMMAND: error: ...`` line and returns the exit code of :func:`e2mc.errors.describe`
-(2 bad input, 1 failure while running, 3 non-finite training, 130 interrupted). ``--debug``
-(anywhere on the command line) or ``E2MC_DEBUG=1`` shows the traceback instead.
-"""
+"""The ``e2mc`` command line: each subcommand is a module of :mod:`e2mc.commands` with
+``register(subparsers)``, setting ``func(args) -> exit code``. Errors have one path
+(docs/cli.md): :func:`main` prints one ``e2mc COMMAND: error: ...`` line with the exit code of
+:func:`e2mc.errors.describe`; ``--debug`` or ``E2MC_DEBUG=1`` shows the traceback instead."""
 
 from __future__ import annotations
 
@@ -68,9 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_unencodable_as_text() -> None:
-    """Let the terminal show a name or path that is not UTF-8 (a byte Python carries as a lone
-    surrogate, ``os.fsdecode``) as ``\\xff``, as the files do (:func:`e2mc.files.display_name`),
-    instead of ending a finished command with a ``UnicodeEncodeError``."""
+    """Show a non-UTF-8 name (a lone surrogate) as ``\\xff``, as the files do, instead of ending
+    a finished command with a ``UnicodeEncodeError``."""
     import contextlib
 
     from e2mc.files import UNENCODABLE_AS_TEXT
@@ -80,7 +72,3 @@ def _print_unencodable_as_text() -> None:
         if reconfigure is not None:  # (a TextIOWrapper; not a test's capture)
             with contextlib.suppress(ValueError, OSError):  # (a closed or detached stream)
                 reconfigure(errors=UNENCODABLE_AS_TEXT)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

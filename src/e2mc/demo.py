@@ -1,13 +1,6 @@
-"""``e2mc demo``: the paper's three stages on the shipped Fashion-MNIST subset, on a CPU.
-
-1. The base model: a VICReg ``cnn5_small`` checkpoint the package ships (made by
-   ``e2mc pretrain``; the command is in ``docs/demo.md``).
-2. Continued training from it with the add-on ``none`` ("continued") and with ``e2mc``.
-3. Linear probes at 1%, 10% and 100% labels (several label-subset seeds) and kNN on frozen
-   features of all three, paired McNemar / permutation tests against "continued", and the
-   diagnostics figures; the answer (a headline per run, the flags, the page) is printed at
-   the end, the table and every verdict go to the files.
-"""
+"""``e2mc demo``: the paper's three stages on the shipped Fashion-MNIST subset, on a CPU: the
+shipped VICReg ``cnn5_small`` base, continued training with add-on ``none`` and ``e2mc``, then
+linear probes, kNN, paired tests against "continued" and the diagnostics (docs/demo.md)."""
 
 from __future__ import annotations
 
@@ -53,8 +46,7 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
     preset = "fmnist-vicreg-e2mc" if addon == "e2mc" else "fmnist-vicreg-continued"
     overrides = [
         "model.backbone=cnn5_small", f"data.dataset={DATA}", "data.num_workers=0",
-        # oneDNN's channels-last convolutions: a step of cnn5_small 0.40 s instead of 0.51 s
-        # on one CPU thread (the run 22.9 s instead of 26.4 s)
+        # oneDNN's channels-last convolutions: a cnn5_small step 0.40 s instead of 0.51 s
         "training.channels_last=true",
         f"training.epochs={settings.continued_epochs}", "training.keep_epoch_checkpoints=true",
         f"training.progress={str(settings.progress).lower()}",
@@ -70,13 +62,9 @@ def continue_config(addon: str, base: Path, settings: DemoSettings) -> Any:
 
 def evaluate(checkpoint: Path, out_dir: Path, settings: DemoSettings, cache_dir: Path
              ) -> Any:
-    """Linear probes and kNN on frozen features of the checkpoint's backbone, through
-    :func:`e2mc.evaluation.workflow.evaluate_checkpoint`.
-
-    The probes use the ``generic`` preset (standardised features, SGD lr 0.1, cosine): the
-    paper's VICReg preset (lr 0.02 on raw features) is tuned for 2048-d ResNet-50 features and
-    under-trains on these 128-d ones (75 % instead of 82 % top-1 at 100 % labels).
-    """
+    """Linear probes and kNN on frozen features of the checkpoint's backbone. The ``generic``
+    probe preset: the paper's VICReg one is tuned for 2048-d features and under-trains on these
+    128-d ones (75 % instead of 82 % top-1 at 100 % labels)."""
     from e2mc.evaluation.runner import EvalOptions
     from e2mc.evaluation.workflow import EvalData, evaluate_checkpoint
 
@@ -147,7 +135,7 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
                         progress=settings.progress)
     page = write_comparison_page(comparison, out, chart=table_paths[1],
                                  title="e2mc demo: E2MC against plain continued training",
-                                 sections=[diagnostics_section(report, out, settings)])
+                                 sections=[_diagnostics_section(report, out)])
     stage("done")
     # the answer last, on one screen: where the files are, the flags, a headline per run
     # (E2MC's last), the page
@@ -169,11 +157,8 @@ def _train(cfg: Any, run_dir: Path) -> Path:
 def train_side_by_side(configs: dict[str, Any], out: Path, progress: bool,
                        threads: int | None = None) -> dict[str, Path]:
     """Train the runs ``out/<name>`` at once, one process each with an equal share of the CPU
-    cores (on a CPU, a 10k-image epoch of ``cnn5_small`` is bound by the single-threaded image
-    pipeline: one thread per run trains as fast as two, so two runs side by side take about
-    the time of one). ``threads``: torch threads per run (default: the cores shared out). One
-    progress bar counts the steps of all runs (their ``metrics.jsonl``). A run's error is
-    raised here, as if it had run in this process."""
+    cores (the single-threaded image pipeline bounds a run: two side by side take about the
+    time of one); ``threads``: torch threads per run. A run's error is raised here."""
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
@@ -213,9 +198,8 @@ def _last_step(run_dir: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
-def diagnostics_section(report: Path, out: Path, settings: DemoSettings) -> tuple[str, str]:
-    """The demo page's diagnostics: the report's verdict lines (its ``diagnostics.json``),
-    its marginals figure and a link to the whole report."""
+def _diagnostics_section(report: Path, out: Path) -> tuple[str, str]:
+    """The demo page's diagnostics: the report's verdicts, its marginals and a link."""
     import html
     import json
 

@@ -1,26 +1,8 @@
-"""The errors of the package and the exit codes of the ``e2mc`` command line (docs/cli.md).
-
-Every subcommand ends through :func:`e2mc.cli.main`, which turns an exception into one
-``e2mc COMMAND: error: ...`` line on stderr and an exit code with :func:`describe`:
-
-==========  ================================================================================
-exit code   meaning
-==========  ================================================================================
-0           done
-1           a failure while running (disk full, an unexpected error): :class:`RunFailure`
-2           bad input (a path, a value, a file that is not what it should be): :class:`InputError`
-3           the training stopped on a non-finite loss, gradient or weight: :class:`NonFiniteError`
-75          stopped by a pre-emption signal after its checkpoint (``e2mc.training.preemption``)
-130         interrupted (Ctrl-C)
-==========  ================================================================================
-
-Library code raises :class:`InputError` (a ``ValueError``) for bad input and
-:class:`RunFailure` (a ``RuntimeError``) for failures while running; plain ``ValueError`` /
-``FileNotFoundError`` / ``PermissionError`` / a read-only file system (``EROFS``) / unreadable
-files (``EOFError``, ``UnpicklingError``, ``BadZipFile``) count as bad input, any other
-``OSError`` as a failure while running. The message is always one line (a message of several
-lines is joined).
-"""
+"""The errors of the package and the exit codes of the ``e2mc`` command line (table: docs/cli.md):
+0 done, 1 :class:`RunFailure`, 2 :class:`InputError` (also plain ``ValueError``,
+``FileNotFoundError``, ``PermissionError``, ``EROFS``, unreadable files), 3
+:class:`NonFiniteError`, 75 pre-empted after its checkpoint, 130 interrupted. Any other
+``OSError`` is a failure while running; a message is always one line."""
 
 from __future__ import annotations
 
@@ -28,7 +10,6 @@ import errno
 import pickle
 import zipfile
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_INPUT = 2
 EXIT_NONFINITE = 3
@@ -48,8 +29,7 @@ class InputError(E2MCError, ValueError):
 
 
 class CorruptFileError(InputError):
-    """A file is truncated, empty or in another format; the message names it (and says what to
-    delete or re-create when the file is derived)."""
+    """A truncated, empty or wrong-format file; the message names it and what to do."""
 
 
 class ConfigMismatchError(InputError):
@@ -63,8 +43,6 @@ class CorruptImageError(OSError):
 class RunFailure(E2MCError, RuntimeError):
     """A failure while running (not the input's fault). Exit 1."""
 
-    exit_code = EXIT_FAILURE
-
 
 class NonFiniteError(RunFailure):
     """Training produced a NaN / infinite loss, gradient or weight. Exit 3."""
@@ -77,9 +55,8 @@ _UNREADABLE = (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, UnicodeDeco
 
 
 def _one_line_cause(message: str) -> str:
-    """The message on one line. A DataLoader worker's exception carries the worker's traceback
-    in its message ("Caught X in DataLoader worker process 0. Original Traceback ..."): keep its
-    last line, without the ``module.Class:`` prefix. Other lines are joined."""
+    """The message on one line; of a DataLoader worker's traceback message, its last line
+    without the ``module.Class:`` prefix."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if "Original Traceback" in message:
         head, sep, tail = lines[-1].partition(": ")
@@ -118,8 +95,7 @@ def describe(exc: BaseException) -> tuple[int, str]:
 
 
 def _torchvision_mismatch(message: str) -> str:
-    """torchvision's compiled operators were built for another torch (``operator
-    torchvision::nms does not exist``): the installed pair, in one line."""
+    """torchvision built for another torch (``operator torchvision::nms does not exist``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(name: str) -> str:

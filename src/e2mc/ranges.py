@@ -1,18 +1,8 @@
-"""The declared ranges of the builders' parameters.
-
-Each method declares, next to its signature, one table ``{name: bound}`` of its constructor's
-parameters (``SSLMethod.param_ranges``) and one of its optimizer preset's
-(``SSLMethod.optimizer_ranges``); each add-on one of its constructor's (``Addon.param_ranges``).
-A table names every parameter but the flags (``true``/``false``) and the backbone's own
-(``backbone``, ``small_images``, ``in_channels``). The configuration checks the ``params`` it
-hands to a builder against that table before anything is built or trained, and the builder
-checks its own arguments against it, with one message, e.g.
-``method.params.out_dim must be >= 2, got 0``.
-
-A bound accepts ``None`` (whether a parameter may be ``None`` is its type's business, checked
-beside). The configuration's own keys declare theirs the same way (``RANGES`` of each section of
-:class:`e2mc.config.RunConfig`). Torch-free.
-"""
+"""The declared ranges of the builders' parameters: each method declares ``{name: bound}`` tables
+of its constructor's (``param_ranges``) and its optimizer's (``optimizer_ranges``) parameters,
+each add-on of its constructor's; the configuration (each section's ``RANGES``) and the builders
+check against them with one message, e.g. ``method.params.out_dim must be >= 2, got 0``. A bound
+accepts ``None`` (the type decides). Torch-free."""
 
 from __future__ import annotations
 
@@ -116,8 +106,7 @@ class OneOf(Bound):
 
 
 def parse_widths(spec: Any) -> list[int] | None:
-    """``"8192-8192-8192"`` -> ``[8192, 8192, 8192]``; ``None`` unless every width is an
-    integer >= 1."""
+    """``"8192-8192-8192"`` -> ``[8192, 8192, 8192]``; ``None`` unless every width >= 1."""
     try:
         sizes = [int(s) for s in str(spec).split("-")]
     except ValueError:
@@ -194,9 +183,8 @@ class IndicesOf(Bound):
 
 def check_values(ranges: Mapping[str, Bound], values: Mapping[str, Any],
                  prefix: str = "") -> None:
-    """Raise :class:`~e2mc.errors.InputError` (``"<prefix><name> must be <range>, got
-    <value>"``) for the first of ``values`` outside its range in ``ranges``; names absent from
-    either are not checked. ``values`` may be a builder's ``locals()``."""
+    """Raise :class:`~e2mc.errors.InputError` ``"<prefix><name> must be <range>, got
+    <value>"`` for the first of ``values`` outside its range in ``ranges``."""
     for name, bound in ranges.items():
         if name in values:
             wrong = bound.problem(values[name], values)
@@ -206,10 +194,8 @@ def check_values(ranges: Mapping[str, Bound], values: Mapping[str, Any],
 
 def checked(builder: Callable[..., Any], table: str, skip: type | tuple[type, ...] = ()
             ) -> Callable[..., Any]:
-    """``builder`` (a method of a class: its constructor, ``build_optimizer``) that first checks
-    its arguments, defaults included, against the class's table named ``table``
-    (:func:`check_values`); values of the types ``skip`` (a module given for a spec) are not
-    checked. Arguments the signature does not take are left to ``builder`` to refuse."""
+    """``builder`` (a constructor or ``build_optimizer``) first checking its arguments,
+    defaults included, against the class's table ``table``; values of the types ``skip`` are not."""
     signature = inspect.signature(builder)
 
     @functools.wraps(builder)

@@ -33,7 +33,6 @@ GENERATIONS = ".generations.json"
 EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
 
 
-# --------------------------------------------------------------------------- numbers
 def mean_se(values: Iterable[float]) -> tuple[float, float | None]:
     """Mean and standard error ``std(ddof=1) / sqrt(n)``; the SE is ``None`` for one value."""
     arr = np.asarray(list(values), dtype=np.float64)
@@ -43,13 +42,10 @@ def mean_se(values: Iterable[float]) -> tuple[float, float | None]:
     return float(arr.mean()), se
 
 
-# --------------------------------------------------------------------------- JSON lines
 def read_jsonl(path: str | Path, partial_last_line: bool = False) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file (one object per line; blank lines skipped).
-
-    A malformed line is a ``ValueError`` naming the file and line, except, with
-    ``partial_last_line``, a malformed *last* line (a process killed mid-write), which is dropped.
-    """
+    """The records of a JSON-lines file (blank lines skipped); a malformed line is a
+    ``ValueError`` naming file and line, except a malformed *last* line with ``partial_last_line``
+    (a process killed mid-write), which is dropped."""
     path = Path(path)
     lines = path.read_text(encoding="utf-8").splitlines()
     records: list[dict[str, Any]] = []

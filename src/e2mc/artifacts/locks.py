@@ -17,7 +17,6 @@ from e2mc.errors import InputError
 from e2mc.processes import lock_held, process_identity, same_process
 
 
-# --------------------------------------------------------------------------- one writer
 class DirectoryBusy(InputError):
     """Another live process is writing to the directory (exit 2 on the command line)."""
 
@@ -28,16 +27,11 @@ _HELD: set[Path] = set()  # lock files this process holds
 @contextmanager
 def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold ``ROOT/.e2mc.lock`` while writing to ``root``: one writer per run, evaluation or
-    search directory.
-
-    The lock is an advisory POSIX record lock (``lockf``, also honoured over NFS) on a file
-    holding the writer's pid, host, start time and command line. It belongs to the process
-    (DataLoader workers forked from it do not inherit it) and the kernel releases it when the
-    process ends, however it ends, so a lock file left by a dead process is taken over (with a
-    note on stderr); a live holder makes :class:`DirectoryBusy` naming it. Temporary files of
-    atomic writes that an earlier writer left in ``root`` are removed once the lock is held.
-    The file is removed on release, and ``root`` too when this call made it and it is empty.
-    """
+    search directory. An advisory POSIX record lock (``lockf``, honoured over NFS) on a file naming
+    the writer; the kernel releases it however the process ends, so a dead writer's file is taken
+    over (with a note), and a live one is :class:`DirectoryBusy`. Stale temporary files of atomic
+    writes are removed once held; on release the file goes, and ``root`` if this call made it
+    empty."""
     import fcntl
 
     root = Path(root)
@@ -95,14 +89,10 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The record of the process writing ``root`` (:func:`writer_lock`) while it is alive, else
-    ``None``. Only asks (never takes the lock, which would refuse the writer itself for that
-    instant): the kernel says whether a process holds the lock (``F_GETLK``, which NFS answers
-    for other hosts too), so a lock file left by a crash, one whose pid now belongs to another
-    process, or one naming another host's process that ended, is not a live writer. Where the
-    file system cannot say, the record's identity decides (:func:`same_process`: this host's
-    process with the same start time and boot id), and a process of another host is not
-    waited for."""
+    """The record of the process writing ``root`` while it is alive, else ``None``. Only asks
+    the kernel (``F_GETLK``; taking the lock would refuse the writer that instant); where the file
+    system cannot say, the record's identity decides (:func:`same_process`), and another host's
+    process is not waited for."""
     path = Path(root) / LOCK
     try:
         text = path.read_text(encoding="utf-8")
@@ -122,8 +112,7 @@ def live_writer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def describe_holder(record: str | dict[str, Any]) -> str:
-    """A lock's record (its text, or :func:`live_writer`'s dict) in words: pid, host, since
-    when, command."""
+    """A lock's record (text or dict) in words: pid, host, since when, command."""
     try:
         r = json.loads(record) if isinstance(record, str) else record
         return (f"pid {r['pid']} on {r['host']} since {r['started']}: "

@@ -28,7 +28,6 @@ from e2mc.artifacts.layout import (
 from e2mc.errors import InputError
 
 
-# --------------------------------------------------------------------------- training runs
 @dataclass(frozen=True)
 class RunModel:
     """Which file of a run directory stands for the run (:meth:`RunDir.model`)."""
@@ -54,8 +53,7 @@ class RunModel:
         return {"file": str(self.path), "step": step, "kept_model": self.kept}
 
 
-#: Checkpoints shipped with the package (``e2mc/assets``), by the name ``builtin:NAME`` that
-#: every command taking a checkpoint accepts: name -> (file, what it is).
+#: Checkpoints shipped in ``e2mc/assets`` (``builtin:NAME``): name -> (file, what it is).
 BUILTIN_CHECKPOINTS: dict[str, tuple[str, str]] = {
     "demo-vicreg": ("demo_base_vicreg.pt", "the demo's VICReg base (cnn5_small, 16 epochs on the "
                                            "shipped Fashion-MNIST subset)"),
@@ -64,9 +62,8 @@ BUILTIN_PREFIX = "builtin:"
 
 
 def builtin_checkpoint(ref: str | os.PathLike[str]) -> Path | None:
-    """The shipped file ``builtin:NAME`` stands for (:data:`BUILTIN_CHECKPOINTS`); ``None`` for
-    any other reference; an unknown ``NAME`` is an :class:`~e2mc.errors.InputError` listing
-    the builtin names."""
+    """The shipped file ``builtin:NAME`` stands for; ``None`` for any other reference; an
+    unknown ``NAME`` is an :class:`~e2mc.errors.InputError` listing the builtin names."""
     ref = os.fspath(ref)
     if not ref.startswith(BUILTIN_PREFIX):
         return None
@@ -80,11 +77,9 @@ def builtin_checkpoint(ref: str | os.PathLike[str]) -> Path | None:
 
 
 def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | None:
-    """What a command's model argument stands for: a training run directory's model
-    (:meth:`RunDir.model`: ``best.pt`` when keep-best wrote one, else or with ``last`` the
-    latest checkpoint), a checkpoint file itself (``best.pt`` named explicitly counts as the
-    kept model) or a shipped one (``builtin:NAME``, :func:`builtin_checkpoint`); ``None`` for a
-    URL."""
+    """What a command's model argument stands for: a run directory's :meth:`RunDir.model`, a
+    checkpoint file (``best.pt`` named explicitly is the kept model) or ``builtin:NAME``; ``None``
+    for a URL."""
     if "://" in os.fspath(ref):
         return None
     builtin = builtin_checkpoint(ref)
@@ -96,50 +91,31 @@ def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | Non
     return RunModel(path, kept=path.name == BEST, from_directory=False)
 
 
+def _file(name: str) -> property:
+    """``root / name`` as a read-only attribute."""
+    return property(lambda self: self.root / name)
+
+
 @dataclass(frozen=True)
 class RunDir:
-    """The files of one training run directory (see the module docstring)."""
+    """The files of one training run directory (docs/architecture.md)."""
 
     root: Path
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "root", Path(root))
 
-    @property
-    def config(self) -> Path:
-        return self.root / CONFIG
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / CHECKPOINT
-
-    @property
-    def best(self) -> Path:
-        return self.root / BEST
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / METRICS
-
-    @property
-    def val_split(self) -> Path:
-        return self.root / VAL_SPLIT
-
-    @property
-    def start(self) -> Path:
-        return self.root / START
-
-    @property
-    def monitor_plot(self) -> Path:
-        return self.root / MONITOR_PLOT
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / TENSORBOARD_DIR
-
-    @property
-    def epoch_dir(self) -> Path:
-        return self.root / EPOCH_DIR
+    config = _file(CONFIG)
+    checkpoint = _file(CHECKPOINT)
+    best = _file(BEST)
+    metrics = _file(METRICS)
+    val_split = _file(VAL_SPLIT)
+    start = _file(START)
+    monitor_plot = _file(MONITOR_PLOT)
+    tensorboard = _file(TENSORBOARD_DIR)
+    epoch_dir = _file(EPOCH_DIR)
+    done = _file(RUN_DONE)
+    config_changes = _file(CONFIG_CHANGES)
 
     def epoch_checkpoint(self, run_epoch: int) -> Path:
         """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model);
@@ -207,8 +183,7 @@ class RunDir:
         atomic_write_text(self.val_split, json.dumps(record))
 
     def stale_temp_files(self) -> list[Path]:
-        """Temporary files of interrupted atomic writes (``.NAME.*.tmp``) in the run directory
-        and its epoch folder."""
+        """Temporary files of interrupted atomic writes here and in the epoch folder."""
         from e2mc.files import is_temp_file, refuse_link
 
         found: list[Path] = []
@@ -218,10 +193,6 @@ class RunDir:
                 found += [p for p in folder.iterdir() if is_temp_file(p.name)]
         return sorted(found)
 
-    @property
-    def done(self) -> Path:
-        return self.root / RUN_DONE
-
     def mark_done(self, step: int, end: str) -> None:
         """Record that the run reached its configured end (``end``: how) at ``step``; a run that
         was stopped early (pre-empted) is never marked. Written atomically."""
@@ -230,8 +201,7 @@ class RunDir:
         atomic_write_text(self.done, json.dumps({"step": int(step), "end": end}))
 
     def read_done(self) -> dict[str, Any] | None:
-        """What :meth:`mark_done` recorded (``step``, ``end``) when the run is done and the
-        checkpoint it describes is there; else ``None``."""
+        """What :meth:`mark_done` recorded when the run is done and its checkpoint is there."""
         if not (self.done.is_file() and self.checkpoint.is_file()):
             return None
         try:
@@ -243,10 +213,6 @@ class RunDir:
     def is_done(self) -> bool:
         """Whether :meth:`mark_done` was called and the checkpoint it describes is there."""
         return self.read_done() is not None
-
-    @property
-    def config_changes(self) -> Path:
-        return self.root / CONFIG_CHANGES
 
     def record_config_change(self, step: int, changes: dict[str, Any]) -> None:
         """Append ``{"step": first step with the change, "changes": {key: {"old", "new"}}}`` to

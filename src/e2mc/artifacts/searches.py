@@ -6,16 +6,12 @@ import os
 from pathlib import Path
 
 from e2mc.artifacts.evaluations import EvalDir
-from e2mc.artifacts.layout import (
-    SEARCH_JSON,
-    SEARCH_MD,
-)
+from e2mc.artifacts.layout import SEARCH_JSON, SEARCH_MD
 from e2mc.artifacts.runs import RunDir
 
 
-# --------------------------------------------------------------------------- searches
 class SearchDir:
-    """The files of one ``e2mc search`` directory (see the module docstring)."""
+    """The files of one ``e2mc search`` directory (docs/search.md)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -55,6 +51,5 @@ class SearchDir:
                 if part == self.root or self.root not in part.parents:
                     break
                 refuse_link(part)
-
 
 

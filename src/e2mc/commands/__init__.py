@@ -1,5 +1,2 @@
-"""Subcommands of the ``e2mc`` CLI: one module per command, each with ``register(subparsers)``.
-
-Modules must import heavy dependencies (torch, torchvision) inside their ``func``, not at module
-level, so that ``e2mc --help`` stays fast.
-"""
+"""Subcommands of the ``e2mc`` CLI: one module per command, each with ``register(subparsers)``;
+heavy imports (torch) go inside ``func`` so that ``e2mc --help`` stays fast."""

@@ -8,9 +8,8 @@ from typing import Any
 
 def add_executor_arguments(parser: argparse.ArgumentParser, what: str,
                            trains: bool = True) -> None:
-    """``--executor`` and the SLURM settings; ``what``: the units of work, in words;
-    ``trains``: whether some of the jobs train (``e2mc search``) or all evaluate
-    (``e2mc eval``)."""
+    """``--executor`` and the SLURM settings; ``what``: the units of work, in words; ``trains``:
+    whether some jobs train (``e2mc search``) or all evaluate (``e2mc eval``)."""
     job = "training job" if trains else "evaluation job"
     jobs = parser.add_argument_group(
         "jobs (e2mc.jobs; local and slurm need submitit: pip install 'e2mc[cluster]')")

@@ -10,6 +10,14 @@ from pathlib import Path
 from e2mc.config import RunConfig, load_config, preset_names
 
 
+def register_run_command(subparsers: argparse._SubParsersAction, mode: str, help: str,
+                         description: str) -> None:
+    """Add ``e2mc continue`` or ``e2mc pretrain`` (``mode``) with :func:`run_command`."""
+    parser = subparsers.add_parser(mode, help=help, description=description)
+    add_run_arguments(parser, mode)
+    parser.set_defaults(func=lambda args: run_command(args, mode))
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
     parser.add_argument("--config", required=True,
@@ -64,8 +72,7 @@ TRAINING_KEYS = {"new_heads": "init.new_heads", "trust": "init.trust",
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
-    """The options of a run that ``e2mc continue``, ``e2mc pretrain`` and ``e2mc search`` (for
-    every trial and control) share, each meaning the same (:data:`TRAINING_KEYS`)."""
+    """The run options ``continue``, ``pretrain`` and ``search`` share (:data:`TRAINING_KEYS`)."""
     if mode == "continue":
         parser.add_argument("--new-heads", action="store_true",
                             help="allow a backbone-only checkpoint: the projector (and "
@@ -103,14 +110,13 @@ def training_overrides(args: argparse.Namespace) -> list[str]:
     out = []
     for dest, key in TRAINING_KEYS.items():
         value = getattr(args, dest, None)
-        if value not in (None, False, ""):
+        if value is not None and value is not False and value != "":  # (0 == False: kept)
             out.append(f"{key}={'true' if value is True else value}")
     return out
 
 
 def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
-    """Preset + ``--set`` overrides + the dedicated options, validated. ``--seed`` and a
-    ``--set training.seed`` of another value are refused (exit 2)."""
+    """Preset + ``--set`` + the options, validated; ``--seed`` must agree with the ``--set``."""
     from e2mc.errors import InputError
 
     seed = getattr(args, "seed", None)
@@ -137,10 +143,8 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
 
 
 def check_model_input(cfg: RunConfig) -> None:
-    """The configured backbone takes images of ``data.image_size`` (a ViT's patch size divides
-    it, a fixed-size ViT is given its size, a CNN does not shrink them to nothing), and is the
-    architecture of a starting backbone that export-backbone wrote (its sidecar): else refused
-    (exit 2, one line naming both) before the data or any checkpoint is read."""
+    """The backbone takes images of ``data.image_size`` and is the architecture of an exported
+    starting backbone, else exit 2, before the data or any checkpoint is read."""
     from e2mc.checkpoints import check_exported_start
     from e2mc.models import check_backbone_input
 
@@ -153,14 +157,9 @@ def check_model_input(cfg: RunConfig) -> None:
 
 
 def run_command(args: argparse.Namespace, mode: str) -> int:
-    """Body of ``e2mc continue`` / ``e2mc pretrain``; errors end through :func:`e2mc.cli.main`
-    (exit 2 bad configuration / data / checkpoint / an unwritable run directory, 3 non-finite
-    training, 1 other failures); 75 when a pre-emption signal stopped the run after a
-    checkpoint, or during start-up before the first step (run it again to resume).
-
-    The pre-emption signals are recorded from the start (:mod:`e2mc.training.preemption`): a
-    signal while the configuration, the checkpoint or the data are read stops the run before
-    its first step instead of killing the process."""
+    """Body of ``e2mc continue`` / ``e2mc pretrain``: 0, or 75 when a pre-emption signal
+    stopped the run (also one during start-up: signals are caught from the start, so the
+    process is not killed); errors end through :func:`e2mc.cli.main`."""
     from e2mc.distributed import is_main_process
     from e2mc.files import check_writable_dir
     from e2mc.training.preemption import (

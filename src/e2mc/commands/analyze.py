@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from e2mc.commands._types import at_least
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -28,25 +30,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="DIR",
                    help="directory of the report: report.html, diagnostics.json, the figures")
     p.add_argument("--split", default="test", help="split to analyse (default: test)")
-    p.add_argument("--num-samples", type=int, default=2048,
+    p.add_argument("--num-samples", type=at_least(0), default=2048,
                    help="seeded random images analysed, the same for every run (default 2048; "
                         "0 = all)")
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--image-size", type=at_least(1), default=None,
                    help="eval transform size (default: the images' own size if <= 64 px, "
                         "else 224)")
-    p.add_argument("--batch-size", type=int, default=256,
+    p.add_argument("--batch-size", type=at_least(1), default=256,
                    help="feature extraction batch (default: 256)")
     p.add_argument("--device", default=None, metavar="DEVICE",
                    help="device of the feature extraction: cpu, cuda, cuda:1 (default: cuda "
                         "when there is one, else cpu)")
-    p.add_argument("--knn-k", type=int, default=None,
+    p.add_argument("--knn-k", type=at_least(1), default=None,
                    help="the far neighbour of the NN-distance statistics (default 100, at most "
                         "the sampled images less one, with a note)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="N",
                    help="seed of the sampled images and dimension pairs (default 0)")
     p.add_argument("--accuracy-curve", action="store_true",
                    help="kNN top-1 of every per-epoch checkpoint (runs with checkpoints/)")
-    p.add_argument("--accuracy-train-samples", type=int, default=5000,
+    p.add_argument("--accuracy-train-samples", type=at_least(1), default=5000,
                    help="training images in the kNN bank of the accuracy curve (default: "
                         "5000)")
     p.add_argument("--trust-checkpoint", action="store_true",
@@ -63,13 +65,6 @@ def run(args: argparse.Namespace) -> int:
 
     from e2mc.config import comma_list
     from e2mc.diagnostics.analyze import analyze, default_loader
-    from e2mc.errors import InputError
-
-    for name in ("num_samples", "batch_size", "knn_k", "accuracy_train_samples", "image_size"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "num_samples" else 1):
-            raise InputError(f"--{name.replace('_', '-')} must be "
-                             f"{'>= 0' if name == 'num_samples' else '>= 1'}, got {value}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     json_path, html_path = analyze(
         args.runs, args.data, args.out, split=args.split,

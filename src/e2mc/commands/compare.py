@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from e2mc.commands._types import at_least
@@ -57,13 +56,9 @@ def run(args: argparse.Namespace) -> int:
     names = comma_list(args.names) if args.names else None
     if args.out is not None:
         _check_out_dir(Path(args.out))
-    try:
-        comp = compare_evaluations(args.runs, names, n_resamples=args.resamples,
-                            seed=args.resample_seed, floor=args.floor,
-                            allow_mismatch=args.allow_mismatch)
-    except ValueError as exc:
-        print(f"e2mc compare: error: {exc}", file=sys.stderr)
-        return 2
+    comp = compare_evaluations(args.runs, names, n_resamples=args.resamples,
+                               seed=args.resample_seed, floor=args.floor,
+                               allow_mismatch=args.allow_mismatch)  # errors: e2mc.cli's path
     out = Path(args.out) if args.out is not None else Path(args.runs[0]).resolve().parent
     paths = write_comparison(comp, out / COMPARISON_STEM)
     page = write_comparison_page(comp, out, chart=paths[1])
@@ -75,9 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_out_dir(out: Path) -> None:
-    """``--out`` is a directory (it was a file prefix: ``--out X`` wrote ``X.md``,
-    ``X.csv``, ...). A file there, or a comparison written with the old prefix
-    beside it (a script would go on reading its stale numbers), is refused with what changed."""
+    """``--out`` is a directory (it was a file prefix): a file there, or a stale comparison
+    written with the old prefix beside it, is refused saying what changed."""
     from e2mc.errors import InputError
     from e2mc.evaluation.compare_report import COMPARISON_STEM, comparison_paths
 

@@ -7,19 +7,11 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from e2mc.commands._run_options import add_run_arguments
+    from e2mc.commands._run_options import register_run_command
 
-    parser = subparsers.add_parser(
-        "continue",
+    register_run_command(
+        subparsers, "continue",
         help="continue training a pre-trained SSL model with its loss plus an add-on (E2MC)",
         description="Continue training an official checkpoint (VICReg, SwAV, SimSiam, DINO), "
                     "a backbone by name (timm:NAME, with --new-heads) or an e2mc checkpoint of any "
                     "method for --epochs more epochs with the preset's base loss and add-on.")
-    add_run_arguments(parser, "continue")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from e2mc.commands._run_options import run_command
-
-    return run_command(args, "continue")

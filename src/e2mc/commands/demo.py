@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from e2mc.commands._types import at_least
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -21,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a reduced run (well under a minute) that only checks the "
                              "installation: its numbers and verdicts mean nothing")
-    parser.add_argument("--epochs", type=int, default=None, metavar="N",
+    parser.add_argument("--epochs", type=at_least(1), default=None, metavar="N",
                         help="continued epochs (default: 1; the paper's ratio would be 10%% of "
                         "the base's 16)")
     parser.add_argument("--from", dest="base", default=None, metavar="CHECKPOINT",
@@ -42,19 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from e2mc.demo import DemoSettings, run_demo
+    from e2mc.demo import BASE_CHECKPOINT, DemoSettings, run_demo
     from e2mc.errors import InputError
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise InputError(f"--out {args.out} is an existing file; give a directory")
     settings = DemoSettings.quick() if args.quick else DemoSettings()
     if args.epochs is not None:
-        if args.epochs < 1:
-            raise InputError(f"--epochs must be >= 1, got {args.epochs}")
         settings.continued_epochs = args.epochs
     settings.overrides = list(args.overrides)
     settings.progress = not args.quiet
-    from e2mc.demo import BASE_CHECKPOINT
-
     run_demo(args.out, settings, base_checkpoint=args.base or BASE_CHECKPOINT, device=args.device)
     return 0

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from e2mc.commands._executor import add_executor_arguments, executor_options
 from e2mc.commands._types import at_least
 from e2mc.config import comma_list
+from e2mc.ranges import Interval, above
 
 
 def _listed(cast, what: str):
@@ -25,22 +27,15 @@ def _listed(cast, what: str):
 _floats, _ints, _protocols = _listed(float, "numbers"), _listed(int, "integers"), _listed(str, "")
 
 
-def _checked(parse, what: str, low: float, low_open: bool = False, high: float | None = None,
-             unique: bool = True):
-    """An argparse type: ``parse(text)`` (a tuple of numbers), each finite and in range
-    (``low`` < or <= x <= ``high``), no value twice."""
-    import math
-
+def _checked(parse, what: str, bound: Interval, unique: bool = True):
+    """An argparse type: ``parse(text)``, each value in ``bound``, no value twice."""
     def check(text: str) -> tuple:
         values = parse(text)
         if not values:
             raise argparse.ArgumentTypeError(f"expected at least one {what}, got {text!r}")
         for v in values:
-            below = v <= low if low_open else v < low
-            if not math.isfinite(v) or below or (high is not None and v > high):
-                bound = f"{'>' if low_open else '>='} {low:g}" + \
-                    (f" and <= {high:g}" if high is not None else "")
-                raise argparse.ArgumentTypeError(f"each {what} must be {bound}, got {v:g}")
+            if not bound.contains(v):
+                raise argparse.ArgumentTypeError(f"each {what} must be {bound.text}, got {v:g}")
         if unique and len(set(values)) != len(values):
             twice = sorted({v for v in values if values.count(v) > 1})
             raise argparse.ArgumentTypeError(f"{', '.join(f'{v:g}' for v in twice)} given "
@@ -51,7 +46,7 @@ def _checked(parse, what: str, low: float, low_open: bool = False, high: float |
 
 
 def _positive_float(text: str) -> float:
-    return _checked(_floats, "value", 0.0, low_open=True)(text)[0]
+    return _checked(_floats, "value", above(0))(text)[0]
 
 
 def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
@@ -104,10 +99,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", type=_protocols, default=("linear",),
                    help="comma-separated: linear, linear-aug (per-epoch augmentation, GPU), "
                         "knn, finetune, svm (default: linear)")
-    p.add_argument("--fractions", type=_checked(_floats, "fraction", 0.0, True, 1.0),
+    p.add_argument("--fractions", type=_checked(_floats, "fraction", Interval(0, 1, low_open=True)),
                    default=(0.01, 0.1, 1.0),
                    help="label fractions in (0, 1] (default: 0.01,0.1,1)")
-    p.add_argument("--seeds", type=_checked(_ints, "seed", 0), default=(0, 1, 2),
+    p.add_argument("--seeds", type=_checked(_ints, "seed", Interval(0)), default=(0, 1, 2),
                    help="label-subset seeds, each once (default: 0,1,2)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="evaluation directory to write; with several checkpoints or "
@@ -153,14 +148,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "random subset; needs an image-folder data set; repeatable")
     p.add_argument("--report", choices=("last", "best"), default="last",
                    help="which epoch's top-1 the table shows (default: last)")
-    p.add_argument("--knn-k", type=_checked(_ints, "k", 1), default=(20, 200),
+    p.add_argument("--knn-k", type=_checked(_ints, "k", Interval(1)), default=(20, 200),
                    help="neighbours of the kNN classifier, comma-separated (default: 20,200)")
     p.add_argument("--knn-temperature", type=_positive_float, default=0.07,
                    help="temperature T of the weighted kNN vote exp(sim / T) (default: 0.07)")
     p.add_argument("--knn-weighting", type=_protocols, default=("weighted", "uniform"),
                    help="kNN votes: weighted (exp(sim / T)), uniform (majority); both by "
                         "default, from one neighbour search")
-    p.add_argument("--svm-costs", type=_checked(_floats, "cost", 0.0, True), default=None,
+    p.add_argument("--svm-costs", type=_checked(_floats, "cost", above(0)), default=None,
                    help="SVM cost grid (default: the VOC07 grid of 23 values)")
     p.add_argument("--svm-folds", type=at_least(2), default=3,
                    help="cross-validation folds choosing the SVM cost (default: 3)")
@@ -195,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.checkpoint) > 1 or executor.kind != "inline":
         return _evaluate_set(args, executor)
     device = str(init_runtime(args.device).device)  # joins the group under torchrun
-    # One writer per evaluation directory, from the start: a second 'e2mc eval --out' into it
-    # stops here (exit 2, naming the holder) before loading or extracting anything.
+    # one writer per evaluation directory, taken before anything is loaded or extracted
     with writer_lock(args.out) if is_main_process() else nullcontext():
         return _evaluate(args, device)
 
@@ -259,8 +253,6 @@ def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
     # device "auto" is resolved by each evaluation where it runs (a job: on its node)
     evaluated = evaluate_set(args.checkpoint, args.out, options=_options(args, args.device),
                              executor=executor, **_inputs(args))
-    from pathlib import Path
-
     for (name, results), given in zip(evaluated.items(), args.checkpoint, strict=True):
         print(f"{name}: {given}")
         _print(results)

@@ -73,8 +73,7 @@ def _run(args: argparse.Namespace) -> int:
                      args.metric, [*args.common, *training_overrides(args)], trials)
     seeds = _seeds(args.confirm) if args.confirm else None
     search = Search(spec, args.out, executor=executor, progress=not args.quiet)
-    # a pre-emption signal between runs (a run's own trainer handles it within the run) stops
-    # the search at the next boundary; either way it exits 75 and resumes when run again
+    # a pre-emption signal between runs stops the search there (exit 75, resumed when run again)
     with PreemptionHandler() as signals:
         search.stop_on(lambda: signals.requested)
         try:

@@ -15,14 +15,12 @@ from typing import Any
 
 import yaml
 
-# --------------------------------------------------------------------------- field values
 #: The monitor's label-free metrics (``e2mc.training.monitor``).
 LABEL_FREE = ("val/rankme", "val/entropy")
 
 
 def comma_list(text: Any, cast: Any = str) -> list[Any]:
-    """``"a, b,,c"`` -> ``[cast("a"), cast("b"), cast("c")]``: the items of a comma-separated
-    list (a config value, an option), stripped, empty ones dropped."""
+    """``"a, b,,c"`` -> ``[cast("a"), cast("b"), cast("c")]`` (stripped, empty ones dropped)."""
     return [cast(item) for item in (t.strip() for t in str(text).split(",")) if item]
 
 
@@ -54,10 +52,8 @@ def resolve_metric(name: str, fractions: Sequence[float]) -> str:
 
 
 def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal.Signals, ...]:
-    """``["SIGTERM", "SIGUSR1"]`` (``training.preempt_signals``: names with or without ``SIG``,
-    any case, or numbers) -> signals; ``[]``, ``["none"]`` or ``None`` -> none. Raises
-    ``ValueError`` naming an unknown signal or one that cannot be handled (``SIGKILL``,
-    ``SIGSTOP``)."""
+    """``["SIGTERM", "usr1", "10"]`` -> signals (``[]``, ``["none"]``, ``None``: none);
+    ``ValueError`` naming an unknown signal or one that cannot be caught."""
 
     if isinstance(spec, str):
         raise TypeError(f"a list of signal names, not the string {spec!r}")
@@ -80,9 +76,7 @@ def resolve_signals(spec: Sequence[str | signal.Signals] | None) -> tuple[signal
     return tuple(dict.fromkeys(out))
 
 
-# --------------------------------------------------------------------------- YAML input
-#: The most nodes a YAML text may stand for once its aliases are expanded (a config has a few
-#: hundred): an "alias bomb" of a few lines that stands for 10**9 strings is refused.
+#: The most nodes a YAML text may stand for with its aliases expanded (refuses alias bombs).
 YAML_MAX_NODES = 100_000
 
 
@@ -93,8 +87,7 @@ class _DuplicateKeyError(yaml.YAMLError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (a merge key ``<<``
-    may still be overridden)."""
+    """``yaml.SafeLoader`` refusing a key given twice in one mapping (``<<`` may be overridden)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
@@ -150,10 +143,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def load_yaml_text(text: str, where: str) -> Any:
-    """Parse one YAML document of user input (a config file, a ``--set`` value, a trials file)
-    safely and within bounds: ``yaml.safe_load`` that also refuses duplicate keys, recursive
-    aliases, aliases that expand beyond :data:`YAML_MAX_NODES` nodes and nesting deeper than the
-    parser can follow. Every refusal is a one-line ``ValueError`` beginning with ``where``."""
+    """One YAML document of user input, read by ``yaml.safe_load`` that also refuses duplicate
+    keys, recursive aliases, alias bombs (:data:`YAML_MAX_NODES`) and too deep nesting, each a
+    one-line ``ValueError`` beginning with ``where``."""
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -175,12 +167,10 @@ def load_yaml_text(text: str, where: str) -> Any:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """:func:`load_yaml_text` of a file (named in every error); a missing file is a
-    ``FileNotFoundError``."""
+    """:func:`load_yaml_text` of a file; a missing file is a ``FileNotFoundError``."""
     return load_yaml_text(Path(path).read_text(encoding="utf-8"), str(path))
 
 
-# --------------------------------------------------------------------------- coercion
 def number_value(key: str, value: Any, tp: type) -> Any:
     """``value`` (a number or its text) as ``tp`` (int or float); ``ValueError`` naming ``key``."""
     try:
@@ -198,9 +188,8 @@ _NO_CHECK = object()
 
 
 def _param_value(key: str, value: Any, tp: Any) -> Any:
-    """``value`` if it is of the annotated type ``tp`` (a number written as text is converted);
-    ``ValueError`` naming ``key`` otherwise. Types this cannot tell (a class other than the
-    plain ones, ``Any``) accept anything."""
+    """``value`` if it is of the annotated type ``tp`` (text numbers converted), else a
+    ``ValueError`` naming ``key``; a type this cannot tell accepts anything."""
     origin = typing.get_origin(tp)
     if tp is Any or tp is _NO_CHECK:
         return value
@@ -256,12 +245,10 @@ def _type_text(tp: Any) -> str:
 
 def check_params(builder: Any, params: dict[str, Any], section: str,
                  ranges: Mapping[str, Any], skip: Iterable[str] = ()) -> None:
-    """Check the ``params`` handed to ``builder`` (a function or method) against its signature:
-    names it does not take and values of another type than annotated are a ``ValueError``
-    naming ``section.name``; numbers written as text (``1e3``) are converted in place.
-    ``ranges``: the builder's declared ranges (:mod:`e2mc.ranges`), checked on ``params`` with
-    the signature's defaults for the others (a range may depend on another parameter).
-    ``skip``: parameters the caller fills itself."""
+    """Check the ``params`` handed to ``builder`` against its signature: unknown names and
+    values of another type are a ``ValueError`` naming ``section.name``; text numbers (``1e3``) are
+    converted in place. ``ranges`` (:mod:`e2mc.ranges`) are checked with the signature's defaults
+    for the rest; ``skip``: parameters the caller fills itself."""
     import inspect
 
     from e2mc.ranges import check_values

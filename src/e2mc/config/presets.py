@@ -1,9 +1,7 @@
-"""Loading a configuration: a preset or YAML file with its ``base:`` chain merged
-(``OmegaConf.merge``), ``key.sub=value`` overrides set (``OmegaConf.update``), the values
-converted by OmegaConf's structured config of :class:`~e2mc.config.schema.RunConfig` after
-:func:`_prepared` has done what OmegaConf does not (comma strings, ``none``, integral ``1e3``,
-one-line errors, ``???`` refused naming its key); and the differences between two
-configurations (:func:`config_differences`)."""
+"""Loading a configuration: a preset or YAML file with its ``base:`` chain merged and
+``key.sub=value`` overrides set (OmegaConf), after :func:`_prepared` has done what OmegaConf
+does not (comma strings, ``none``, integral ``1e3``, one-line errors, ``???`` refused); and
+:func:`config_differences` between two configurations."""
 
 from __future__ import annotations
 
@@ -24,17 +22,13 @@ from e2mc.config.fields import comma_list, load_yaml_text, number_value
 from e2mc.config.schema import RunConfig
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _prepared(data: Any, cls: type, prefix: str = "", missing_ok: bool = False
               ) -> dict[str, Any]:
     """``data`` as OmegaConf can merge it into ``cls``: what OmegaConf does not convert itself
     (a comma string for a list, ``none`` for null, a YAML mapping as text, null ``params``)."""
     if not isinstance(data, Mapping):
         raise ValueError(f"config section {prefix.rstrip('.') or '<root>'!r} must be a mapping")
-    hints, out = _hints(cls), {}
+    hints, out = typing.get_type_hints(cls), {}
     for key, value in data.items():
         full, tp = f"{prefix}{key}", hints.get(key)
         if tp is None:
@@ -72,9 +66,8 @@ def _without_missing(data: Any) -> Any:
 
 
 def _refuse_missing(key: str, value: Any) -> None:
-    """OmegaConf's missing-value marker ``???`` is an error naming the key (OmegaConf would
-    keep the default in its place, silently): a config that leaves a value to be filled in must
-    have it filled in."""
+    """OmegaConf's ``???`` is an error naming the key (OmegaConf would silently keep the
+    default in its place)."""
     if isinstance(value, str) and value.strip() == "???":
         raise ValueError(f"config key {key!r} is ??? (a value still to be given): set it in "
                          f"the file or with --set {key}=VALUE")
@@ -86,17 +79,14 @@ def _refuse_missing(key: str, value: Any) -> None:
 
 @functools.cache
 def _schema() -> DictConfig:
-    """OmegaConf's structured config of :class:`RunConfig`, made once (tens of milliseconds
-    each time; a config is built several times per command): ``OmegaConf.merge`` copies its
-    first argument, so this one is never changed."""
+    """OmegaConf's structured config of :class:`RunConfig`, made once (it is slow; ``merge``
+    copies it, so it is never changed)."""
     return OmegaConf.structured(RunConfig)
 
 
 def _build(data: Mapping[str, Any], missing_ok: bool = False) -> RunConfig:
-    """The defaults with ``data`` laid over them: OmegaConf's structured config of
-    :class:`RunConfig` converts the values to the field types and refuses unknown keys; a
-    ``???`` is refused unless ``missing_ok`` (one file of a ``base:`` chain, whose later
-    files or overrides may give the value)."""
+    """The defaults with ``data`` laid over them (OmegaConf's structured config converts and
+    refuses unknown keys); ``missing_ok``: a ``???`` is allowed (one file of a ``base:`` chain)."""
     try:
         prepared = _prepared(data, RunConfig, missing_ok=missing_ok)
         if missing_ok:  # checked for the rest; ??? stays in the data for the final build
@@ -127,9 +117,9 @@ def _unknown(full: str, hints: Mapping[str, Any]) -> str:
 
 
 def _overridden(data: Mapping[str, Any], assignments: Iterable[str]) -> dict[str, Any]:
-    """``data`` with ``key.sub=value`` overrides set (``OmegaConf.update``, a mapping value
-    replacing the old one); a value inside ``params`` is YAML read by :func:`load_yaml_text`
-    (duplicate keys, alias bombs), a field's value stays text for :func:`_prepared`."""
+    """``data`` with ``key.sub=value`` overrides set (``OmegaConf.update``); a value inside
+    ``params`` is read as YAML (:func:`load_yaml_text`); a field's stays text for
+    :func:`_prepared`."""
     conf = OmegaConf.create(dict(data))
     for assignment in assignments:
         if "=" not in assignment:
@@ -143,9 +133,7 @@ def _overridden(data: Mapping[str, Any], assignments: Iterable[str]) -> dict[str
     return OmegaConf.to_container(conf)
 
 
-# --------------------------------------------------------------------------- presets
-# A preset or YAML file may start from another one: ``base: <preset name or YAML file>`` plus only
-# what changes. A relative file name in ``base`` is relative to the file that names it.
+# ``base: <preset or YAML file>`` (relative to the file naming it), then only what changes
 BASE_KEY = "base"
 
 
@@ -181,9 +169,8 @@ def _locate(ref: str, folder: Path | None,
 
 
 def _renamed(ref: str) -> str | None:
-    """The name a preset of the first naming scheme has now (``fmnist-<family>-continue`` is
-    ``fmnist-<family>-continued``, ``fmnist-<family>-continue-e2mc`` is
-    ``fmnist-<family>-e2mc``), or None."""
+    """The name a preset of the first naming scheme has now (``fmnist-X-continue`` ->
+    ``fmnist-X-continued``, ``fmnist-X-continue-e2mc`` -> ``fmnist-X-e2mc``), or None."""
     match = re.fullmatch(r"fmnist-([a-z0-9]+)-continue(-e2mc)?", ref)
     if match is None:
         return None
@@ -236,11 +223,6 @@ def _resolve(ref: str, folder: Path | None, chain: tuple[str, ...]) -> dict[str,
     return merge_config(_resolve(base, own_folder, (*chain, ident)), data)
 
 
-def resolve_config_file(name_or_path: str) -> dict[str, Any]:
-    """The mapping a preset or YAML file stands for, its ``base`` chain merged in."""
-    return _resolve(name_or_path, None, ())
-
-
 def preset_summary(name: str) -> tuple[str | None, str]:
     """``(base, description)`` of a shipped preset; the description is its first comment line."""
     _, resource, _ = _locate(name, None, preset_only=True)
@@ -256,15 +238,13 @@ def preset_summary(name: str) -> tuple[str | None, str]:
 
 
 def load_config(name_or_path: str | None = None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Build a :class:`RunConfig` from a preset name or YAML file (with its ``base`` chain),
-    then apply ``overrides``."""
-    data = resolve_config_file(name_or_path) if name_or_path is not None else {}
+    """A :class:`RunConfig` of a preset or YAML file (its ``base`` chain), with ``overrides``."""
+    data = _resolve(name_or_path, None, ()) if name_or_path is not None else {}
     cfg = _build(_overridden(data, overrides))
     cfg.validate()
     return cfg
 
 
-# --------------------------------------------------------------------------- differences
 def flatten_config(data: Mapping[str, Any], whole_params: bool = False,
                    prefix: str = "") -> dict[str, Any]:
     """``{"training.epochs": 10, ...}``: a nested configuration mapping by dotted key (an empty
@@ -282,15 +262,11 @@ def flatten_config(data: Mapping[str, Any], whole_params: bool = False,
 def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None = None,
                        whole_params: bool = False
                        ) -> tuple[str, list[tuple[str, Any, Any]]]:
-    """The keys where ``config`` (``RunConfig.to_dict()``, e.g. as a checkpoint records it)
-    differs from ``base``, as ``(base name, [(dotted key, base value, value)])``.
-
-    Without ``base``: the shipped preset named by ``config``'s ``name`` when there is one, else
-    the defaults; a key ``config`` lacks (recorded by an older version of the package) is left
-    out, a key the base lacks (a ``params`` entry) shows ``None`` on that side. A given
-    ``base`` (the configuration a run was trained with, when it resumes) counts a key it lacks
-    as its default, and every key of either side is compared. ``whole_params``: compare the
-    ``params`` sections whole."""
+    """The keys where ``config`` (``RunConfig.to_dict()``) differs from ``base``, as
+    ``(base name, [(dotted key, base value, value)])``. Without ``base``: the shipped preset of
+    ``config``'s ``name``, else the defaults; a key ``config`` lacks is left out, one the base
+    lacks shows ``None``. A given ``base`` counts a key it lacks as its default and compares every
+    key of either side. ``whole_params``: compare the ``params`` sections whole."""
     if base is None:
         name = config.get("name")
         if isinstance(name, str) and name in preset_names():
@@ -310,9 +286,8 @@ def config_differences(config: Mapping[str, Any], base: Mapping[str, Any] | None
 
 
 def _typed(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``data`` with every key given (others at their defaults) coerced to its field's type,
-    as :meth:`RunConfig.to_dict` has it; unchanged when it has a key this version does not
-    know (compare what there is)."""
+    """``data`` coerced to its fields' types with defaults (as ``RunConfig.to_dict``), unchanged
+    when it has a key this version does not know."""
     try:
         return _build(data).to_dict()
     except ValueError:

@@ -1,8 +1,5 @@
-"""The run configuration's schema: the typed dataclasses of :class:`RunConfig`, each section
-with the ranges of its keys (``RANGES``, :mod:`e2mc.ranges`, as the builders declare theirs),
-and their checks (:meth:`RunConfig.validate`: the ranges, the ``params`` against the builders'
-signatures and tables, the monitor's metric names). Values are converted to these types by
-:mod:`e2mc.config.presets`; the field parsers are :mod:`e2mc.config.fields`."""
+"""The run configuration's schema: the dataclasses of :class:`RunConfig`, each section with the
+ranges of its keys (``RANGES``, :mod:`e2mc.ranges`), and :meth:`RunConfig.validate`."""
 
 from __future__ import annotations
 
@@ -45,10 +42,7 @@ class MethodConfig:
 @dataclass
 class AddonConfig:
     """The add-on criterion (``e2mc.addons.build_addon(name, **params)``); ``none`` = continued.
-
-    For ``e2mc`` the trainer fills ``space`` from the method's compact space and
-    ``batch_size_for_cov`` from the global batch size unless they are given here.
-    """
+    For ``e2mc`` the trainer fills ``space`` and ``batch_size_for_cov`` unless given here."""
 
     name: str = "none"
     params: dict[str, Any] = field(default_factory=dict)
@@ -57,14 +51,9 @@ class AddonConfig:
 @dataclass
 class OptimConfig:
     """Learning rate and schedule; the optimizer itself is the method's preset.
-
-    ``lr = base_lr * batch_size / 256`` with ``lr_scaling: linear`` (the authors' rule for VICReg
-    and SimSiam), ``lr = base_lr`` with ``none``. ``constant`` is how the continued runs were
-    trained; ``cosine`` (with linear warm-up) is for ``pretrain``. Parameter groups flagged
-    ``fix_lr`` by the method (SimSiam's predictor) keep their learning rate. ``weight_decay_end``
-    (DINO's official 0.04 -> 0.4): the weight decay of the decayed groups follows a cosine from
-    ``weight_decay`` at the run's first step to it at its end; None: constant.
-    """
+    ``lr = base_lr * batch_size / 256`` with ``lr_scaling: linear``, ``base_lr`` with ``none``;
+    ``cosine`` has a linear warm-up; ``fix_lr`` groups (SimSiam's predictor) keep their rate.
+    ``weight_decay_end``: a cosine from ``weight_decay`` to it over the run (None: constant)."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
         "base_lr": above(0), "lr_scaling": OneOf(LR_SCALINGS), "weight_decay": at_least(0),
@@ -84,19 +73,10 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     """Training images and their views (``e2mc.data.build_dataset`` / ``build_views``).
-
-    ``recipe`` defaults to the method's own view recipe. ``limit`` keeps the first N images.
-    ``val_split`` holds out a validation part of the training images that training never sees
-    (``e2mc.data.holdout_split``): a fraction in (0, 1) or a count >= 1; stratified by class
-    where the data set has labels, drawn with ``val_seed``, recorded in the run directory.
-    ``pipeline``: ``pil`` (``build_views`` on PIL images), ``fast`` (image folders through
-    ``e2mc.data.fast_views.FastViews``: the same draws, tensor decoding and augmentations) or
-    ``device`` (the same, with the photometric steps batched on the training device);
-    ``auto``, the default, ``device`` for image files on CUDA, ``fast`` for image files on a
-    CPU, ``pil`` for arrays. ``num_workers`` None: the cores the process may use, less one
-    (:mod:`e2mc.training.hardware` says every ``auto`` choice). ``image_size`` / ``channels``
-    None: the data's own (:mod:`e2mc.training.fit`, fixed in the run's configuration).
-    """
+    ``recipe``: default the method's. ``limit`` keeps the first N images. ``val_split`` (a fraction
+    in (0, 1) or a count >= 1, stratified, drawn with ``val_seed``) is never trained on.
+    ``pipeline``: ``pil``, ``fast`` or ``device`` (docs/training.md); ``auto`` and the ``None``
+    defaults are chosen by :mod:`e2mc.training.hardware` and :mod:`e2mc.training.fit`."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
         "image_size": at_least(1), "channels": at_least(1), "num_workers": at_least(0),
@@ -117,16 +97,10 @@ class DataConfig:
 
 @dataclass
 class InitConfig:
-    """Where a ``continue`` run starts: an official or a project checkpoint.
-
-    ``base_epoch``: how many epochs the base model was trained (the method's epoch-dependent
-    behaviour, e.g. SwAV's queue, counts from there); ``None`` reads it from the checkpoint.
-    ``load_optimizer``: resume the checkpoint's optimizer state when it has one (VICReg's
-    momentum buffers, as the authors continued), keeping this run's learning rate.
-    ``checkpoint`` may be a URL (http, https, file; ``#sha256=<hex>`` checked), downloaded once
-    into torch.hub's cache. ``new_heads``: a backbone-only checkpoint may start the method's
-    heads from random weights (otherwise it is an error).
-    """
+    """Where a ``continue`` run starts. ``base_epoch``: the base model's epochs (None: read from
+    the checkpoint); ``load_optimizer``: resume the checkpoint's optimizer state, keeping this
+    run's learning rate; ``checkpoint`` may be a URL (``#sha256=<hex>`` checked); ``new_heads``:
+    a backbone-only checkpoint starts the heads from random weights (otherwise an error)."""
 
     RANGES: ClassVar[dict[str, Bound]] = {"base_epoch": at_least(0)}
 
@@ -139,10 +113,8 @@ class InitConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where a run's metrics go besides ``metrics.jsonl``: TensorBoard (``tensorboard``: null =
-    when installed, silently; true = asked for, a note when it is not installed; false = off)
-    and Weights & Biases (``wandb: true``, the ``[wandb]`` extra). ``wandb_mode``: ``online``,
-    ``offline`` or ``disabled`` (default: wandb's own, e.g. ``$WANDB_MODE``)."""
+    """Metrics besides ``metrics.jsonl``: TensorBoard (null: when installed; true: a note when
+    it is not; false: off) and Weights & Biases (``wandb``, ``wandb_mode`` default: wandb's own)."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
         "wandb_mode": OneOf(("online", "offline", "disabled"))}
@@ -157,18 +129,11 @@ class LoggingConfig:
 
 @dataclass
 class TrainingConfig:
-    """The loop. ``batch_size`` is global (split over the processes); ``epochs`` counts the
-    epochs of this run (continued epochs for ``continue``); ``max_steps`` stops the run (with a
-    checkpoint) once that many steps are done; ``cpu_threads`` sets ``torch.set_num_threads``
-    (1 is much faster on a busy shared CPU). ``compile`` compiles the backbone
-    (``torch.compile``, in place). ``preempt_signals`` (a list; ``[]`` or ``""`` for none) stop the
-    run after the current step with a checkpoint and exit code 75; ``requeue`` then runs
-    ``scontrol requeue $SLURM_JOB_ID`` under SLURM after a time-limit signal (``SIGUSR1``,
-    submitit's ``SIGUSR2``; ``e2mc.training.preemption.SIGNAL_TABLE``). ``precision``
-    ``auto`` (the default): bf16 on CUDA where the GPU has it, else fp16 with its scaler, fp32 on
-    a CPU; ``channels_last`` None: on with CUDA (:mod:`e2mc.training.hardware`).
-    ``fit_batch``: ``batch_size`` is the largest batch, made smaller where an epoch would leave
-    more than a few percent of the images out (:mod:`e2mc.training.fit`)."""
+    """The loop. ``batch_size`` is global; ``epochs`` counts this run's epochs; ``max_steps`` stops
+    it with a checkpoint; ``preempt_signals`` (``[]``: none) stop after the step with a checkpoint
+    and exit 75, and ``requeue`` then runs ``scontrol requeue`` after a time-limit signal
+    (``e2mc.training.preemption.SIGNAL_TABLE``). ``precision`` / ``channels_last`` ``auto`` /
+    None: :mod:`e2mc.training.hardware`; ``fit_batch``: :mod:`e2mc.training.fit`."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
         "epochs": at_least(1), "batch_size": at_least(1), "seed": at_least(0),
@@ -198,18 +163,11 @@ class TrainingConfig:
 
 @dataclass
 class MonitorConfig:
-    """The validation monitor (``e2mc.training.monitor``; needs ``data.val_split``).
-
-    On whenever ``data.val_split`` is set (``enabled: false`` turns it off). At step 0 (the
-    starting model), every ``every`` optimizer steps (None: at the end of every epoch) and at
-    the last step: kNN top-1 (``knn_k``) and linear probes on the validation split's backbone
-    features, and the label-free effective rank and mean marginal entropy of its projector
-    embeddings.
-    ``fractions``: label budgets of the probes as fractions of the *training* set;
-    ``label_seeds``: their label-subset seeds. ``keep_best``: a metric name
-    (``val/knn``, ``val/linear_1%``, ...) whose best value so far is kept as ``best.pt``;
-    ``patience``: stop after that many evaluations without a gain of more than ``min_delta``.
-    """
+    """The validation monitor (``e2mc.training.monitor``), on whenever ``data.val_split`` is set:
+    at step 0, every ``every`` steps (None: each epoch) and at the end, kNN and linear probes
+    (``fractions`` of the *training* set, ``label_seeds``), effective rank and entropy.
+    ``keep_best``: a metric whose best step is kept as ``best.pt``; ``patience``: stop after that
+    many evaluations without a gain of more than ``min_delta``."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
         "every": at_least(1), "knn_k": at_least(1), "probe_epochs": at_least(1),
@@ -246,8 +204,7 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self) -> None:
-        """Check the values whose range the types cannot express: each section's ``RANGES``
-        (every float in one is finite), the device, the signals, the monitor, the ``params``."""
+        """What the types cannot check: the ``RANGES``, device, signals, monitor and ``params``."""
         check_values(self.RANGES, vars(self))
         for section in dataclasses.fields(self):
             value = getattr(self, section.name)
@@ -264,11 +221,8 @@ class RunConfig:
         self._validate_params()
 
     def _validate_params(self) -> None:
-        """The free-form ``params`` against the signatures of the builders they are handed to
-        (the method's constructor and ``build_optimizer``, the add-on's constructor) and the
-        ranges those builders declare (``param_ranges``, ``optimizer_ranges``), so that an
-        unknown name, a value of the wrong type or out of its range is refused here, before
-        anything is built or trained."""
+        """The free-form ``params`` against the signatures and declared ranges of the builders
+        they are handed to, so that a bad one is refused before anything is built or trained."""
         from e2mc.addons import ADDONS
         from e2mc.methods.registry import METHODS
 

@@ -12,8 +12,7 @@ from typing import Any
 from e2mc.errors import InputError
 
 EXECUTORS = ("inline", "local", "slurm")
-#: Seconds between submitit's signal and the time limit: the step in flight and the checkpoint
-#: must fit (docs/training.md, pre-emption); ``--signal-delay`` changes it.
+#: Seconds between submitit's signal and the time limit (``--signal-delay``).
 SIGNAL_DELAY_S = 300
 #: ``--time`` of a SLURM job when none is given (minutes).
 DEFAULT_SLURM_TIME_MIN = 240
@@ -51,16 +50,12 @@ class ExecutorOptions:
     slurm: dict[str, Any] = field(default_factory=dict)
     max_parallel: int | None = None
     jobs_dir: str | None = None
-    #: seconds between two looks at the jobs (default: 0.5 locally, 30 on SLURM)
     poll_s: float | None = None
-    #: seconds between submitit's signal (USR2) and the time limit (``--signal-delay``)
     signal_delay_s: int = SIGNAL_DELAY_S
-    #: minutes SLURM may not answer (its controller down) before the command gives up
     slurm_outage_min: float = DEFAULT_SLURM_OUTAGE_MIN
 
     def check(self) -> None:
-        """Refuse values out of range and options that the executor would ignore; import
-        submitit for ``local`` and ``slurm``."""
+        """Refuse values out of range and options the executor would ignore; need submitit."""
         if self.kind not in EXECUTORS:
             raise InputError(f"--executor must be one of {', '.join(EXECUTORS)}, got "
                              f"{self.kind!r}")
@@ -100,9 +95,8 @@ class ExecutorOptions:
             import_submitit()
 
     def parallel(self, jobs: int) -> int:
-        """Jobs in flight at once: ``--max-parallel``, else on SLURM all of ``jobs`` (its
-        scheduler decides), on this machine one, or with ``--gpus-per-node G`` as many as its
-        GPUs hold (GPUs // G): each local job trains with all the cores or its own GPUs."""
+        """Jobs in flight at once: ``--max-parallel``, else on SLURM all, here one, or with
+        ``--gpus-per-node G`` as many as the GPUs hold."""
         if self.max_parallel is not None or self.kind == "slurm":
             return self.max_parallel or max(jobs, 1)
         if not self.gpus_per_node:
@@ -119,8 +113,7 @@ class ExecutorOptions:
 
 
 def parse_slurm_settings(items: Sequence[str]) -> dict[str, Any]:
-    """``["mail-type=END", "exclusive"]`` -> ``{"mail-type": "END", "exclusive": True}`` (a key
-    alone is a flag)."""
+    """``["mail-type=END", "exclusive"]`` -> ``{"mail-type": "END", "exclusive": True}``."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -132,16 +125,14 @@ def parse_slurm_settings(items: Sequence[str]) -> dict[str, Any]:
 
 
 def train_tasks_per_node(options: ExecutorOptions) -> int:
-    """Processes per node of a training job: one per GPU, else ``--tasks-per-node`` (default
-    1)."""
+    """Processes per node of a training job: one per GPU, else ``--tasks-per-node`` (1)."""
     return options.gpus_per_node or options.tasks_per_node or 1
 
 
 def slurm_parameters(options: ExecutorOptions, name: str, kind: str = "train"
                      ) -> dict[str, Any]:
-    """The parameters of ``submitit.SlurmExecutor.update_parameters`` for the jobs of ``kind``
-    (``train``: ``--nodes`` nodes with one task per GPU, or ``--tasks-per-node`` tasks on the
-    CPU, for DDP; ``eval``: one task, at most one GPU)."""
+    """``submitit.SlurmExecutor.update_parameters`` for jobs of ``kind`` (``train``: DDP over
+    ``--nodes``; ``eval``: one task, at most one GPU)."""
     gpus = options.gpus_per_node
     train = kind == "train"
     params: dict[str, Any] = {

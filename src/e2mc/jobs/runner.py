@@ -1,7 +1,7 @@
 """Running jobs: :class:`JobRunner` submits the works of a search or an evaluation set that are
 not done, records every job in ``jobs.json``, waits for them (SLURM's states from
 :mod:`e2mc.jobs.slurm_state`, a local job through its controller process or its directory's lock)
-and checks how each ended (see :mod:`e2mc.jobs`)."""
+and checks how each ended (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,13 @@ from e2mc.jobs.slurm_state import ENDED_STATES, NO_ANSWER, QUEUED_STATES, SlurmS
 from e2mc.jobs.work import Work
 from e2mc.processes import process_alive, process_identity, same_process
 
-LOG_TAIL_LINES = 25
-#: Seconds between two lines saying that SLURM does not answer, and between two lines saying
-#: what runs when no count changed.
+#: Seconds between two lines saying that SLURM does not answer / what runs.
 OUTAGE_SAY_S = 180
 HEARTBEAT_S = 60
 
 
 class JobStopped(Exception):
-    """A job ended without finishing its work (pre-empted without a requeue, killed), or the
-    search was asked to stop while waiting: running the search again resumes it."""
+    """A job ended unfinished, or the search was asked to stop: running it again resumes."""
 
 
 @dataclass
@@ -39,15 +36,14 @@ class _Tracked:
     job_id: str
     job: Any  # a submitit Job (for a local job of an earlier search: paths only)
     log: Path
-    foreign: dict[str, Any] | None = None  # a local job started by an earlier search: its
-    #                                        controller's identity (processes.process_identity)
+    foreign: dict[str, Any] | None = None  # an earlier search's local job: its controller
     slot: int | None = None  # local: which GPU slot it holds
     cancelled: bool = False  # requeued by SLURM after its work was done, and cancelled
     started: float = 0.0  # when this search first saw it running (time.monotonic())
 
 
 class JobRunner:
-    """Submits, records, waits for and checks the jobs of a search (see the module text)."""
+    """Submits, records, waits for and checks the jobs of a search or an evaluation set."""
 
     def __init__(self, options: ExecutorOptions, files: Any,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
@@ -71,7 +67,6 @@ class JobRunner:
                 log("note: --executor local without --gpus-per-node: the jobs see no GPU "
                     "(submitit hides them) and train on the CPU")
 
-    # ------------------------------------------------------------ the record
     def read_record(self) -> dict[str, dict[str, Any]]:
         """``jobs.json``: ``{key: {executor, job_id, folder, tasks, log, state, ...}}``."""
         path = self.files.jobs_json
@@ -106,7 +101,6 @@ class JobRunner:
         if changed:
             self._write_record(record)
 
-    # ------------------------------------------------------------ attaching
     def _attach(self, work: Work, entry: dict[str, Any]) -> _Tracked | None:
         """The recorded job of ``work`` if it is still queued or running, else ``None``."""
         import submitit
@@ -126,11 +120,9 @@ class JobRunner:
         t = _Tracked(work, job_id, job, job.paths.stderr, foreign=_controller(entry, job_id))
         return None if self._state(t) == "ended" else t
 
-    # ------------------------------------------------------------ states
     def _look_up(self, job_ids: Sequence[str]) -> None:
-        """Ask SLURM once for the states of ``job_ids`` (:class:`SlurmStates`). While it does
-        not answer, say so every :data:`OUTAGE_SAY_S` seconds; after ``--slurm-outage``
-        minutes, :class:`RunFailure` (the jobs stay recorded: the same command waits for them)."""
+        """Ask SLURM once for the states of ``job_ids``. While it does not answer, say so every
+        :data:`OUTAGE_SAY_S` s; after ``--slurm-outage`` minutes, :class:`RunFailure`."""
         if self.options.kind != "slurm":
             return
         self._slurm_state = self.slurm.states(job_ids)
@@ -152,10 +144,9 @@ class JobRunner:
                      f"are unknown; waiting for it (up to {limit:g} min, --slurm-outage)")
 
     def _state(self, t: _Tracked) -> str:
-        """``queued``, ``running``, ``unknown`` or ``ended``. A SLURM job as of the last
-        :meth:`_look_up`: ended only when SLURM says so (an end state, or a job it answers it
-        does not know); ``unknown`` while it does not answer. A job SLURM requeued after its
-        work was done is cancelled, then waited for until SLURM reports it ended."""
+        """``queued``, ``running``, ``unknown`` (SLURM does not answer) or ``ended`` (only when
+        SLURM says so). A job SLURM requeued after its work was done is cancelled, then waited
+        for."""
         if self.options.kind == "slurm":
             state = self._slurm_state.get(t.job_id)
             if state == NO_ANSWER:
@@ -191,16 +182,14 @@ class JobRunner:
             return "missing", None
         return pickle_load(path)
 
-    # ------------------------------------------------------------ the loop
     def run(self, works: Sequence[Work], kind: str = "train",
             should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Bring every one of ``works`` to done: skip the done ones, wait for recorded jobs
-        still in flight, submit the rest (at most ``max_parallel`` at a time), and return when
-        all are done. A failed job is :class:`RunFailure` (its log tail printed first); a job
-        that ended without finishing, or a stop request, is :class:`JobStopped`."""
+        """Bring every one of ``works`` to done: wait for recorded jobs in flight, submit the rest
+        (``max_parallel`` at a time). A failed job is :class:`RunFailure` (its log tail printed
+        first); one that ended unfinished, or a stop request, :class:`JobStopped`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.read_record()
-        done: list[Work] = []
+        done = 0
         tracked: list[_Tracked] = []
         pending: list[Work] = []
         for work in works:  # a done work's job is waited for too while in flight (requeued)
@@ -213,20 +202,18 @@ class JobRunner:
                 self.log(f"  waiting for job {attached.job_id} (still {self._state(attached)}): "
                          f"{work.key} (log {attached.log})")
             elif finished:
-                done.append(work)
+                done += 1
                 if in_flight:  # its job ended while no search watched
                     self._note(record, work.key, state="done")
             else:
                 pending.append(work)
-        total = len(works)
-        progress = _Progress(total, len(done), self.log, shown=self.progress)
+        progress = _Progress(len(works), done, self.log, shown=self.progress)
         executor = make_executor(self.options, self.folder, self.name, kind) if pending else None
         limit = self.options.parallel(len(pending) + len(tracked))
         free_slots = list(range(limit))
-        for t in tracked:
-            if free_slots:
-                t.slot = free_slots.pop(0)
-        finished = len(done)
+        for t in tracked[:limit]:
+            t.slot = free_slots.pop(0)
+        finished = done
         try:
             if pending and self.options.kind == "slurm":  # one array, max_parallel at a time
                 tracked += self._submit(executor, pending, record, kind)
@@ -352,13 +339,10 @@ def _task0(job: Any) -> Any:
     return job.task(0) if getattr(job, "num_tasks", 1) > 1 else job
 
 
-def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
+def _tail(log: Path, job: Any, lines: int = 25) -> str:
     """The last ``lines`` lines of the job's error log (else of its output log)."""
     for path in (log, _task0(job).paths.stdout):
-        try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
+        text = _read(path)
         if text.strip():
             return "\n".join(text.rstrip().splitlines()[-lines:])
     return ""
@@ -366,17 +350,20 @@ def _tail(log: Path, job: Any, lines: int = LOG_TAIL_LINES) -> str:
 
 def _warnings(log: Path) -> list[str]:
     """The distinct ``warning:`` lines of a job's log, in order."""
-    try:
-        text = Path(log).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    return list(dict.fromkeys(ln.strip() for ln in text.splitlines()
+    return list(dict.fromkeys(ln.strip() for ln in _read(log).splitlines()
                               if ln.startswith("warning:")))
 
 
+def _read(path: str | Path) -> str:
+    """A log's text ("" when it cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def _controller(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
-    """The identity of a recorded local job's controller (jobs.json before identities were
-    recorded: the pid on this host)."""
+    """A recorded local job's controller (an older jobs.json: the pid on this host)."""
     identity = entry.get("controller")
     if isinstance(identity, dict) and "pid" in identity:
         return identity
@@ -396,8 +383,7 @@ def _local_controller_alive(identity: dict[str, Any]) -> bool:
 
 
 class _Progress:
-    """The jobs' progress: a bar on a terminal (:func:`e2mc.progress.progress_bar`), else a
-    line whenever a count changes; nothing when not ``shown`` (``--quiet``)."""
+    """The jobs' progress: a bar on a terminal, else a line when a count changes (if ``shown``)."""
 
     def __init__(self, total: int, done: int, log: Callable[[str], None],
                  shown: bool = True) -> None:
@@ -410,8 +396,7 @@ class _Progress:
             self.bar = progress_bar(total=total, initial=done, desc="jobs", unit="job")
 
     def show(self, queued: int, running: list[_Tracked], done: int, failed: int = 0) -> None:
-        """The counts, when one changed (on a terminal: at every look), and every
-        :data:`HEARTBEAT_S` seconds what runs, for how long."""
+        """The counts when one changed, and every :data:`HEARTBEAT_S` s what runs, how long."""
         counts = (queued, len(running), done, failed)
         now = time.monotonic()
         if not self.shown or (self.bar is None and counts == self.last

@@ -1,16 +1,9 @@
-"""The state of SLURM jobs: from ``sacct`` where accounting exists, and ``squeue`` and
-``scontrol show job`` for what it does not know (many small clusters run without an accounting
-database, and submitit's watcher, which asks ``sacct`` only, then never learns that a job ended).
-
-:meth:`SlurmStates.states` maps each job id (``123`` or ``123_4`` for an array task) to its SLURM
-state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...); to ``None`` when SLURM
-answered and no source knows the job any more (``squeue`` forgets it when it ends, ``scontrol``
-after ``MinJobAge``, 300 s by default): :class:`~e2mc.jobs.runner.JobRunner` takes such a job,
-when it left no result, for one that failed; and to :data:`NO_ANSWER` when SLURM did not answer
-(the controller down or restarting: ``Unable to contact slurm controller``, a command that timed
-out), which is no end: the runner waits (``--slurm-outage``). That ``sacct`` is unavailable is
-said once, not at every look.
-"""
+"""The state of SLURM jobs: from ``sacct`` where accounting exists, else ``squeue`` and
+``scontrol show job`` (submitit's watcher asks ``sacct`` only, so without accounting it never
+learns that a job ended). :meth:`SlurmStates.states` maps each job id (``123``, ``123_4``) to
+its state; to ``None`` when SLURM answered and no source knows the job any more (the runner
+takes it, without a result, for failed); to :data:`NO_ANSWER` when SLURM did not answer, which
+is no end: the runner waits (``--slurm-outage``)."""
 
 from __future__ import annotations
 
@@ -48,10 +41,6 @@ def _expand(job_id: str) -> list[str]:
         low, _, high = part.partition("-")
         out += [f"{match.group(1)}_{i}" for i in range(int(low), int(high or low) + 1)]
     return out
-
-
-def _base(job_id: str) -> str:
-    return job_id.split("_", 1)[0]
 
 
 def parse_table(text: str) -> dict[str, str]:
@@ -150,7 +139,7 @@ class SlurmStates:
 
 
 def _bases(job_ids: list[str]) -> list[str]:
-    return sorted({_base(j) for j in job_ids}, key=int)
+    return sorted({j.split("_", 1)[0] for j in job_ids}, key=int)  # an array task's job
 
 
 def _why(done: subprocess.CompletedProcess[str] | None, name: str) -> str:

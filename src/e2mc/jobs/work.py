@@ -1,6 +1,6 @@
 """The jobs: :class:`TrainJob` (one training run) and :class:`CallJob` (one evaluation), picklable
 callables that submitit runs in a process of their own or as a SLURM job, and :class:`Work`, one
-unit of a search or an evaluation set (see :mod:`e2mc.jobs`)."""
+unit of a search or an evaluation set."""
 
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ def _in_submitit(executor: str | None = None) -> bool:
 
 
 def _join_process_group() -> None:
-    """Under submitit with several tasks: export the process group's environment of this task
-    (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; one GPU per task),
-    so that the trainer joins it as it does under ``torchrun``."""
+    """With several submitit tasks: export the process group's environment (as torchrun)."""
     if not _in_submitit():
         return
     import submitit
@@ -41,14 +39,11 @@ def _join_process_group() -> None:
 
 @contextmanager
 def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
-    """Within a submitit job: submitit's signal (``USR2``, sent ``--signal-delay`` seconds
-    before the time limit) is noted as "time limit ahead" (so that the trainer's stop requeues
-    the job, :func:`~e2mc.training.preemption.wants_requeue`) and raised again as the trainer's
-    first pre-emption signal; a signal during start-up is recorded for the trainer to act on (as
-    ``e2mc continue`` does). submitit's own handler, which would requeue the job at once and
-    race the trainer's checkpoint, is not put back afterwards: a later ``USR2`` is ignored (the
-    trainer has stopped, and requeued when it had to). Without pre-emption signals, submitit's
-    own handling stays."""
+    """Within a submitit job: submitit's ``USR2`` (the time limit ahead) is noted as such and
+    raised again as the trainer's first pre-emption signal, so that its stop checkpoints, then
+    requeues; a signal during start-up is recorded for the trainer. submitit's own handler would
+    requeue at once and race the checkpoint, so it is not put back. Without pre-emption signals,
+    submitit's own handling stays."""
     from e2mc.config import resolve_signals
     from e2mc.training.preemption import REQUEUE_SIGNALS, PreemptionHandler, note_time_limit
 
@@ -60,8 +55,7 @@ def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
 
     ours = submitit.JobEnvironment._usr_sig()
 
-    # raised on as a time-limit signal of the run's where it has one (the stop reason then
-    # names it: "pre-empted by SIGUSR1"), else as its first
+    # raised on as the run's own time-limit signal where it has one (named in the stop reason)
     raised = next((s for s in signals if s in REQUEUE_SIGNALS), signals[0])
 
     def time_limit(signum: int, frame: Any) -> None:
@@ -80,9 +74,8 @@ def _signals_to_trainer(preempt_signals: Sequence[str]) -> Iterator[None]:
 
 
 class _Checkpointable:
-    """submitit's checkpoint protocol (``submitit.helpers.Checkpointable``, without importing
-    submitit here): on its signal submitit calls :meth:`checkpoint` and requeues the job with
-    what it returns, the same job, which starts again from what is on disk."""
+    """submitit's checkpoint protocol (without importing submitit here): on its signal the
+    same job is requeued and starts again from what is on disk."""
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         from submitit.helpers import DelayedSubmission
@@ -91,8 +84,7 @@ class _Checkpointable:
 
 
 class TrainJob(_Checkpointable):
-    """One training run as a job: :func:`~e2mc.training.run.run_training` of ``cfg`` in
-    ``run_dir`` (``done_marker``)."""
+    """One training run as a job: ``run_training(cfg, run_dir, done_marker=True)``."""
 
     def __init__(self, cfg: Any, run_dir: str | Path) -> None:
         self.cfg, self.run_dir = cfg, str(run_dir)
@@ -121,9 +113,7 @@ class TrainJob(_Checkpointable):
                     requeue_slurm_job()
                 raise SystemExit(PREEMPTED_EXIT_CODE) from None
         if under_slurm and not result.finished and is_preemption(result.stop_reason):
-            # no result: the job is requeued (a time-limit signal: by the trainer, which wrote
-            # its checkpoint first; a pre-emption: by SLURM) and the search waits for it, or it
-            # was cancelled and the search reports it; a new job resumes from the checkpoint
+            # no result: requeued (by the trainer after its checkpoint, or by SLURM) or cancelled
             print(f"{self.run_dir}: {result.stop_reason}; checkpoint at step {result.step}",
                   file=sys.stderr)
             raise SystemExit(PREEMPTED_EXIT_CODE)
@@ -131,8 +121,7 @@ class TrainJob(_Checkpointable):
 
 
 class CallJob(_Checkpointable):
-    """A job calling ``fn(**kwargs)`` (an importable function: an evaluation); it finishes when
-    the call returns."""
+    """A job calling ``fn(**kwargs)`` (an importable function: an evaluation)."""
 
     def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
         self.fn, self.kwargs = fn, kwargs
@@ -143,9 +132,8 @@ class CallJob(_Checkpointable):
 
 
 def evaluation_work(key: str, call: dict[str, Any]) -> Work:
-    """``evaluate_checkpoint(**call)`` (:mod:`e2mc.evaluation.workflow`) as a unit of work in
-    ``call["out"]``: done when that directory holds the same evaluation (the same checkpoint
-    bytes, data and options: ``is_evaluated``), which is remembered once true."""
+    """``evaluate_checkpoint(**call)`` as a unit of work in ``call["out"]``, done when that
+    directory holds the same evaluation (``is_evaluated``, remembered once true)."""
     from e2mc.evaluation.workflow import evaluate_checkpoint, is_evaluated
 
     known = [False]

@@ -11,8 +11,7 @@ from e2mc.files import display_name, markdown_text
 
 
 def search_markdown(record: dict[str, Any]) -> str:
-    """search.md: the rule, every trial against its control, the selection; names escaped
-    (:func:`e2mc.files.markdown_text`)."""
+    """search.md: the rule, every trial against its control, the selection (names escaped)."""
     spec = record["spec"]
     lines = [f"# Search: {markdown_text(spec['config'])}", "",
              f"Metric `{spec['metric']}` on a validation split of {spec['val_split']:g} of the "
@@ -40,9 +39,7 @@ def search_markdown(record: dict[str, Any]) -> str:
 
 
 def control_lines(record: dict[str, Any]) -> list[tuple[list[str], list[Any]]]:
-    """The controls' trajectories, each drawn once: ``(names of the trials whose control it is,
-    points)``. Controls that trained the same (a grid over the add-on's own settings gives every
-    trial the same control) are one line, named after all their trials."""
+    """The distinct controls' trajectories, each once: ``(names of its trials, points)``."""
     lines: dict[tuple[tuple[float, float], ...], list[str]] = {}
     for t in record["trials"]:
         points = t.get("control_trajectory") or []
@@ -52,9 +49,7 @@ def control_lines(record: dict[str, Any]) -> list[tuple[list[str], list[Any]]]:
 
 
 def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
-    """The validation metric against steps: one colour per trial (solid, filled circles);
-    the controls dashed, grey shades, hollow squares, each distinct control once with the
-    names of its trials (:func:`control_lines`); whole steps on the x axis."""
+    """The metric against steps: trials solid in colour, each distinct control dashed grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,9 +88,8 @@ def plot_trajectories(record: dict[str, Any], path: Path) -> Path:
 
 
 def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, Any]:
-    """Paired tests of each training seed's trial against its control on the test split
-    (:func:`e2mc.evaluation.paired.summarize_paired_tests` per column, plus the permutation p
-    pooled over every (training seed, label seed) pair)."""
+    """Paired tests of each training seed's trial against its control on the test split per
+    column, plus the permutation p pooled over every pair."""
     from e2mc.evaluation.compare import compare_evaluations
     from e2mc.evaluation.paired import pooled_p, summarize_paired_tests
 
@@ -115,8 +109,7 @@ def confirmation(pairs: list[tuple[int, Path, Path]], trial: str) -> dict[str, A
 
 
 def confirm_markdown(result: dict[str, Any]) -> str:
-    """confirm.md: the paired tests of the selected trial against its control per column;
-    names escaped (:func:`e2mc.files.markdown_text`)."""
+    """confirm.md: the confirmation's paired tests per column (names escaped)."""
     lines = [f"# Confirmation of {markdown_text(result['trial'])} on the test split", "",
              f"Training seeds {', '.join(map(str, result['seeds']))}; each trained as the trial "
              "and as its control (no add-on), both evaluated on the test split.", "",

@@ -1,22 +1,7 @@
-"""``e2mc search``: does E2MC help *this* model, at which setting, and does it hold up?
-
-For one starting checkpoint, data set and preset, every trial (a point of a grid or a list of
-config overrides) is trained twice from the same base with the same seed: once as configured
-(the add-on, e.g. E2MC) and once as its paired control (the same overrides without the
-add-on: "continued"). Both hold out the same validation split and run the validation monitor
-(:mod:`e2mc.training.monitor`); the test split is never read.
-
-The selection rule is declared before the first run and stored with the search: the trial with
-the largest paired validation difference (add-on minus control) in ``metric`` at the last step,
-if that difference is positive; otherwise nothing is selected. A search directory resumes:
-finished trials are read back, not re-run; a search directory made from another base, data set,
-preset or rule is refused.
-
-``--confirm SEEDS`` then trains the selected setting and its control once per training seed,
-evaluates both on the *test* split (linear probes at 1%/10%/100% labels with three label seeds,
-and kNN) and reports the paired tests (McNemar, permutation, pooled over seeds) with
-:func:`e2mc.evaluation.compare_evaluations`.
-"""
+"""``e2mc search``: every trial trained with its add-on and as its paired control (add-on
+``none``, same overrides and seed) on a validation split; the rule declared before the first run
+selects the largest positive paired difference; ``--confirm`` re-trains the selected setting with
+fresh seeds and tests it on the test split (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -35,25 +20,18 @@ from e2mc.search.spec import CONTROL_ADDON, SearchSpec, Trial, run_dir_name, sel
 
 
 class SearchPreempted(Exception):
-    """A run of the search was pre-empted (or the search got a pre-emption signal): its
-    checkpoint is written and running the same search again resumes it (exit 75)."""
+    """A run or the search was pre-empted (checkpoint written): running it again resumes."""
 
 
 class Search:
-    """A search directory: ``trials/<trial>/run`` and ``trials/<control>/control`` training
-    runs, ``search.json`` (spec, rule, results, selection), ``search.md`` and
-    ``search.png``; ``confirm/`` after :meth:`confirm`.
-
-    ``executor`` (:mod:`e2mc.jobs`): ``inline`` (the default) trains every run in this process,
-    one after another; ``local`` and ``slurm`` run each training run and each evaluation as a
-    job, wait for them, then read the results back exactly as the inline search does."""
+    """A search in its directory; ``executor`` (:mod:`e2mc.jobs`) ``local`` or ``slurm`` runs
+    each run and evaluation as a job, then reads the results back as the inline search does."""
 
     def __init__(self, spec: SearchSpec, out: str | Path,
                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
                  executor: ExecutorOptions | None = None, progress: bool = True) -> None:
         self.spec, self.out, self.log = spec, Path(out), log
-        #: the runs' progress bars and the jobs' counts (``--quiet``: off); not part of the
-        #: spec, so a search resumes with or without it
+        #: progress bars and job counts (``--quiet``: off); not in the spec (resumes either way)
         self.progress = progress
         self.files = SearchDir(out)
         self.jobs = (JobRunner(executor, self.files, log, progress=progress)
@@ -69,7 +47,6 @@ class Search:
         #: the runs' ``warning:`` lines: {text: [run directories]} (search.md lists them)
         self.warnings: dict[str, list[str]] = {}
 
-    # ---------------------------------------------------------------- configuration
     def _base(self, seed: int | None = None) -> list[str]:
         """The overrides every run of the search shares."""
         s = self.spec
@@ -153,10 +130,8 @@ class Search:
                              f"{', '.join(differ)} (e.g. base checkpoint or data); use another "
                              "--out or the same settings")
 
-    # ---------------------------------------------------------------- running
     def run_dirs(self, trial: Trial) -> tuple[RunDir, RunDir]:
-        """The trial's run and its control's (shared by trials that differ only in add-on
-        settings)."""
+        """The trial's run and its control's (shared by trials differing only in add-on params)."""
         control = trial.control_overrides
         return (self.files.trial_run(run_dir_name(trial.name, trial.overrides)),
                 self.files.control_run(run_dir_name(" ".join(control) or "default", control)))
@@ -167,9 +142,7 @@ class Search:
                                   "again to resume")
 
     def _train(self, cfg: Any, run: RunDir, control: bool = False) -> list[dict[str, Any]]:
-        """Train ``run`` to its configured end unless it is marked done (with jobs: done by its
-        job); a pre-empted run is :class:`SearchPreempted` (never marked done, resumed by the
-        next invocation)."""
+        """Train ``run`` to its end unless done; pre-empted: :class:`SearchPreempted`, not done."""
         from e2mc.training.preemption import PreemptedAtStart
         from e2mc.training.run import run_training
 
@@ -193,7 +166,6 @@ class Search:
         self._check_stop()
         return [r for r in run.read_metrics() if self.spec.metric in r]
 
-    # ---------------------------------------------------------------- jobs
     def _work_key(self, directory: Path) -> str:
         return directory.relative_to(self.files.root).as_posix()
 
@@ -202,8 +174,7 @@ class Search:
                     run.is_done)
 
     def _run_jobs(self, works: list[Work], kind: str) -> None:
-        """Bring ``works`` to done through the executor's jobs (:class:`~e2mc.jobs.JobRunner`);
-        a job that stopped unfinished is :class:`SearchPreempted`."""
+        """Bring ``works`` to done as jobs; one stopped unfinished is :class:`SearchPreempted`."""
         assert self.jobs is not None
         unique = list({w.key: w for w in works}.values())  # a shared control once
         try:
@@ -222,9 +193,8 @@ class Search:
             runs.append(self._work_key(run))
 
     def run(self) -> dict[str, Any]:
-        """Train every trial and its control (skipping finished ones), apply the rule, write
-        ``search.json``, ``search.md`` and ``search.png``; returns the record. The search
-        directory is locked meanwhile (one writer)."""
+        """Train every trial and its control, apply the rule, write the search's files (under
+        the directory's lock); returns the record."""
         with writer_lock(self.out):
             self.files.refuse_links(*(rd.root for t in self.spec.trials
                                       for rd in self.run_dirs(t)))
@@ -283,7 +253,6 @@ class Search:
         self.log(f"the search's table and rule: {self.files.markdown}; the trajectories: "
                  f"{self.files.plot}")
 
-    # ---------------------------------------------------------------- confirmation
     def confirm(self, seeds: Sequence[int], record: dict[str, Any],
                 eval_fractions: Sequence[float] = (0.01, 0.1, 1.0),
                 label_seeds: Sequence[int] = (0, 1, 2), probe_epochs: int = 30,
@@ -297,56 +266,43 @@ class Search:
     def _confirm(self, seeds: Sequence[int], record: dict[str, Any],
                  eval_fractions: Sequence[float], label_seeds: Sequence[int],
                  probe_epochs: int, device: str) -> dict[str, Any] | None:
+        from e2mc.evaluation.workflow import evaluate_checkpoint
+
         chosen = record.get("selected")
         if chosen is None:
             self.log("nothing selected: nothing to confirm")
             return None
         trial = next(t for t in self.spec.trials if t.name == chosen)
-        if self.jobs is not None:  # the runs as jobs, then their evaluations as jobs
-            kinds = (("run", False), ("control", True))
-            self._run_jobs([self._train_work(self._config(trial.control_overrides if control
-                                                          else trial.overrides, control, seed),
-                                              self.files.confirm_run(seed, kind))
-                            for seed in seeds for kind, control in kinds], "train")
-            self._run_jobs([evaluation_work(self._work_key(out.root),
-                                            self._eval_call(run, out, eval_fractions,
-                                                            label_seeds, probe_epochs, device))
-                            for run, out in ((self.files.confirm_run(seed, kind),
-                                              self.files.confirm_eval(seed, kind))
-                                             for seed in seeds for kind, _ in kinds)], "eval")
-        pairs = []
+        units = {}  # (seed, kind) -> (its config, run directory, evaluation's arguments)
         for seed in seeds:
-            self.log(f"confirm {display_name(chosen)}, training seed {seed}")
-            evals = {}
             for kind, control in (("run", False), ("control", True)):
-                overrides = trial.control_overrides if control else trial.overrides
-                run = self.files.confirm_run(seed, kind)
-                self._train(self._config(overrides, control, seed), run, control=control)
-                evals[kind] = self._test_eval(run, self.files.confirm_eval(seed, kind),
-                                              eval_fractions, label_seeds, probe_epochs, device)
-            pairs.append((seed, evals["control"], evals["run"]))
+                run, out = self.files.confirm_run(seed, kind), self.files.confirm_eval(seed, kind)
+                units[seed, kind] = (self._config(trial.control_overrides if control
+                                                  else trial.overrides, control, seed), run,
+                                     self._eval_call(run, out, eval_fractions, label_seeds,
+                                                     probe_epochs, device))
+        if self.jobs is not None:  # the runs as jobs, then their evaluations as jobs
+            self._run_jobs([self._train_work(cfg, run) for cfg, run, _ in units.values()],
+                           "train")
+            self._run_jobs([evaluation_work(self._work_key(Path(call["out"])), call)
+                            for _, _, call in units.values()], "eval")
+        for (seed, kind), (cfg, run, call) in units.items():
+            if kind == "run":
+                self.log(f"confirm {display_name(chosen)}, training seed {seed}")
+            self._train(cfg, run, control=kind == "control")
+            evaluate_checkpoint(**call)  # read back when its directory holds it
+        pairs = [(seed, self.files.confirm_eval(seed, "control").root,
+                  self.files.confirm_eval(seed, "run").root) for seed in seeds]
         result = confirmation(pairs, chosen)
         atomic_write_text(self.files.confirm_json, json.dumps(result, indent=2))
         atomic_write_text(self.files.confirm_markdown, confirm_markdown(result))
         self.log(confirm_markdown(result))
         return result
 
-    def _test_eval(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
-                   label_seeds: Sequence[int], probe_epochs: int, device: str) -> Path:
-        """The test evaluation of ``run`` in ``out``, unless ``out`` holds it (read back)."""
-        from e2mc.evaluation.workflow import evaluate_checkpoint
-
-        evaluate_checkpoint(**self._eval_call(run, out, fractions, label_seeds, probe_epochs,
-                                              device))
-        return out.root
-
     def _eval_call(self, run: RunDir, out: EvalDir, fractions: Sequence[float],
                    label_seeds: Sequence[int], probe_epochs: int, device: str
                    ) -> dict[str, Any]:
-        """The arguments of :func:`~e2mc.evaluation.workflow.evaluate_checkpoint` for the
-        confirmation's test evaluation of ``run`` in ``out`` (linear probes at ``fractions``
-        with ``label_seeds``, kNN k = 20, features cached in the search directory), by the
-        search itself or as a job (:func:`~e2mc.jobs.evaluation_work`)."""
+        """``evaluate_checkpoint``'s arguments for the test evaluation of ``run`` in ``out``."""
         from e2mc.evaluation.runner import EvalOptions
         from e2mc.evaluation.workflow import EvalData
 
@@ -364,8 +320,7 @@ class Search:
 
 @contextmanager
 def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
-    """Within: what is written to ``sys.stderr`` goes on to it, and each ``warning:`` line is
-    also handed to ``note``."""
+    """Within: ``sys.stderr`` passes through, and each ``warning:`` line goes to ``note`` too."""
     stream = sys.stderr
 
     class Tee:
@@ -386,9 +341,8 @@ def _warnings_to(note: Callable[[str], None]) -> Iterator[None]:
 
 
 def _addon_reset(overrides: list[str], addon: str) -> list[str]:
-    """``["addon.params={}"]`` when ``overrides`` name another add-on than the config's
-    (``--grid addon.name=e2mc,vcreg``): that add-on starts from its own defaults, not the
-    config's add-on's params; the trial's own ``addon.params.*`` then apply."""
+    """``["addon.params={}"]`` when ``overrides`` name another add-on than the config's: it
+    starts from its own defaults, then the trial's ``addon.params.*``."""
     names = [o.split("=", 1)[1].strip() for o in overrides
              if o.split("=", 1)[0].strip() == "addon.name"]
     return ["addon.params={}"] if names and names[-1] != addon else []

@@ -15,9 +15,8 @@ from e2mc.config import comma_list
 RULE = ("largest paired validation difference (trial minus its control) in {metric} at the "
         "last step, if positive; otherwise none")
 CONTROL_ADDON = "none"
-#: Differences within this many points of the largest are a tie, won by the earliest trial in
-#: the declared order: accuracies are float32 percentages, whose rounding (about 1e-5 points)
-#: must not pick the winner between trials that scored the same images right.
+#: Differences within this many points of the largest tie (the earliest trial wins): float32
+#: rounding (about 1e-5 points) must not pick between trials that scored the same images.
 TIE_POINTS = 1e-4
 
 
@@ -35,8 +34,7 @@ class Trial:
 
 
 def grid_trials(grid: Sequence[str]) -> list[Trial]:
-    """``["optim.base_lr=0.001,0.01", "training.epochs=1,2"]`` -> the 4 trials of the product
-    (first key slowest)."""
+    """``["a=1,2", "b=3,4"]`` -> the 4 trials of the product (first key slowest)."""
     axes: list[list[str]] = []
     for item in grid:
         if "=" not in item:
