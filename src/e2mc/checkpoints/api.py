@@ -19,29 +19,14 @@ from e2mc.checkpoints.official import (
 )
 from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.sources import PathOrState, load_file
-from e2mc.checkpoints.strict import check_keys, load_strict
+from e2mc.checkpoints.strict import check_keys, load_strict, rebuild
 from e2mc.checkpoints.summary import recorded_image_size as recorded_image_size  # (re-exported)
 from e2mc.methods.base import SSLMethod
-from e2mc.methods.registry import build_method
-from e2mc.models import classifier_keys, weights_from_checkpoint
+from e2mc.models import classifier_keys
 
 PROJECT_FORMAT = "e2mc"
 PROJECT_VERSION = 1
 _RESERVED = ("format", "version", "method", "hparams", "model")
-
-
-def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]:
-    """The loaded object and its source; a URL (``#sha256=`` checked) is fetched into torch.hub's
-    cache first, a training run directory stands for its model (:func:`checkpoint_of`)."""
-    obj, source, _ = load_file(path_or_state, trust)
-    return obj, source
-
-
-def rebuild(name: str, hparams: dict[str, Any]) -> SSLMethod:
-    """``build_method`` for a model whose every weight a checkpoint is about to set (no
-    pretrained backbone weights are fetched)."""
-    with weights_from_checkpoint():
-        return build_method(name, **hparams)
 
 
 def unwrap(method: nn.Module) -> nn.Module:
@@ -65,7 +50,7 @@ def load_official(path_or_state_dict: PathOrState, method: str | None = None,
     to be applied with :func:`restore_optimizer_state`), ``hparams``, ``source`` and, for a
     backbone-only file, ``new_heads`` (the names of the randomly initialised modules).
     """
-    obj, source = _load_obj(path_or_state_dict, trust)
+    obj, source, _ = load_file(path_or_state_dict, trust)
     return official_from_object(obj, source, method, new_heads, method_hparams)
 
 
@@ -158,7 +143,7 @@ def project_from_object(obj: dict[str, Any], source: str | None
 def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, dict[str, Any]]:
     """Load a project checkpoint (method rebuilt from its ``hparams``, strict); an official file
     is passed to :func:`load_official`. ``info`` is everything in the file except ``model``."""
-    obj, source = _load_obj(path, trust)
+    obj, source, _ = load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         return project_from_object(obj, source)
     return official_from_object(obj, source, None, False, {})

@@ -1,21 +1,7 @@
-"""Weights converted from SimCLR's TensorFlow releases, which users hold as PyTorch files.
-
-- SimCLR v1 (google-research/simclr, converted by tonylins/simclr-converter):
-  ``{"state_dict": ...}`` with torchvision's ResNet names and a supervised ``fc``: read as any
-  torchvision ResNet backbone (the ``fc`` dropped); only the 1x width is a torchvision
-  architecture.
-- SimCLR v2 (converted by Separius/SimCLRv2-Pytorch, ``r50_1x_sk0.pth``):
-  ``{"resnet": ..., "head": ...}`` with the converter's own module names. Its ResNets without
-  selective kernels (``sk0``) at width 1x are torchvision's ResNet-50/101/152 (v1.5: the stride
-  in the 3x3 convolution, the projection shortcut a strided 1x1 convolution and a BatchNorm, the
-  same stem): :func:`simclr_v2_backbone` renames them to torchvision's names. Its 3-layer
-  contrastive head (affine BatchNorms) is not e2mc's SimCLR head: the heads start new
-  (``--new-heads``). ``sk1`` models (selective kernels) have no e2mc backbone and are refused.
-
-Both releases were trained on images in [0, 1] *without* a mean/std normalisation, where e2mc
-normalises with ImageNet's mean and std: their features under e2mc's transforms differ from those
-of their own linear evaluation (docs/checkpoints.md).
-"""
+"""SimCLR's TensorFlow releases as converted to PyTorch (docs/checkpoints.md): v1
+(tonylins/simclr-converter) is a torchvision ResNet read as any backbone; v2
+(Separius/SimCLRv2-Pytorch, ``{"resnet", "head"}``) is renamed here to torchvision's names (``sk0``
+1x only; its heads are not e2mc's, so they start new)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from e2mc.checkpoints.api import PROJECT_FORMAT, load_checkpoint, unwrap
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
-from e2mc.checkpoints.official import bare_backbone
+from e2mc.checkpoints.official import bare_backbone, is_state_dict
 from e2mc.checkpoints.remote import is_url
 from e2mc.checkpoints.sources import PathOrState, local_checkpoint
 from e2mc.checkpoints.summary import recorded_image_size
@@ -162,8 +161,7 @@ def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.Path
         existing = None
     except Exception:  # not a checkpoint (an unreadable or text file): the user's to replace
         return
-    if isinstance(existing, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                          for k, v in existing.items()):
+    if is_state_dict(existing):
         return  # a plain state dict (an earlier export): replaced
     if isinstance(existing, dict) and existing.get("format") == PROJECT_FORMAT:
         step = f", step {existing['step']}" if "step" in existing else ""

@@ -1,13 +1,6 @@
-"""The training checkpoints of MoCo v3, Barlow Twins, and of the PyTorch libraries' BYOL, SimCLR,
-MoCo v3 and Barlow Twins (solo-learn, lightly), loaded strictly into e2mc's methods.
-
-:func:`e2mc.checkpoints.official.detect` tells the layout (``mocov3``, ``barlowtwins``,
-``solo-learn``, ``lightly``) and the method it holds; :func:`load_layout` reads the sizes off the
-shapes, compares the file's heads layer by layer with the heads the method builds (one line
-naming both where they differ: nothing is loaded), loads every tensor strictly (student, heads,
-predictor, momentum encoder as ``teacher.*``), and puts the official optimizer state in the
-order of the model's parameters where the file says which parameter each entry belongs to.
-"""
+"""The MoCo v3, Barlow Twins, solo-learn and lightly training checkpoints loaded strictly into
+e2mc's methods (:func:`load_layout`): heads compared layer by layer first (one line where they
+differ, nothing loaded), the official optimizer state put in the model's parameter order."""
 
 from __future__ import annotations
 
@@ -19,7 +12,13 @@ import torch
 from torch import nn
 
 from e2mc.checkpoints.official import Detected, infer_resnet
-from e2mc.checkpoints.strict import CheckpointMismatchError, check_keys, load_strict
+from e2mc.checkpoints.strict import (
+    CheckpointMismatchError,
+    check_keys,
+    load_strict,
+    rebuild,
+)
+from e2mc.models.build import build_on_meta
 
 #: moco-v3's ViTs (``vits.py``): every one has 12 attention heads; ``vit_base`` is timm's
 #: ``vit_base_patch16_224``, ``vit_small`` timm's ``vit_small_patch16_224`` with 12 heads, not 6.
@@ -158,14 +157,6 @@ def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Te
     return out
 
 
-def _build(name: str, hp: dict[str, Any]) -> Any:
-    from e2mc.methods.registry import build_method
-    from e2mc.models import weights_from_checkpoint
-
-    with weights_from_checkpoint():
-        return build_method(name, **hp)
-
-
 def load_layout(det: Detected, source: str | None, new_heads: bool,
                 method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The method ``det.method`` loaded strictly from the file ``det`` (a layout of
@@ -182,11 +173,7 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
         warnings.warn("solo-learn's CIFAR stem pads its 3x3 conv1 by 2 pixels, e2mc's "
                       "small-image stem by 1: the weights load, and e2mc's feature maps are 2 "
                       "pixels smaller (32 instead of 34 on CIFAR)", stacklevel=2)
-    try:
-        with torch.device("meta"):
-            probe = _build(name, hp)
-    except NotImplementedError:  # a constructor that computes on tensors: built for real
-        probe = _build(name, hp)
+    probe = build_on_meta(lambda: rebuild(name, hp))
     _check_vit_heads(det, probe)
     label = f"{det.format} ({name})"
     differences = _head_differences(det, probe, state)
@@ -205,7 +192,7 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
     if teacher and "teacher_initialized" in probe.state_dict():
         state["teacher_initialized"] = torch.tensor(True)
         names["teacher_initialized"] = "(the file's momentum encoder)"
-    model = load_strict(lambda: _build(name, hp), state, label,
+    model = load_strict(lambda: rebuild(name, hp), state, label,
                         lambda k: names.get(k) or det.to_file_key(k), unmapped)
     info.update(hparams=model.hparams, optimizer=_optimizer_in_model_order(det, model))
     return model, info
@@ -216,7 +203,7 @@ def _backbone_alone(det: Detected, name: str, hp: dict[str, Any],
                     ) -> tuple[Any, dict[str, Any]]:
     """``new_heads``: the file's student backbone in a new model (random heads; an EMA teacher
     is copied from the student at the first training step)."""
-    model = _build(name, hp)
+    model = rebuild(name, hp)
     sd = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
     check_keys(model.backbone.state_dict(), sd, f"{det.format} backbone",
                lambda k: det.to_file_key("backbone." + k))

@@ -1,29 +1,6 @@
-"""The official VICReg, SwAV and SimSiam checkpoint layouts (docs/method.md#official-checkpoints).
-
-- VICReg ``resnet50_fullckpt.pth``: ``{"epoch", "model", "optimizer"}``, keys
-  ``module.backbone.*`` and ``module.projector.*``.
-- SwAV ``swav_800ep_pretrain.pth.tar``: bare state dict (or training checkpoint
-  ``{"epoch", "state_dict", "optimizer", ...}``), keys ``module.<resnet>``,
-  ``module.projection_head.*``, ``module.prototypes.weight``.
-- SimSiam ``checkpoint_0099.pth.tar``: ``{"epoch", "arch", "state_dict", "optimizer"}``, keys
-  ``module.encoder.<resnet>``, ``module.encoder.fc.*`` (projector), ``module.predictor.*``.
-- Backbone only (VICReg ``resnet50.pth``, torchvision state dicts): torchvision names.
-
-and the training checkpoints of the other families, loaded by :mod:`e2mc.checkpoints.layouts`:
-
-- MoCo v3 (facebookresearch/moco-v3 ``main_moco.py``): ``{"epoch", "arch", "state_dict",
-  "optimizer", "scaler"}``, keys ``module.base_encoder.*`` (the ResNet's projector is its
-  ``fc.*``, the ViT's its ``head.*``), ``module.momentum_encoder.*``, ``module.predictor.*``.
-- Barlow Twins (facebookresearch/barlowtwins ``main.py``): ``{"epoch", "model", "optimizer"}``,
-  keys ``module.backbone.*``, ``module.projector.*`` and ``module.bn.*`` (the non-affine
-  BatchNorm of the loss).
-- solo-learn (a Lightning ``.ckpt``): ``state_dict`` keys ``backbone.*``, ``projector.*``,
-  ``predictor.*``, ``momentum_backbone.*``, ``momentum_projector.*``, ``classifier.*`` (its
-  online linear probe, dropped).
-- lightly: ``backbone.*`` (torchvision names, or the ``nn.Sequential`` of a ResNet's children
-  that lightly's examples build), ``projection_head.layers.*``, ``prediction_head.layers.*``,
-  ``backbone_momentum.*``, ``projection_head_momentum.layers.*``.
-"""
+"""Which checkpoint layout a loaded file has (:func:`detect`): the official VICReg, SwAV,
+SimSiam, MoCo v3 and Barlow Twins files, solo-learn's and lightly's, and backbone-only files;
+their keys are tabled in docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -120,9 +97,16 @@ class Detected:
         return out, unmapped
 
 
-def _is_state_dict(obj: Any) -> bool:
+def is_state_dict(obj: Any) -> bool:
+    """Whether ``obj`` is a non-empty plain state dict (string keys, tensor values)."""
     return (isinstance(obj, dict) and len(obj) > 0
             and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
+def unprefixed(sd: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(sd without a "module." prefix that every key has, that prefix or "")``."""
+    prefix = "module." if all(k.startswith("module.") for k in sd) else ""
+    return {k[len(prefix):]: v for k, v in sd.items()}, prefix
 
 
 def detect(obj: Any, method: str | None = None) -> Detected:
@@ -133,19 +117,18 @@ def detect(obj: Any, method: str | None = None) -> Detected:
     optimizer = obj.get("optimizer")
     if is_simclr_v2(obj):  # SimCLR v2 converted from TensorFlow: its ResNet, torchvision's names
         sd, container = simclr_v2_backbone(obj), "SimCLR v2 file {'resnet', 'head'}"
-    elif _is_state_dict(obj.get("model")):
+    elif is_state_dict(obj.get("model")):
         sd, container = obj["model"], "{'epoch', 'model', 'optimizer'}"
-    elif _is_state_dict(obj.get("state_dict")) and "pytorch-lightning_version" in obj:
+    elif is_state_dict(obj.get("state_dict")) and "pytorch-lightning_version" in obj:
         sd, container, optimizer = obj["state_dict"], "Lightning checkpoint", None
-    elif _is_state_dict(obj.get("state_dict")):
+    elif is_state_dict(obj.get("state_dict")):
         sd, container = obj["state_dict"], "{'epoch', 'state_dict', 'optimizer'}"
-    elif _is_state_dict(obj):
+    elif is_state_dict(obj):
         sd, container, epoch, optimizer = obj, "bare state dict", None, None
     else:
         raise ValueError("not a known checkpoint layout: expected a state dict, or a dict with "
                          f"'model' or 'state_dict'; top-level keys: {sorted(map(str, obj))[:10]}")
-    prefix = "module." if all(k.startswith("module.") for k in sd) else ""
-    sd = {k[len(prefix):]: v for k, v in sd.items()}
+    sd, prefix = unprefixed(sd)
     keys = list(sd)
 
     def has(p: str) -> bool:
@@ -203,11 +186,10 @@ def detect(obj: Any, method: str | None = None) -> Detected:
 def bare_backbone(obj: Any) -> Detected | None:
     """``obj`` as the backbone-only layout when it is a plain state dict (a ``module.``
     prefix on every key dropped), else None."""
-    if not (isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(
-            v, torch.Tensor) for k, v in obj.items())):
+    if not is_state_dict(obj):
         return None
-    prefix = "module." if all(k.startswith("module.") for k in obj) else ""
-    return Detected("backbone", {k[len(prefix):]: v for k, v in obj.items()}, prefix)
+    sd, prefix = unprefixed(obj)
+    return Detected("backbone", sd, prefix)
 
 
 def known_layout(bare: Detected) -> bool:

@@ -1,17 +1,6 @@
-"""The official DINO training checkpoint layout (facebookresearch/dino ``main_dino.py``,
-``dino_<arch>_pretrain_full_checkpoint.pth`` and ``checkpoint.pth``): a dict ``{"student",
-"teacher", "optimizer", "epoch", "args", "dino_loss", ("fp16_scaler")}``.
-
-- ``student``: the DDP-wrapped ``MultiCropWrapper``: ``module.backbone.*`` (DINO's ViT, whose
-  names are timm's ``VisionTransformer``'s, or a torchvision ResNet without ``fc``) and
-  ``module.head.mlp.*``, ``module.head.last_layer.weight_g`` / ``weight_v``;
-- ``teacher``: the same names, with the ``module.`` prefix only when the backbone has BatchNorm
-  (ResNets: the teacher was DDP-wrapped too);
-- ``dino_loss``: ``{"center": [1, out_dim]}``.
-
-The backbone-only files (``dino_deitsmall16_pretrain.pth``: the teacher's backbone, bare names)
-are the generic backbone layout (``--new-heads``).
-"""
+"""The official DINO training checkpoint (``{"student", "teacher", "optimizer", "epoch", "args",
+"dino_loss"}``, keys in docs/checkpoints.md), loaded strictly into the ``dino`` method. DINO's
+backbone-only files are the generic backbone layout (``--new-heads``)."""
 
 from __future__ import annotations
 
@@ -20,26 +9,17 @@ from typing import Any
 
 import torch
 
-from e2mc.checkpoints.official import infer_resnet
+from e2mc.checkpoints.official import infer_resnet, is_state_dict, unprefixed
+from e2mc.checkpoints.strict import load_strict, rebuild
 
 #: ViT widths of timm's names: DINO's vit_tiny / vit_small / vit_base.
 _VIT_SIZES = {192: "tiny", 384: "small", 768: "base"}
 
 
-def _state_dict(obj: Any) -> bool:
-    return (isinstance(obj, dict) and len(obj) > 0
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
-
-
 def is_dino_checkpoint(obj: Any) -> bool:
     """A dict with ``student`` and ``teacher`` state dicts."""
-    return isinstance(obj, dict) and _state_dict(obj.get("student")) \
-        and _state_dict(obj.get("teacher"))
-
-
-def _unprefixed(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str]:
-    prefix = "module." if all(k.startswith("module.") for k in sd) else ""
-    return {k[len(prefix):]: v for k, v in sd.items()}, prefix
+    return isinstance(obj, dict) and is_state_dict(obj.get("student")) \
+        and is_state_dict(obj.get("teacher"))
 
 
 def dino_state(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str], dict[str, str]]:
@@ -50,7 +30,7 @@ def dino_state(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str],
     unmapped: list[str] = []
     names: dict[str, str] = {}
     for part, to in (("student", ""), ("teacher", "teacher.")):
-        sd, prefix = _unprefixed(obj[part])
+        sd, prefix = unprefixed(obj[part])
         for k, v in sd.items():
             if k.startswith(("backbone.", "head.")):
                 state[to + k], names[to + k] = v, f"{part}.{prefix}{k}"
@@ -107,21 +87,13 @@ def load_dino(obj: dict[str, Any], source: str | None, method: str | None,
     centre); ``method_hparams`` override what the shapes and ``args`` say. The official optimizer
     state is not restored: its two parameter groups (decayed, not decayed) list the student's
     parameters in another order than the model's, so ``info["optimizer"]`` is None."""
-    from e2mc.checkpoints.strict import load_strict
-    from e2mc.methods.registry import build_method
-    from e2mc.models import weights_from_checkpoint
-
     if method not in (None, "dino"):
         raise ValueError(f"the file has the official DINO layout (student and teacher), not "
                          f"{method}")
     state, unmapped, names = dino_state(obj)
     hp = {**infer_dino_hparams(state, obj.get("args")), **method_hparams}
-
-    def build() -> Any:
-        with weights_from_checkpoint():
-            return build_method("dino", **hp)
-
-    model = load_strict(build, state, "dino (official)", lambda k: names.get(k, k), unmapped)
+    model = load_strict(lambda: rebuild("dino", hp), state, "dino (official)",
+                        lambda k: names.get(k, k), unmapped)
     epoch = obj.get("epoch")
     info = {"format": "dino", "epoch": epoch if isinstance(epoch, int) else None,
             "optimizer": None, "source": source, "hparams": model.hparams}

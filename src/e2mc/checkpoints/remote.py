@@ -1,14 +1,6 @@
-"""Checkpoints by URL: downloaded once into torch.hub's cache, with a hash check.
-
-``http(s)://`` and ``file://`` URLs go through :func:`torch.hub.download_url_to_file` into
-``<torch.hub.get_dir()>/checkpoints/<key>-<file name>`` (``$TORCH_HOME/hub/checkpoints``), where
-``<key>`` is a short SHA-256 of the whole URL (and of the expected ``sha256`` when one is given):
-two URLs that end in the same file name are two cache entries. A cached file is not downloaded
-again. The hash check follows
-torch.hub: ``check_hash`` compares the SHA-256 with the hex prefix in the file name
-(``resnet50-0676ba61.pth``); a full ``sha256`` (the ``sha256=`` argument, or a URL ending in
-``#sha256=<hex>``) is compared with the whole digest, for a fresh download and a cached file alike.
-"""
+"""Checkpoints by URL (http, https, file), downloaded once into torch.hub's ``checkpoints``
+cache under a key of the whole URL, checked against a full ``sha256`` (argument or
+``#sha256=<hex>`` fragment) or torch.hub's hash prefix in the file name (docs/checkpoints.md)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,11 @@ from e2mc.checkpoints.api import (
     PROJECT_FORMAT,
     load_backbone_into_method,
     official_from_object,
-    rebuild,
 )
 from e2mc.checkpoints.export import exported_hparams, read_sidecar
 from e2mc.checkpoints.official import Detected, bare_backbone, known_layout
 from e2mc.checkpoints.sources import PathOrState, load_file
-from e2mc.checkpoints.strict import load_strict
+from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.methods.base import SSLMethod
 
 

@@ -9,6 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from e2mc.methods.registry import build_method
+from e2mc.models import weights_from_checkpoint
+from e2mc.models.build import build_on_meta
+
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint's tensors do not match the model (missing, unexpected or mis-shaped keys)."""
@@ -65,18 +69,20 @@ def check_finite(state: Mapping[str, torch.Tensor],
                 "that are not finite (NaN or inf); nothing was loaded")
 
 
+def rebuild(name: str, hparams: dict[str, Any]) -> Any:
+    """``build_method`` for a model whose every weight a checkpoint is about to set (no
+    pretrained backbone weights are fetched)."""
+    with weights_from_checkpoint():
+        return build_method(name, **hparams)
+
+
 def load_strict(build: Callable[[], nn.Module], state: Mapping[str, torch.Tensor], fmt: str,
                 to_file_name: Callable[[str], str] = lambda k: k,
                 unmapped: list[str] | None = None) -> nn.Module:
     """Build the model without initialising it (meta device), check ``state`` strictly, then
-    adopt the tensors (cast to the model's dtypes). Every tensor comes from ``state``. A model
-    whose constructor computes on tensors (torchvision's RegNets read their widths off one) is
-    built on the CPU instead, its initial weights then replaced all the same."""
-    try:
-        with torch.device("meta"):
-            model = build()
-    except NotImplementedError:  # "Cannot copy out of meta tensor": built for real
-        model = build()
+    adopt the tensors (cast to the model's dtypes). Every tensor comes from ``state``, also
+    where :func:`build_on_meta` had to build on the CPU."""
+    model = build_on_meta(build)
     expected = model.state_dict()
     check_keys(expected, state, fmt, to_file_name, unmapped)
     cast: dict[str, Any] = {k: v.detach().to(dtype=expected[k].dtype).contiguous()

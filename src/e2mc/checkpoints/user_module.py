@@ -1,11 +1,6 @@
-"""Checkpoints of runs built around your own backbone module (``e2mc.training.continue_module``):
-their files record the module's class name, not a way to build it, so the module is handed in
-and the run's weights are loaded into a copy of it, strictly.
-
-:func:`load_into_module` gives the backbone (for evaluation, ``evaluate_module``);
-:func:`method_around` the whole method rebuilt around the module (for ``analyze``, whose
-collapse checks and embeddings need the heads).
-"""
+"""Checkpoints of runs around your own backbone module (``continue_module``): the module is
+handed in and the run's weights loaded strictly into a copy (:func:`load_into_module` for the
+backbone, :func:`method_around` for the whole method)."""
 
 from __future__ import annotations
 
@@ -13,10 +8,10 @@ import copy
 import os
 from typing import Any
 
-import torch
 from torch import nn
 
 from e2mc.checkpoints.io import torch_load
+from e2mc.checkpoints.official import is_state_dict
 from e2mc.checkpoints.strict import load_strict
 from e2mc.errors import InputError
 from e2mc.methods.registry import build_method
@@ -62,8 +57,7 @@ def load_into_module(path: str | os.PathLike[str], module: nn.Module, trust: boo
     comparison; ``feature_dim`` None: the module's output size on the images, ``info``
     ``{"format": "module", "starting_weights": True}``)."""
     obj = torch_load(path, trust=trust)
-    if isinstance(obj, dict) and obj and obj.get("format") != "e2mc" \
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+    if is_state_dict(obj):
         backbone = load_strict(lambda: copy.deepcopy(module), obj,
                                f"the state dict of a {type(module).__name__}")
         return backbone, None, {"format": "module", "module": type(module).__name__,

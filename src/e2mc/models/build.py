@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -30,6 +32,7 @@ RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_r
 OTHERS = ("convnext_tiny", "efficientnet_b0", "mobilenet_v3_small", "mobilenet_v3_large",
           "regnet_y_400mf", "densenet121")
 SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS) + tuple(SMALL_VITS)
+T = TypeVar("T")
 
 
 def build_backbone(
@@ -205,17 +208,22 @@ def classifier_keys(name: str) -> frozenset[str]:
     return _classifier_keys(source, model_name)
 
 
+def build_on_meta(build: Callable[[], T]) -> T:
+    """``build()`` on the meta device (no memory, no initialisation); on the CPU for a
+    constructor that computes on tensors (torchvision's RegNets read their widths off one)."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except NotImplementedError:  # "Cannot copy out of meta tensor": built for real
+        return build()
+
+
 @functools.lru_cache(maxsize=32)
 def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
-    try:
-        with torch.device("meta"):  # no memory, no initialisation
-            return _built_classifier_keys(source, model_name)
-    except NotImplementedError:  # a constructor that computes on tensors (RegNets): built
-        return _built_classifier_keys(source, model_name)
+    return build_on_meta(lambda: _built_classifier_keys(source, model_name))
 
 
 def _built_classifier_keys(source: str, model_name: str) -> frozenset[str]:
-    """:func:`classifier_keys` of the full model built on the current default device."""
     if source == "timm":
         try:
             import timm

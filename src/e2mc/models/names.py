@@ -33,12 +33,6 @@ def parse_backbone_name(name: str) -> tuple[str, str, str | None]:
     return source, rest, None
 
 
-def describe(name: str) -> dict[str, Any]:
-    """``{"source", "model", "weights"}`` of a backbone name (for messages and run records)."""
-    source, model, weights = parse_backbone_name(name)
-    return {"source": source, "model": model, "weights": weights}
-
-
 def unknown_error(kind: str, name: str, known: list[str], extra: str = "") -> ValueError:
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
