@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from e2mc.checkpoints.io import atomic_save
-from e2mc.checkpoints.layouts import load_layout
+from e2mc.checkpoints.layouts import head_names, load_backbone_alone, load_layout
 from e2mc.checkpoints.official import (
     LAYOUT_FORMATS,
     METHOD_FORMATS,
@@ -19,7 +19,7 @@ from e2mc.checkpoints.official import (
 )
 from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.sources import PathOrState, load_file
-from e2mc.checkpoints.strict import check_keys, load_strict, rebuild
+from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.checkpoints.summary import recorded_image_size as recorded_image_size  # (re-exported)
 from e2mc.methods.base import SSLMethod
 from e2mc.models import classifier_keys
@@ -37,19 +37,12 @@ def unwrap(method: nn.Module) -> nn.Module:
 def load_official(path_or_state_dict: PathOrState, method: str | None = None,
                   trust: bool = False, new_heads: bool = False,
                   **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
-    """Load an official VICReg / SwAV / SimSiam checkpoint (detected, or checked against
-    ``method``) strictly into the method with the official layout.
-
-    ``path_or_state_dict``: a file, a URL (see :mod:`e2mc.checkpoints.remote`) or a loaded
-    object. Head sizes and the ResNet are read off the tensor shapes; ``method_hparams``
-    override them (and then must still match the file). A backbone-only file (VICReg
-    ``resnet50.pth``, torchvision or timm weights; a classifier is dropped) needs ``method`` (any
-    method, ``generic`` included) and ``new_heads=True``: its projector (and predictor,
-    prototypes) start from random weights, which must be asked for. Returns ``(method,
-    info)``; ``info`` holds ``format``, ``epoch``, ``optimizer`` (the official optimizer state,
-    to be applied with :func:`restore_optimizer_state`), ``hparams``, ``source`` and, for a
-    backbone-only file, ``new_heads`` (the names of the randomly initialised modules).
-    """
+    """``(method, info)`` of an official checkpoint (a file, URL or loaded object; the layout
+    detected, or checked against ``method``), loaded strictly. Sizes are read off the shapes;
+    ``method_hparams`` override them and must still match. A backbone-only file needs
+    ``method`` and ``new_heads=True`` (its heads start random). ``info``: ``format``, ``epoch``,
+    ``optimizer`` (for :func:`restore_optimizer_state`), ``hparams``, ``source``, and for a
+    backbone-only file ``new_heads`` (the randomly initialised modules)."""
     obj, source, _ = load_file(path_or_state_dict, trust)
     return official_from_object(obj, source, method, new_heads, method_hparams)
 
@@ -86,10 +79,6 @@ def official_from_object(obj: Any, source: str | None, method: str | None, new_h
     return model, info  # type: ignore[return-value]
 
 
-class NewHeadsRequiredError(ValueError):
-    """A backbone-only file would start a method with random heads, which was not asked for."""
-
-
 def load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any],
                               new_heads: bool, source: str | None
                               ) -> tuple[SSLMethod, list[str], dict[str, Any], list[str]]:
@@ -101,17 +90,14 @@ def load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any
     dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
     model = rebuild(name, hp)
-    heads = sorted(n for n, m in model.named_children()
-                   if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
+    heads = head_names(model)
     if not new_heads:
-        raise NewHeadsRequiredError(
+        raise ValueError(
             f"{source or 'the checkpoint'} holds only a {arch} backbone, no {name} "
             f"{'/'.join(heads) or 'heads'}: continuing would start them from random weights. "
             "Pass --new-heads (init.new_heads: true; new_heads=True in Python) if that is what "
             "you want, or start from a checkpoint that has them")
-    check_keys(model.backbone.state_dict(), sd, f"backbone only ({arch})",
-               lambda k: det.prefix + k)
-    model.backbone.load_state_dict(sd, strict=True)
+    load_backbone_alone(model, sd, f"backbone only ({arch})", lambda k: det.prefix + k)
     return model, dropped, model.hparams, heads
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from e2mc.checkpoints.api import PROJECT_FORMAT, official_from_object, project_from_object
-from e2mc.checkpoints.export import read_sidecar
+from e2mc.checkpoints.export import exported_arch, read_sidecar
 from e2mc.checkpoints.layouts import UnknownArchitectureError
 from e2mc.checkpoints.official import Detected, bare_backbone, detect, infer_resnet, known_layout
 from e2mc.checkpoints.official_dino import is_dino_checkpoint
@@ -21,16 +21,12 @@ from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint
 def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
                   in_channels: int = 3, trust: bool = False
                   ) -> tuple[nn.Module, int, dict[str, Any]]:
-    """``(backbone, feature_dim, info)`` from a project checkpoint, an official one, or a plain
-    backbone state dict (exported, torchvision; a classifier is dropped). For a plain state dict
-    the architecture comes from ``arch`` (with ``small_images``, ``in_channels``), else the
-    ``<path>.json`` sidecar of :func:`export_backbone` (:func:`read_sidecar`; its
-    ``image_size`` is in ``info``), else the ResNet read off the shapes. With ``arch`` or a
-    sidecar, a plain state dict is the backbone's even where its names look like a method's
-    (a torchvision ViT's ``encoder.*``). ``arch`` also names the backbone of an official file
-    whose keys do not give it (a MoCo v3 ViT); a file that records its own ignores it.
-    ``info`` is :func:`checkpoint_summary`'s: metadata without tensors, with the file's
-    ``sha256`` and its ``source`` (the URL for a URL)."""
+    """``(backbone, feature_dim, info)`` from a project or official checkpoint or a plain
+    backbone state dict (a classifier dropped), whose architecture comes from ``arch`` (with
+    ``small_images``, ``in_channels``), else its export sidecar, else the ResNet the shapes
+    show; with either, its names are the backbone's even where they look like a method's.
+    ``arch`` also names an official file's backbone its keys do not give (a MoCo v3 ViT).
+    ``info``: :func:`checkpoint_summary` (with the file's ``sha256`` and ``source``)."""
     obj, source, local = load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         method, info = project_from_object(obj, source)
@@ -65,9 +61,7 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     if arch is not None:
         spec = {"backbone": arch, "small_images": small_images, "in_channels": in_channels}
     elif exported is not None:
-        spec = {"backbone": exported["arch"],
-                "small_images": bool(exported.get("small_images", False)),
-                "in_channels": int(exported.get("in_channels", 3))}
+        spec = exported_arch(exported)
     if spec is None:
         spec = infer_resnet(det.state_dict)
     if spec is None:

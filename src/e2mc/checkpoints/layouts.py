@@ -205,13 +205,23 @@ def _backbone_alone(det: Detected, name: str, hp: dict[str, Any],
     is copied from the student at the first training step)."""
     model = rebuild(name, hp)
     sd = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-    check_keys(model.backbone.state_dict(), sd, f"{det.format} backbone",
-               lambda k: det.to_file_key("backbone." + k))
-    model.backbone.load_state_dict(sd, strict=True)
-    heads = sorted(n for n, m in model.named_children()
-                   if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
-    info.update(hparams=model.hparams, new_heads=heads)
+    load_backbone_alone(model, sd, f"{det.format} backbone",
+                        lambda k: det.to_file_key("backbone." + k))
+    info.update(hparams=model.hparams, new_heads=head_names(model))
     return model, info
+
+
+def head_names(model: nn.Module) -> list[str]:
+    """The modules of ``model`` with parameters besides its backbone and EMA teacher."""
+    return sorted(n for n, m in model.named_children()
+                  if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
+
+
+def load_backbone_alone(model: Any, sd: dict[str, torch.Tensor], label: str,
+                        to_file_name: Any) -> None:
+    """``sd`` loaded strictly into ``model.backbone`` (keys, shapes and finiteness checked)."""
+    check_keys(model.backbone.state_dict(), sd, label, to_file_name)
+    model.backbone.load_state_dict(sd, strict=True)
 
 
 def _official_parameter_order(det: Detected, model: nn.Module) -> list[str] | None:

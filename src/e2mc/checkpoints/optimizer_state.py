@@ -1,5 +1,4 @@
-"""An official optimizer state (VICReg LARS, SwAV LARC/SGD, SimSiam SGD) applied to the
-optimizer of a method loaded from the official checkpoint."""
+"""An official optimizer state applied to the optimizer of a method loaded from its file."""
 
 from __future__ import annotations
 
@@ -13,15 +12,10 @@ from e2mc.checkpoints.api import unwrap
 
 def restore_optimizer_state(optimizer: torch.optim.Optimizer, method: nn.Module,
                             state: dict[str, Any]) -> int:
-    """Apply an official optimizer state (VICReg LARS, SwAV LARC/SGD, SimSiam SGD) to
-    ``optimizer``, which :meth:`SSLMethod.build_optimizer` made: the per-parameter buffers
-    (momentum) are restored, the optimizer's own hyperparameters (lr, wd) are kept.
-
-    The official runs listed their parameters in the model's ``parameters()`` order (SimSiam:
-    encoder group then predictor group), which the method classes reproduce, so the ``k``-th saved
-    parameter is ``list(method.parameters())[k]``. Momentum buffers are renamed between LARS's
-    ``mu`` and SGD's ``momentum_buffer`` as needed. Returns the number of parameters restored.
-    """
+    """Restore the per-parameter buffers (momentum; LARS's ``mu`` and SGD's
+    ``momentum_buffer`` renamed as needed) of an official optimizer state into ``optimizer``,
+    keeping its lr and wd; returns how many parameters were restored. The ``k``-th saved
+    parameter is ``list(method.parameters())[k]``: the method classes keep the official order."""
     method = unwrap(method)
     try:
         saved_ids = [i for g in state["param_groups"] for i in g["params"]]
