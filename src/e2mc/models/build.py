@@ -24,9 +24,7 @@ from e2mc.models.pretrained import (
 from e2mc.models.small import SMALL_CNNS, SMALL_VITS, SmallConvNet, small_vit
 from e2mc.models.surgery import replace_first_conv, strip_classifier
 
-#: Backbones whose pooled feature is unambiguous: classifier attribute and how to reach it.
-#: ResNets end in ``fc`` after global average pooling; the others below end in ``classifier``
-#: (a Sequential whose Linear layers are dropped) after their own pooling.
+#: ResNets end in ``fc`` after global average pooling, the others in a ``classifier``.
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2",
            "resnext50_32x4d")
 OTHERS = ("convnext_tiny", "efficientnet_b0", "mobilenet_v3_small", "mobilenet_v3_large",
@@ -38,15 +36,10 @@ T = TypeVar("T")
 def build_backbone(
     name: str, small_images: bool = False, in_channels: int = 3
 ) -> tuple[nn.Module, int]:
-    """Return ``(backbone, feature_dim)``: the model ``name`` (see :mod:`e2mc.models`) without
-    its classifier, mapping ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features.
-
-    ``small_images=True`` (ResNets only) replaces the stem with a 3x3 stride-1 convolution and no
-    max-pool, for 28-32 px images. ``in_channels`` changes the first convolution (1 = grayscale).
-    The parameter names are the library's own (torchvision's for official checkpoints, which
-    load strictly). The ``cnn5`` family (:class:`SmallConvNet`) is built for small images already.
-    An unknown name is a ``ValueError`` listing the close matches.
-    """
+    """``(backbone, feature_dim)``: the model ``name`` without its classifier, with the
+    library's parameter names. ``small_images`` (ResNets): a 3x3 stride-1 stem, no max-pool;
+    ``in_channels``: the first convolution's. An unknown name is a ``ValueError`` listing the
+    close matches."""
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     source, model_name, weights = parse_backbone_name(name)
@@ -199,9 +192,8 @@ def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Mo
 
 
 def classifier_keys(name: str) -> frozenset[str]:
-    """State-dict keys of the full classification model ``name`` that :func:`build_backbone`
-    drops (its classifier): a checkpoint of the full model loads into the backbone without them.
-    Empty for the package's own backbones and for Hugging Face models."""
+    """The state-dict keys of the classifier :func:`build_backbone` drops from the model
+    ``name`` (empty for the package's own backbones and Hugging Face models)."""
     source, model_name, _ = parse_backbone_name(name)
     if source == "hf" or model_name in SMALL_CNNS or model_name in SMALL_VITS:
         return frozenset()

@@ -34,12 +34,9 @@ def pretrained_skipped() -> bool:
 
 
 def pretrained_weights(name: str) -> dict[str, Any] | None:
-    """The pretrained weights the backbone ``name`` loads when it is built, None for a random
-    initialisation: ``{"backbone", "library", "weights", "cache", "file"}``, where ``weights``
-    is the torchvision weights enum, the timm tag (``ARCH.TAG``) or the Hugging Face repository,
-    ``cache`` the directory the library's loader looks in and ``file`` what it looks for there
-    (the torchvision file name, the timm hub id or file name; None where the library decides).
-    An unknown weights name is a ``ValueError``. Nothing is downloaded."""
+    """``{"backbone", "library", "weights", "cache", "file"}`` of the pretrained weights the
+    backbone ``name`` loads (None: random), ``cache`` the directory the library looks in for
+    ``file``; an unknown weights name is a ``ValueError``. Nothing is downloaded."""
     source, model_name, weights = parse_backbone_name(name)
     if source == "torchvision":
         if weights is None:
@@ -103,15 +100,12 @@ def fetch_failed(name: str, err: BaseException, offline: str | None = None) -> V
     where = pretrained_weights(name) or {}
     wanted = f"{where.get('file')} " if where.get("file") else ""
     reason = " ".join(str(getattr(err, "reason", None) or err).split())
-    if offline is not None:
-        return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
-                          f"cache {where.get('cache')} and the hub is unreachable ({offline}); "
-                          "download it where there is a network (the same cache directory: "
-                          "TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
+    why = (f"the hub is unreachable ({offline})" if offline is not None
+           else f"fetching it failed ({type(err).__name__}: {reason})")
     return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
-                      f"cache {where.get('cache')} and fetching it failed ({type(err).__name__}: "
-                      f"{reason}); download it where there is a network (the same cache "
-                      "directory: TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
+                      f"cache {where.get('cache')} and {why}; download it where there is a "
+                      "network (the same cache directory: TORCH_HOME / HF_HOME), or start from "
+                      "a checkpoint with --from")
 
 
 def torchvision_weights(name: str, weights: str, tvm: Any) -> Any:

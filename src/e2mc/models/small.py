@@ -1,12 +1,10 @@
-"""The package's own small backbones for 28-32 px images on a CPU: five-layer CNNs
-(:class:`SmallConvNet`) and a tiny vision transformer."""
+"""The package's own small backbones for 28-32 px images on a CPU."""
 
 from __future__ import annotations
 
 from torch import nn
 
-#: Small convolutional networks of this package for 28-32 px images on a CPU (not torchvision):
-#: five 3x3 conv-BN-ReLU layers (strides 1, 2, 1, 2, 1) and global average pooling.
+#: :class:`SmallConvNet` widths.
 SMALL_CNNS: dict[str, tuple[int, ...]] = {
     "cnn5": (32, 64, 128, 128, 256),
     "cnn5_small": (16, 32, 64, 64, 128),
@@ -17,11 +15,8 @@ SMALL_VITS: dict[str, tuple[int, int, int, int, int, int]] = {
 }
 
 class SmallConvNet(nn.Sequential):
-    """Five 3x3 conv-BN-ReLU layers with strides (1, 2, 1, 2, 1), then global average pooling.
-
-    About 10 (``cnn5_small``) or 40 (``cnn5``) million multiply-adds per 28 px image: small
-    enough to pre-train and continue on Fashion-MNIST with a 2-core CPU.
-    """
+    """Five 3x3 conv-BN-ReLU layers with strides (1, 2, 1, 2, 1), then global average pooling
+    (10 or 40 million multiply-adds per 28 px image)."""
 
     def __init__(self, widths: tuple[int, ...], in_channels: int = 1) -> None:
         layers: list[nn.Module] = []
@@ -32,7 +27,6 @@ class SmallConvNet(nn.Sequential):
             channels = width
         layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         super().__init__(*layers)
-
 
 
 def small_vit(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
