@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from e2mc.checkpoints.official import Detected, infer_resnet
+from e2mc.checkpoints.official import Detected, infer_resnet, linears, vit_depth
 from e2mc.checkpoints.strict import (
     CheckpointMismatchError,
     check_keys,
@@ -34,17 +34,9 @@ class HeadMismatchError(CheckpointMismatchError):
     """The file's projector or predictor is another architecture than the method's."""
 
 
-def _linears(state: dict[str, torch.Tensor], part: str) -> list[tuple[int, torch.Tensor]]:
-    """``(index, weight)`` of the Linear layers of the ``nn.Sequential`` ``part``."""
-    pat = re.compile(re.escape(part) + r"\.(\d+)\.weight")
-    return sorted((int(m.group(1)), v) for k, v in state.items()
-                  if (m := pat.fullmatch(k)) and v.ndim == 2)
-
-
 def layers(state: dict[str, Any], part: str) -> dict[int, str]:
-    """The layers of the ``nn.Sequential`` ``part`` as its state dict shows them: index ->
-    ``Linear``, ``Linear(bias)``, ``BatchNorm``, ``BatchNorm(no affine)`` (else the tensor
-    names); layers without tensors (ReLU) are not shown."""
+    """Index -> ``Linear``, ``Linear(bias)``, ``BatchNorm``, ``BatchNorm(no affine)`` (else the
+    tensor names) of the layers with tensors of the ``nn.Sequential`` ``part``."""
     names: dict[int, set[str]] = {}
     pat = re.compile(re.escape(part) + r"\.(\d+)\.(.+)")
     for k in state:
@@ -71,7 +63,7 @@ def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[
     hp: dict[str, Any] = dict(infer_resnet(state, "backbone.") or {})
     if not hp:
         hp.update(_vit(det, state))
-    proj, pred = _linears(state, "projector"), _linears(state, "predictor")
+    proj, pred = linears(state, "projector"), linears(state, "predictor")
     if det.method == "barlowtwins" and proj:
         hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
     elif det.method == "mocov3" and proj:
@@ -93,13 +85,12 @@ def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[
 
 
 def _vit(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The backbone of moco-v3's ``vit_base`` and ``vit_small`` (:data:`MOCOV3_VIT_NAMES`), and
-    the input channels of any timm ViT; the other ViTs need ``backbone=``."""
+    """The backbone of moco-v3's ``vit_base`` / ``vit_small``, and any timm ViT's channels."""
     proj = state.get("backbone.patch_embed.proj.weight")
     if proj is None:
         return {}
     hp: dict[str, Any] = {"in_channels": int(proj.shape[1])}
-    depth = len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
+    depth = vit_depth(state)
     name, shape = MOCOV3_VIT_NAMES.get(det.extra.get("arch", ""), (None, None))
     if det.format == "mocov3" and name and (int(proj.shape[0]), int(proj.shape[-1]),
                                             depth) == shape:
@@ -159,11 +150,9 @@ def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Te
 
 def load_layout(det: Detected, source: str | None, new_heads: bool,
                 method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The method ``det.method`` loaded strictly from the file ``det`` (a layout of
-    :data:`e2mc.checkpoints.official.LAYOUT_FORMATS`); ``method_hparams`` override what the
-    shapes say and must still match the file. Heads of another architecture than the method's
-    are refused (:class:`HeadMismatchError`, one line), or with ``new_heads`` the backbone alone
-    is loaded and the heads start from random weights (``info["new_heads"]``)."""
+    """The method ``det.method`` loaded strictly from ``det``; ``method_hparams`` override the
+    shapes and must still match. Heads of another architecture are a :class:`HeadMismatchError`,
+    or with ``new_heads`` the backbone alone is loaded (``info["new_heads"]``)."""
     name = det.method
     assert name is not None  # detect names it or refuses
     state, unmapped = det.mapped()
@@ -201,8 +190,7 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
 def _backbone_alone(det: Detected, name: str, hp: dict[str, Any],
                     state: dict[str, torch.Tensor], info: dict[str, Any]
                     ) -> tuple[Any, dict[str, Any]]:
-    """``new_heads``: the file's student backbone in a new model (random heads; an EMA teacher
-    is copied from the student at the first training step)."""
+    """``new_heads``: the file's student backbone in a new model."""
     model = rebuild(name, hp)
     sd = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
     load_backbone_alone(model, sd, f"{det.format} backbone",
@@ -225,9 +213,8 @@ def load_backbone_alone(model: Any, sd: dict[str, torch.Tensor], label: str,
 
 
 def _official_parameter_order(det: Detected, model: nn.Module) -> list[str] | None:
-    """The model names of the parameters the official optimizer lists, in its order: MoCo v3's
-    ``model.parameters()`` (its state dict's order), Barlow Twins' weights then biases
-    (``ndim == 1``) of ``model.parameters()``; None for the libraries' files."""
+    """The model names of the parameters the official optimizer lists, in its order (MoCo v3:
+    the state dict's; Barlow Twins: weights, then biases); None for the libraries' files."""
     if det.format not in ("mocov3", "barlowtwins"):
         return None
     params = dict(model.named_parameters())
@@ -239,10 +226,8 @@ def _official_parameter_order(det: Detected, model: nn.Module) -> list[str] | No
 
 
 def _optimizer_in_model_order(det: Detected, model: nn.Module) -> dict[str, Any] | None:
-    """The official optimizer state re-indexed so that its ``k``-th parameter is the ``k``-th
-    of ``model.parameters()`` (what :func:`e2mc.checkpoints.restore_optimizer_state` reads),
-    one group with the first group's settings; None where the order is not known or the state
-    does not cover the model's parameters."""
+    """The official optimizer state re-indexed in ``model.parameters()`` order (one group,
+    the first's settings); None where the order is unknown or does not cover the model."""
     state, order = det.optimizer, _official_parameter_order(det, model)
     if state is None or order is None:
         return None

@@ -57,13 +57,9 @@ class Detected:
     epoch: int | None = None
     optimizer: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: the e2mc method the file holds (a layout of several methods: read off the keys or given)
-    method: str | None = None
-    #: this file's key rules when they differ from the format's (MoCo v3's ViT, lightly's
-    #: ``nn.Sequential`` ResNet)
-    rules: list[tuple[str, str]] | None = None
-    #: file keys (without the prefix) that belong to no part of the method (solo-learn's online
-    #: linear classifiers): left out of :meth:`mapped`
+    method: str | None = None  # the e2mc method the file holds
+    rules: list[tuple[str, str]] | None = None  # this file's, where not the format's
+    #: file keys of no part of the method (solo-learn's online classifiers), not mapped
     dropped: list[str] = field(default_factory=list)
 
     @property
@@ -274,14 +270,23 @@ def infer_resnet(sd: dict[str, torch.Tensor], prefix: str = "") -> dict[str, Any
             "in_channels": int(conv1.shape[1])}
 
 
+def linears(state: dict[str, torch.Tensor], part: str) -> list[tuple[int, torch.Tensor]]:
+    """``(index, weight)`` of the Linear layers of the ``nn.Sequential`` ``part``."""
+    pat = re.compile(re.escape(part) + r"\.(\d+)\.weight")
+    return sorted((int(m.group(1)), v) for k, v in state.items()
+                  if (m := pat.fullmatch(k)) and v.ndim == 2)
+
+
+def vit_depth(state: dict[str, torch.Tensor]) -> int:
+    """The number of ``backbone.blocks.N`` of a ViT state dict."""
+    return len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
+
+
 def infer_hparams(fmt: str, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Constructor arguments read off the shapes (model names); explicit ones override them."""
     hp: dict[str, Any] = dict(infer_resnet(model_sd, "backbone.") or {})
-    if fmt == "vicreg":
-        linears = sorted((int(m.group(1)), v.shape[0]) for k, v in model_sd.items()
-                         if (m := re.fullmatch(r"projector\.(\d+)\.weight", k)) and v.ndim == 2)
-        if linears:
-            hp["projector"] = "-".join(str(n) for _, n in linears)
+    if fmt == "vicreg" and (proj := linears(model_sd, "projector")):
+        hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
     elif fmt == "swav":
         for key, name in (("projection_head.0.weight", "hidden_dim"),
                           ("projection_head.3.weight", "output_dim"),

@@ -9,7 +9,13 @@ from typing import Any
 
 import torch
 
-from e2mc.checkpoints.official import infer_resnet, is_state_dict, unprefixed
+from e2mc.checkpoints.official import (
+    infer_resnet,
+    is_state_dict,
+    linears,
+    unprefixed,
+    vit_depth,
+)
 from e2mc.checkpoints.strict import load_strict, rebuild
 
 #: ViT widths of timm's names: DINO's vit_tiny / vit_small / vit_base.
@@ -23,9 +29,7 @@ def is_dino_checkpoint(obj: Any) -> bool:
 
 
 def dino_state(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str], dict[str, str]]:
-    """``(state dict under the DINO method's names, file keys no rule maps, model key -> file
-    key)``: student ``backbone.*``/``head.*`` as they are, teacher ones under ``teacher.``, the
-    loss's ``center``, and ``teacher_initialized`` (the file has a teacher)."""
+    """``(state under the DINO method's names, unmapped file keys, model key -> file key)``."""
     state: dict[str, torch.Tensor] = {}
     unmapped: list[str] = []
     names: dict[str, str] = {}
@@ -45,30 +49,27 @@ def dino_state(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str],
 
 
 def infer_dino_hparams(state: dict[str, torch.Tensor], args: Any = None) -> dict[str, Any]:
-    """The DINO constructor arguments read off the shapes (and ``args``: the run's
-    ``argparse.Namespace`` or dict, for the temperatures and ``norm_last_layer``)."""
+    """The DINO constructor arguments read off the shapes and the run's ``args``."""
     hp: dict[str, Any] = {}
     resnet = infer_resnet(state, "backbone.")
     if resnet is not None:
         hp.update(resnet)
     elif "backbone.patch_embed.proj.weight" in state:
         proj = state["backbone.patch_embed.proj.weight"]
-        depth = len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
         size = _VIT_SIZES.get(int(proj.shape[0]))
-        if size is not None and depth == 12:
+        if size is not None and vit_depth(state) == 12:
             hp.update(backbone=f"timm:vit_{size}_patch{int(proj.shape[-1])}_224",
                       in_channels=int(proj.shape[1]))
     v = state.get("head.last_layer.weight_v")
     if v is not None:
         hp.update(out_dim=int(v.shape[0]), bottleneck_dim=int(v.shape[1]))
-    linears = sorted(int(m.group(1)) for k, t in state.items()
-                     if (m := re.fullmatch(r"head\.mlp\.(\d+)\.weight", k)) and t.ndim == 2)
-    if linears:
-        hp["nlayers"] = len(linears)
+    mlp = linears(state, "head.mlp")
+    if mlp:
+        hp["nlayers"] = len(mlp)
         hp["use_bn_in_head"] = any(re.fullmatch(r"head\.mlp\.\d+\.running_mean", k)
                                    for k in state)
-        if len(linears) > 1:
-            hp["hidden_dim"] = int(state[f"head.mlp.{linears[0]}.weight"].shape[0])
+        if len(mlp) > 1:
+            hp["hidden_dim"] = int(mlp[0][1].shape[0])
     values = vars(args) if hasattr(args, "__dict__") else dict(args or {})
     for key in ("norm_last_layer", "teacher_temp", "warmup_teacher_temp",
                 "warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad"):
@@ -83,10 +84,9 @@ def infer_dino_hparams(state: dict[str, torch.Tensor], args: Any = None) -> dict
 
 def load_dino(obj: dict[str, Any], source: str | None, method: str | None,
               method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The DINO model of an official training checkpoint, loaded strictly (student, teacher,
-    centre); ``method_hparams`` override what the shapes and ``args`` say. The official optimizer
-    state is not restored: its two parameter groups (decayed, not decayed) list the student's
-    parameters in another order than the model's, so ``info["optimizer"]`` is None."""
+    """The DINO model of an official training checkpoint, loaded strictly; ``method_hparams``
+    override the file's. ``info["optimizer"]`` is None: DINO's two parameter groups list the
+    parameters in another order than the model's."""
     if method not in (None, "dino"):
         raise ValueError(f"the file has the official DINO layout (student and teacher), not "
                          f"{method}")

@@ -35,10 +35,8 @@ def split_hash(url: str) -> tuple[str, str | None]:
 
 
 def cache_path(url: str, sha256: str | None = None) -> Path:
-    """Where :func:`fetch` keeps ``url``: torch.hub's ``checkpoints`` folder, under the URL's
-    file name prefixed by a key that covers the whole URL (a ``#sha256=`` fragment or the
-    ``sha256`` argument included), so that ``file:///A/checkpoint.pt`` and
-    ``file:///B/checkpoint.pt`` are two entries."""
+    """Where :func:`fetch` keeps ``url``: its file name prefixed by a key of the whole URL and
+    ``sha256``, so that ``file:///A/x.pt`` and ``file:///B/x.pt`` are two entries."""
     import torch.hub
 
     url, from_fragment = split_hash(url)
@@ -52,12 +50,9 @@ def cache_path(url: str, sha256: str | None = None) -> Path:
 
 def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
           progress: bool = True) -> Path:
-    """The local copy of ``url`` (downloaded into the cache unless already there).
-
-    ``sha256``: the file's full SHA-256 (also read from a ``#sha256=`` fragment); a mismatch is a
-    ``ValueError`` and a bad download is not kept. ``check_hash``: the digest must start with the
-    hex prefix in the file name (torch.hub's rule). An unreachable URL is a ``ValueError``.
-    """
+    """The local copy of ``url``, downloaded into the cache unless there. A ``sha256`` (or
+    ``#sha256=``) mismatch, a digest not starting with the file name's hex prefix
+    (``check_hash``) or an unreachable URL is a ``ValueError``; a bad download is not kept."""
     import torch.hub
 
     url, from_fragment = split_hash(url)

@@ -15,10 +15,8 @@ PathOrState = str | os.PathLike[str] | dict[str, Any]
 
 
 def load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None, str | None]:
-    """``(object, source, local file)``: the loaded object, where it came from and the local file
-    that was read (both None for a loaded object); a URL (``#sha256=`` checked) is fetched into
-    torch.hub's cache first, a training run directory stands for its model
-    (:func:`checkpoint_of`)."""
+    """``(object, source, local file read)`` (None, None for a loaded object); a URL is fetched
+    first, a run directory stands for its model (:func:`checkpoint_of`)."""
     if isinstance(path_or_state, dict):
         return path_or_state, None, None
     if is_url(path_or_state):
@@ -29,9 +27,8 @@ def load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None,
 
 
 def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
-    """A checkpoint file, a URL, a shipped checkpoint (``builtin:NAME``) or a training run
-    directory's model (:func:`e2mc.artifacts.run_model`: its kept ``best.pt`` when keep-best
-    wrote one, else or with ``last`` its latest checkpoint): what the subcommands accept."""
+    """``path_or_run_dir`` itself, or a run directory's model (:func:`e2mc.artifacts.run_model`:
+    its kept ``best.pt``, else or with ``last`` its latest checkpoint)."""
     from e2mc.artifacts import run_model
 
     model = None if is_url(path_or_run_dir) else run_model(path_or_run_dir, last)
@@ -41,8 +38,6 @@ def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -
 
 
 def local_checkpoint(ref: str | os.PathLike[str], last: bool = False) -> str:
-    """The local file ``ref`` stands for: a URL fetched into torch.hub's cache
-    (:func:`e2mc.checkpoints.remote.fetch`), a run directory's model (:func:`checkpoint_of`),
-    else ``ref`` itself (for callers that read the file's bytes, such as the feature cache's
-    key)."""
+    """The local file ``ref`` stands for: a URL's fetched copy, a run directory's model, else
+    ``ref`` itself."""
     return str(fetch(str(ref))) if is_url(ref) else checkpoint_of(ref, last)

@@ -1,6 +1,4 @@
-"""The starting model of a run (:func:`load_start_model`): a project checkpoint of the run's
-method, an exported backbone (built as its sidecar says), a backbone's plain state dict, or an
-official file."""
+"""The starting model of a run (:func:`load_start_model`)."""
 
 from __future__ import annotations
 
@@ -21,18 +19,12 @@ from e2mc.methods.base import SSLMethod
 def load_start_model(path: PathOrState, method: str, trust: bool = False,
                       new_heads: bool = False,
                       **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
-    """The starting model of a run of ``method`` built with ``method_hparams`` (the run's
-    configuration): a project checkpoint of that method, loaded strictly into the configured
-    model, or an official file (:func:`load_official`; a backbone-only file needs
-    ``new_heads=True``). ``path`` may be a URL. A backbone written by :func:`export_backbone`
-    is built as its sidecar says (a run configured with another architecture is a
-    ``ValueError`` naming both); a plain state dict whose names no layout explains (a
-    torchvision ViT's ``encoder.*``) is taken for a backbone of the configured architecture.
-
-    ``info`` holds ``epoch``, ``optimizer`` (a state dict or None), ``source`` and
-    ``optimizer_layout``: ``"project"`` (written by this package's optimizer: load it as is) or
-    ``"official"`` (apply it with :func:`restore_optimizer_state`).
-    """
+    """The starting model of a run of ``method`` configured with ``method_hparams``: a project
+    checkpoint of that method, an exported backbone (as its sidecar says; another configured
+    architecture is a ``ValueError``), a plain state dict no layout explains (a backbone of the
+    configured architecture), or an official file (:func:`load_official`). ``info``:
+    ``epoch``, ``optimizer``, ``source``, ``optimizer_layout`` (``"project"``: load as is;
+    ``"official"``: :func:`restore_optimizer_state`)."""
     obj, source, local = load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         if obj.get("method") != method:
@@ -52,8 +44,7 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
                                            source)
         info["exported"] = exported
     elif bare is not None and not known_layout(bare):
-        # a backbone's bare state dict whose names are like a method's (a torchvision ViT's
-        # encoder.*): the run's configuration names its architecture
+        # a backbone whose names look like a method's (a torchvision ViT's encoder.*)
         model, info = _start_from_backbone(bare, method, dict(method_hparams), new_heads,
                                            source)
     else:
@@ -65,8 +56,7 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
 def _start_from_backbone(det: Detected, method: str, method_hparams: dict[str, Any],
                          new_heads: bool, source: str | None
                          ) -> tuple[SSLMethod, dict[str, Any]]:
-    """The method ``method`` around the backbone-only state dict ``det`` (new heads), as
-    :func:`load_official` starts from a backbone-only file."""
+    """The method ``method`` around the backbone-only state dict ``det`` (new heads)."""
     model, dropped, hp, heads = load_backbone_into_method(det, method, method_hparams,
                                                           new_heads, source)
     return model, {"format": "backbone", "epoch": None, "optimizer": None, "source": source,

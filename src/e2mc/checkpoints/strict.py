@@ -32,11 +32,9 @@ def _listing(title: str, items: list[str]) -> str:
 def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor],
                fmt: str, to_file_name: Callable[[str], str] = lambda k: k,
                unmapped: list[str] | None = None) -> None:
-    """Raise :class:`CheckpointMismatchError` unless ``given`` has exactly the keys and shapes
-    of ``expected``. Names in the message are the file's names (``to_file_name`` maps a model
-    key back); ``unmapped`` are file keys no rule of the format maps (reported as unexpected).
-    The message is one line: the count of each kind and its first ten names. Then every
-    floating tensor must be finite (:func:`check_finite`): the one check of every loader."""
+    """Raise :class:`CheckpointMismatchError` (one line, the file's names) unless ``given`` has
+    exactly the keys and shapes of ``expected`` (``unmapped`` file keys count as unexpected),
+    then :func:`check_finite`: the one check of every loader."""
     missing = [to_file_name(k) for k in expected if k not in given]
     unexpected = list(unmapped or []) + [to_file_name(k) for k in given if k not in expected]
     mismatched = [f"{to_file_name(k)}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
@@ -53,10 +51,9 @@ def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.T
 
 def check_finite(state: Mapping[str, torch.Tensor],
                  to_file_name: Callable[[str], str] = lambda k: k) -> None:
-    """Raise :class:`NonFiniteWeightsError` (one line, the file's name of the first such tensor)
-    unless every floating tensor of ``state`` is finite. One sum per tensor first (a NaN or inf
-    makes it non-finite; a finite sum clears the tensor), element by element only where it is
-    not (the sum may overflow)."""
+    """Raise :class:`NonFiniteWeightsError` (naming the first such tensor) unless every floating
+    tensor of ``state`` is finite. One sum per tensor first (a finite sum clears it), element
+    by element only where it is not (the sum may overflow)."""
     floats = [(k, v) for k, v in state.items() if v.is_floating_point() and v.numel()]
     sums = torch.stack([v.sum().float() for _, v in floats]) if floats else torch.zeros(0)
     if bool(torch.isfinite(sums).all()):

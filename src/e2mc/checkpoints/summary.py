@@ -1,5 +1,4 @@
-"""What identifies a loaded checkpoint in a result: :func:`checkpoint_summary` (the ``info``
-of a loader without tensors, the file's SHA-256) and :func:`recorded_image_size`."""
+"""What identifies a loaded checkpoint in a result."""
 
 from __future__ import annotations
 
@@ -40,11 +39,9 @@ def _plain_values(value: Any) -> tuple[Any, int] | None:
 
 def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] | None = None
                        ) -> dict[str, Any]:
-    """What identifies a loaded checkpoint, small enough to record with a result (the
-    ``checkpoint_info`` of ``results.json``): the entries of a loader's ``info`` that hold no
-    tensor and at most :data:`SUMMARY_MAX_VALUES` values (the optimizer state, generator states
-    and state dicts of a training checkpoint are left out and named under ``omitted``), and the
-    ``sha256`` of the file read."""
+    """A loader's ``info`` small enough to record with a result: the entries without tensors
+    and with at most :data:`SUMMARY_MAX_VALUES` values (the others named under ``omitted``),
+    and the ``sha256`` of the file read."""
     out: dict[str, Any] = {}
     omitted = []
     for key, value in info.items():
@@ -61,9 +58,8 @@ def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] 
 
 
 def recorded_image_size(info: dict[str, Any]) -> int | None:
-    """The image size the model of a loaded checkpoint was trained at, from the configuration a
-    project checkpoint records (``run_config``) or the sidecar of an exported backbone
-    (``image_size``, :func:`load_backbone`'s info); ``None`` for official and plain files."""
+    """The image size a loaded checkpoint was trained at (a project checkpoint's ``run_config``,
+    an exported backbone's sidecar); ``None`` for official and plain files."""
     size = ((info.get("run_config") or {}).get("data") or {}).get("image_size")
     if size is None and info.get("format") == "backbone":
         size = info.get("image_size")

@@ -33,10 +33,8 @@ def _project_file(path: str | os.PathLike[str], trust: bool) -> dict[str, Any]:
 
 def method_around(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
                   ) -> tuple[nn.Module, dict[str, Any]]:
-    """The method of the checkpoint at ``path`` rebuilt around a copy of ``module`` (the
-    backbone the run was trained from, any weights) with every tensor from the file (strict:
-    a module of another shape is one error naming the keys). Returns ``(method, info)``,
-    ``info`` being the file's other entries."""
+    """``(method, info)``: the checkpoint's method rebuilt around a copy of ``module`` (the
+    run's backbone, any weights), every tensor from the file (strict); ``info``: the rest."""
     obj = _project_file(path, trust)
     hparams = {k: v for k, v in obj["hparams"].items() if k != "backbone_class"}
     recorded = obj["hparams"].get("backbone_class")
@@ -52,10 +50,8 @@ def method_around(path: str | os.PathLike[str], module: nn.Module, trust: bool =
 def load_into_module(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
                      ) -> tuple[nn.Module, int | None, dict[str, Any]]:
     """``(backbone, feature_dim, info)``: a copy of ``module`` with the run's backbone weights
-    (:func:`method_around`), or with the module's own weights that ``path`` holds as a plain
-    state dict (``module.state_dict()`` saved: your starting weights, the base of a
-    comparison; ``feature_dim`` None: the module's output size on the images, ``info``
-    ``{"format": "module", "starting_weights": True}``)."""
+    (:func:`method_around`), or with a plain state dict of it (the starting weights;
+    ``feature_dim`` None)."""
     obj = torch_load(path, trust=trust)
     if is_state_dict(obj):
         backbone = load_strict(lambda: copy.deepcopy(module), obj,
