@@ -55,35 +55,31 @@ def official_from_object(obj: Any, source: str | None, method: str | None, new_h
     if is_dino_checkpoint(obj):  # student, teacher and DINO's centre
         return load_dino(obj, source, method, method_hparams)
     det = detect(obj, method if method in METHOD_FORMATS else None)
-    name = method or det.format
-    info: dict[str, Any] = {"format": det.format, "epoch": det.epoch,
-                            "optimizer": det.optimizer, "source": source, **det.extra}
     if det.format == "backbone":
         if method is None:
             raise ValueError("this file holds a backbone only (torchvision names); say which "
                              f"method's heads to build: method= one of {METHOD_FORMATS}")
-        model, dropped, hp, heads = load_backbone_into_method(det, name, method_hparams,
-                                                              new_heads, source)
-        info.update(hparams=hp, dropped_keys=dropped, new_heads=heads, optimizer=None)
-        return model, info
+        return load_backbone_into_method(det, method, method_hparams, new_heads, source)
     if method is not None and method not in METHOD_FORMATS:
         raise ValueError(f"the file has the official {det.format} layout; a {method} model can "
                          "start from a backbone-only file or an e2mc checkpoint of its own")
     if det.format in LAYOUT_FORMATS:  # MoCo v3, Barlow Twins, solo-learn, lightly
         return load_layout(det, source, new_heads, method_hparams)
+    name = method or det.format
     state, unmapped = det.mapped()
     hp = {**infer_hparams(det.format, state), **method_hparams}
     model = load_strict(lambda: rebuild(name, hp), state, det.format, det.to_file_key,
                         unmapped)
-    info["hparams"] = model.hparams
-    return model, info  # type: ignore[return-value]
+    return model, {"format": det.format, "epoch": det.epoch,  # type: ignore[return-value]
+                   "optimizer": det.optimizer, "source": source, **det.extra,
+                   "hparams": model.hparams}
 
 
 def load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any],
                               new_heads: bool, source: str | None
-                              ) -> tuple[SSLMethod, list[str], dict[str, Any], list[str]]:
-    """``(method, dropped classifier keys, hparams, new heads)``: the method ``name`` around the
-    backbone-only state dict ``det``, its heads new (only with ``new_heads``)."""
+                              ) -> tuple[SSLMethod, dict[str, Any]]:
+    """``(method, info)``: the method ``name`` around the backbone-only state dict ``det``, its
+    heads new (only with ``new_heads``)."""
     hp = {**(infer_resnet(det.state_dict) or {}), **method_hparams}
     arch = hp.get("backbone", "resnet50")
     classifier = classifier_keys(arch) if isinstance(arch, str) else frozenset()
@@ -98,7 +94,9 @@ def load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any
             "Pass --new-heads (init.new_heads: true; new_heads=True in Python) if that is what "
             "you want, or start from a checkpoint that has them")
     load_backbone_alone(model, sd, f"backbone only ({arch})", lambda k: det.prefix + k)
-    return model, dropped, model.hparams, heads
+    return model, {"format": "backbone", "epoch": det.epoch, "optimizer": None,
+                   "source": source, **det.extra, "hparams": model.hparams,
+                   "dropped_keys": dropped, "new_heads": heads}
 
 
 def save_checkpoint(path: str | os.PathLike[str], method: SSLMethod, **extra: Any) -> None:

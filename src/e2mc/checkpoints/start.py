@@ -10,7 +10,7 @@ from e2mc.checkpoints.api import (
     official_from_object,
 )
 from e2mc.checkpoints.export import exported_hparams, read_sidecar
-from e2mc.checkpoints.official import Detected, bare_backbone, known_layout
+from e2mc.checkpoints.official import bare_backbone, known_layout
 from e2mc.checkpoints.sources import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.methods.base import SSLMethod
@@ -40,24 +40,14 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
     if exported is not None:  # export-backbone's file: its sidecar names the architecture
         hparams = {**exported_hparams(exported, method_hparams, source or str(local)),
                    **method_hparams}
-        model, info = _start_from_backbone(bare, method, hparams, new_heads,  # type: ignore[arg-type]
-                                           source)
+        model, info = load_backbone_into_method(bare, method, hparams, new_heads, source)
         info["exported"] = exported
     elif bare is not None and not known_layout(bare):
         # a backbone whose names look like a method's (a torchvision ViT's encoder.*)
-        model, info = _start_from_backbone(bare, method, dict(method_hparams), new_heads,
-                                           source)
+        model, info = load_backbone_into_method(bare, method, dict(method_hparams),
+                                                new_heads, source)
     else:
         model, info = official_from_object(obj, source, method, new_heads, method_hparams)
     info.update(optimizer_layout="official")
     return model, info
 
-
-def _start_from_backbone(det: Detected, method: str, method_hparams: dict[str, Any],
-                         new_heads: bool, source: str | None
-                         ) -> tuple[SSLMethod, dict[str, Any]]:
-    """The method ``method`` around the backbone-only state dict ``det`` (new heads)."""
-    model, dropped, hp, heads = load_backbone_into_method(det, method, method_hparams,
-                                                          new_heads, source)
-    return model, {"format": "backbone", "epoch": None, "optimizer": None, "source": source,
-                   "hparams": hp, "dropped_keys": dropped, "new_heads": heads}
