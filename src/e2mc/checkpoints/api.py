@@ -20,7 +20,6 @@ from e2mc.checkpoints.official import (
 from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.sources import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict, rebuild
-from e2mc.checkpoints.summary import recorded_image_size as recorded_image_size  # (re-exported)
 from e2mc.methods.base import SSLMethod
 from e2mc.models import classifier_keys
 
@@ -100,8 +99,7 @@ def load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any
 
 
 def save_checkpoint(path: str | os.PathLike[str], method: SSLMethod, **extra: Any) -> None:
-    """Write the project format atomically: ``{"format": "e2mc", "version": 1, "method",
-    "hparams", "model", **extra}`` (see ``docs/checkpoints.md``)."""
+    """Write the project format (docs/checkpoints.md) atomically."""
     method = unwrap(method)  # type: ignore[assignment]
     clash = sorted(set(extra) & set(_RESERVED))
     if clash:
@@ -125,8 +123,8 @@ def project_from_object(obj: dict[str, Any], source: str | None
 
 
 def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, dict[str, Any]]:
-    """Load a project checkpoint (method rebuilt from its ``hparams``, strict); an official file
-    is passed to :func:`load_official`. ``info`` is everything in the file except ``model``."""
+    """``(method, info)`` of a project checkpoint (rebuilt from its ``hparams``, strict; ``info``
+    all but ``model``) or of an official file (:func:`load_official`)."""
     obj, source, _ = load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         return project_from_object(obj, source)

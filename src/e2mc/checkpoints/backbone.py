@@ -16,6 +16,7 @@ from e2mc.checkpoints.sources import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict
 from e2mc.checkpoints.summary import checkpoint_summary
 from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint
+from e2mc.models.build import build_on_meta
 
 
 def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
@@ -28,11 +29,10 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     ``arch`` also names an official file's backbone its keys do not give (a MoCo v3 ViT).
     ``info``: :func:`checkpoint_summary` (with the file's ``sha256`` and ``source``)."""
     obj, source, local = load_file(path, trust)
-    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
-        method, info = project_from_object(obj, source)
-        return method.backbone, method.feature_dim, checkpoint_summary(info, local)
-    if is_dino_checkpoint(obj):  # DINO's training checkpoint (student, teacher, loss, args)
-        method, info = official_from_object(obj, source, None, False, {})
+    project = isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT
+    if project or is_dino_checkpoint(obj):  # (detect does not tell DINO's layout)
+        method, info = (project_from_object(obj, source) if project
+                        else official_from_object(obj, source, None, False, {}))
         return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     exported = None if arch is not None else read_sidecar(local, obj)
     bare = bare_backbone(obj)
@@ -70,17 +70,11 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     classifier = classifier_keys(spec["backbone"])
     dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
-    dims: list[int] = []
-
-    def build() -> nn.Module:
-        with weights_from_checkpoint():
-            module, dim = build_backbone(spec["backbone"], spec["small_images"],
-                                         spec["in_channels"])
-        dims.append(dim)
-        return module
-
-    backbone = load_strict(build, sd, f"backbone ({spec['backbone']})", lambda k: det.prefix + k)
-    feature_dim = dims[-1]
+    with weights_from_checkpoint():
+        module, feature_dim = build_on_meta(lambda: build_backbone(
+            spec["backbone"], spec["small_images"], spec["in_channels"]))
+    backbone = load_strict(lambda: module, sd, f"backbone ({spec['backbone']})",
+                           lambda k: det.prefix + k)
     info = {"format": "backbone", "arch": spec["backbone"], "small_images": spec["small_images"],
             "in_channels": spec["in_channels"], "dropped_keys": dropped, "source": source}
     if exported is not None:

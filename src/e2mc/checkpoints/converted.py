@@ -35,9 +35,8 @@ def is_simclr_v2(obj: Any) -> bool:
 
 
 def simclr_v2_backbone(obj: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The ResNet of a SimCLR v2 file under torchvision's names (its ``fc``, the supervised
-    head, kept for the caller to drop as any classifier). A selective-kernel model, or a key
-    the renaming does not know, is a ``ValueError`` naming it."""
+    """The ResNet of a SimCLR v2 file under torchvision's names (``fc`` kept, for the caller
+    to drop); a selective-kernel model or an unknown key is a ``ValueError`` naming it."""
     out: dict[str, torch.Tensor] = {}
     for key, value in obj["resnet"].items():
         if ".mixing_conv." in key or ".main_conv." in key:

@@ -22,14 +22,12 @@ class UntrustedCheckpointError(ValueError):
 
 
 def _vicreg_exclude_bias_and_norm(p: torch.Tensor) -> bool:
-    """Stand-in for VICReg's ``exclude_bias_and_norm``, which its LARS stores in the optimizer's
-    parameter groups (so ``resnet50_fullckpt.pth`` references it by name)."""
+    """Stand-in for VICReg's function that its LARS stores in the optimizer's groups."""
     return p.ndim == 1
 
 
 #: Globals the official checkpoints reference, mapped to harmless stand-ins so that they load
-#: with ``weights_only=True``. VICReg ran ``main_vicreg.py`` as a script (``__main__``) or
-#: imported it through submitit (``main_vicreg``).
+#: with ``weights_only=True`` (VICReg ran as ``__main__`` or, through submitit, ``main_vicreg``).
 OFFICIAL_SAFE_GLOBALS: list[Any] = [
     (_vicreg_exclude_bias_and_norm, "__main__.exclude_bias_and_norm"),
     (_vicreg_exclude_bias_and_norm, "main_vicreg.exclude_bias_and_norm"),

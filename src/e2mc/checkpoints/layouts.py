@@ -20,8 +20,7 @@ from e2mc.checkpoints.strict import (
 )
 from e2mc.models.build import build_on_meta
 
-#: moco-v3's ViTs (``vits.py``): every one has 12 attention heads; ``vit_base`` is timm's
-#: ``vit_base_patch16_224``, ``vit_small`` timm's ``vit_small_patch16_224`` with 12 heads, not 6.
+#: moco-v3's ViTs all have 12 attention heads (timm's ``vit_small`` has 6).
 MOCOV3_VIT_HEADS = {"vit_small": 12, "vit_base": 12, "vit_conv_small": 12, "vit_conv_base": 12}
 #: arch -> (the e2mc backbone, its (width, patch, depth)).
 MOCOV3_VIT_NAMES = {"vit_base": ("timm:vit_base_patch16_224", (768, 16, 12)),
@@ -103,7 +102,7 @@ class UnknownArchitectureError(ValueError):
 
 
 def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> None:
-    """Refuse (one line) a backbone that the shapes do not name and no argument names."""
+    """Refuse a backbone that neither the shapes nor an argument name."""
     arch = det.extra.get("arch")
     if det.format == "mocov3" and isinstance(arch, str) and arch.startswith("vit_conv"):
         raise ValueError(f"{source or 'the checkpoint'} holds moco-v3's {arch}, a ViT with a "
@@ -117,7 +116,7 @@ def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> No
 
 
 def _check_vit_heads(det: Detected, model: nn.Module) -> None:
-    """moco-v3's ViTs have 12 attention heads: refuse a backbone with another number."""
+    """Refuse a backbone with another number of heads than moco-v3's ViT (12)."""
     want = MOCOV3_VIT_HEADS.get(det.extra.get("arch", "")) if det.format == "mocov3" else None
     blocks = getattr(getattr(model, "backbone", None), "blocks", None)
     if want is None or blocks is None or len(blocks) == 0:

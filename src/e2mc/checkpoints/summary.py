@@ -18,20 +18,14 @@ def _plain_values(value: Any) -> tuple[Any, int] | None:
     Objects of other types become their ``repr``."""
     if isinstance(value, torch.Tensor):
         return None
-    if isinstance(value, dict):
-        out, count = {}, 0
-        for k, v in value.items():
-            plain = _plain_values(v)
-            if plain is None:
-                return None
-            out[str(k)], n = plain
-            count += n
-        return out, count
-    if isinstance(value, (list, tuple)):
-        items = [_plain_values(v) for v in value]
+    if isinstance(value, (dict, list, tuple)):
+        items = [_plain_values(v) for v in (value.values() if isinstance(value, dict) else value)]
         if any(item is None for item in items):
             return None
-        return [item[0] for item in items], sum(item[1] for item in items)  # type: ignore[index]
+        plain = [item[0] for item in items]  # type: ignore[index]
+        count = sum(item[1] for item in items)  # type: ignore[index]
+        return (dict(zip(map(str, value), plain, strict=True)) if isinstance(value, dict)
+                else plain), count
     if value is None or isinstance(value, (str, int, float, bool)):
         return value, 1
     return repr(value), 1

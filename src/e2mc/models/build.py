@@ -1,6 +1,4 @@
-"""Building a backbone by name (:func:`build_backbone`): a torchvision, timm or Hugging Face
-model, or one of the package's small models, without its classifier; and the keys of the
-classifier it drops (:func:`classifier_keys`)."""
+"""Building a backbone by name (:func:`build_backbone`) and the classifier keys it drops."""
 
 from __future__ import annotations
 
@@ -145,8 +143,7 @@ def _timm_vits() -> frozenset[str]:
 
 
 class HFBackbone(nn.Module):
-    """A Hugging Face vision model as a pooled-feature extractor: its ``pooler_output`` when it
-    has one, else the mean of ``last_hidden_state`` over tokens (or over the spatial grid)."""
+    """A Hugging Face vision model's ``pooler_output``, else its mean ``last_hidden_state``."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

@@ -1,5 +1,4 @@
-"""A classification network made a backbone: its classifier dropped (the pooled feature size
-returned), its first convolution made to take other image channels."""
+"""A classification network made a backbone: its classifier dropped, its input channels set."""
 
 from __future__ import annotations
 
@@ -7,9 +6,8 @@ from torch import nn
 
 
 def strip_classifier(model: nn.Module) -> int:
-    """Replace the classifier (``fc``, ``classifier``, ``head`` or ``heads``) by the identity
-    (keeping non-Linear layers before its first Linear, e.g. ConvNeXt's norm); return the
-    pooled feature size."""
+    """Replace the classifier (``fc``, ``classifier``, ``heads``, ``head``) by what precedes its
+    first Linear (ConvNeXt's norm) or the identity; return the pooled feature size."""
     attr = next((a for a in ("fc", "classifier", "heads", "head") if hasattr(model, a)), None)
     if attr is None:
         raise ValueError(f"cannot find the classifier of {type(model).__name__}")
