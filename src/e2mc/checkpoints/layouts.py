@@ -128,11 +128,6 @@ def _check_vit_heads(det: Detected, model: nn.Module) -> None:
                                 f"{got}: the same shapes, another model; nothing was loaded")
 
 
-def _file_part(det: Detected, part: str) -> str:
-    """The file's name of a model part (``projector`` -> ``module.base_encoder.fc``)."""
-    return det.to_file_key(part + ".").rstrip(".")
-
-
 def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Tensor]
                       ) -> list[str]:
     """The heads whose layers differ between the file and the model, in words."""
@@ -142,7 +137,8 @@ def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Te
         mine, theirs = layers(expected, part), layers(state, part)
         if all(mine.get(i) == kind for i, kind in theirs.items()):
             continue  # the same, or layers missing (a strict key error, not an architecture)
-        out.append(f"the file's {_file_part(det, part)} is [{describe(state, part)}], "
+        theirs_name = det.to_file_key(part + ".").rstrip(".")  # module.base_encoder.fc
+        out.append(f"the file's {theirs_name} is [{describe(state, part)}], "
                    f"e2mc's {det.method} {part} [{describe(expected, part)}]")
     return out
 

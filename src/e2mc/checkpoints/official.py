@@ -80,17 +80,9 @@ class Detected:
 
     def mapped(self) -> tuple[dict[str, torch.Tensor], list[str]]:
         """The state dict under model names, and the file keys no rule maps."""
-        out, unmapped = {}, []
-        dropped = set(self.dropped)
-        for k, v in self.state_dict.items():
-            if k in dropped:
-                continue
-            mk = self.to_model_key(k)
-            if mk is None:
-                unmapped.append(self.prefix + k)
-            else:
-                out[mk] = v
-        return out, unmapped
+        names = {k: self.to_model_key(k) for k in self.state_dict if k not in set(self.dropped)}
+        return ({mk: self.state_dict[k] for k, mk in names.items() if mk is not None},
+                [self.prefix + k for k, mk in names.items() if mk is None])
 
 
 def is_state_dict(obj: Any) -> bool:

@@ -41,14 +41,17 @@ def build_backbone(
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     source, model_name, weights = parse_backbone_name(name)
+    if small_images and not (source == "torchvision" and (
+            model_name in RESNETS or (model_name in SMALL_CNNS and weights is None))):
+        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     if source == "timm":
-        return _timm_backbone(model_name, small_images, in_channels)
+        return _timm_backbone(model_name, in_channels)
     if source == "hf":
-        return _hf_backbone(model_name, small_images, in_channels)
+        return _hf_backbone(model_name, in_channels)
     if model_name in SMALL_CNNS and weights is None:
         return SmallConvNet(SMALL_CNNS[model_name], in_channels), SMALL_CNNS[model_name][-1]
     if model_name in SMALL_VITS and weights is None:
-        return small_vit(model_name, small_images, in_channels)
+        return small_vit(model_name, in_channels)
     return _torchvision_backbone(model_name, weights, small_images, in_channels)
 
 
@@ -69,8 +72,6 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
         raise unknown_error("backbone", name, known,
                             f"; supported: {', '.join(SUPPORTED_BACKBONES)}, "
                             "any torchvision classification model, timm:NAME or hf:REPO_ID")
-    if small_images and name not in RESNETS:
-        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     weight_enum = None
     if weights is not None:
         weight_enum = torchvision_weights(name, weights, tvm)
@@ -102,14 +103,11 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
     return model, feature_dim
 
 
-def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+def _timm_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
     try:
         import timm
     except ImportError:
         raise missing_extra("timm", "timm", f"timm:{name}") from None
-    if small_images:
-        raise ValueError("small_images=True is only supported for torchvision ResNets, "
-                         f"not timm:{name}")
     architecture, tag, arguments = timm_parts(name)
     if not timm.is_model(architecture):  # (with a tag: the close ARCH.TAG names)
         raise unknown_error("timm model", name,
@@ -158,14 +156,11 @@ class HFBackbone(nn.Module):
         return pooled.flatten(1)
 
 
-def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+def _hf_backbone(repo: str, in_channels: int) -> tuple[nn.Module, int]:
     try:
         import transformers
     except ImportError:
         raise missing_extra("transformers", "hf", f"hf:{repo}") from None
-    if small_images:
-        raise ValueError(f"small_images=True is only supported for torchvision ResNets, "
-                         f"not hf:{repo}")
     from e2mc.hub import cache_if_offline
 
     local = os.path.isdir(repo)

@@ -29,12 +29,10 @@ class SmallConvNet(nn.Sequential):
         super().__init__(*layers)
 
 
-def small_vit(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+def small_vit(name: str, in_channels: int) -> tuple[nn.Module, int]:
     """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` without its head."""
     from torchvision.models.vision_transformer import VisionTransformer
 
-    if small_images:
-        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     size, patch, layers, heads, width, mlp = SMALL_VITS[name]
     model = VisionTransformer(image_size=size, patch_size=patch, num_layers=layers,
                               num_heads=heads, hidden_dim=width, mlp_dim=mlp)
