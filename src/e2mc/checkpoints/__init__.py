@@ -1,7 +1,13 @@
 """Checkpoints: strict loading of the official VICReg / SwAV / SimSiam files, the project's own
 format (``docs/checkpoints.md``), backbone loading and export."""
 
-from e2mc.checkpoints.api import load_checkpoint, load_official, save_checkpoint
+from e2mc.checkpoints.api import (
+    load_checkpoint,
+    load_official,
+    load_start_model,
+    restore_optimizer_state,
+    save_checkpoint,
+)
 from e2mc.checkpoints.backbone import load_backbone
 from e2mc.checkpoints.export import (
            check_exported_start,
@@ -10,10 +16,8 @@ from e2mc.checkpoints.export import (
            sidecar_path,
 )
 from e2mc.checkpoints.io import UntrustedCheckpointError, torch_load
-from e2mc.checkpoints.optimizer_state import restore_optimizer_state
 from e2mc.checkpoints.remote import fetch, is_url
 from e2mc.checkpoints.sources import checkpoint_of, local_checkpoint
-from e2mc.checkpoints.start import load_start_model
 from e2mc.checkpoints.strict import CheckpointMismatchError
 from e2mc.checkpoints.summary import checkpoint_summary, recorded_image_size
 

@@ -1,11 +1,13 @@
-"""A method from a checkpoint: the official formats (:func:`load_official`) and the project's
-own (:func:`load_checkpoint`, :func:`save_checkpoint`)."""
+"""A method from a checkpoint: the official formats (:func:`load_official`), the project's own
+(:func:`load_checkpoint`, :func:`save_checkpoint`), a run's start (:func:`load_start_model`)
+and an official optimizer state (:func:`restore_optimizer_state`)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from e2mc.checkpoints.io import atomic_save
@@ -13,9 +15,11 @@ from e2mc.checkpoints.layouts import head_names, load_backbone_alone, load_layou
 from e2mc.checkpoints.official import (
     LAYOUT_FORMATS,
     METHOD_FORMATS,
+    bare_backbone,
     detect,
     infer_hparams,
     infer_resnet,
+    known_layout,
 )
 from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.sources import PathOrState, load_file
@@ -129,3 +133,79 @@ def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, 
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         return project_from_object(obj, source)
     return official_from_object(obj, source, None, False, {})
+
+
+def load_start_model(path: PathOrState, method: str, trust: bool = False,
+                      new_heads: bool = False,
+                      **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
+    """The starting model of a run of ``method`` configured with ``method_hparams``: a project
+    checkpoint of that method, an exported backbone (as its sidecar says; another configured
+    architecture is a ``ValueError``), a plain state dict no layout explains (a backbone of the
+    configured architecture), or an official file (:func:`load_official`). ``info``:
+    ``epoch``, ``optimizer``, ``source``, ``optimizer_layout`` (``"project"``: load as is;
+    ``"official"``: :func:`restore_optimizer_state`)."""
+    from e2mc.checkpoints.export import exported_hparams, read_sidecar  # (export imports this)
+
+    obj, source, local = load_file(path, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        if obj.get("method") != method:
+            raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
+                             f"this run trains {method!r}")
+        model = load_strict(lambda: rebuild(method, method_hparams), obj["model"],
+                            f"e2mc ({method})")
+        info = {k: v for k, v in obj.items() if k != "model"}
+        info.update(source=source, optimizer_layout="project")
+        return model, info  # type: ignore[return-value]
+    exported = read_sidecar(local, obj)
+    bare = bare_backbone(obj)
+    if exported is not None:  # export-backbone's file: its sidecar names the architecture
+        hparams = {**exported_hparams(exported, method_hparams, source or str(local)),
+                   **method_hparams}
+        model, info = load_backbone_into_method(bare, method, hparams, new_heads, source)
+        info["exported"] = exported
+    elif bare is not None and not known_layout(bare):
+        # a backbone whose names look like a method's (a torchvision ViT's encoder.*)
+        model, info = load_backbone_into_method(bare, method, dict(method_hparams),
+                                                new_heads, source)
+    else:
+        model, info = official_from_object(obj, source, method, new_heads, method_hparams)
+    info.update(optimizer_layout="official")
+    return model, info
+
+
+def restore_optimizer_state(optimizer: torch.optim.Optimizer, method: nn.Module,
+                            state: dict[str, Any]) -> int:
+    """Restore the per-parameter buffers (momentum; LARS's ``mu`` and SGD's
+    ``momentum_buffer`` renamed as needed) of an official optimizer state into ``optimizer``,
+    keeping its lr and wd; returns how many parameters were restored. The ``k``-th saved
+    parameter is ``list(method.parameters())[k]``: the method classes keep the official order."""
+    method = unwrap(method)
+    try:
+        saved_ids = [i for g in state["param_groups"] for i in g["params"]]
+        per_param = state["state"]
+    except (KeyError, TypeError) as err:
+        raise ValueError("not an optimizer state dict (needs 'state' and 'param_groups')") from err
+    params = list(method.parameters())
+    if len(saved_ids) != len(params):
+        raise ValueError(f"the optimizer state covers {len(saved_ids)} parameters, the model has "
+                         f"{len(params)}")
+    key = getattr(optimizer, "momentum_key", "momentum_buffer")
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    restored = 0
+    for pos, sid in enumerate(saved_ids):
+        saved = per_param.get(sid)
+        p = params[pos]
+        if not saved or id(p) not in in_optimizer:
+            continue
+        converted: dict[str, Any] = {}
+        for k, v in saved.items():
+            k = key if k in ("mu", "momentum_buffer") else k
+            if isinstance(v, torch.Tensor) and v.ndim > 0:
+                if v.shape != p.shape:
+                    raise ValueError(f"optimizer state {k!r} of parameter {pos} has shape "
+                                     f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
+                v = v.to(device=p.device, dtype=p.dtype).contiguous()
+            converted[k] = v
+        optimizer.state[p] = converted
+        restored += 1
+    return restored
