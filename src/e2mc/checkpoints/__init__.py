@@ -10,14 +10,13 @@ from e2mc.checkpoints.api import (
 )
 from e2mc.checkpoints.backbone import load_backbone
 from e2mc.checkpoints.export import (
-           check_exported_start,
-           export_backbone,
-           read_sidecar,
-           sidecar_path,
+    check_exported_start,
+    export_backbone,
+    read_sidecar,
+    sidecar_path,
 )
 from e2mc.checkpoints.io import UntrustedCheckpointError, torch_load
-from e2mc.checkpoints.remote import fetch, is_url
-from e2mc.checkpoints.sources import checkpoint_of, local_checkpoint
+from e2mc.checkpoints.remote import checkpoint_of, fetch, is_url, local_checkpoint
 from e2mc.checkpoints.strict import CheckpointMismatchError
 from e2mc.checkpoints.summary import checkpoint_summary, recorded_image_size
 

@@ -22,7 +22,7 @@ from e2mc.checkpoints.official import (
     known_layout,
 )
 from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
-from e2mc.checkpoints.sources import PathOrState, load_file
+from e2mc.checkpoints.remote import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.methods.base import SSLMethod
 from e2mc.models import classifier_keys

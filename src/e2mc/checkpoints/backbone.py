@@ -12,7 +12,7 @@ from e2mc.checkpoints.export import exported_arch, read_sidecar
 from e2mc.checkpoints.layouts import UnknownArchitectureError
 from e2mc.checkpoints.official import Detected, bare_backbone, detect, infer_resnet, known_layout
 from e2mc.checkpoints.official_dino import is_dino_checkpoint
-from e2mc.checkpoints.sources import PathOrState, load_file
+from e2mc.checkpoints.remote import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict
 from e2mc.checkpoints.summary import checkpoint_summary
 from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint

@@ -14,8 +14,7 @@ from torch import nn
 from e2mc.checkpoints.api import PROJECT_FORMAT, load_checkpoint, unwrap
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import bare_backbone, is_state_dict
-from e2mc.checkpoints.remote import is_url
-from e2mc.checkpoints.sources import PathOrState, local_checkpoint
+from e2mc.checkpoints.remote import PathOrState, is_url, local_checkpoint
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod

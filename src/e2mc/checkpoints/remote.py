@@ -1,4 +1,5 @@
-"""Checkpoints by URL (http, https, file), downloaded once into torch.hub's ``checkpoints``
+"""What a checkpoint argument stands for (:func:`load_file`: a file, a run directory, a loaded
+object, a URL). URLs (http, https, file) are downloaded once into torch.hub's ``checkpoints``
 cache under a key of the whole URL, checked against a full ``sha256`` (argument or
 ``#sha256=<hex>`` fragment) or torch.hub's hash prefix in the file name (docs/checkpoints.md)."""
 
@@ -8,9 +9,11 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.parse import unquote, urlsplit
 
+from e2mc.checkpoints.io import torch_load
 from e2mc.files import sha256_file
 
 SCHEMES = ("http", "https", "file")
@@ -87,3 +90,35 @@ def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
             raise ValueError(f"{dst} (cached copy of {url}) has sha256 {actual}, expected "
                              f"{expected}: delete the file to download it again")
     return dst
+
+
+PathOrState = str | os.PathLike[str] | dict[str, Any]
+
+
+def load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None, str | None]:
+    """``(object, source, local file read)`` (None, None for a loaded object); a URL is fetched
+    first, a run directory stands for its model (:func:`checkpoint_of`)."""
+    if isinstance(path_or_state, dict):
+        return path_or_state, None, None
+    if is_url(path_or_state):
+        local = str(fetch(str(path_or_state)))
+        return torch_load(local, trust=trust), str(path_or_state), local
+    path = checkpoint_of(path_or_state)  # a run directory stands for its model (best.pt)
+    return torch_load(path, trust=trust), path, path
+
+
+def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
+    """``path_or_run_dir`` itself, or a run directory's model (:func:`e2mc.artifacts.run_model`:
+    its kept ``best.pt``, else or with ``last`` its latest checkpoint)."""
+    from e2mc.artifacts import run_model
+
+    model = None if is_url(path_or_run_dir) else run_model(path_or_run_dir, last)
+    if model is None or model.path == Path(path_or_run_dir):  # a URL, or the file itself
+        return os.fspath(path_or_run_dir)
+    return str(model.path)
+
+
+def local_checkpoint(ref: str | os.PathLike[str], last: bool = False) -> str:
+    """The local file ``ref`` stands for: a URL's fetched copy, a run directory's model, else
+    ``ref`` itself."""
+    return str(fetch(str(ref))) if is_url(ref) else checkpoint_of(ref, last)
