@@ -11,7 +11,13 @@ import torch
 from torch import nn
 
 from e2mc.checkpoints.io import atomic_save
-from e2mc.checkpoints.layouts import head_names, load_backbone_alone, load_layout
+from e2mc.checkpoints.layouts import (
+    head_names,
+    is_dino_checkpoint,
+    load_backbone_alone,
+    load_dino,
+    load_layout,
+)
 from e2mc.checkpoints.official import (
     LAYOUT_FORMATS,
     METHOD_FORMATS,
@@ -21,7 +27,6 @@ from e2mc.checkpoints.official import (
     infer_resnet,
     known_layout,
 )
-from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
 from e2mc.checkpoints.remote import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.methods.base import SSLMethod

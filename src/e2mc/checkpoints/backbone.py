@@ -9,9 +9,8 @@ from torch import nn
 
 from e2mc.checkpoints.api import PROJECT_FORMAT, official_from_object, project_from_object
 from e2mc.checkpoints.export import exported_arch, read_sidecar
-from e2mc.checkpoints.layouts import UnknownArchitectureError
+from e2mc.checkpoints.layouts import UnknownArchitectureError, is_dino_checkpoint
 from e2mc.checkpoints.official import Detected, bare_backbone, detect, infer_resnet, known_layout
-from e2mc.checkpoints.official_dino import is_dino_checkpoint
 from e2mc.checkpoints.remote import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict
 from e2mc.checkpoints.summary import checkpoint_summary
