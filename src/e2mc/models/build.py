@@ -1,4 +1,6 @@
-"""Building a backbone by name (:func:`build_backbone`) and the classifier keys it drops."""
+"""Building a backbone by name (:func:`build_backbone`): a library's classification network
+without its classifier (whose keys :func:`classifier_keys` gives) or the package's own small
+models for 28-32 px images on a CPU."""
 
 from __future__ import annotations
 
@@ -19,8 +21,86 @@ from e2mc.models.pretrained import (
     timm_cache,
     torchvision_weights,
 )
-from e2mc.models.small import SMALL_CNNS, SMALL_VITS, SmallConvNet, small_vit
-from e2mc.models.surgery import replace_first_conv, strip_classifier
+
+#: :class:`SmallConvNet` widths.
+SMALL_CNNS: dict[str, tuple[int, ...]] = {
+    "cnn5": (32, 64, 128, 128, 256),
+    "cnn5_small": (16, 32, 64, 64, 128),
+}
+#: Small ViTs for 28 px images on a CPU: image and patch size, layers, heads, width, MLP width.
+SMALL_VITS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "vit_tiny_p4_28": (28, 4, 4, 3, 96, 384),
+}
+
+class SmallConvNet(nn.Sequential):
+    """Five 3x3 conv-BN-ReLU layers with strides (1, 2, 1, 2, 1), then global average pooling
+    (10 or 40 million multiply-adds per 28 px image)."""
+
+    def __init__(self, widths: tuple[int, ...], in_channels: int = 1) -> None:
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for i, width in enumerate(widths):
+            layers += [nn.Conv2d(channels, width, 3, stride=2 if i % 2 else 1, padding=1,
+                                 bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            channels = width
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        super().__init__(*layers)
+
+
+def small_vit(name: str, in_channels: int) -> tuple[nn.Module, int]:
+    """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` without its head."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    size, patch, layers, heads, width, mlp = SMALL_VITS[name]
+    model = VisionTransformer(image_size=size, patch_size=patch, num_layers=layers,
+                              num_heads=heads, hidden_dim=width, mlp_dim=mlp)
+    model.heads = nn.Identity()
+    if in_channels != 3:
+        model.conv_proj = nn.Conv2d(in_channels, width, kernel_size=patch, stride=patch)
+    return model, width
+
+
+def strip_classifier(model: nn.Module) -> int:
+    """Replace the classifier (``fc``, ``classifier``, ``heads``, ``head``) by what precedes its
+    first Linear (ConvNeXt's norm) or the identity; return the pooled feature size."""
+    attr = next((a for a in ("fc", "classifier", "heads", "head") if hasattr(model, a)), None)
+    if attr is None:
+        raise ValueError(f"cannot find the classifier of {type(model).__name__}")
+    head = getattr(model, attr)
+    if isinstance(head, nn.Linear):
+        dim = head.in_features
+        new_head: nn.Module = nn.Identity()
+    else:
+        layers = list(head.children())
+        first_linear = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
+        if first_linear is None:
+            raise ValueError(f"the classifier of {type(model).__name__} has no Linear layer")
+        dim = layers[first_linear].in_features
+        kept = [m for m in layers[:first_linear] if not isinstance(m, nn.Dropout)]
+        new_head = nn.Sequential(*kept) if kept else nn.Identity()
+    setattr(model, attr, new_head)
+    return dim
+
+
+def input_channels(module: nn.Module) -> int:
+    """Input channels of the first convolution of ``module`` (3 if it has none)."""
+    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
+    return conv.in_channels if conv is not None else 3
+
+
+def replace_first_conv(model: nn.Module, in_channels: int) -> None:
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d):
+                setattr(parent, child_name, nn.Conv2d(
+                    in_channels, child.out_channels, child.kernel_size, child.stride,
+                    child.padding, dilation=child.dilation, groups=1,
+                    bias=child.bias is not None))
+                return
+            if len(list(child.children())) > 0:
+                break
+    raise ValueError("could not find the first convolution to change the input channels")
+
 
 #: ResNets end in ``fc`` after global average pooling, the others in a ``classifier``.
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2",
