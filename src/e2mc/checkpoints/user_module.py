@@ -16,8 +16,6 @@ from e2mc.checkpoints.strict import load_strict
 from e2mc.errors import InputError
 from e2mc.methods.registry import build_method
 
-__all__ = ["load_into_module", "method_around"]
-
 
 def _project_file(path: str | os.PathLike[str], trust: bool) -> dict[str, Any]:
     obj = torch_load(path, trust=trust)

@@ -49,14 +49,10 @@ def _declared_size_problem(module: nn.Module, size: int) -> str | None:
     patch = tuple(int(p) for p in m.patch_size)
     if not getattr(m, "dynamic_img_pad", False) and any(size % p for p in patch):
         shown = patch[0] if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}"
+        step = max(patch)  # the nearest multiple, at least one patch
         return (f"its patch size {shown} does not divide the image size {size} (a "
-                f"multiple of {shown} does, e.g. {_multiple(size, max(patch))})")
+                f"multiple of {shown} does, e.g. {max(step, round(size / step) * step)})")
     return None
-
-
-def _multiple(size: int, step: int) -> int:
-    """The multiple of ``step`` nearest to ``size`` (at least ``step``)."""
-    return max(step, round(size / step) * step)
 
 
 def _meta_forward_error(module: nn.Module, size: int, channels: int,
