@@ -26,8 +26,7 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}.json")
 
 
-#: The ``format`` of :func:`export_backbone`'s sidecar.
-EXPORT_FORMAT = "e2mc-backbone"
+EXPORT_FORMAT = "e2mc-backbone"  # the sidecar's ``format``
 
 
 def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[str, Any] | None:

@@ -33,8 +33,6 @@ MOCOV3_VIT_HEADS = {"vit_small": 12, "vit_base": 12, "vit_conv_small": 12, "vit_
 #: arch -> (the e2mc backbone, its (width, patch, depth)).
 MOCOV3_VIT_NAMES = {"vit_base": ("timm:vit_base_patch16_224", (768, 16, 12)),
                     "vit_small": ("timm:vit_small_patch16_224(num_heads=12)", (384, 16, 12))}
-#: The heads compared layer by layer before anything is loaded.
-HEAD_PARTS = ("projector", "predictor", "teacher.projector")
 
 
 class HeadMismatchError(CheckpointMismatchError):
@@ -141,7 +139,7 @@ def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Te
     """The heads whose layers differ between the file and the model, in words."""
     expected = model.state_dict()
     out = []
-    for part in HEAD_PARTS:
+    for part in ("projector", "predictor", "teacher.projector"):
         mine, theirs = layers(expected, part), layers(state, part)
         if all(mine.get(i) == kind for i, kind in theirs.items()):
             continue  # the same, or layers missing (a strict key error, not an architecture)

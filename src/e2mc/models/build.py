@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -108,7 +108,6 @@ RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_r
 OTHERS = ("convnext_tiny", "efficientnet_b0", "mobilenet_v3_small", "mobilenet_v3_large",
           "regnet_y_400mf", "densenet121")
 SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS) + tuple(SMALL_VITS)
-T = TypeVar("T")
 
 
 def build_backbone(
@@ -272,7 +271,7 @@ def classifier_keys(name: str) -> frozenset[str]:
     return _classifier_keys(source, model_name)
 
 
-def build_on_meta(build: Callable[[], T]) -> T:
+def build_on_meta(build: Callable[[], Any]) -> Any:
     """``build()`` on the meta device (no memory, no initialisation); on the CPU for a
     constructor that computes on tensors (torchvision's RegNets read their widths off one)."""
     try:
