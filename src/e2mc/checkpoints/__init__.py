@@ -1,5 +1,4 @@
-"""Checkpoints: strict loading of the official VICReg / SwAV / SimSiam files, the project's own
-format (``docs/checkpoints.md``), backbone loading and export."""
+"""Checkpoints (docs/checkpoints.md): official and own formats, strict loading, export."""
 
 from e2mc.checkpoints.api import (
     load_checkpoint,

@@ -31,10 +31,8 @@ KEY_RULES: dict[str, list[tuple[str, str]]] = {
                 ("backbone.", "backbone."), ("projection_head.layers.", "projector."),
                 ("prediction_head.layers.", "predictor.")],
 }
-#: The methods some layout holds (``method=`` of :func:`detect`; others start from a
-#: backbone-only file or from an e2mc checkpoint).
+#: The methods some layout holds (``method=`` of :func:`detect`).
 METHOD_FORMATS = ("vicreg", "swav", "simsiam", "barlowtwins", "mocov3", "byol", "simclr")
-#: The methods each layout can hold.
 LAYOUT_METHODS: dict[str, tuple[str, ...]] = {
     "vicreg": ("vicreg",), "swav": ("swav",), "simsiam": ("simsiam",),
     "barlowtwins": ("barlowtwins",), "mocov3": ("mocov3",),

@@ -16,14 +16,13 @@ from urllib.parse import unquote, urlsplit
 from e2mc.checkpoints.io import torch_load
 from e2mc.files import sha256_file
 
-SCHEMES = ("http", "https", "file")
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's convention
 _HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def is_url(ref: object) -> bool:
     """Whether ``ref`` is a string URL this module can fetch (http, https, file)."""
-    return isinstance(ref, str) and urlsplit(ref).scheme.lower() in SCHEMES \
+    return isinstance(ref, str) and urlsplit(ref).scheme.lower() in ("http", "https", "file") \
         and "://" in ref
 
 

@@ -9,8 +9,7 @@ import torch
 
 from e2mc.files import sha256_file
 
-#: At most this many values (numbers, strings) per entry of :func:`checkpoint_summary`.
-SUMMARY_MAX_VALUES = 256
+SUMMARY_MAX_VALUES = 256  # values (numbers, strings) per entry of checkpoint_summary
 
 
 def _plain_values(value: Any) -> tuple[Any, int] | None:

@@ -93,8 +93,7 @@ def last_feature_map(module: nn.Module, image_size: int, channels: int) -> tuple
     return (maps[-1][2], maps[-1][3]) if maps else None
 
 
-#: The image size every backbone whose size is not declared is expected to take.
-_USUAL_SIZE = 224
+_USUAL_SIZE = 224  # what every backbone that declares no size is expected to take
 
 
 def input_size_problem(module: nn.Module, image_size: int, channels: int) -> str | None:
