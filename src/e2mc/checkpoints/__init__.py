@@ -1,11 +1,10 @@
-"""Checkpoints: strict loading of the official VICReg / SwAV / SimSiam files, the project's own
-format (``docs/checkpoints.md``), backbone loading and export."""
+"""Checkpoints (docs/checkpoints.md): official and own formats, strict loading, export."""
 
 from e2mc.checkpoints.api import (
-    PROJECT_FORMAT,
-    PROJECT_VERSION,
     load_checkpoint,
     load_official,
+    load_start_model,
+    restore_optimizer_state,
     save_checkpoint,
 )
 from e2mc.checkpoints.backbone import load_backbone
@@ -15,18 +14,13 @@ from e2mc.checkpoints.export import (
     read_sidecar,
     sidecar_path,
 )
-from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
-from e2mc.checkpoints.official import detect
-from e2mc.checkpoints.optimizer_state import restore_optimizer_state
-from e2mc.checkpoints.remote import fetch, is_url
-from e2mc.checkpoints.sources import checkpoint_of, local_checkpoint
-from e2mc.checkpoints.start import load_start_model
+from e2mc.checkpoints.io import UntrustedCheckpointError, torch_load
+from e2mc.checkpoints.remote import checkpoint_of, fetch, is_url, local_checkpoint
 from e2mc.checkpoints.strict import CheckpointMismatchError
 from e2mc.checkpoints.summary import checkpoint_summary, recorded_image_size
 
-__all__ = ["PROJECT_FORMAT", "PROJECT_VERSION", "CheckpointMismatchError",
-           "UntrustedCheckpointError", "atomic_save", "check_exported_start", "checkpoint_of",
-           "checkpoint_summary", "detect", "export_backbone", "fetch", "is_url",
-           "load_backbone", "load_checkpoint", "load_start_model", "load_official",
-           "local_checkpoint", "read_sidecar", "recorded_image_size",
-           "restore_optimizer_state", "save_checkpoint", "sidecar_path", "torch_load"]
+__all__ = ["CheckpointMismatchError", "UntrustedCheckpointError", "check_exported_start",
+           "checkpoint_of", "checkpoint_summary", "export_backbone", "fetch", "is_url",
+           "load_backbone", "load_checkpoint", "load_official", "load_start_model",
+           "local_checkpoint", "read_sidecar", "recorded_image_size", "restore_optimizer_state",
+           "save_checkpoint", "sidecar_path", "torch_load"]

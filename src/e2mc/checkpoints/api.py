@@ -1,47 +1,40 @@
-"""A method from a checkpoint: the official formats (:func:`load_official`) and the project's
-own (:func:`load_checkpoint`, :func:`save_checkpoint`)."""
+"""A method from a checkpoint: the official formats (:func:`load_official`), the project's own
+(:func:`load_checkpoint`, :func:`save_checkpoint`), a run's start (:func:`load_start_model`)
+and an official optimizer state (:func:`restore_optimizer_state`)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from e2mc.checkpoints.io import atomic_save
-from e2mc.checkpoints.layouts import load_layout
+from e2mc.checkpoints.layouts import (
+    head_names,
+    is_dino_checkpoint,
+    load_backbone_alone,
+    load_dino,
+    load_layout,
+)
 from e2mc.checkpoints.official import (
     LAYOUT_FORMATS,
     METHOD_FORMATS,
+    bare_backbone,
     detect,
     infer_hparams,
     infer_resnet,
+    known_layout,
 )
-from e2mc.checkpoints.official_dino import is_dino_checkpoint, load_dino
-from e2mc.checkpoints.sources import PathOrState, load_file
-from e2mc.checkpoints.strict import check_keys, load_strict
-from e2mc.checkpoints.summary import recorded_image_size as recorded_image_size  # (re-exported)
+from e2mc.checkpoints.remote import PathOrState, load_file
+from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.methods.base import SSLMethod
-from e2mc.methods.registry import build_method
-from e2mc.models import classifier_keys, weights_from_checkpoint
+from e2mc.models import classifier_keys
 
 PROJECT_FORMAT = "e2mc"
 PROJECT_VERSION = 1
 _RESERVED = ("format", "version", "method", "hparams", "model")
-
-
-def _load_obj(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None]:
-    """The loaded object and its source; a URL (``#sha256=`` checked) is fetched into torch.hub's
-    cache first, a training run directory stands for its model (:func:`checkpoint_of`)."""
-    obj, source, _ = load_file(path_or_state, trust)
-    return obj, source
-
-
-def rebuild(name: str, hparams: dict[str, Any]) -> SSLMethod:
-    """``build_method`` for a model whose every weight a checkpoint is about to set (no
-    pretrained backbone weights are fetched)."""
-    with weights_from_checkpoint():
-        return build_method(name, **hparams)
 
 
 def unwrap(method: nn.Module) -> nn.Module:
@@ -52,20 +45,13 @@ def unwrap(method: nn.Module) -> nn.Module:
 def load_official(path_or_state_dict: PathOrState, method: str | None = None,
                   trust: bool = False, new_heads: bool = False,
                   **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
-    """Load an official VICReg / SwAV / SimSiam checkpoint (detected, or checked against
-    ``method``) strictly into the method with the official layout.
-
-    ``path_or_state_dict``: a file, a URL (see :mod:`e2mc.checkpoints.remote`) or a loaded
-    object. Head sizes and the ResNet are read off the tensor shapes; ``method_hparams``
-    override them (and then must still match the file). A backbone-only file (VICReg
-    ``resnet50.pth``, torchvision or timm weights; a classifier is dropped) needs ``method`` (any
-    method, ``generic`` included) and ``new_heads=True``: its projector (and predictor,
-    prototypes) start from random weights, which must be asked for. Returns ``(method,
-    info)``; ``info`` holds ``format``, ``epoch``, ``optimizer`` (the official optimizer state,
-    to be applied with :func:`restore_optimizer_state`), ``hparams``, ``source`` and, for a
-    backbone-only file, ``new_heads`` (the names of the randomly initialised modules).
-    """
-    obj, source = _load_obj(path_or_state_dict, trust)
+    """``(method, info)`` of an official checkpoint (a file, URL or loaded object; the layout
+    detected, or checked against ``method``), loaded strictly. Sizes are read off the shapes;
+    ``method_hparams`` override them and must still match. A backbone-only file needs
+    ``method`` and ``new_heads=True`` (its heads start random). ``info``: ``format``, ``epoch``,
+    ``optimizer`` (for :func:`restore_optimizer_state`), ``hparams``, ``source``, and for a
+    backbone-only file ``new_heads`` (the randomly initialised modules)."""
+    obj, source, _ = load_file(path_or_state_dict, trust)
     return official_from_object(obj, source, method, new_heads, method_hparams)
 
 
@@ -77,62 +63,52 @@ def official_from_object(obj: Any, source: str | None, method: str | None, new_h
     if is_dino_checkpoint(obj):  # student, teacher and DINO's centre
         return load_dino(obj, source, method, method_hparams)
     det = detect(obj, method if method in METHOD_FORMATS else None)
-    name = method or det.format
-    info: dict[str, Any] = {"format": det.format, "epoch": det.epoch,
-                            "optimizer": det.optimizer, "source": source, **det.extra}
     if det.format == "backbone":
         if method is None:
             raise ValueError("this file holds a backbone only (torchvision names); say which "
                              f"method's heads to build: method= one of {METHOD_FORMATS}")
-        model, dropped, hp, heads = load_backbone_into_method(det, name, method_hparams,
-                                                              new_heads, source)
-        info.update(hparams=hp, dropped_keys=dropped, new_heads=heads, optimizer=None)
-        return model, info
+        return load_backbone_into_method(det, method, method_hparams, new_heads, source)
     if method is not None and method not in METHOD_FORMATS:
         raise ValueError(f"the file has the official {det.format} layout; a {method} model can "
                          "start from a backbone-only file or an e2mc checkpoint of its own")
     if det.format in LAYOUT_FORMATS:  # MoCo v3, Barlow Twins, solo-learn, lightly
         return load_layout(det, source, new_heads, method_hparams)
+    name = method or det.format
     state, unmapped = det.mapped()
     hp = {**infer_hparams(det.format, state), **method_hparams}
     model = load_strict(lambda: rebuild(name, hp), state, det.format, det.to_file_key,
                         unmapped)
-    info["hparams"] = model.hparams
-    return model, info  # type: ignore[return-value]
-
-
-class NewHeadsRequiredError(ValueError):
-    """A backbone-only file would start a method with random heads, which was not asked for."""
+    return model, {"format": det.format, "epoch": det.epoch,  # type: ignore[return-value]
+                   "optimizer": det.optimizer, "source": source, **det.extra,
+                   "hparams": model.hparams}
 
 
 def load_backbone_into_method(det: Any, name: str, method_hparams: dict[str, Any],
                               new_heads: bool, source: str | None
-                              ) -> tuple[SSLMethod, list[str], dict[str, Any], list[str]]:
-    """``(method, dropped classifier keys, hparams, new heads)``: the method ``name`` around the
-    backbone-only state dict ``det``, its heads new (only with ``new_heads``)."""
+                              ) -> tuple[SSLMethod, dict[str, Any]]:
+    """``(method, info)``: the method ``name`` around the backbone-only state dict ``det``, its
+    heads new (only with ``new_heads``)."""
     hp = {**(infer_resnet(det.state_dict) or {}), **method_hparams}
     arch = hp.get("backbone", "resnet50")
     classifier = classifier_keys(arch) if isinstance(arch, str) else frozenset()
     dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
     model = rebuild(name, hp)
-    heads = sorted(n for n, m in model.named_children()
-                   if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
+    heads = head_names(model)
     if not new_heads:
-        raise NewHeadsRequiredError(
+        raise ValueError(
             f"{source or 'the checkpoint'} holds only a {arch} backbone, no {name} "
             f"{'/'.join(heads) or 'heads'}: continuing would start them from random weights. "
             "Pass --new-heads (init.new_heads: true; new_heads=True in Python) if that is what "
             "you want, or start from a checkpoint that has them")
-    check_keys(model.backbone.state_dict(), sd, f"backbone only ({arch})",
-               lambda k: det.prefix + k)
-    model.backbone.load_state_dict(sd, strict=True)
-    return model, dropped, model.hparams, heads
+    load_backbone_alone(model, sd, f"backbone only ({arch})", lambda k: det.prefix + k)
+    return model, {"format": "backbone", "epoch": det.epoch, "optimizer": None,
+                   "source": source, **det.extra, "hparams": model.hparams,
+                   "dropped_keys": dropped, "new_heads": heads}
 
 
 def save_checkpoint(path: str | os.PathLike[str], method: SSLMethod, **extra: Any) -> None:
-    """Write the project format atomically: ``{"format": "e2mc", "version": 1, "method",
-    "hparams", "model", **extra}`` (see ``docs/checkpoints.md``)."""
+    """Write the project format (docs/checkpoints.md) atomically."""
     method = unwrap(method)  # type: ignore[assignment]
     clash = sorted(set(extra) & set(_RESERVED))
     if clash:
@@ -156,9 +132,85 @@ def project_from_object(obj: dict[str, Any], source: str | None
 
 
 def load_checkpoint(path: PathOrState, trust: bool = False) -> tuple[SSLMethod, dict[str, Any]]:
-    """Load a project checkpoint (method rebuilt from its ``hparams``, strict); an official file
-    is passed to :func:`load_official`. ``info`` is everything in the file except ``model``."""
-    obj, source = _load_obj(path, trust)
+    """``(method, info)`` of a project checkpoint (rebuilt from its ``hparams``, strict; ``info``
+    all but ``model``) or of an official file (:func:`load_official`)."""
+    obj, source, _ = load_file(path, trust)
     if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
         return project_from_object(obj, source)
     return official_from_object(obj, source, None, False, {})
+
+
+def load_start_model(path: PathOrState, method: str, trust: bool = False,
+                      new_heads: bool = False,
+                      **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
+    """The starting model of a run of ``method`` configured with ``method_hparams``: a project
+    checkpoint of that method, an exported backbone (as its sidecar says; another configured
+    architecture is a ``ValueError``), a plain state dict no layout explains (a backbone of the
+    configured architecture), or an official file (:func:`load_official`). ``info``:
+    ``epoch``, ``optimizer``, ``source``, ``optimizer_layout`` (``"project"``: load as is;
+    ``"official"``: :func:`restore_optimizer_state`)."""
+    from e2mc.checkpoints.export import exported_hparams, read_sidecar  # (export imports this)
+
+    obj, source, local = load_file(path, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        if obj.get("method") != method:
+            raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
+                             f"this run trains {method!r}")
+        model = load_strict(lambda: rebuild(method, method_hparams), obj["model"],
+                            f"e2mc ({method})")
+        info = {k: v for k, v in obj.items() if k != "model"}
+        info.update(source=source, optimizer_layout="project")
+        return model, info  # type: ignore[return-value]
+    exported = read_sidecar(local, obj)
+    bare = bare_backbone(obj)
+    if exported is not None:  # export-backbone's file: its sidecar names the architecture
+        hparams = {**exported_hparams(exported, method_hparams, source or str(local)),
+                   **method_hparams}
+        model, info = load_backbone_into_method(bare, method, hparams, new_heads, source)
+        info["exported"] = exported
+    elif bare is not None and not known_layout(bare):
+        # a backbone whose names look like a method's (a torchvision ViT's encoder.*)
+        model, info = load_backbone_into_method(bare, method, dict(method_hparams),
+                                                new_heads, source)
+    else:
+        model, info = official_from_object(obj, source, method, new_heads, method_hparams)
+    info.update(optimizer_layout="official")
+    return model, info
+
+
+def restore_optimizer_state(optimizer: torch.optim.Optimizer, method: nn.Module,
+                            state: dict[str, Any]) -> int:
+    """Restore the per-parameter buffers (momentum; LARS's ``mu`` and SGD's
+    ``momentum_buffer`` renamed as needed) of an official optimizer state into ``optimizer``,
+    keeping its lr and wd; returns how many parameters were restored. The ``k``-th saved
+    parameter is ``list(method.parameters())[k]``: the method classes keep the official order."""
+    method = unwrap(method)
+    try:
+        saved_ids = [i for g in state["param_groups"] for i in g["params"]]
+        per_param = state["state"]
+    except (KeyError, TypeError) as err:
+        raise ValueError("not an optimizer state dict (needs 'state' and 'param_groups')") from err
+    params = list(method.parameters())
+    if len(saved_ids) != len(params):
+        raise ValueError(f"the optimizer state covers {len(saved_ids)} parameters, the model has "
+                         f"{len(params)}")
+    key = getattr(optimizer, "momentum_key", "momentum_buffer")
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    restored = 0
+    for pos, sid in enumerate(saved_ids):
+        saved = per_param.get(sid)
+        p = params[pos]
+        if not saved or id(p) not in in_optimizer:
+            continue
+        converted: dict[str, Any] = {}
+        for k, v in saved.items():
+            k = key if k in ("mu", "momentum_buffer") else k
+            if isinstance(v, torch.Tensor) and v.ndim > 0:
+                if v.shape != p.shape:
+                    raise ValueError(f"optimizer state {k!r} of parameter {pos} has shape "
+                                     f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
+                v = v.to(device=p.device, dtype=p.dtype).contiguous()
+            converted[k] = v
+        optimizer.state[p] = converted
+        restored += 1
+    return restored

@@ -8,35 +8,30 @@ from typing import Any
 from torch import nn
 
 from e2mc.checkpoints.api import PROJECT_FORMAT, official_from_object, project_from_object
-from e2mc.checkpoints.export import read_sidecar
-from e2mc.checkpoints.layouts import UnknownArchitectureError
+from e2mc.checkpoints.export import exported_arch, read_sidecar
+from e2mc.checkpoints.layouts import UnknownArchitectureError, is_dino_checkpoint
 from e2mc.checkpoints.official import Detected, bare_backbone, detect, infer_resnet, known_layout
-from e2mc.checkpoints.official_dino import is_dino_checkpoint
-from e2mc.checkpoints.sources import PathOrState, load_file
+from e2mc.checkpoints.remote import PathOrState, load_file
 from e2mc.checkpoints.strict import load_strict
 from e2mc.checkpoints.summary import checkpoint_summary
 from e2mc.models import build_backbone, classifier_keys, weights_from_checkpoint
+from e2mc.models.build import build_on_meta
 
 
 def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool = False,
                   in_channels: int = 3, trust: bool = False
                   ) -> tuple[nn.Module, int, dict[str, Any]]:
-    """``(backbone, feature_dim, info)`` from a project checkpoint, an official one, or a plain
-    backbone state dict (exported, torchvision; a classifier is dropped). For a plain state dict
-    the architecture comes from ``arch`` (with ``small_images``, ``in_channels``), else the
-    ``<path>.json`` sidecar of :func:`export_backbone` (:func:`read_sidecar`; its
-    ``image_size`` is in ``info``), else the ResNet read off the shapes. With ``arch`` or a
-    sidecar, a plain state dict is the backbone's even where its names look like a method's
-    (a torchvision ViT's ``encoder.*``). ``arch`` also names the backbone of an official file
-    whose keys do not give it (a MoCo v3 ViT); a file that records its own ignores it.
-    ``info`` is :func:`checkpoint_summary`'s: metadata without tensors, with the file's
-    ``sha256`` and its ``source`` (the URL for a URL)."""
+    """``(backbone, feature_dim, info)`` from a project or official checkpoint or a plain
+    backbone state dict (a classifier dropped), whose architecture comes from ``arch`` (with
+    ``small_images``, ``in_channels``), else its export sidecar, else the ResNet the shapes
+    show; with either, its names are the backbone's even where they look like a method's.
+    ``arch`` also names an official file's backbone its keys do not give (a MoCo v3 ViT).
+    ``info``: :func:`checkpoint_summary` (with the file's ``sha256`` and ``source``)."""
     obj, source, local = load_file(path, trust)
-    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
-        method, info = project_from_object(obj, source)
-        return method.backbone, method.feature_dim, checkpoint_summary(info, local)
-    if is_dino_checkpoint(obj):  # DINO's training checkpoint (student, teacher, loss, args)
-        method, info = official_from_object(obj, source, None, False, {})
+    project = isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT
+    if project or is_dino_checkpoint(obj):  # (detect does not tell DINO's layout)
+        method, info = (project_from_object(obj, source) if project
+                        else official_from_object(obj, source, None, False, {}))
         return method.backbone, method.feature_dim, checkpoint_summary(info, local)
     exported = None if arch is not None else read_sidecar(local, obj)
     bare = bare_backbone(obj)
@@ -65,9 +60,7 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     if arch is not None:
         spec = {"backbone": arch, "small_images": small_images, "in_channels": in_channels}
     elif exported is not None:
-        spec = {"backbone": exported["arch"],
-                "small_images": bool(exported.get("small_images", False)),
-                "in_channels": int(exported.get("in_channels", 3))}
+        spec = exported_arch(exported)
     if spec is None:
         spec = infer_resnet(det.state_dict)
     if spec is None:
@@ -76,17 +69,11 @@ def load_backbone(path: PathOrState, arch: str | None = None, small_images: bool
     classifier = classifier_keys(spec["backbone"])
     dropped = sorted(k for k in det.state_dict if k in classifier)
     sd = {k: v for k, v in det.state_dict.items() if k not in dropped}
-    dims: list[int] = []
-
-    def build() -> nn.Module:
-        with weights_from_checkpoint():
-            module, dim = build_backbone(spec["backbone"], spec["small_images"],
-                                         spec["in_channels"])
-        dims.append(dim)
-        return module
-
-    backbone = load_strict(build, sd, f"backbone ({spec['backbone']})", lambda k: det.prefix + k)
-    feature_dim = dims[-1]
+    with weights_from_checkpoint():
+        module, feature_dim = build_on_meta(lambda: build_backbone(
+            spec["backbone"], spec["small_images"], spec["in_channels"]))
+    backbone = load_strict(lambda: module, sd, f"backbone ({spec['backbone']})",
+                           lambda k: det.prefix + k)
     info = {"format": "backbone", "arch": spec["backbone"], "small_images": spec["small_images"],
             "in_channels": spec["in_channels"], "dropped_keys": dropped, "source": source}
     if exported is not None:

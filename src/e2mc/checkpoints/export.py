@@ -1,7 +1,5 @@
-"""The exported backbone: :func:`export_backbone` writes a backbone's plain state dict and its
-sidecar (``<file>.json``: the architecture, the training image size, the file's SHA-256), the
-EMA teacher's instead with ``teacher``; :func:`read_sidecar` reads the sidecar back and
-:func:`check_exported_start` checks it against a run's configuration."""
+"""The exported backbone (:func:`export_backbone`): a plain state dict and its ``<file>.json``
+sidecar (architecture, image size, SHA-256); :func:`read_sidecar` reads it."""
 
 from __future__ import annotations
 
@@ -11,14 +9,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from e2mc.checkpoints.api import PROJECT_FORMAT, load_checkpoint, unwrap
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
-from e2mc.checkpoints.official import bare_backbone
-from e2mc.checkpoints.remote import is_url
-from e2mc.checkpoints.sources import PathOrState, local_checkpoint
+from e2mc.checkpoints.official import bare_backbone, is_state_dict
+from e2mc.checkpoints.remote import PathOrState, is_url, local_checkpoint
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod
@@ -30,18 +26,13 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}.json")
 
 
-#: The ``format`` of :func:`export_backbone`'s sidecar.
-EXPORT_FORMAT = "e2mc-backbone"
+EXPORT_FORMAT = "e2mc-backbone"  # the sidecar's ``format``
 
 
 def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[str, Any] | None:
-    """What :func:`export_backbone` recorded beside the file ``path`` (``<path>.json``: the
-    architecture, ``small_images``, ``in_channels``, the training image size, the file's
-    ``sha256``), or None when there is no sidecar, when it names no architecture (the export
-    of a module of the user's own), or when the loaded ``obj`` given is not a plain state dict
-    (an export is one; any other file's ``.json`` is not a sidecar). A sidecar that cannot be
-    read, or that records the SHA-256 of other bytes (the file was replaced after the export),
-    is a ``ValueError`` saying so."""
+    """The sidecar :func:`export_backbone` wrote beside ``path``; None without one, for the
+    export of a user's module (no architecture), or when ``obj`` is not a plain state dict. An
+    unreadable sidecar, or one recording the SHA-256 of other bytes, is a ``ValueError``."""
     if path is None or (obj is not None and bare_backbone(obj) is None):
         return None
     side = sidecar_path(path)
@@ -66,11 +57,8 @@ def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[s
 
 
 def check_exported_start(path: str | os.PathLike[str], **method_hparams: Any) -> None:
-    """Refuse (``ValueError``, one line naming both) to start a run configured with
-    ``method_hparams`` (``backbone``, ``small_images``, ``in_channels``) from a backbone that
-    :func:`export_backbone` wrote with another architecture, as :func:`load_start_model`
-    would, but from the sidecar alone: before the data or the checkpoint are read. Anything
-    but a local file with a sidecar passes."""
+    """:func:`exported_hparams` from the sidecar alone, before the data or the checkpoint are
+    read; anything but a local file with a sidecar passes."""
     if is_url(path) or not Path(path).is_file():
         return
     exported = read_sidecar(path)
@@ -78,13 +66,18 @@ def check_exported_start(path: str | os.PathLike[str], **method_hparams: Any) ->
         exported_hparams(exported, method_hparams, os.fspath(path))
 
 
+def exported_arch(exported: dict[str, Any]) -> dict[str, Any]:
+    """``{"backbone", "small_images", "in_channels"}`` a sidecar records."""
+    return {"backbone": exported["arch"],
+            "small_images": bool(exported.get("small_images", False)),
+            "in_channels": int(exported.get("in_channels", 3))}
+
+
 def exported_hparams(exported: dict[str, Any], method_hparams: dict[str, Any],
                      where: str) -> dict[str, Any]:
     """The architecture an export's sidecar records (``backbone``, ``small_images``,
     ``in_channels``), refused (one line naming both) where the run configures another."""
-    recorded = {"backbone": exported["arch"],
-                "small_images": bool(exported.get("small_images", False)),
-                "in_channels": int(exported.get("in_channels", 3))}
+    recorded = exported_arch(exported)
     options = {"backbone": "--backbone {}", "small_images": "--set model.small_images={}",
                "in_channels": "--set model.in_channels={}"}
     for key, value in recorded.items():
@@ -115,10 +108,8 @@ def _same_architecture(a: Any, b: Any) -> bool:
 
 
 def teacher_backbone(method: nn.Module) -> nn.Module:
-    """The EMA teacher's backbone of ``method`` (DINO's teacher, BYOL's target, MoCo v3's
-    momentum encoder); ``ValueError`` for a method without one, or whose teacher was never set
-    (a model started with new heads: its teacher becomes a copy of the student at the first
-    training step)."""
+    """The EMA teacher's backbone of ``method``; ``ValueError`` for a method without one or
+    whose teacher was never set (started with new heads and not trained)."""
     method = unwrap(method)
     teacher = getattr(method, "teacher", None)
     if not isinstance(teacher, nn.ModuleDict) or "backbone" not in teacher:
@@ -140,9 +131,8 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.PathLike[str]
                          ) -> None:
-    """Refuse an export that would overwrite its input or another checkpoint, or that could
-    write one of its two files and not the other (a link or a folder at either path; see
-    :func:`export_backbone`)."""
+    """Refuse an export that would overwrite its input or another checkpoint, or could write
+    one of its two files and not the other (a link or a folder at either path)."""
     out = Path(out_path)
     for target in (out, sidecar_path(out)):
         refuse_link(target)
@@ -162,8 +152,7 @@ def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.Path
         existing = None
     except Exception:  # not a checkpoint (an unreadable or text file): the user's to replace
         return
-    if isinstance(existing, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                          for k, v in existing.items()):
+    if is_state_dict(existing):
         return  # a plain state dict (an earlier export): replaced
     if isinstance(existing, dict) and existing.get("format") == PROJECT_FORMAT:
         step = f", step {existing['step']}" if "step" in existing else ""
@@ -178,26 +167,12 @@ def _check_export_target(checkpoint: PathOrState | None, out_path: str | os.Path
 def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str | os.PathLike[str],
                     trust: bool = False, last: bool = False,
                     teacher: bool = False) -> dict[str, Any]:
-    """Write the backbone's plain state dict to ``out_path`` (atomically) and its architecture to
-    ``<out_path>.json``; returns that description.
-
-    The names are torchvision's without the classifier: ``torchvision.models.<arch>()`` with
-    ``fc = nn.Identity()`` (ResNets; for the others the classifier is replaced as
-    :func:`e2mc.models.build_backbone` does) loads it with ``strict=True``. With
-    ``small_images`` or ``in_channels != 3`` it loads into ``build_backbone``'s model. The
-    sidecar (:func:`read_sidecar`) also records the image size the checkpoint was trained at
-    and the SHA-256 of ``out_path``: :func:`load_backbone` and :func:`load_start_model` read
-    every architecture back through it.
-
-    Refused (``ValueError``, nothing written): an ``out_path`` (or its ``.json``) that is the
-    checkpoint being read, a symbolic link or a folder, and an existing ``out_path`` that holds
-    more than a plain state dict (a training, e2mc or official checkpoint); an earlier export
-    is replaced. A run directory
-    stands for its model (:func:`checkpoint_of`; ``last``: its last step), and the sidecar
-    records under ``model`` which file and step that was and whether it was the kept model.
-    ``teacher``: the EMA teacher's backbone (:func:`teacher_backbone`) instead of the
-    student's, recorded as ``"part": "teacher"``.
-    """
+    """Write the backbone's plain state dict (the library's names without the classifier, as
+    :func:`e2mc.models.build_backbone` builds it) to ``out_path`` atomically and its sidecar
+    (returned) to ``<out_path>.json`` (docs/checkpoints.md). Refused, nothing written: a target
+    that is the input, a link or a folder, or an existing file holding more than a plain state
+    dict. A run directory stands for its model (``last``: its last step), recorded under
+    ``model``; ``teacher``: the EMA teacher's backbone, recorded as ``"part": "teacher"``."""
     from e2mc.artifacts import run_model
 
     model = None

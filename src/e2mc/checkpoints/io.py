@@ -22,14 +22,12 @@ class UntrustedCheckpointError(ValueError):
 
 
 def _vicreg_exclude_bias_and_norm(p: torch.Tensor) -> bool:
-    """Stand-in for VICReg's ``exclude_bias_and_norm``, which its LARS stores in the optimizer's
-    parameter groups (so ``resnet50_fullckpt.pth`` references it by name)."""
+    """Stand-in for VICReg's function that its LARS stores in the optimizer's groups."""
     return p.ndim == 1
 
 
 #: Globals the official checkpoints reference, mapped to harmless stand-ins so that they load
-#: with ``weights_only=True``. VICReg ran ``main_vicreg.py`` as a script (``__main__``) or
-#: imported it through submitit (``main_vicreg``).
+#: with ``weights_only=True`` (VICReg ran as ``__main__`` or, through submitit, ``main_vicreg``).
 OFFICIAL_SAFE_GLOBALS: list[Any] = [
     (_vicreg_exclude_bias_and_norm, "__main__.exclude_bias_and_norm"),
     (_vicreg_exclude_bias_and_norm, "main_vicreg.exclude_bias_and_norm"),
@@ -38,15 +36,10 @@ OFFICIAL_SAFE_GLOBALS: list[Any] = [
 
 
 def torch_load(path: str | os.PathLike[str], trust: bool = False, mmap: bool = False) -> Any:
-    """``torch.load`` on CPU with ``weights_only=True``; full unpickling only if ``trust``.
-
-    The one reader of checkpoint files. Full unpickling can execute arbitrary code stored in the
-    file, so it is refused unless the caller says the file comes from a trusted source
-    (``trust=True``, ``--trust-checkpoint``). A file that is empty, truncated, damaged (a zip
-    member whose CRC-32 does not match its bytes: :func:`check_torch_file`) or not a PyTorch
-    file at all (text, JSON) is a :class:`~e2mc.errors.CorruptFileError` naming it. ``mmap``:
-    the tensors stay in the file until read (a zip file only).
-    """
+    """The one reader of checkpoint files: ``torch.load`` on CPU with ``weights_only=True``;
+    full unpickling (which can run code stored in the file) only with ``trust``, else
+    :class:`UntrustedCheckpointError`. An empty, truncated, damaged (:func:`check_torch_file`)
+    or non-PyTorch file is a :class:`~e2mc.errors.CorruptFileError` naming it."""
     check_torch_file(path)
     try:
         with torch.serialization.safe_globals(OFFICIAL_SAFE_GLOBALS):
@@ -70,17 +63,14 @@ def torch_load(path: str | os.PathLike[str], trust: bool = False, mmap: bool = F
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"  # legacy torch.save files (the official .pth.tar) are pickle streams
-#: The files whose every zip member matched its CRC-32 in this process: (path, inode, size,
-#: mtime): a file read again (a resume reads its checkpoint's record, then the checkpoint) is
-#: checked once.
+#: (path, inode, size, mtime) of the files whose zip members matched their CRC-32 here: once each.
 _VERIFIED: set[tuple[str, int, int, int]] = set()
 
 
 def check_torch_file(path: Any) -> None:
-    """Raise :class:`~e2mc.errors.CorruptFileError` unless ``path`` (a path; file objects pass)
-    begins like a file of ``torch.save`` (a zip archive or a pickle stream) and, for a zip
-    archive, every member's bytes match their CRC-32 (zipfile's own check: the whole file is
-    read once; a flipped or cut byte is found, which ``torch.load`` does not look for)."""
+    """Raise :class:`~e2mc.errors.CorruptFileError` unless ``path`` (file objects pass) begins
+    like a ``torch.save`` file and, for a zip archive, every member matches its CRC-32 (a
+    flipped or cut byte, which ``torch.load`` does not look for)."""
     if not isinstance(path, (str, os.PathLike)):
         return
     with open(path, "rb") as f:  # FileNotFoundError / IsADirectoryError name the path
@@ -116,9 +106,8 @@ def _check_zip(path: str | os.PathLike[str]) -> None:
 
 
 def _pickles_complete(path: str | os.PathLike[str]) -> bool:
-    """Whether the five pickles that begin a legacy ``torch.save`` file (magic number, protocol,
-    system info, the object, its storage keys) each reach their STOP; a zip archive passed
-    :func:`check_torch_file` whole. Read opcode by opcode, nothing is built."""
+    """Whether the five pickles of a legacy ``torch.save`` file each reach their STOP (read
+    opcode by opcode, nothing built); a zip archive passed :func:`check_torch_file` whole."""
     with open(path, "rb") as f:
         if f.read(4) == _ZIP_MAGIC:
             return True

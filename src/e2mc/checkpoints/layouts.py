@@ -1,13 +1,7 @@
-"""The training checkpoints of MoCo v3, Barlow Twins, and of the PyTorch libraries' BYOL, SimCLR,
-MoCo v3 and Barlow Twins (solo-learn, lightly), loaded strictly into e2mc's methods.
-
-:func:`e2mc.checkpoints.official.detect` tells the layout (``mocov3``, ``barlowtwins``,
-``solo-learn``, ``lightly``) and the method it holds; :func:`load_layout` reads the sizes off the
-shapes, compares the file's heads layer by layer with the heads the method builds (one line
-naming both where they differ: nothing is loaded), loads every tensor strictly (student, heads,
-predictor, momentum encoder as ``teacher.*``), and puts the official optimizer state in the
-order of the model's parameters where the file says which parameter each entry belongs to.
-"""
+"""The MoCo v3, Barlow Twins, solo-learn and lightly training checkpoints loaded strictly into
+e2mc's methods (:func:`load_layout`): heads compared layer by layer first (one line where they
+differ, nothing loaded), the official optimizer state put in the model's parameter order; and
+DINO's (:func:`load_dino`; DINO's backbone-only files are the generic backbone layout)."""
 
 from __future__ import annotations
 
@@ -18,34 +12,36 @@ from typing import Any
 import torch
 from torch import nn
 
-from e2mc.checkpoints.official import Detected, infer_resnet
-from e2mc.checkpoints.strict import CheckpointMismatchError, check_keys, load_strict
+from e2mc.checkpoints.official import (
+    Detected,
+    infer_resnet,
+    is_state_dict,
+    linears,
+    unprefixed,
+    vit_depth,
+)
+from e2mc.checkpoints.strict import (
+    CheckpointMismatchError,
+    check_keys,
+    load_strict,
+    rebuild,
+)
+from e2mc.models.build import build_on_meta
 
-#: moco-v3's ViTs (``vits.py``): every one has 12 attention heads; ``vit_base`` is timm's
-#: ``vit_base_patch16_224``, ``vit_small`` timm's ``vit_small_patch16_224`` with 12 heads, not 6.
+#: moco-v3's ViTs all have 12 attention heads (timm's ``vit_small`` has 6).
 MOCOV3_VIT_HEADS = {"vit_small": 12, "vit_base": 12, "vit_conv_small": 12, "vit_conv_base": 12}
 #: arch -> (the e2mc backbone, its (width, patch, depth)).
 MOCOV3_VIT_NAMES = {"vit_base": ("timm:vit_base_patch16_224", (768, 16, 12)),
                     "vit_small": ("timm:vit_small_patch16_224(num_heads=12)", (384, 16, 12))}
-#: The heads compared layer by layer before anything is loaded.
-HEAD_PARTS = ("projector", "predictor", "teacher.projector")
 
 
 class HeadMismatchError(CheckpointMismatchError):
     """The file's projector or predictor is another architecture than the method's."""
 
 
-def _linears(state: dict[str, torch.Tensor], part: str) -> list[tuple[int, torch.Tensor]]:
-    """``(index, weight)`` of the Linear layers of the ``nn.Sequential`` ``part``."""
-    pat = re.compile(re.escape(part) + r"\.(\d+)\.weight")
-    return sorted((int(m.group(1)), v) for k, v in state.items()
-                  if (m := pat.fullmatch(k)) and v.ndim == 2)
-
-
 def layers(state: dict[str, Any], part: str) -> dict[int, str]:
-    """The layers of the ``nn.Sequential`` ``part`` as its state dict shows them: index ->
-    ``Linear``, ``Linear(bias)``, ``BatchNorm``, ``BatchNorm(no affine)`` (else the tensor
-    names); layers without tensors (ReLU) are not shown."""
+    """Index -> ``Linear``, ``Linear(bias)``, ``BatchNorm``, ``BatchNorm(no affine)`` (else the
+    tensor names) of the layers with tensors of the ``nn.Sequential`` ``part``."""
     names: dict[int, set[str]] = {}
     pat = re.compile(re.escape(part) + r"\.(\d+)\.(.+)")
     for k in state:
@@ -72,7 +68,7 @@ def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[
     hp: dict[str, Any] = dict(infer_resnet(state, "backbone.") or {})
     if not hp:
         hp.update(_vit(det, state))
-    proj, pred = _linears(state, "projector"), _linears(state, "predictor")
+    proj, pred = linears(state, "projector"), linears(state, "predictor")
     if det.method == "barlowtwins" and proj:
         hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
     elif det.method == "mocov3" and proj:
@@ -94,13 +90,12 @@ def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[
 
 
 def _vit(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The backbone of moco-v3's ``vit_base`` and ``vit_small`` (:data:`MOCOV3_VIT_NAMES`), and
-    the input channels of any timm ViT; the other ViTs need ``backbone=``."""
+    """The backbone of moco-v3's ``vit_base`` / ``vit_small``, and any timm ViT's channels."""
     proj = state.get("backbone.patch_embed.proj.weight")
     if proj is None:
         return {}
     hp: dict[str, Any] = {"in_channels": int(proj.shape[1])}
-    depth = len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
+    depth = vit_depth(state)
     name, shape = MOCOV3_VIT_NAMES.get(det.extra.get("arch", ""), (None, None))
     if det.format == "mocov3" and name and (int(proj.shape[0]), int(proj.shape[-1]),
                                             depth) == shape:
@@ -113,7 +108,7 @@ class UnknownArchitectureError(ValueError):
 
 
 def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> None:
-    """Refuse (one line) a backbone that the shapes do not name and no argument names."""
+    """Refuse a backbone that neither the shapes nor an argument name."""
     arch = det.extra.get("arch")
     if det.format == "mocov3" and isinstance(arch, str) and arch.startswith("vit_conv"):
         raise ValueError(f"{source or 'the checkpoint'} holds moco-v3's {arch}, a ViT with a "
@@ -127,7 +122,7 @@ def _backbone_known(det: Detected, hp: dict[str, Any], source: str | None) -> No
 
 
 def _check_vit_heads(det: Detected, model: nn.Module) -> None:
-    """moco-v3's ViTs have 12 attention heads: refuse a backbone with another number."""
+    """Refuse a backbone with another number of heads than moco-v3's ViT (12)."""
     want = MOCOV3_VIT_HEADS.get(det.extra.get("arch", "")) if det.format == "mocov3" else None
     blocks = getattr(getattr(model, "backbone", None), "blocks", None)
     if want is None or blocks is None or len(blocks) == 0:
@@ -139,40 +134,26 @@ def _check_vit_heads(det: Detected, model: nn.Module) -> None:
                                 f"{got}: the same shapes, another model; nothing was loaded")
 
 
-def _file_part(det: Detected, part: str) -> str:
-    """The file's name of a model part (``projector`` -> ``module.base_encoder.fc``)."""
-    return det.to_file_key(part + ".").rstrip(".")
-
-
 def _head_differences(det: Detected, model: nn.Module, state: dict[str, torch.Tensor]
                       ) -> list[str]:
     """The heads whose layers differ between the file and the model, in words."""
     expected = model.state_dict()
     out = []
-    for part in HEAD_PARTS:
+    for part in ("projector", "predictor", "teacher.projector"):
         mine, theirs = layers(expected, part), layers(state, part)
         if all(mine.get(i) == kind for i, kind in theirs.items()):
             continue  # the same, or layers missing (a strict key error, not an architecture)
-        out.append(f"the file's {_file_part(det, part)} is [{describe(state, part)}], "
+        theirs_name = det.to_file_key(part + ".").rstrip(".")  # module.base_encoder.fc
+        out.append(f"the file's {theirs_name} is [{describe(state, part)}], "
                    f"e2mc's {det.method} {part} [{describe(expected, part)}]")
     return out
 
 
-def _build(name: str, hp: dict[str, Any]) -> Any:
-    from e2mc.methods.registry import build_method
-    from e2mc.models import weights_from_checkpoint
-
-    with weights_from_checkpoint():
-        return build_method(name, **hp)
-
-
 def load_layout(det: Detected, source: str | None, new_heads: bool,
                 method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The method ``det.method`` loaded strictly from the file ``det`` (a layout of
-    :data:`e2mc.checkpoints.official.LAYOUT_FORMATS`); ``method_hparams`` override what the
-    shapes say and must still match the file. Heads of another architecture than the method's
-    are refused (:class:`HeadMismatchError`, one line), or with ``new_heads`` the backbone alone
-    is loaded and the heads start from random weights (``info["new_heads"]``)."""
+    """The method ``det.method`` loaded strictly from ``det``; ``method_hparams`` override the
+    shapes and must still match. Heads of another architecture are a :class:`HeadMismatchError`,
+    or with ``new_heads`` the backbone alone is loaded (``info["new_heads"]``)."""
     name = det.method
     assert name is not None  # detect names it or refuses
     state, unmapped = det.mapped()
@@ -182,11 +163,7 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
         warnings.warn("solo-learn's CIFAR stem pads its 3x3 conv1 by 2 pixels, e2mc's "
                       "small-image stem by 1: the weights load, and e2mc's feature maps are 2 "
                       "pixels smaller (32 instead of 34 on CIFAR)", stacklevel=2)
-    try:
-        with torch.device("meta"):
-            probe = _build(name, hp)
-    except NotImplementedError:  # a constructor that computes on tensors: built for real
-        probe = _build(name, hp)
+    probe = build_on_meta(lambda: rebuild(name, hp))
     _check_vit_heads(det, probe)
     label = f"{det.format} ({name})"
     differences = _head_differences(det, probe, state)
@@ -205,7 +182,7 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
     if teacher and "teacher_initialized" in probe.state_dict():
         state["teacher_initialized"] = torch.tensor(True)
         names["teacher_initialized"] = "(the file's momentum encoder)"
-    model = load_strict(lambda: _build(name, hp), state, label,
+    model = load_strict(lambda: rebuild(name, hp), state, label,
                         lambda k: names.get(k) or det.to_file_key(k), unmapped)
     info.update(hparams=model.hparams, optimizer=_optimizer_in_model_order(det, model))
     return model, info
@@ -214,23 +191,31 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
 def _backbone_alone(det: Detected, name: str, hp: dict[str, Any],
                     state: dict[str, torch.Tensor], info: dict[str, Any]
                     ) -> tuple[Any, dict[str, Any]]:
-    """``new_heads``: the file's student backbone in a new model (random heads; an EMA teacher
-    is copied from the student at the first training step)."""
-    model = _build(name, hp)
+    """``new_heads``: the file's student backbone in a new model."""
+    model = rebuild(name, hp)
     sd = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-    check_keys(model.backbone.state_dict(), sd, f"{det.format} backbone",
-               lambda k: det.to_file_key("backbone." + k))
-    model.backbone.load_state_dict(sd, strict=True)
-    heads = sorted(n for n, m in model.named_children()
-                   if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
-    info.update(hparams=model.hparams, new_heads=heads)
+    load_backbone_alone(model, sd, f"{det.format} backbone",
+                        lambda k: det.to_file_key("backbone." + k))
+    info.update(hparams=model.hparams, new_heads=head_names(model))
     return model, info
 
 
+def head_names(model: nn.Module) -> list[str]:
+    """The modules of ``model`` with parameters besides its backbone and EMA teacher."""
+    return sorted(n for n, m in model.named_children()
+                  if n not in ("backbone", "teacher") and any(True for _ in m.parameters()))
+
+
+def load_backbone_alone(model: Any, sd: dict[str, torch.Tensor], label: str,
+                        to_file_name: Any) -> None:
+    """``sd`` loaded strictly into ``model.backbone`` (keys, shapes and finiteness checked)."""
+    check_keys(model.backbone.state_dict(), sd, label, to_file_name)
+    model.backbone.load_state_dict(sd, strict=True)
+
+
 def _official_parameter_order(det: Detected, model: nn.Module) -> list[str] | None:
-    """The model names of the parameters the official optimizer lists, in its order: MoCo v3's
-    ``model.parameters()`` (its state dict's order), Barlow Twins' weights then biases
-    (``ndim == 1``) of ``model.parameters()``; None for the libraries' files."""
+    """The model names of the parameters the official optimizer lists, in its order (MoCo v3:
+    the state dict's; Barlow Twins: weights, then biases); None for the libraries' files."""
     if det.format not in ("mocov3", "barlowtwins"):
         return None
     params = dict(model.named_parameters())
@@ -242,10 +227,8 @@ def _official_parameter_order(det: Detected, model: nn.Module) -> list[str] | No
 
 
 def _optimizer_in_model_order(det: Detected, model: nn.Module) -> dict[str, Any] | None:
-    """The official optimizer state re-indexed so that its ``k``-th parameter is the ``k``-th
-    of ``model.parameters()`` (what :func:`e2mc.checkpoints.restore_optimizer_state` reads),
-    one group with the first group's settings; None where the order is not known or the state
-    does not cover the model's parameters."""
+    """The official optimizer state re-indexed in ``model.parameters()`` order (one group,
+    the first's settings); None where the order is unknown or does not cover the model."""
     state, order = det.optimizer, _official_parameter_order(det, model)
     if state is None or order is None:
         return None
@@ -262,3 +245,85 @@ def _optimizer_in_model_order(det: Detected, model: nn.Module) -> dict[str, Any]
     return {"state": {j: per_param[where[n]] for j, n in enumerate(names)
                       if where[n] in per_param},
             "param_groups": [{**settings, "params": list(range(len(names)))}]}
+
+
+#: ViT widths of timm's names: DINO's vit_tiny / vit_small / vit_base.
+_VIT_SIZES = {192: "tiny", 384: "small", 768: "base"}
+
+
+def is_dino_checkpoint(obj: Any) -> bool:
+    """A dict with ``student`` and ``teacher`` state dicts."""
+    return isinstance(obj, dict) and is_state_dict(obj.get("student")) \
+        and is_state_dict(obj.get("teacher"))
+
+
+def dino_state(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str], dict[str, str]]:
+    """``(state under the DINO method's names, unmapped file keys, model key -> file key)``."""
+    state: dict[str, torch.Tensor] = {}
+    unmapped: list[str] = []
+    names: dict[str, str] = {}
+    for part, to in (("student", ""), ("teacher", "teacher.")):
+        sd, prefix = unprefixed(obj[part])
+        for k, v in sd.items():
+            if k.startswith(("backbone.", "head.")):
+                state[to + k], names[to + k] = v, f"{part}.{prefix}{k}"
+            else:
+                unmapped.append(f"{part}.{prefix}{k}")
+    loss = obj.get("dino_loss")
+    if isinstance(loss, dict) and isinstance(loss.get("center"), torch.Tensor):
+        state["center"], names["center"] = loss["center"], "dino_loss.center"
+    state["teacher_initialized"] = torch.tensor(True)
+    names["teacher_initialized"] = "(the file's teacher)"
+    return state, unmapped, names
+
+
+def infer_dino_hparams(state: dict[str, torch.Tensor], args: Any = None) -> dict[str, Any]:
+    """The DINO constructor arguments read off the shapes and the run's ``args``."""
+    hp: dict[str, Any] = {}
+    resnet = infer_resnet(state, "backbone.")
+    if resnet is not None:
+        hp.update(resnet)
+    elif "backbone.patch_embed.proj.weight" in state:
+        proj = state["backbone.patch_embed.proj.weight"]
+        size = _VIT_SIZES.get(int(proj.shape[0]))
+        if size is not None and vit_depth(state) == 12:
+            hp.update(backbone=f"timm:vit_{size}_patch{int(proj.shape[-1])}_224",
+                      in_channels=int(proj.shape[1]))
+    v = state.get("head.last_layer.weight_v")
+    if v is not None:
+        hp.update(out_dim=int(v.shape[0]), bottleneck_dim=int(v.shape[1]))
+    mlp = linears(state, "head.mlp")
+    if mlp:
+        hp["nlayers"] = len(mlp)
+        hp["use_bn_in_head"] = any(re.fullmatch(r"head\.mlp\.\d+\.running_mean", k)
+                                   for k in state)
+        if len(mlp) > 1:
+            hp["hidden_dim"] = int(mlp[0][1].shape[0])
+    values = vars(args) if hasattr(args, "__dict__") else dict(args or {})
+    for key in ("norm_last_layer", "teacher_temp", "warmup_teacher_temp",
+                "warmup_teacher_temp_epochs", "freeze_last_layer", "clip_grad"):
+        if key in values:
+            hp[key] = values[key]
+    if "momentum_teacher" in values:
+        hp["momentum"] = values["momentum_teacher"]
+    if "norm_last_layer" not in hp and "head.last_layer.weight_g" in state:
+        hp["norm_last_layer"] = bool(torch.all(state["head.last_layer.weight_g"] == 1))
+    return hp
+
+
+def load_dino(obj: dict[str, Any], source: str | None, method: str | None,
+              method_hparams: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The DINO model of an official training checkpoint, loaded strictly; ``method_hparams``
+    override the file's. ``info["optimizer"]`` is None: DINO's two parameter groups list the
+    parameters in another order than the model's."""
+    if method not in (None, "dino"):
+        raise ValueError(f"the file has the official DINO layout (student and teacher), not "
+                         f"{method}")
+    state, unmapped, names = dino_state(obj)
+    hp = {**infer_dino_hparams(state, obj.get("args")), **method_hparams}
+    model = load_strict(lambda: rebuild("dino", hp), state, "dino (official)",
+                        lambda k: names.get(k, k), unmapped)
+    epoch = obj.get("epoch")
+    info = {"format": "dino", "epoch": epoch if isinstance(epoch, int) else None,
+            "optimizer": None, "source": source, "hparams": model.hparams}
+    return model, info

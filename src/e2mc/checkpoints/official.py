@@ -1,29 +1,7 @@
-"""The official VICReg, SwAV and SimSiam checkpoint layouts (docs/method.md#official-checkpoints).
-
-- VICReg ``resnet50_fullckpt.pth``: ``{"epoch", "model", "optimizer"}``, keys
-  ``module.backbone.*`` and ``module.projector.*``.
-- SwAV ``swav_800ep_pretrain.pth.tar``: bare state dict (or training checkpoint
-  ``{"epoch", "state_dict", "optimizer", ...}``), keys ``module.<resnet>``,
-  ``module.projection_head.*``, ``module.prototypes.weight``.
-- SimSiam ``checkpoint_0099.pth.tar``: ``{"epoch", "arch", "state_dict", "optimizer"}``, keys
-  ``module.encoder.<resnet>``, ``module.encoder.fc.*`` (projector), ``module.predictor.*``.
-- Backbone only (VICReg ``resnet50.pth``, torchvision state dicts): torchvision names.
-
-and the training checkpoints of the other families, loaded by :mod:`e2mc.checkpoints.layouts`:
-
-- MoCo v3 (facebookresearch/moco-v3 ``main_moco.py``): ``{"epoch", "arch", "state_dict",
-  "optimizer", "scaler"}``, keys ``module.base_encoder.*`` (the ResNet's projector is its
-  ``fc.*``, the ViT's its ``head.*``), ``module.momentum_encoder.*``, ``module.predictor.*``.
-- Barlow Twins (facebookresearch/barlowtwins ``main.py``): ``{"epoch", "model", "optimizer"}``,
-  keys ``module.backbone.*``, ``module.projector.*`` and ``module.bn.*`` (the non-affine
-  BatchNorm of the loss).
-- solo-learn (a Lightning ``.ckpt``): ``state_dict`` keys ``backbone.*``, ``projector.*``,
-  ``predictor.*``, ``momentum_backbone.*``, ``momentum_projector.*``, ``classifier.*`` (its
-  online linear probe, dropped).
-- lightly: ``backbone.*`` (torchvision names, or the ``nn.Sequential`` of a ResNet's children
-  that lightly's examples build), ``projection_head.layers.*``, ``prediction_head.layers.*``,
-  ``backbone_momentum.*``, ``projection_head_momentum.layers.*``.
-"""
+"""Which checkpoint layout a loaded file has (:func:`detect`): the official VICReg, SwAV,
+SimSiam, MoCo v3 and Barlow Twins files, solo-learn's and lightly's, and backbone-only files;
+their keys are tabled in docs/checkpoints.md. SimCLR v2 as Separius/SimCLRv2-Pytorch converts
+it (``{"resnet", "head"}``, ``sk0`` 1x only) is renamed to torchvision's ResNet names."""
 
 from __future__ import annotations
 
@@ -32,8 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from e2mc.checkpoints.converted import is_simclr_v2, simclr_v2_backbone
 
 #: (file prefix, model prefix) rules per format, first match wins.
 KEY_RULES: dict[str, list[tuple[str, str]]] = {
@@ -55,10 +31,8 @@ KEY_RULES: dict[str, list[tuple[str, str]]] = {
                 ("backbone.", "backbone."), ("projection_head.layers.", "projector."),
                 ("prediction_head.layers.", "predictor.")],
 }
-#: The methods some layout holds (``method=`` of :func:`detect`; others start from a
-#: backbone-only file or from an e2mc checkpoint).
+#: The methods some layout holds (``method=`` of :func:`detect`).
 METHOD_FORMATS = ("vicreg", "swav", "simsiam", "barlowtwins", "mocov3", "byol", "simclr")
-#: The methods each layout can hold.
 LAYOUT_METHODS: dict[str, tuple[str, ...]] = {
     "vicreg": ("vicreg",), "swav": ("swav",), "simsiam": ("simsiam",),
     "barlowtwins": ("barlowtwins",), "mocov3": ("mocov3",),
@@ -80,13 +54,9 @@ class Detected:
     epoch: int | None = None
     optimizer: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: the e2mc method the file holds (a layout of several methods: read off the keys or given)
-    method: str | None = None
-    #: this file's key rules when they differ from the format's (MoCo v3's ViT, lightly's
-    #: ``nn.Sequential`` ResNet)
-    rules: list[tuple[str, str]] | None = None
-    #: file keys (without the prefix) that belong to no part of the method (solo-learn's online
-    #: linear classifiers): left out of :meth:`mapped`
+    method: str | None = None  # the e2mc method the file holds
+    rules: list[tuple[str, str]] | None = None  # this file's, where not the format's
+    #: file keys of no part of the method (solo-learn's online classifiers), not mapped
     dropped: list[str] = field(default_factory=list)
 
     @property
@@ -107,22 +77,21 @@ class Detected:
 
     def mapped(self) -> tuple[dict[str, torch.Tensor], list[str]]:
         """The state dict under model names, and the file keys no rule maps."""
-        out, unmapped = {}, []
-        dropped = set(self.dropped)
-        for k, v in self.state_dict.items():
-            if k in dropped:
-                continue
-            mk = self.to_model_key(k)
-            if mk is None:
-                unmapped.append(self.prefix + k)
-            else:
-                out[mk] = v
-        return out, unmapped
+        names = {k: self.to_model_key(k) for k in self.state_dict if k not in set(self.dropped)}
+        return ({mk: self.state_dict[k] for k, mk in names.items() if mk is not None},
+                [self.prefix + k for k, mk in names.items() if mk is None])
 
 
-def _is_state_dict(obj: Any) -> bool:
+def is_state_dict(obj: Any) -> bool:
+    """Whether ``obj`` is a non-empty plain state dict (string keys, tensor values)."""
     return (isinstance(obj, dict) and len(obj) > 0
             and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
+def unprefixed(sd: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``(sd without a "module." prefix that every key has, that prefix or "")``."""
+    prefix = "module." if all(k.startswith("module.") for k in sd) else ""
+    return {k[len(prefix):]: v for k, v in sd.items()}, prefix
 
 
 def detect(obj: Any, method: str | None = None) -> Detected:
@@ -133,19 +102,18 @@ def detect(obj: Any, method: str | None = None) -> Detected:
     optimizer = obj.get("optimizer")
     if is_simclr_v2(obj):  # SimCLR v2 converted from TensorFlow: its ResNet, torchvision's names
         sd, container = simclr_v2_backbone(obj), "SimCLR v2 file {'resnet', 'head'}"
-    elif _is_state_dict(obj.get("model")):
+    elif is_state_dict(obj.get("model")):
         sd, container = obj["model"], "{'epoch', 'model', 'optimizer'}"
-    elif _is_state_dict(obj.get("state_dict")) and "pytorch-lightning_version" in obj:
+    elif is_state_dict(obj.get("state_dict")) and "pytorch-lightning_version" in obj:
         sd, container, optimizer = obj["state_dict"], "Lightning checkpoint", None
-    elif _is_state_dict(obj.get("state_dict")):
+    elif is_state_dict(obj.get("state_dict")):
         sd, container = obj["state_dict"], "{'epoch', 'state_dict', 'optimizer'}"
-    elif _is_state_dict(obj):
+    elif is_state_dict(obj):
         sd, container, epoch, optimizer = obj, "bare state dict", None, None
     else:
         raise ValueError("not a known checkpoint layout: expected a state dict, or a dict with "
                          f"'model' or 'state_dict'; top-level keys: {sorted(map(str, obj))[:10]}")
-    prefix = "module." if all(k.startswith("module.") for k in sd) else ""
-    sd = {k[len(prefix):]: v for k, v in sd.items()}
+    sd, prefix = unprefixed(sd)
     keys = list(sd)
 
     def has(p: str) -> bool:
@@ -203,11 +171,10 @@ def detect(obj: Any, method: str | None = None) -> Detected:
 def bare_backbone(obj: Any) -> Detected | None:
     """``obj`` as the backbone-only layout when it is a plain state dict (a ``module.``
     prefix on every key dropped), else None."""
-    if not (isinstance(obj, dict) and obj and all(isinstance(k, str) and isinstance(
-            v, torch.Tensor) for k, v in obj.items())):
+    if not is_state_dict(obj):
         return None
-    prefix = "module." if all(k.startswith("module.") for k in obj) else ""
-    return Detected("backbone", {k[len(prefix):]: v for k, v in obj.items()}, prefix)
+    sd, prefix = unprefixed(obj)
+    return Detected("backbone", sd, prefix)
 
 
 def known_layout(bare: Detected) -> bool:
@@ -292,14 +259,23 @@ def infer_resnet(sd: dict[str, torch.Tensor], prefix: str = "") -> dict[str, Any
             "in_channels": int(conv1.shape[1])}
 
 
+def linears(state: dict[str, torch.Tensor], part: str) -> list[tuple[int, torch.Tensor]]:
+    """``(index, weight)`` of the Linear layers of the ``nn.Sequential`` ``part``."""
+    pat = re.compile(re.escape(part) + r"\.(\d+)\.weight")
+    return sorted((int(m.group(1)), v) for k, v in state.items()
+                  if (m := pat.fullmatch(k)) and v.ndim == 2)
+
+
+def vit_depth(state: dict[str, torch.Tensor]) -> int:
+    """The number of ``backbone.blocks.N`` of a ViT state dict."""
+    return len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
+
+
 def infer_hparams(fmt: str, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Constructor arguments read off the shapes (model names); explicit ones override them."""
     hp: dict[str, Any] = dict(infer_resnet(model_sd, "backbone.") or {})
-    if fmt == "vicreg":
-        linears = sorted((int(m.group(1)), v.shape[0]) for k, v in model_sd.items()
-                         if (m := re.fullmatch(r"projector\.(\d+)\.weight", k)) and v.ndim == 2)
-        if linears:
-            hp["projector"] = "-".join(str(n) for _, n in linears)
+    if fmt == "vicreg" and (proj := linears(model_sd, "projector")):
+        hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
     elif fmt == "swav":
         for key, name in (("projection_head.0.weight", "hidden_dim"),
                           ("projection_head.3.weight", "output_dim"),
@@ -311,3 +287,45 @@ def infer_hparams(fmt: str, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]
             if key in model_sd:
                 hp[name] = int(model_sd[key].shape[0])
     return hp
+
+
+#: The converter's bottleneck layers (``net.K``) and torchvision's names for them.
+_BOTTLENECK = {"0": "conv1", "1": "bn1", "2": "conv2", "3": "bn2", "4": "conv3", "5": "bn3"}
+_RULES = [
+    (re.compile(r"net\.0\.0\.weight$"), lambda m: "conv1.weight"),
+    (re.compile(r"net\.0\.1\.0\.(\w+)$"), lambda m: f"bn1.{m[1]}"),
+    (re.compile(r"net\.([1-4])\.blocks\.(\d+)\.net\.([024])\.weight$"),
+     lambda m: f"layer{m[1]}.{m[2]}.{_BOTTLENECK[m[3]]}.weight"),
+    (re.compile(r"net\.([1-4])\.blocks\.(\d+)\.net\.([135])\.0\.(\w+)$"),
+     lambda m: f"layer{m[1]}.{m[2]}.{_BOTTLENECK[m[3]]}.{m[4]}"),
+    (re.compile(r"net\.([1-4])\.blocks\.(\d+)\.projection\.shortcut\.weight$"),
+     lambda m: f"layer{m[1]}.{m[2]}.downsample.0.weight"),
+    (re.compile(r"net\.([1-4])\.blocks\.(\d+)\.projection\.bn\.0\.(\w+)$"),
+     lambda m: f"layer{m[1]}.{m[2]}.downsample.1.{m[3]}"),
+    (re.compile(r"fc\.(weight|bias)$"), lambda m: f"fc.{m[1]}"),
+]
+
+
+def is_simclr_v2(obj: Any) -> bool:
+    """Whether ``obj`` is a file of Separius/SimCLRv2-Pytorch (``{"resnet", "head"}``)."""
+    return (isinstance(obj, dict) and set(obj) == {"resnet", "head"}
+            and isinstance(obj["resnet"], dict)
+            and any(isinstance(k, str) and k.startswith("net.0.") for k in obj["resnet"]))
+
+
+def simclr_v2_backbone(obj: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The ResNet of a SimCLR v2 file under torchvision's names (``fc`` kept, for the caller
+    to drop); a selective-kernel model or an unknown key is a ``ValueError`` naming it."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in obj["resnet"].items():
+        if ".mixing_conv." in key or ".main_conv." in key:
+            raise ValueError("this SimCLR v2 file holds a ResNet with selective kernels (sk1), "
+                             "which no e2mc backbone has; the sk0 models convert")
+        for pattern, name in _RULES:
+            if (m := pattern.match(key)) is not None:
+                out[name(m)] = value
+                break
+        else:
+            raise ValueError(f"SimCLR v2 file: no torchvision ResNet name for {key!r} (a "
+                             "width other than 1x, or another converter's file)")
+    return out

@@ -1,14 +1,7 @@
-"""Checkpoints by URL: downloaded once into torch.hub's cache, with a hash check.
-
-``http(s)://`` and ``file://`` URLs go through :func:`torch.hub.download_url_to_file` into
-``<torch.hub.get_dir()>/checkpoints/<key>-<file name>`` (``$TORCH_HOME/hub/checkpoints``), where
-``<key>`` is a short SHA-256 of the whole URL (and of the expected ``sha256`` when one is given):
-two URLs that end in the same file name are two cache entries. A cached file is not downloaded
-again. The hash check follows
-torch.hub: ``check_hash`` compares the SHA-256 with the hex prefix in the file name
-(``resnet50-0676ba61.pth``); a full ``sha256`` (the ``sha256=`` argument, or a URL ending in
-``#sha256=<hex>``) is compared with the whole digest, for a fresh download and a cached file alike.
-"""
+"""What a checkpoint argument stands for (:func:`load_file`: a file, a run directory, a loaded
+object, a URL). URLs (http, https, file) are downloaded once into torch.hub's ``checkpoints``
+cache under a key of the whole URL, checked against a full ``sha256`` (argument or
+``#sha256=<hex>`` fragment) or torch.hub's hash prefix in the file name (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -16,19 +9,20 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.parse import unquote, urlsplit
 
+from e2mc.checkpoints.io import torch_load
 from e2mc.files import sha256_file
 
-SCHEMES = ("http", "https", "file")
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's convention
 _HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def is_url(ref: object) -> bool:
     """Whether ``ref`` is a string URL this module can fetch (http, https, file)."""
-    return isinstance(ref, str) and urlsplit(ref).scheme.lower() in SCHEMES \
+    return isinstance(ref, str) and urlsplit(ref).scheme.lower() in ("http", "https", "file") \
         and "://" in ref
 
 
@@ -43,10 +37,8 @@ def split_hash(url: str) -> tuple[str, str | None]:
 
 
 def cache_path(url: str, sha256: str | None = None) -> Path:
-    """Where :func:`fetch` keeps ``url``: torch.hub's ``checkpoints`` folder, under the URL's
-    file name prefixed by a key that covers the whole URL (a ``#sha256=`` fragment or the
-    ``sha256`` argument included), so that ``file:///A/checkpoint.pt`` and
-    ``file:///B/checkpoint.pt`` are two entries."""
+    """Where :func:`fetch` keeps ``url``: its file name prefixed by a key of the whole URL and
+    ``sha256``, so that ``file:///A/x.pt`` and ``file:///B/x.pt`` are two entries."""
     import torch.hub
 
     url, from_fragment = split_hash(url)
@@ -60,12 +52,9 @@ def cache_path(url: str, sha256: str | None = None) -> Path:
 
 def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
           progress: bool = True) -> Path:
-    """The local copy of ``url`` (downloaded into the cache unless already there).
-
-    ``sha256``: the file's full SHA-256 (also read from a ``#sha256=`` fragment); a mismatch is a
-    ``ValueError`` and a bad download is not kept. ``check_hash``: the digest must start with the
-    hex prefix in the file name (torch.hub's rule). An unreachable URL is a ``ValueError``.
-    """
+    """The local copy of ``url``, downloaded into the cache unless there. A ``sha256`` (or
+    ``#sha256=``) mismatch, a digest not starting with the file name's hex prefix
+    (``check_hash``) or an unreachable URL is a ``ValueError``; a bad download is not kept."""
     import torch.hub
 
     url, from_fragment = split_hash(url)
@@ -100,3 +89,35 @@ def fetch(url: str, sha256: str | None = None, check_hash: bool = False,
             raise ValueError(f"{dst} (cached copy of {url}) has sha256 {actual}, expected "
                              f"{expected}: delete the file to download it again")
     return dst
+
+
+PathOrState = str | os.PathLike[str] | dict[str, Any]
+
+
+def load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None, str | None]:
+    """``(object, source, local file read)`` (None, None for a loaded object); a URL is fetched
+    first, a run directory stands for its model (:func:`checkpoint_of`)."""
+    if isinstance(path_or_state, dict):
+        return path_or_state, None, None
+    if is_url(path_or_state):
+        local = str(fetch(str(path_or_state)))
+        return torch_load(local, trust=trust), str(path_or_state), local
+    path = checkpoint_of(path_or_state)  # a run directory stands for its model (best.pt)
+    return torch_load(path, trust=trust), path, path
+
+
+def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:
+    """``path_or_run_dir`` itself, or a run directory's model (:func:`e2mc.artifacts.run_model`:
+    its kept ``best.pt``, else or with ``last`` its latest checkpoint)."""
+    from e2mc.artifacts import run_model
+
+    model = None if is_url(path_or_run_dir) else run_model(path_or_run_dir, last)
+    if model is None or model.path == Path(path_or_run_dir):  # a URL, or the file itself
+        return os.fspath(path_or_run_dir)
+    return str(model.path)
+
+
+def local_checkpoint(ref: str | os.PathLike[str], last: bool = False) -> str:
+    """The local file ``ref`` stands for: a URL's fetched copy, a run directory's model, else
+    ``ref`` itself."""
+    return str(fetch(str(ref))) if is_url(ref) else checkpoint_of(ref, last)

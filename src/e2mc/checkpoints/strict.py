@@ -9,6 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from e2mc.methods.registry import build_method
+from e2mc.models import weights_from_checkpoint
+from e2mc.models.build import build_on_meta
+
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint's tensors do not match the model (missing, unexpected or mis-shaped keys)."""
@@ -28,11 +32,9 @@ def _listing(title: str, items: list[str]) -> str:
 def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor],
                fmt: str, to_file_name: Callable[[str], str] = lambda k: k,
                unmapped: list[str] | None = None) -> None:
-    """Raise :class:`CheckpointMismatchError` unless ``given`` has exactly the keys and shapes
-    of ``expected``. Names in the message are the file's names (``to_file_name`` maps a model
-    key back); ``unmapped`` are file keys no rule of the format maps (reported as unexpected).
-    The message is one line: the count of each kind and its first ten names. Then every
-    floating tensor must be finite (:func:`check_finite`): the one check of every loader."""
+    """Raise :class:`CheckpointMismatchError` (one line, the file's names) unless ``given`` has
+    exactly the keys and shapes of ``expected`` (``unmapped`` file keys count as unexpected),
+    then :func:`check_finite`: the one check of every loader."""
     missing = [to_file_name(k) for k in expected if k not in given]
     unexpected = list(unmapped or []) + [to_file_name(k) for k in given if k not in expected]
     mismatched = [f"{to_file_name(k)}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
@@ -49,10 +51,9 @@ def check_keys(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.T
 
 def check_finite(state: Mapping[str, torch.Tensor],
                  to_file_name: Callable[[str], str] = lambda k: k) -> None:
-    """Raise :class:`NonFiniteWeightsError` (one line, the file's name of the first such tensor)
-    unless every floating tensor of ``state`` is finite. One sum per tensor first (a NaN or inf
-    makes it non-finite; a finite sum clears the tensor), element by element only where it is
-    not (the sum may overflow)."""
+    """Raise :class:`NonFiniteWeightsError` (naming the first such tensor) unless every floating
+    tensor of ``state`` is finite. One sum per tensor first (a finite sum clears it), element
+    by element only where it is not (the sum may overflow)."""
     floats = [(k, v) for k, v in state.items() if v.is_floating_point() and v.numel()]
     sums = torch.stack([v.sum().float() for _, v in floats]) if floats else torch.zeros(0)
     if bool(torch.isfinite(sums).all()):
@@ -65,18 +66,20 @@ def check_finite(state: Mapping[str, torch.Tensor],
                 "that are not finite (NaN or inf); nothing was loaded")
 
 
+def rebuild(name: str, hparams: dict[str, Any]) -> Any:
+    """``build_method`` for a model whose every weight a checkpoint is about to set (no
+    pretrained backbone weights are fetched)."""
+    with weights_from_checkpoint():
+        return build_method(name, **hparams)
+
+
 def load_strict(build: Callable[[], nn.Module], state: Mapping[str, torch.Tensor], fmt: str,
                 to_file_name: Callable[[str], str] = lambda k: k,
                 unmapped: list[str] | None = None) -> nn.Module:
     """Build the model without initialising it (meta device), check ``state`` strictly, then
-    adopt the tensors (cast to the model's dtypes). Every tensor comes from ``state``. A model
-    whose constructor computes on tensors (torchvision's RegNets read their widths off one) is
-    built on the CPU instead, its initial weights then replaced all the same."""
-    try:
-        with torch.device("meta"):
-            model = build()
-    except NotImplementedError:  # "Cannot copy out of meta tensor": built for real
-        model = build()
+    adopt the tensors (cast to the model's dtypes). Every tensor comes from ``state``, also
+    where :func:`build_on_meta` had to build on the CPU."""
+    model = build_on_meta(build)
     expected = model.state_dict()
     check_keys(expected, state, fmt, to_file_name, unmapped)
     cast: dict[str, Any] = {k: v.detach().to(dtype=expected[k].dtype).contiguous()

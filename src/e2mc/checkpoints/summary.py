@@ -1,5 +1,4 @@
-"""What identifies a loaded checkpoint in a result: :func:`checkpoint_summary` (the ``info``
-of a loader without tensors, the file's SHA-256) and :func:`recorded_image_size`."""
+"""What identifies a loaded checkpoint in a result."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ import torch
 
 from e2mc.files import sha256_file
 
-#: At most this many values (numbers, strings) per entry of :func:`checkpoint_summary`.
-SUMMARY_MAX_VALUES = 256
+SUMMARY_MAX_VALUES = 256  # values (numbers, strings) per entry of checkpoint_summary
 
 
 def _plain_values(value: Any) -> tuple[Any, int] | None:
@@ -19,20 +17,14 @@ def _plain_values(value: Any) -> tuple[Any, int] | None:
     Objects of other types become their ``repr``."""
     if isinstance(value, torch.Tensor):
         return None
-    if isinstance(value, dict):
-        out, count = {}, 0
-        for k, v in value.items():
-            plain = _plain_values(v)
-            if plain is None:
-                return None
-            out[str(k)], n = plain
-            count += n
-        return out, count
-    if isinstance(value, (list, tuple)):
-        items = [_plain_values(v) for v in value]
+    if isinstance(value, (dict, list, tuple)):
+        items = [_plain_values(v) for v in (value.values() if isinstance(value, dict) else value)]
         if any(item is None for item in items):
             return None
-        return [item[0] for item in items], sum(item[1] for item in items)  # type: ignore[index]
+        plain = [item[0] for item in items]  # type: ignore[index]
+        count = sum(item[1] for item in items)  # type: ignore[index]
+        return (dict(zip(map(str, value), plain, strict=True)) if isinstance(value, dict)
+                else plain), count
     if value is None or isinstance(value, (str, int, float, bool)):
         return value, 1
     return repr(value), 1
@@ -40,11 +32,9 @@ def _plain_values(value: Any) -> tuple[Any, int] | None:
 
 def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] | None = None
                        ) -> dict[str, Any]:
-    """What identifies a loaded checkpoint, small enough to record with a result (the
-    ``checkpoint_info`` of ``results.json``): the entries of a loader's ``info`` that hold no
-    tensor and at most :data:`SUMMARY_MAX_VALUES` values (the optimizer state, generator states
-    and state dicts of a training checkpoint are left out and named under ``omitted``), and the
-    ``sha256`` of the file read."""
+    """A loader's ``info`` small enough to record with a result: the entries without tensors
+    and with at most :data:`SUMMARY_MAX_VALUES` values (the others named under ``omitted``),
+    and the ``sha256`` of the file read."""
     out: dict[str, Any] = {}
     omitted = []
     for key, value in info.items():
@@ -61,9 +51,8 @@ def checkpoint_summary(info: dict[str, Any], local_file: str | os.PathLike[str] 
 
 
 def recorded_image_size(info: dict[str, Any]) -> int | None:
-    """The image size the model of a loaded checkpoint was trained at, from the configuration a
-    project checkpoint records (``run_config``) or the sidecar of an exported backbone
-    (``image_size``, :func:`load_backbone`'s info); ``None`` for official and plain files."""
+    """The image size a loaded checkpoint was trained at (a project checkpoint's ``run_config``,
+    an exported backbone's sidecar); ``None`` for official and plain files."""
     size = ((info.get("run_config") or {}).get("data") or {}).get("image_size")
     if size is None and info.get("format") == "backbone":
         size = info.get("image_size")

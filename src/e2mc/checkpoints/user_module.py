@@ -1,11 +1,6 @@
-"""Checkpoints of runs built around your own backbone module (``e2mc.training.continue_module``):
-their files record the module's class name, not a way to build it, so the module is handed in
-and the run's weights are loaded into a copy of it, strictly.
-
-:func:`load_into_module` gives the backbone (for evaluation, ``evaluate_module``);
-:func:`method_around` the whole method rebuilt around the module (for ``analyze``, whose
-collapse checks and embeddings need the heads).
-"""
+"""Checkpoints of runs around your own backbone module (``continue_module``): the module is
+handed in and the run's weights loaded strictly into a copy (:func:`load_into_module` for the
+backbone, :func:`method_around` for the whole method)."""
 
 from __future__ import annotations
 
@@ -13,15 +8,13 @@ import copy
 import os
 from typing import Any
 
-import torch
 from torch import nn
 
 from e2mc.checkpoints.io import torch_load
+from e2mc.checkpoints.official import is_state_dict
 from e2mc.checkpoints.strict import load_strict
 from e2mc.errors import InputError
 from e2mc.methods.registry import build_method
-
-__all__ = ["load_into_module", "method_around"]
 
 
 def _project_file(path: str | os.PathLike[str], trust: bool) -> dict[str, Any]:
@@ -38,10 +31,8 @@ def _project_file(path: str | os.PathLike[str], trust: bool) -> dict[str, Any]:
 
 def method_around(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
                   ) -> tuple[nn.Module, dict[str, Any]]:
-    """The method of the checkpoint at ``path`` rebuilt around a copy of ``module`` (the
-    backbone the run was trained from, any weights) with every tensor from the file (strict:
-    a module of another shape is one error naming the keys). Returns ``(method, info)``,
-    ``info`` being the file's other entries."""
+    """``(method, info)``: the checkpoint's method rebuilt around a copy of ``module`` (the
+    run's backbone, any weights), every tensor from the file (strict); ``info``: the rest."""
     obj = _project_file(path, trust)
     hparams = {k: v for k, v in obj["hparams"].items() if k != "backbone_class"}
     recorded = obj["hparams"].get("backbone_class")
@@ -57,13 +48,10 @@ def method_around(path: str | os.PathLike[str], module: nn.Module, trust: bool =
 def load_into_module(path: str | os.PathLike[str], module: nn.Module, trust: bool = False
                      ) -> tuple[nn.Module, int | None, dict[str, Any]]:
     """``(backbone, feature_dim, info)``: a copy of ``module`` with the run's backbone weights
-    (:func:`method_around`), or with the module's own weights that ``path`` holds as a plain
-    state dict (``module.state_dict()`` saved: your starting weights, the base of a
-    comparison; ``feature_dim`` None: the module's output size on the images, ``info``
-    ``{"format": "module", "starting_weights": True}``)."""
+    (:func:`method_around`), or with a plain state dict of it (the starting weights;
+    ``feature_dim`` None)."""
     obj = torch_load(path, trust=trust)
-    if isinstance(obj, dict) and obj and obj.get("format") != "e2mc" \
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+    if is_state_dict(obj):
         backbone = load_strict(lambda: copy.deepcopy(module), obj,
                                f"the state dict of a {type(module).__name__}")
         return backbone, None, {"format": "module", "module": type(module).__name__,

@@ -23,7 +23,7 @@ from e2mc.artifacts import (
     read_jsonl,
     run_model,
 )
-from e2mc.checkpoints.api import recorded_image_size
+from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.config import config_differences
 from e2mc.data.subsets import LabeledSubset, dataset_labels
 from e2mc.diagnostics.embedding_stats import (

@@ -1,12 +1,14 @@
-"""Building a backbone by name (:func:`build_backbone`): a torchvision, timm or Hugging Face
-model, or one of the package's small models, without its classifier; and the keys of the
-classifier it drops (:func:`classifier_keys`)."""
+"""Building a backbone by name (:func:`build_backbone`): a library's classification network
+without its classifier (whose keys :func:`classifier_keys` gives) or the package's own small
+models for 28-32 px images on a CPU."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,12 +21,88 @@ from e2mc.models.pretrained import (
     timm_cache,
     torchvision_weights,
 )
-from e2mc.models.small import SMALL_CNNS, SMALL_VITS, SmallConvNet, small_vit
-from e2mc.models.surgery import replace_first_conv, strip_classifier
 
-#: Backbones whose pooled feature is unambiguous: classifier attribute and how to reach it.
-#: ResNets end in ``fc`` after global average pooling; the others below end in ``classifier``
-#: (a Sequential whose Linear layers are dropped) after their own pooling.
+#: :class:`SmallConvNet` widths.
+SMALL_CNNS: dict[str, tuple[int, ...]] = {
+    "cnn5": (32, 64, 128, 128, 256),
+    "cnn5_small": (16, 32, 64, 64, 128),
+}
+#: Small ViTs for 28 px images on a CPU: image and patch size, layers, heads, width, MLP width.
+SMALL_VITS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "vit_tiny_p4_28": (28, 4, 4, 3, 96, 384),
+}
+
+class SmallConvNet(nn.Sequential):
+    """Five 3x3 conv-BN-ReLU layers with strides (1, 2, 1, 2, 1), then global average pooling
+    (10 or 40 million multiply-adds per 28 px image)."""
+
+    def __init__(self, widths: tuple[int, ...], in_channels: int = 1) -> None:
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for i, width in enumerate(widths):
+            layers += [nn.Conv2d(channels, width, 3, stride=2 if i % 2 else 1, padding=1,
+                                 bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            channels = width
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        super().__init__(*layers)
+
+
+def small_vit(name: str, in_channels: int) -> tuple[nn.Module, int]:
+    """:data:`SMALL_VITS` ``name``: torchvision's ``VisionTransformer`` without its head."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    size, patch, layers, heads, width, mlp = SMALL_VITS[name]
+    model = VisionTransformer(image_size=size, patch_size=patch, num_layers=layers,
+                              num_heads=heads, hidden_dim=width, mlp_dim=mlp)
+    model.heads = nn.Identity()
+    if in_channels != 3:
+        model.conv_proj = nn.Conv2d(in_channels, width, kernel_size=patch, stride=patch)
+    return model, width
+
+
+def strip_classifier(model: nn.Module) -> int:
+    """Replace the classifier (``fc``, ``classifier``, ``heads``, ``head``) by what precedes its
+    first Linear (ConvNeXt's norm) or the identity; return the pooled feature size."""
+    attr = next((a for a in ("fc", "classifier", "heads", "head") if hasattr(model, a)), None)
+    if attr is None:
+        raise ValueError(f"cannot find the classifier of {type(model).__name__}")
+    head = getattr(model, attr)
+    if isinstance(head, nn.Linear):
+        dim = head.in_features
+        new_head: nn.Module = nn.Identity()
+    else:
+        layers = list(head.children())
+        first_linear = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
+        if first_linear is None:
+            raise ValueError(f"the classifier of {type(model).__name__} has no Linear layer")
+        dim = layers[first_linear].in_features
+        kept = [m for m in layers[:first_linear] if not isinstance(m, nn.Dropout)]
+        new_head = nn.Sequential(*kept) if kept else nn.Identity()
+    setattr(model, attr, new_head)
+    return dim
+
+
+def input_channels(module: nn.Module) -> int:
+    """Input channels of the first convolution of ``module`` (3 if it has none)."""
+    conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
+    return conv.in_channels if conv is not None else 3
+
+
+def replace_first_conv(model: nn.Module, in_channels: int) -> None:
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d):
+                setattr(parent, child_name, nn.Conv2d(
+                    in_channels, child.out_channels, child.kernel_size, child.stride,
+                    child.padding, dilation=child.dilation, groups=1,
+                    bias=child.bias is not None))
+                return
+            if len(list(child.children())) > 0:
+                break
+    raise ValueError("could not find the first convolution to change the input channels")
+
+
+#: ResNets end in ``fc`` after global average pooling, the others in a ``classifier``.
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2",
            "resnext50_32x4d")
 OTHERS = ("convnext_tiny", "efficientnet_b0", "mobilenet_v3_small", "mobilenet_v3_large",
@@ -35,26 +113,24 @@ SUPPORTED_BACKBONES = RESNETS + OTHERS + tuple(SMALL_CNNS) + tuple(SMALL_VITS)
 def build_backbone(
     name: str, small_images: bool = False, in_channels: int = 3
 ) -> tuple[nn.Module, int]:
-    """Return ``(backbone, feature_dim)``: the model ``name`` (see :mod:`e2mc.models`) without
-    its classifier, mapping ``[B, C, H, W]`` images to ``[B, feature_dim]`` pooled features.
-
-    ``small_images=True`` (ResNets only) replaces the stem with a 3x3 stride-1 convolution and no
-    max-pool, for 28-32 px images. ``in_channels`` changes the first convolution (1 = grayscale).
-    The parameter names are the library's own (torchvision's for official checkpoints, which
-    load strictly). The ``cnn5`` family (:class:`SmallConvNet`) is built for small images already.
-    An unknown name is a ``ValueError`` listing the close matches.
-    """
+    """``(backbone, feature_dim)``: the model ``name`` without its classifier, with the
+    library's parameter names. ``small_images`` (ResNets): a 3x3 stride-1 stem, no max-pool;
+    ``in_channels``: the first convolution's. An unknown name is a ``ValueError`` listing the
+    close matches."""
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     source, model_name, weights = parse_backbone_name(name)
+    if small_images and not (source == "torchvision" and (
+            model_name in RESNETS or (model_name in SMALL_CNNS and weights is None))):
+        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     if source == "timm":
-        return _timm_backbone(model_name, small_images, in_channels)
+        return _timm_backbone(model_name, in_channels)
     if source == "hf":
-        return _hf_backbone(model_name, small_images, in_channels)
+        return _hf_backbone(model_name, in_channels)
     if model_name in SMALL_CNNS and weights is None:
         return SmallConvNet(SMALL_CNNS[model_name], in_channels), SMALL_CNNS[model_name][-1]
     if model_name in SMALL_VITS and weights is None:
-        return small_vit(model_name, small_images, in_channels)
+        return small_vit(model_name, in_channels)
     return _torchvision_backbone(model_name, weights, small_images, in_channels)
 
 
@@ -75,8 +151,6 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
         raise unknown_error("backbone", name, known,
                             f"; supported: {', '.join(SUPPORTED_BACKBONES)}, "
                             "any torchvision classification model, timm:NAME or hf:REPO_ID")
-    if small_images and name not in RESNETS:
-        raise ValueError(f"small_images=True is only supported for ResNets, not {name!r}")
     weight_enum = None
     if weights is not None:
         weight_enum = torchvision_weights(name, weights, tvm)
@@ -108,14 +182,11 @@ def _torchvision_backbone(name: str, weights: str | None, small_images: bool,
     return model, feature_dim
 
 
-def _timm_backbone(name: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+def _timm_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
     try:
         import timm
     except ImportError:
         raise missing_extra("timm", "timm", f"timm:{name}") from None
-    if small_images:
-        raise ValueError("small_images=True is only supported for torchvision ResNets, "
-                         f"not timm:{name}")
     architecture, tag, arguments = timm_parts(name)
     if not timm.is_model(architecture):  # (with a tag: the close ARCH.TAG names)
         raise unknown_error("timm model", name,
@@ -149,8 +220,7 @@ def _timm_vits() -> frozenset[str]:
 
 
 class HFBackbone(nn.Module):
-    """A Hugging Face vision model as a pooled-feature extractor: its ``pooler_output`` when it
-    has one, else the mean of ``last_hidden_state`` over tokens (or over the spatial grid)."""
+    """A Hugging Face vision model's ``pooler_output``, else its mean ``last_hidden_state``."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -165,14 +235,11 @@ class HFBackbone(nn.Module):
         return pooled.flatten(1)
 
 
-def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Module, int]:
+def _hf_backbone(repo: str, in_channels: int) -> tuple[nn.Module, int]:
     try:
         import transformers
     except ImportError:
         raise missing_extra("transformers", "hf", f"hf:{repo}") from None
-    if small_images:
-        raise ValueError(f"small_images=True is only supported for torchvision ResNets, "
-                         f"not hf:{repo}")
     from e2mc.hub import cache_if_offline
 
     local = os.path.isdir(repo)
@@ -196,26 +263,30 @@ def _hf_backbone(repo: str, small_images: bool, in_channels: int) -> tuple[nn.Mo
 
 
 def classifier_keys(name: str) -> frozenset[str]:
-    """State-dict keys of the full classification model ``name`` that :func:`build_backbone`
-    drops (its classifier): a checkpoint of the full model loads into the backbone without them.
-    Empty for the package's own backbones and for Hugging Face models."""
+    """The state-dict keys of the classifier :func:`build_backbone` drops from the model
+    ``name`` (empty for the package's own backbones and Hugging Face models)."""
     source, model_name, _ = parse_backbone_name(name)
     if source == "hf" or model_name in SMALL_CNNS or model_name in SMALL_VITS:
         return frozenset()
     return _classifier_keys(source, model_name)
 
 
+def build_on_meta(build: Callable[[], Any]) -> Any:
+    """``build()`` on the meta device (no memory, no initialisation); on the CPU for a
+    constructor that computes on tensors (torchvision's RegNets read their widths off one)."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except NotImplementedError:  # "Cannot copy out of meta tensor": built for real
+        return build()
+
+
 @functools.lru_cache(maxsize=32)
 def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
-    try:
-        with torch.device("meta"):  # no memory, no initialisation
-            return _built_classifier_keys(source, model_name)
-    except NotImplementedError:  # a constructor that computes on tensors (RegNets): built
-        return _built_classifier_keys(source, model_name)
+    return build_on_meta(lambda: _built_classifier_keys(source, model_name))
 
 
 def _built_classifier_keys(source: str, model_name: str) -> frozenset[str]:
-    """:func:`classifier_keys` of the full model built on the current default device."""
     if source == "timm":
         try:
             import timm

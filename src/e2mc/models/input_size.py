@@ -12,63 +12,53 @@ from e2mc.models.pretrained import weights_from_checkpoint
 
 
 def fixed_image_size(module: nn.Module) -> int | None:
-    """The one image size ``module`` takes, where it declares one: a torchvision
-    ``VisionTransformer`` (:data:`SMALL_VITS` included; its position embeddings are fixed) or a
-    timm patch embedding with a strict size; else ``None`` (any size its layers allow)."""
-    from torchvision.models.vision_transformer import VisionTransformer
-
-    for m in module.modules():
-        if isinstance(m, VisionTransformer):
-            return int(m.image_size)
-        if _is_timm_patch_embed(m):
-            size = getattr(m, "img_size", None)
-            if getattr(m, "strict_img_size", False) and size is not None and size[0] == size[1]:
-                return int(size[0])
-            return None
+    """The one image size ``module`` takes, where it declares one (a torchvision
+    ``VisionTransformer``, a timm patch embedding with a strict square size), else ``None``."""
+    m = _size_layer(module)
+    if m is None or hasattr(m, "image_size"):
+        return None if m is None else int(m.image_size)
+    size = getattr(m, "img_size", None)
+    if getattr(m, "strict_img_size", False) and size is not None and size[0] == size[1]:
+        return int(size[0])
     return None
 
 
-def _is_timm_patch_embed(m: nn.Module) -> bool:
-    return type(m).__name__ == "PatchEmbed" and hasattr(m, "patch_size") \
-        and hasattr(m, "strict_img_size")
+def _size_layer(module: nn.Module) -> nn.Module | None:
+    """The first torchvision ``VisionTransformer`` or timm ``PatchEmbed`` in ``module``."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return next((m for m in module.modules() if isinstance(m, VisionTransformer) or (
+        type(m).__name__ == "PatchEmbed" and hasattr(m, "patch_size")
+        and hasattr(m, "strict_img_size"))), None)
 
 
 def _declared_size_problem(module: nn.Module, size: int) -> str | None:
-    """What the layers ``module`` is made of say about the image size (a ViT's fixed size, a
-    patch size that must divide it), without running anything; None when nothing is declared."""
-    from torchvision.models.vision_transformer import VisionTransformer
-
-    for m in module.modules():
-        if isinstance(m, VisionTransformer):
-            if int(m.image_size) != size:
-                return (f"it takes {m.image_size} px images only (a vision transformer with "
-                        f"{m.patch_size} px patches and position embeddings of that size)")
-            return None
-        if _is_timm_patch_embed(m):
-            fixed = getattr(m, "img_size", None)
-            if getattr(m, "strict_img_size", False) and fixed is not None \
-                    and tuple(fixed) != (size, size):
-                return f"it takes {fixed[0]}x{fixed[1]} px images only"
-            patch = tuple(int(p) for p in m.patch_size)
-            if not getattr(m, "dynamic_img_pad", False) and any(size % p for p in patch):
-                shown = patch[0] if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}"
-                return (f"its patch size {shown} does not divide the image size {size} (a "
-                        f"multiple of {shown} does, e.g. {_multiple(size, max(patch))})")
-            return None
+    """What ``module``'s layers declare against the image size (a ViT's fixed size, a patch
+    size that must divide it), without running anything; None when nothing is declared."""
+    m = _size_layer(module)
+    if m is None:
+        return None
+    if hasattr(m, "image_size"):  # torchvision's ViT: position embeddings of one size
+        if int(m.image_size) != size:
+            return (f"it takes {m.image_size} px images only (a vision transformer with "
+                    f"{m.patch_size} px patches and position embeddings of that size)")
+        return None
+    fixed = getattr(m, "img_size", None)
+    if getattr(m, "strict_img_size", False) and fixed is not None and tuple(fixed) != (size, size):
+        return f"it takes {fixed[0]}x{fixed[1]} px images only"
+    patch = tuple(int(p) for p in m.patch_size)
+    if not getattr(m, "dynamic_img_pad", False) and any(size % p for p in patch):
+        shown = patch[0] if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}"
+        step = max(patch)  # the nearest multiple, at least one patch
+        return (f"its patch size {shown} does not divide the image size {size} (a "
+                f"multiple of {shown} does, e.g. {max(step, round(size / step) * step)})")
     return None
-
-
-def _multiple(size: int, step: int) -> int:
-    """The multiple of ``step`` nearest to ``size`` (at least ``step``)."""
-    return max(step, round(size / step) * step)
 
 
 def _meta_forward_error(module: nn.Module, size: int, channels: int,
                         seen: list[tuple[int, ...]] | None = None) -> BaseException | None:
-    """The error of ``module``'s forward pass on ``[2, channels, size, size]`` images, run on
-    the meta device (shapes only: no memory, no arithmetic; the module's own tensors are left
-    alone), or None when it passes. ``seen``: the output shape of every convolution, in the
-    order of the pass, appended to it."""
+    """The error of ``module``'s forward pass on ``[2, channels, size, size]`` images on the
+    meta device (its own tensors left alone), or None; ``seen`` gets each Conv2d's output shape."""
     from torch.func import functional_call
 
     tensors = {n: torch.empty_like(t, device="meta")
@@ -103,17 +93,14 @@ def last_feature_map(module: nn.Module, image_size: int, channels: int) -> tuple
     return (maps[-1][2], maps[-1][3]) if maps else None
 
 
-#: The image size every backbone whose size is not declared is expected to take.
-_USUAL_SIZE = 224
+_USUAL_SIZE = 224  # what every backbone that declares no size is expected to take
 
 
 def input_size_problem(module: nn.Module, image_size: int, channels: int) -> str | None:
-    """Why ``module`` cannot take ``[N, channels, image_size, image_size]`` images, in words,
-    or None when it can (or when that cannot be told without running it). The layers' declared
-    sizes first (:func:`fixed_image_size`, a timm patch size that must divide the size), then a
-    forward pass on the meta device: a failure there counts only when the usual 224 px pass
-    (of the same channels) does not fail too, so that an operation the meta device lacks is
-    never taken for a wrong size."""
+    """Why ``module`` cannot take ``[N, channels, image_size, image_size]`` images, or None.
+    The layers' declared sizes first, then a meta-device forward pass, whose failure counts
+    only where the usual 224 px pass succeeds (an operation the meta device lacks is not a
+    wrong size)."""
     declared = _declared_size_problem(module, image_size)
     if declared is not None or fixed_image_size(module) is not None:
         return declared
@@ -150,12 +137,9 @@ def one_pixel_note(module: nn.Module, image_size: int, channels: int, name: str)
 
 def check_backbone_input(name: str, image_size: int | None, in_channels: int | None = 3,
                          small_images: bool = False, option: str = "data.image_size") -> None:
-    """:func:`check_input_size` of the backbone ``name``, built on the meta device without
-    weights (nothing downloaded, no memory), before any work starts: a configuration whose
-    images the model cannot take is refused at once, not after the data are read. A name
-    that cannot be built here (a Hugging Face repository, a missing extra, a model whose
-    constructor computes on its tensors) is left to the run, which reports it; a size or
-    channels left to the data (None) are checked once the data said them."""
+    """:func:`check_input_size` of the backbone ``name`` built on the meta device without
+    weights, before any work starts. A name that cannot be built so (Hugging Face, a missing
+    extra) and a size or channels left to the data (None) are left to the run."""
     if parse_backbone_name(name)[0] == "hf" or image_size is None or in_channels is None:
         return
     try:
@@ -167,9 +151,8 @@ def check_backbone_input(name: str, image_size: int | None, in_channels: int | N
 
 
 def pooled_dim(module: nn.Module, channels: int, size: int) -> int:
-    """The pooled output size of ``module`` on two images ``[2, channels, size, size]``
-    (evaluated in eval mode without gradients; its training mode is restored); a module whose
-    output is not ``[2, D]`` is a ``ValueError``."""
+    """The pooled output size of ``module`` on ``[2, channels, size, size]`` zeros (eval mode,
+    no gradients); an output that is not ``[2, D]`` is a ``ValueError``."""
     was_training = module.training
     try:
         module.eval()

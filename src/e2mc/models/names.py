@@ -6,15 +6,13 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-#: Prefixes of backbone names and the optional extra each needs.
-SOURCES = {"torchvision": None, "timm": "timm", "hf": "hf"}
+SOURCES = ("torchvision", "timm", "hf")
 
 
 def parse_backbone_name(name: str) -> tuple[str, str, str | None]:
-    """``(source, model, weights)`` of a backbone name: ``"resnet50"`` and
-    ``"torchvision:resnet50"`` -> ``("torchvision", "resnet50", None)``,
-    ``"torchvision:resnet50:IMAGENET1K_V2"`` -> ``(..., "IMAGENET1K_V2")``, ``"timm:NAME"``,
-    ``"hf:REPO_ID"`` (a repository id or a local folder, kept whole)."""
+    """``(source, model, weights)`` of a backbone name: ``"resnet50"`` ->
+    ``("torchvision", "resnet50", None)``, ``"torchvision:resnet50:IMAGENET1K_V2"`` -> ``(...,
+    "IMAGENET1K_V2")``; a ``timm:`` or ``hf:`` model is kept whole."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"a backbone name must be a non-empty string, got {name!r}")
     source, sep, rest = name.partition(":")
@@ -33,12 +31,6 @@ def parse_backbone_name(name: str) -> tuple[str, str, str | None]:
     return source, rest, None
 
 
-def describe(name: str) -> dict[str, Any]:
-    """``{"source", "model", "weights"}`` of a backbone name (for messages and run records)."""
-    source, model, weights = parse_backbone_name(name)
-    return {"source": source, "model": model, "weights": weights}
-
-
 def unknown_error(kind: str, name: str, known: list[str], extra: str = "") -> ValueError:
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -51,12 +43,8 @@ def missing_extra(package: str, extra: str, name: str) -> ValueError:
 
 
 def timm_parts(model: str) -> tuple[str, str | None, dict[str, Any]]:
-    """``(architecture, tag, arguments)`` of a timm model name:
-    ``"vit_small_patch16_224.augreg_in1k"`` -> ``("vit_small_patch16_224", "augreg_in1k", {})``,
-    ``"vit_small_patch16_224(num_heads=12)"`` -> ``("vit_small_patch16_224", None,
-    {"num_heads": 12})``: keyword arguments of ``timm.create_model`` in parentheses (Python
-    literals only), for the models that differ from timm's by an argument (moco-v3's ViT-S has 12
-    attention heads where timm's has 6). A malformed list is a ``ValueError``."""
+    """``(architecture, tag, arguments)`` of a timm model name ``ARCH[.TAG][(KEY=LITERAL, ...)]``
+    (arguments for ``timm.create_model``: moco-v3's ViT-S has 12 heads where timm's has 6)."""
     head, paren, rest = model.partition("(")
     arguments: dict[str, Any] = {}
     if paren:

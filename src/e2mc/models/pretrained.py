@@ -1,6 +1,5 @@
-"""Pretrained weights of a backbone name: which weights it loads and where the library looks
-for them (:func:`pretrained_weights`), the one-line error when they cannot be had, and
-:func:`weights_from_checkpoint`, inside which no pretrained weights are fetched."""
+"""Pretrained weights of a backbone name: which, where the library looks for them, the error
+when they cannot be had, and :func:`weights_from_checkpoint`."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ _SKIP_PRETRAINED: contextvars.ContextVar[bool] = contextvars.ContextVar("e2mc_sk
 
 @contextlib.contextmanager
 def weights_from_checkpoint() -> Iterator[None]:
-    """Inside this block, named backbones are built without fetching pretrained weights (a
-    checkpoint is about to overwrite all of them); a Hugging Face model is built from its
-    configuration alone."""
+    """Inside this block backbones are built without pretrained weights (a checkpoint is about
+    to set them all)."""
     token = _SKIP_PRETRAINED.set(True)
     try:
         yield
@@ -34,12 +32,9 @@ def pretrained_skipped() -> bool:
 
 
 def pretrained_weights(name: str) -> dict[str, Any] | None:
-    """The pretrained weights the backbone ``name`` loads when it is built, None for a random
-    initialisation: ``{"backbone", "library", "weights", "cache", "file"}``, where ``weights``
-    is the torchvision weights enum, the timm tag (``ARCH.TAG``) or the Hugging Face repository,
-    ``cache`` the directory the library's loader looks in and ``file`` what it looks for there
-    (the torchvision file name, the timm hub id or file name; None where the library decides).
-    An unknown weights name is a ``ValueError``. Nothing is downloaded."""
+    """``{"backbone", "library", "weights", "cache", "file"}`` of the pretrained weights the
+    backbone ``name`` loads (None: random), ``cache`` the directory the library looks in for
+    ``file``; an unknown weights name is a ``ValueError``. Nothing is downloaded."""
     source, model_name, weights = parse_backbone_name(name)
     if source == "torchvision":
         if weights is None:
@@ -71,8 +66,7 @@ def hf_cache() -> str:
 
 
 def timm_cache(name: str) -> dict[str, Any]:
-    """Where ``timm.create_model(name, pretrained=True)`` looks: the Hugging Face hub's cache
-    for a tag published there, else torch.hub's ``checkpoints`` (a tag downloaded by URL)."""
+    """``{"cache", "file"}`` where ``timm.create_model(name, pretrained=True)`` looks."""
     import torch.hub
 
     try:
@@ -98,20 +92,17 @@ def timm_cache(name: str) -> dict[str, Any]:
 
 
 def fetch_failed(name: str, err: BaseException, offline: str | None = None) -> ValueError:
-    """The one-line error of pretrained weights that could not be loaded (offline, a missing
-    file in the cache, a download that failed); ``offline``: why the hub was not asked."""
+    """The error of pretrained weights that could not be loaded; ``offline``: why the hub was
+    not asked."""
     where = pretrained_weights(name) or {}
     wanted = f"{where.get('file')} " if where.get("file") else ""
     reason = " ".join(str(getattr(err, "reason", None) or err).split())
-    if offline is not None:
-        return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
-                          f"cache {where.get('cache')} and the hub is unreachable ({offline}); "
-                          "download it where there is a network (the same cache directory: "
-                          "TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
+    why = (f"the hub is unreachable ({offline})" if offline is not None
+           else f"fetching it failed ({type(err).__name__}: {reason})")
     return ValueError(f"cannot load the pretrained weights of {name}: {wanted}is not in the "
-                      f"cache {where.get('cache')} and fetching it failed ({type(err).__name__}: "
-                      f"{reason}); download it where there is a network (the same cache "
-                      "directory: TORCH_HOME / HF_HOME), or start from a checkpoint with --from")
+                      f"cache {where.get('cache')} and {why}; download it where there is a "
+                      "network (the same cache directory: TORCH_HOME / HF_HOME), or start from "
+                      "a checkpoint with --from")
 
 
 def torchvision_weights(name: str, weights: str, tvm: Any) -> Any:
