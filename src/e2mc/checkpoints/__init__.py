@@ -3,7 +3,6 @@
 from e2mc.checkpoints.api import (
     load_checkpoint,
     load_official,
-    load_start_model,
     restore_optimizer_state,
     save_checkpoint,
 )
@@ -11,6 +10,7 @@ from e2mc.checkpoints.backbone import load_backbone
 from e2mc.checkpoints.export import (
     check_exported_start,
     export_backbone,
+    load_start_model,
     read_sidecar,
     sidecar_path,
 )

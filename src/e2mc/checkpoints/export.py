@@ -11,10 +11,17 @@ from typing import Any
 
 from torch import nn
 
-from e2mc.checkpoints.api import PROJECT_FORMAT, load_checkpoint, unwrap
+from e2mc.checkpoints.api import (
+    PROJECT_FORMAT,
+    load_backbone_into_method,
+    load_checkpoint,
+    official_from_object,
+    unwrap,
+)
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
-from e2mc.checkpoints.official import bare_backbone, is_state_dict
-from e2mc.checkpoints.remote import PathOrState, is_url, local_checkpoint
+from e2mc.checkpoints.official import bare_backbone, is_state_dict, known_layout
+from e2mc.checkpoints.remote import PathOrState, is_url, load_file, local_checkpoint
+from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod
@@ -208,3 +215,39 @@ def export_backbone(method_or_checkpoint: SSLMethod | PathOrState, out_path: str
     meta["sha256"] = sha256_file(out_path)  # the sidecar belongs to these bytes only
     atomic_write_json(meta, sidecar_path(out_path))
     return meta
+
+
+def load_start_model(path: PathOrState, method: str, trust: bool = False,
+                      new_heads: bool = False,
+                      **method_hparams: Any) -> tuple[SSLMethod, dict[str, Any]]:
+    """The starting model of a run of ``method`` configured with ``method_hparams``: a project
+    checkpoint of that method, an exported backbone (as its sidecar says; another configured
+    architecture is a ``ValueError``), a plain state dict no layout explains (a backbone of the
+    configured architecture), or an official file (:func:`load_official`). ``info``:
+    ``epoch``, ``optimizer``, ``source``, ``optimizer_layout`` (``"project"``: load as is;
+    ``"official"``: :func:`restore_optimizer_state`)."""
+    obj, source, local = load_file(path, trust)
+    if isinstance(obj, dict) and obj.get("format") == PROJECT_FORMAT:
+        if obj.get("method") != method:
+            raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
+                             f"this run trains {method!r}")
+        model = load_strict(lambda: rebuild(method, method_hparams), obj["model"],
+                            f"e2mc ({method})")
+        info = {k: v for k, v in obj.items() if k != "model"}
+        info.update(source=source, optimizer_layout="project")
+        return model, info  # type: ignore[return-value]
+    exported = read_sidecar(local, obj)
+    bare = bare_backbone(obj)
+    if exported is not None:  # export-backbone's file: its sidecar names the architecture
+        hparams = {**exported_hparams(exported, method_hparams, source or str(local)),
+                   **method_hparams}
+        model, info = load_backbone_into_method(bare, method, hparams, new_heads, source)
+        info["exported"] = exported
+    elif bare is not None and not known_layout(bare):
+        # a backbone whose names look like a method's (a torchvision ViT's encoder.*)
+        model, info = load_backbone_into_method(bare, method, dict(method_hparams),
+                                                new_heads, source)
+    else:
+        model, info = official_from_object(obj, source, method, new_heads, method_hparams)
+    info.update(optimizer_layout="official")
+    return model, info
