@@ -3,12 +3,15 @@ log file, nothing with --quiet."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import re
+import threading
 
 import numpy as np
 import pytest
 
-from e2mc.progress import PlainProgress, is_terminal, progress_bar
+from e2mc.progress import PlainProgress, heartbeat, is_terminal, progress_bar
 
 
 class _Terminal(io.StringIO):
@@ -94,3 +97,42 @@ def test_feature_extraction_logs_lines_or_nothing(capsys: pytest.CaptureFixture[
     assert feats.shape == (16, 2) and np.array_equal(labels, np.arange(16))
     extract_features(backbone, data, batch_size=4, num_workers=0, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_phase_with_nothing_to_count_prints_a_line_while_it_lasts() -> None:
+    """``heartbeat`` prints ``DESC, elapsed Ts`` while its block runs and stops after it: the
+    block here waits until two lines came (a hang guard of 60 s, not a clock assertion)."""
+    two_lines = threading.Event()
+
+    class Stream(io.StringIO):
+        def write(self, text: str) -> int:
+            written = super().write(text)
+            if self.getvalue().count("\n") >= 2:
+                two_lines.set()
+            return written
+
+    stream = Stream()
+    with heartbeat("loading PyTorch", every=0.01, file=stream):
+        assert two_lines.wait(60), "no heartbeat line within 60 s"
+    after = stream.getvalue()
+    lines = after.splitlines()
+    assert len(lines) >= 2 and all(re.fullmatch(r"loading PyTorch, elapsed \d+s", x) for x in lines)
+    threading.Event().wait(0.05)
+    assert stream.getvalue() == after, "the heartbeat went on after its block"
+    quiet = io.StringIO()
+    with heartbeat("short", every=60, file=quiet):
+        pass
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["eval", "x", "--data", "d", "--out", "y"],
+                                  ["analyze", "x", "--data", "d", "--out", "y"],
+                                  ["compare", "x"], ["continue", "--config", "x", "--out", "y"],
+                                  ["pretrain", "--config", "x", "--out", "y"]])
+def test_commands_that_load_pytorch_load_it_under_a_heartbeat(argv: list[str]) -> None:
+    """Each command that waits on PyTorch names its heavy modules, which ``e2mc.cli`` imports
+    under :func:`heartbeat` before the command runs (no start-up silent for minutes)."""
+    from e2mc.cli import build_parser
+
+    modules = build_parser().parse_args(argv).libraries
+    assert modules and all(importlib.util.find_spec(m) is not None for m in modules)

@@ -51,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
+        _load(getattr(args, "libraries", ()))
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as error:
         if debug:
@@ -58,6 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, message = describe(error)
         print(f"e2mc {args.command}: error: {message}", file=sys.stderr)
         return code
+
+
+def _load(modules: Sequence[str]) -> None:
+    """Import the command's heavy modules (``set_defaults(libraries=...)``) first, with a
+    line every 10 s while that takes."""
+    if modules:
+        from e2mc.progress import heartbeat
+
+        with heartbeat("loading PyTorch and e2mc's modules"):
+            for name in modules:
+                importlib.import_module(name)
 
 
 def _print_unencodable_as_text() -> None:

@@ -86,7 +86,6 @@ def run_demo(out_dir: str | Path, settings: DemoSettings | None = None,
     if settings.check_only:
         print("--quick: an installation check (short runs, a small test set); its verdicts "
               "mean nothing", flush=True)
-    print("loading PyTorch and the evaluation libraries", flush=True)  # (seconds, or more)
     from e2mc.diagnostics.analyze import analyze
     from e2mc.evaluation import compare_evaluations, write_comparison
     from e2mc.evaluation.compare_report import COMPARISON_STEM, print_answer

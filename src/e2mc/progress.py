@@ -4,12 +4,14 @@ where carriage returns would pile up) a :class:`PlainProgress` printing whole li
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-__all__ = ["PLAIN_EVERY_S", "PlainProgress", "is_terminal", "progress_bar"]
+__all__ = ["PLAIN_EVERY_S", "PlainProgress", "heartbeat", "is_terminal", "progress_bar"]
 
 #: Seconds between two plain lines that no quarter of the total prompted (a log shows life).
 PLAIN_EVERY_S = 10.0
@@ -37,6 +39,28 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, total: float | None =
                     file=stream, dynamic_ncols=True, **tqdm_options)
     return PlainProgress(iterable, total=total, initial=initial, desc=desc, unit=unit,
                          disable=disable, file=stream, every=every)
+
+
+@contextlib.contextmanager
+def heartbeat(desc: str, every: float = PLAIN_EVERY_S, file: IO[str] | None = None
+              ) -> Iterator[None]:
+    """While the block runs, print ``DESC, elapsed Ts`` every ``every`` seconds: a phase with
+    nothing to count (loading PyTorch takes seconds, a minute on a loaded machine) is not
+    silent. A block shorter than ``every`` prints nothing."""
+    stream = sys.stderr if file is None else file
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            print(f"{desc}, elapsed {time.monotonic() - start:.0f}s", file=stream, flush=True)
+
+    thread = threading.Thread(target=beat, name="e2mc-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class PlainProgress:

@@ -15,7 +15,8 @@ def register_run_command(subparsers: argparse._SubParsersAction, mode: str, help
     """Add ``e2mc continue`` or ``e2mc pretrain`` (``mode``) with :func:`run_command`."""
     parser = subparsers.add_parser(mode, help=help, description=description)
     add_run_arguments(parser, mode)
-    parser.set_defaults(func=lambda args: run_command(args, mode))
+    parser.set_defaults(func=lambda args: run_command(args, mode),
+                        libraries=("e2mc.training.run",))
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:

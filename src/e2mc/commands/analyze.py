@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--last", action="store_true",
                    help="of each run directory, the last step's checkpoint instead of the kept "
                         "model (best.pt, when the run was trained with e2mc continue --keep-best)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, libraries=("e2mc.diagnostics.analyze",))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "fractions or label seeds; refused "
                         "by default): each row shows its own metric and the table lists what "
                         "differs")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, libraries=("e2mc.evaluation.comparison_page",))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,9 @@ import argparse
 
 from e2mc.commands._types import at_least
 
+#: What the demo's stages import (loaded first, with a line every 10 s while that takes).
+DEMO_LIBRARIES = ("e2mc.training.run", "e2mc.evaluation.workflow", "e2mc.diagnostics.analyze")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -38,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         metavar="KEY=VALUE",
                         help="override a key of both continued runs' config, e.g. --set "
                              "optim.base_lr=0.01 (repeatable)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, libraries=DEMO_LIBRARIES)
 
 
 def run(args: argparse.Namespace) -> int:

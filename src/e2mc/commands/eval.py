@@ -177,7 +177,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "stopping with an error that names the file")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     add_executor_arguments(p, "every checkpoint's evaluation", trains=False)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, libraries=("e2mc.evaluation.workflow",))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bars of the runs, no job counts")
     add_executor_arguments(parser, "every run and evaluation")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, libraries=("e2mc.search", "e2mc.training.run"))
 
 
 def _run(args: argparse.Namespace) -> int:
