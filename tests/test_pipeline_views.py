@@ -28,7 +28,7 @@ from e2mc.data.fast_views import (
     collate_device_views,
 )
 from e2mc.data.image_folder import _load_rgb_or_l
-from e2mc.data.view_specs import PARAM_FIELDS, draw_view_params
+from e2mc.data.views import PARAM_FIELDS, draw_view_params
 from synthetic_photos import natural_image
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])

@@ -1,5 +1,5 @@
 """The fast view pipeline: the recipes of :func:`~e2mc.data.views.build_views`, drawn the same way
-(:func:`~e2mc.data.view_specs.draw_view_params`, so a seed gives the same crops, flips and
+(:func:`~e2mc.data.views.draw_view_params`, so a seed gives the same crops, flips and
 factors) but decoded once (at 1/2-1/8 scale by libjpeg's DCT scaling when every crop keeps its
 view's side), cropped and resized on uint8 tensors, and jittered with OpenCV or torch
 (``mode="cpu"``) or on the training device (``mode="device"``, :class:`DeviceAugment`).
@@ -32,8 +32,7 @@ from .image_folder import to_8bit
 from .multiview import ViewBatch
 from .photometric import apply_photometric, normalize_levels
 from .subsets import dataset_labels, subset_parts
-from .view_specs import PARAM_INDEX, ViewSpec, draw_view_params, view_specs
-from .views import MultiCropTransform
+from .views import PARAM_INDEX, MultiCropTransform, ViewSpec, draw_view_params
 
 __all__ = ["DeviceAugment", "FastViewDataset", "FastViews", "collate_device_views"]
 
@@ -66,8 +65,10 @@ class FastViews:
                              "'e2mc[fast]')")
         self.backend = ("opencv" if photometric_cv2.available() else "torch") \
             if backend == "auto" else backend
+        if not all(isinstance(t, ViewSpec) for t in views.transforms):
+            raise ValueError("the fast pipeline takes the views of build_views")
         self.views = views
-        self.specs = view_specs(views)
+        self.specs: list[ViewSpec] = list(views.transforms)
         self.num_main_views = views.num_main_views
         self.mode = mode
         self.draft = draft
@@ -203,8 +204,8 @@ class DeviceAugment:
     through the photometric steps. ``photometric=False``, ``(views, out=...)``: the finished
     8-bit views of :meth:`FastViewDataset.collated`, into ``out`` when its shapes match."""
 
-    def __init__(self, views: FastViews | MultiCropTransform, photometric: bool = True) -> None:
-        self.specs = views.specs if isinstance(views, FastViews) else view_specs(views)
+    def __init__(self, views: FastViews, photometric: bool = True) -> None:
+        self.specs = views.specs
         self.photometric = photometric
 
     def __call__(self, crops: Sequence[torch.Tensor],
