@@ -349,17 +349,6 @@ def test_opencv_blur_keeps_every_pixel_within_the_tail_of_the_full_kernel() -> N
         assert np.abs(full - short).max() <= 2 * tail  # one axis each, plus float rounding
 
 
-@pytest.mark.skipif(not photometric_cv2.available(), reason="needs opencv-python-headless")
-def test_opencv_normalisation_equals_torchvision_normalize() -> None:
-    x = torch.rand(3, 20, 30)
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    got = photometric_cv2.normalize_chw(x.permute(1, 2, 0).contiguous().numpy(), mean, std)
-    torch.testing.assert_close(torch.from_numpy(np.ascontiguousarray(got)),
-                               TF.normalize(x, mean, std), atol=1e-6, rtol=0)
-    gray = photometric_cv2.normalize_chw(x[0].numpy(), (0.5,), (0.25,))
-    torch.testing.assert_close(torch.from_numpy(gray), (x[:1] - 0.5) / 0.25, atol=1e-6, rtol=0)
-
-
 # ----------------------------------------------------------------------------- decoding, modes
 @pytest.mark.skipif(not photometric_cv2.available(), reason="needs OpenCV")
 def test_opencv_decode_gives_the_pixels_of_pil_and_a_channels_last_resize(jpeg: Path) -> None:

@@ -143,8 +143,12 @@ class FastViews:
                 raise ValueError("out= is for mode='cpu' (mode='device' returns uint8 crops)")
             return crops, params
         if self.backend == "opencv":
-            return [self._opencv_view(c, p, s, None if out is None else out[k])
-                    for k, (c, p, s) in enumerate(zip(crops, params, self.specs, strict=True))]
+            levels = [self._opencv_levels(c, p, s, torch.empty_like(c) if out is None else out[k])
+                      for k, (c, p, s) in enumerate(zip(crops, params, self.specs, strict=True))]
+            if out is not None:
+                return levels
+            return [normalize_levels(v[None], s)[0]
+                    for v, s in zip(levels, self.specs, strict=True)]
         views: list[torch.Tensor] = [torch.empty(0)] * len(crops)
         for group in self.cpu_groups:
             x = torch.stack([crops[k] for k in group]).float().div_(255.0)
@@ -162,8 +166,9 @@ class FastViews:
         return [_batch_tensor((n, s.channels, s.size, s.size)) for s in self.specs]
 
     @staticmethod
-    def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+    def _opencv_levels(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
+                       out: torch.Tensor) -> torch.Tensor:
+        """The gray levels of one view, written into the uint8 ``[C, S, S]`` ``out``."""
         c = crop.shape[0]
         if c == 3 and crop.permute(1, 2, 0).is_contiguous():  # resized channels-last: HWC
             u8 = crop.permute(1, 2, 0).numpy()
@@ -175,13 +180,8 @@ class FastViews:
         x = photometric_cv2.photometric_hwc(x, p, PARAM_INDEX, spec.jitter, spec.blur_kernel,
                                             spec.solarize_threshold / 255.0)
         flip = p[PARAM_INDEX["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
-        levels = photometric_cv2.gray_levels(x)
-        if out is not None:
-            photometric_cv2.copy_chw(levels, out.numpy(), flip)
-            return out
-        x = np.multiply(levels, np.float32(1 / 255), dtype=np.float32)
-        chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
-        return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
+        photometric_cv2.copy_chw(photometric_cv2.gray_levels(x), out.numpy(), flip)
+        return out
 
     def __repr__(self) -> str:
         return (f"FastViews(mode={self.mode!r}, draft={self.draft}, backend={self.backend!r}, "
