@@ -31,7 +31,7 @@ from . import photometric_cv2
 from .image_folder import to_8bit
 from .multiview import ViewBatch
 from .photometric import apply_photometric, normalize_levels
-from .subsets import dataset_labels, subset_parts
+from .subsets import subset_parts
 from .views import PARAM_INDEX, MultiCropTransform, ViewSpec, draw_view_params
 
 __all__ = ["DeviceAugment", "FastViewDataset", "FastViews", "collate_device_views"]
@@ -180,7 +180,7 @@ class FastViews:
         x = photometric_cv2.photometric_hwc(x, p, PARAM_INDEX, spec.jitter, spec.blur_kernel,
                                             spec.solarize_threshold / 255.0)
         flip = p[PARAM_INDEX["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
-        photometric_cv2.copy_chw(photometric_cv2.gray_levels(x), out.numpy(), flip)
+        photometric_cv2.write_levels(x, out.numpy(), flip)
         return out
 
     def __repr__(self) -> str:
@@ -236,8 +236,7 @@ class FastViewDataset(Dataset):
         samples = list(folder.samples)
         self.samples = samples if indices is None else [samples[i] for i in indices]
         self.views = views
-        labels = dataset_labels(folder, False)
-        self.labels = labels if indices is None or labels is None else labels[indices]
+        self.labels = np.asarray([label for _, label in self.samples], dtype=np.int64)
         self.classes = getattr(folder, "classes", None)
         self.num_skipped = int(getattr(folder, "num_skipped", 0))
 
@@ -277,9 +276,7 @@ class FastViewDataset(Dataset):
 
 def collate_device_views(items: Sequence[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-view uint8 crop and parameter batches of ``((crops, params), label)`` items."""
-    per_item = [it[0] if isinstance(it, tuple) and len(it) == 2 and isinstance(it[1], int)
-                else it for it in items]
-    n_views = len(per_item[0][0])
-    crops = [default_collate([c[v] for c, _ in per_item]) for v in range(n_views)]
-    params = [default_collate([p[v] for _, p in per_item]) for v in range(n_views)]
+    per_item = [views for views, _ in items]
+    crops = [default_collate(list(v)) for v in zip(*(c for c, _ in per_item), strict=True)]
+    params = [default_collate(list(v)) for v in zip(*(p for _, p in per_item), strict=True)]
     return crops, params

@@ -18,8 +18,8 @@ try:  # optional dependency (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised where OpenCV is absent
     cv2 = None
 
-__all__ = ["BLUR_TAIL", "available", "blur_size", "copy_chw", "decode_rgb_hwc", "gray_levels",
-           "photometric_hwc"]
+__all__ = ["BLUR_TAIL", "available", "blur_size", "decode_rgb_hwc", "photometric_hwc",
+           "write_levels"]
 
 # The blur drops the kernel's outer taps holding at most this mass: a quarter of a gray level,
 # less than the official pipeline's uint8 rounding after every step; about half the taps.
@@ -105,13 +105,10 @@ def blur_size(sigma: float, kernel_size: int, tail: float = BLUR_TAIL) -> int:
     return 1
 
 
-def gray_levels(x: np.ndarray) -> np.ndarray:
-    """A float32 view in [0, 1] as the 8-bit image ``round(255 x)`` (same layout)."""
-    return cv2.convertScaleAbs(x, alpha=255.0)  # rounded half to even, saturated to [0, 255]
-
-
-def copy_chw(levels: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """An ``H x W [x C]`` image copied into the ``C x H x W`` ``out``, mirrored if ``flip``."""
+def write_levels(x: np.ndarray, out: np.ndarray, flip: bool) -> None:
+    """A float32 ``H x W [x C]`` view in [0, 1] written into the uint8 ``C x H x W`` ``out`` as
+    its gray levels ``round(255 x)`` (half to even), mirrored if ``flip``."""
+    levels = cv2.convertScaleAbs(x, alpha=255.0)  # saturated to [0, 255]
     chw = levels[None] if levels.ndim == 2 else levels.transpose(2, 0, 1)
     np.copyto(out, chw[..., ::-1] if flip else chw)
 

@@ -168,8 +168,8 @@ def build_views(
     norm = _normalize(channels, mean, std, default_std=SWAV_IMAGENET_STD)
     # SwAV blurs every crop, small ones included, with the kernel of the full-size crop
     big, little = (ViewSpec(side, channels, norm, (0.8, 0.8, 0.8, 0.2), 0.5, scale=scale,
-                            blur_size=size) for side, scale in ((size, (0.14, 1.0)),
-                                                                 (small, (0.05, 0.14))))
+                            blur_size=size)
+                   for side, scale in ((size, (0.14, 1.0)), (small, (0.05, 0.14))))
     return MultiCropTransform([big, big] + [little] * num_small_crops)
 
 
