@@ -184,6 +184,7 @@ class EvalTransform:
             T.Resize(round(image_size * 256 / 224)),
             T.CenterCrop(image_size),
         ])  # fmt: skip
+        self.normalize = normalize
         self.to_tensor = T.Compose([T.ToTensor(), normalize])
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
@@ -205,10 +206,7 @@ class EvalTransform:
         x = torch.from_numpy(np.ascontiguousarray(images))
         x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2)
         x = x.to(dtype=torch.get_default_dtype()).div(255)
-        normalize = self.to_tensor.transforms[1]
-        mean = torch.as_tensor(normalize.mean, dtype=x.dtype).view(1, -1, 1, 1)
-        std = torch.as_tensor(normalize.std, dtype=x.dtype).view(1, -1, 1, 1)
-        return x.sub_(mean).div_(std).contiguous()
+        return self.normalize(x).contiguous()  # the Normalize of __call__, on [N, C, H, W]
 
     def __repr__(self) -> str:
         return f"EvalTransform(image_size={self.image_size}, {self.to_mode}, {self.to_tensor})"
