@@ -116,8 +116,7 @@ class ViewSpec(T.Compose):
 
 
 class MultiCropTransform:
-    """Each view of ``transforms`` applied to one image; the first ``num_main_views`` are
-    full-size."""
+    """Each of ``transforms`` applied to one image; the first ``num_main_views`` are full-size."""
 
     def __init__(self, transforms: Sequence[ViewSpec], num_main_views: int = 2) -> None:
         self.transforms = list(transforms)
