@@ -80,7 +80,6 @@ def training_bound(args: argparse.Namespace, size: dict[str, Any]) -> dict[str, 
     """Images/s of the step alone: the method and add-on of the preset, its optimizer, the
     precision and memory format, on random views of the recipe's shapes on the device."""
     from e2mc.data import build_views
-    from e2mc.data.view_specs import view_specs
     from e2mc.training.build import build_addon_from_config, build_method_from_config
 
     cfg = _config(args, size, None)
@@ -94,8 +93,8 @@ def training_bound(args: argparse.Namespace, size: dict[str, Any]) -> dict[str, 
                                        **cfg.optim.params)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.training.precision == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.training.precision)
-    specs = view_specs(build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
-                                   cfg.data.channels))
+    specs = build_views(cfg.data.recipe or method.view_recipe, cfg.data.image_size,
+                        cfg.data.channels).transforms
     batch = cfg.training.batch_size
     views = [torch.randn(batch, s.channels, s.size, s.size, device=device) for s in specs]
     if cfg.training.channels_last:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from e2mc.data import SafeImageFolder, ViewBatch, build_views, collate_views, photometric_cv2
 from e2mc.data.fast_views import DeviceAugment, FastViewDataset, FastViews
-from e2mc.data.view_specs import draw_view_params
+from e2mc.data.views import draw_view_params
 from e2mc.errors import CorruptImageError
 from e2mc.training.sampling import EpochBatchSampler, SeededSamples
 from synthetic_photos import write_jpeg_folder

@@ -28,7 +28,7 @@ from e2mc.data.fast_views import (
     collate_device_views,
 )
 from e2mc.data.image_folder import _load_rgb_or_l
-from e2mc.data.view_specs import PARAM_FIELDS, draw_view_params
+from e2mc.data.views import PARAM_FIELDS, draw_view_params
 from synthetic_photos import natural_image
 
 BACKENDS = ["torch"] + (["opencv"] if photometric_cv2.available() else [])
@@ -347,17 +347,6 @@ def test_opencv_blur_keeps_every_pixel_within_the_tail_of_the_full_kernel() -> N
         short = x if k == 1 else cv2.GaussianBlur(x, (k, k), sigma, sigma,
                                                   borderType=cv2.BORDER_REFLECT_101)
         assert np.abs(full - short).max() <= 2 * tail  # one axis each, plus float rounding
-
-
-@pytest.mark.skipif(not photometric_cv2.available(), reason="needs opencv-python-headless")
-def test_opencv_normalisation_equals_torchvision_normalize() -> None:
-    x = torch.rand(3, 20, 30)
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    got = photometric_cv2.normalize_chw(x.permute(1, 2, 0).contiguous().numpy(), mean, std)
-    torch.testing.assert_close(torch.from_numpy(np.ascontiguousarray(got)),
-                               TF.normalize(x, mean, std), atol=1e-6, rtol=0)
-    gray = photometric_cv2.normalize_chw(x[0].numpy(), (0.5,), (0.25,))
-    torch.testing.assert_close(torch.from_numpy(gray), (x[:1] - 0.5) / 0.25, atol=1e-6, rtol=0)
 
 
 # ----------------------------------------------------------------------------- decoding, modes

@@ -1,5 +1,5 @@
 """The fast view pipeline: the recipes of :func:`~e2mc.data.views.build_views`, drawn the same way
-(:func:`~e2mc.data.view_specs.draw_view_params`, so a seed gives the same crops, flips and
+(:func:`~e2mc.data.views.draw_view_params`, so a seed gives the same crops, flips and
 factors) but decoded once (at 1/2-1/8 scale by libjpeg's DCT scaling when every crop keeps its
 view's side), cropped and resized on uint8 tensors, and jittered with OpenCV or torch
 (``mode="cpu"``) or on the training device (``mode="device"``, :class:`DeviceAugment`).
@@ -31,9 +31,8 @@ from . import photometric_cv2
 from .image_folder import to_8bit
 from .multiview import ViewBatch
 from .photometric import apply_photometric, normalize_levels
-from .subsets import dataset_labels, subset_parts
-from .view_specs import PARAM_INDEX, ViewSpec, draw_view_params, view_specs
-from .views import MultiCropTransform
+from .subsets import subset_parts
+from .views import PARAM_INDEX, MultiCropTransform, ViewSpec, draw_view_params
 
 __all__ = ["DeviceAugment", "FastViewDataset", "FastViews", "collate_device_views"]
 
@@ -66,8 +65,10 @@ class FastViews:
                              "'e2mc[fast]')")
         self.backend = ("opencv" if photometric_cv2.available() else "torch") \
             if backend == "auto" else backend
+        if not all(isinstance(t, ViewSpec) for t in views.transforms):
+            raise ValueError("the fast pipeline takes the views of build_views")
         self.views = views
-        self.specs = view_specs(views)
+        self.specs: list[ViewSpec] = list(views.transforms)
         self.num_main_views = views.num_main_views
         self.mode = mode
         self.draft = draft
@@ -142,8 +143,12 @@ class FastViews:
                 raise ValueError("out= is for mode='cpu' (mode='device' returns uint8 crops)")
             return crops, params
         if self.backend == "opencv":
-            return [self._opencv_view(c, p, s, None if out is None else out[k])
-                    for k, (c, p, s) in enumerate(zip(crops, params, self.specs, strict=True))]
+            levels = [self._opencv_levels(c, p, s, torch.empty_like(c) if out is None else out[k])
+                      for k, (c, p, s) in enumerate(zip(crops, params, self.specs, strict=True))]
+            if out is not None:
+                return levels
+            return [normalize_levels(v[None], s)[0]
+                    for v, s in zip(levels, self.specs, strict=True)]
         views: list[torch.Tensor] = [torch.empty(0)] * len(crops)
         for group in self.cpu_groups:
             x = torch.stack([crops[k] for k in group]).float().div_(255.0)
@@ -161,8 +166,9 @@ class FastViews:
         return [_batch_tensor((n, s.channels, s.size, s.size)) for s in self.specs]
 
     @staticmethod
-    def _opencv_view(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+    def _opencv_levels(crop: torch.Tensor, params: torch.Tensor, spec: ViewSpec,
+                       out: torch.Tensor) -> torch.Tensor:
+        """The gray levels of one view, written into the uint8 ``[C, S, S]`` ``out``."""
         c = crop.shape[0]
         if c == 3 and crop.permute(1, 2, 0).is_contiguous():  # resized channels-last: HWC
             u8 = crop.permute(1, 2, 0).numpy()
@@ -174,13 +180,8 @@ class FastViews:
         x = photometric_cv2.photometric_hwc(x, p, PARAM_INDEX, spec.jitter, spec.blur_kernel,
                                             spec.solarize_threshold / 255.0)
         flip = p[PARAM_INDEX["flip"]] > 0.5  # done by the final copy (see photometric_hwc)
-        levels = photometric_cv2.gray_levels(x)
-        if out is not None:
-            photometric_cv2.copy_chw(levels, out.numpy(), flip)
-            return out
-        x = np.multiply(levels, np.float32(1 / 255), dtype=np.float32)
-        chw = photometric_cv2.normalize_chw(x, spec.mean, spec.std)
-        return torch.from_numpy(np.ascontiguousarray(chw[..., ::-1] if flip else chw))
+        photometric_cv2.write_levels(x, out.numpy(), flip)
+        return out
 
     def __repr__(self) -> str:
         return (f"FastViews(mode={self.mode!r}, draft={self.draft}, backend={self.backend!r}, "
@@ -203,8 +204,8 @@ class DeviceAugment:
     through the photometric steps. ``photometric=False``, ``(views, out=...)``: the finished
     8-bit views of :meth:`FastViewDataset.collated`, into ``out`` when its shapes match."""
 
-    def __init__(self, views: FastViews | MultiCropTransform, photometric: bool = True) -> None:
-        self.specs = views.specs if isinstance(views, FastViews) else view_specs(views)
+    def __init__(self, views: FastViews, photometric: bool = True) -> None:
+        self.specs = views.specs
         self.photometric = photometric
 
     def __call__(self, crops: Sequence[torch.Tensor],
@@ -235,8 +236,7 @@ class FastViewDataset(Dataset):
         samples = list(folder.samples)
         self.samples = samples if indices is None else [samples[i] for i in indices]
         self.views = views
-        labels = dataset_labels(folder, False)
-        self.labels = labels if indices is None or labels is None else labels[indices]
+        self.labels = np.asarray([label for _, label in self.samples], dtype=np.int64)
         self.classes = getattr(folder, "classes", None)
         self.num_skipped = int(getattr(folder, "num_skipped", 0))
 
@@ -276,9 +276,7 @@ class FastViewDataset(Dataset):
 
 def collate_device_views(items: Sequence[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-view uint8 crop and parameter batches of ``((crops, params), label)`` items."""
-    per_item = [it[0] if isinstance(it, tuple) and len(it) == 2 and isinstance(it[1], int)
-                else it for it in items]
-    n_views = len(per_item[0][0])
-    crops = [default_collate([c[v] for c, _ in per_item]) for v in range(n_views)]
-    params = [default_collate([p[v] for _, p in per_item]) for v in range(n_views)]
+    per_item = [views for views, _ in items]
+    crops = [default_collate(list(v)) for v in zip(*(c for c, _ in per_item), strict=True)]
+    params = [default_collate(list(v)) for v in zip(*(p for _, p in per_item), strict=True)]
     return crops, params

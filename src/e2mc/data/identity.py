@@ -73,13 +73,11 @@ def content_digest(dataset: Any) -> str:
 def data_identity(dataset: Any) -> dict[str, Any]:
     """The content hash, item count and labels' SHA-256 of ``dataset`` (:func:`same_data`)."""
     labels = dataset_labels(dataset, False)
-    label_hash = None
+    h = hashlib.sha256()
     if labels is not None:
-        h = hashlib.sha256()
-        update_array(h, np.asarray(labels, dtype=np.int64))
-        label_hash = h.hexdigest()
-    return {"content": content_digest(dataset), "size": len(dataset), "labels": label_hash,
-            "scheme": SCHEME}
+        update_array(h, labels)  # int64 (dataset_labels)
+    return {"content": content_digest(dataset), "size": len(dataset),
+            "labels": None if labels is None else h.hexdigest(), "scheme": SCHEME}
 
 
 def same_data(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:

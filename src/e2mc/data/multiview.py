@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import default_collate
 
-from .subsets import dataset_labels
+from .subsets import Transformed
 
 __all__ = ["MultiViewDataset", "ViewBatch", "collate_views"]
 
@@ -21,28 +21,16 @@ class ViewBatch(NamedTuple):
     labels: torch.Tensor
 
 
-class MultiViewDataset(Dataset):
-    """Items ``(views_fn(image), label)`` of a dataset of ``(PIL image, label)`` items."""
-
-    def __init__(self, dataset: Any, views_fn: Callable[[Image.Image], list[torch.Tensor]]) -> None:
-        self.dataset = dataset
-        self.views_fn = views_fn
-        self.labels = dataset_labels(dataset, False)
-        self.classes = getattr(dataset, "classes", None)
-
-    @property
-    def targets(self) -> Any:
-        return self.labels
-
-    def __len__(self) -> int:
-        return len(self.dataset)
+class MultiViewDataset(Transformed):
+    """Items ``(transform(image), label)`` of a dataset of ``(PIL image, label)`` items, where
+    ``transform`` makes an image's views (:func:`~e2mc.data.views.build_views`)."""
 
     def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int]:
         image, label = self.dataset[index]
         if not isinstance(image, Image.Image):
             raise TypeError(f"MultiViewDataset needs PIL images from the wrapped dataset, got "
                             f"{type(image).__name__}; build that dataset with transform=None")
-        return self.views_fn(image), int(label)
+        return self.transform(image), int(label)
 
 
 def collate_views(

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .view_specs import PARAM_INDEX, ViewSpec
+from .views import PARAM_INDEX, ViewSpec
 
 __all__ = ["GRAY_WEIGHTS", "adjust_brightness", "adjust_contrast", "adjust_hue",
            "adjust_saturation", "apply_photometric", "gaussian_blur", "gaussian_kernels",

@@ -7,7 +7,6 @@ fallback). Grayscale uses OpenCV's 0.299 luma weight (torchvision 0.2989: below 
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Sequence
@@ -19,8 +18,8 @@ try:  # optional dependency (the ``fast`` extra)
 except ImportError:  # pragma: no cover - exercised where OpenCV is absent
     cv2 = None
 
-__all__ = ["BLUR_TAIL", "available", "blur_size", "copy_chw", "decode_rgb_hwc", "gray_levels",
-           "normalize_chw", "photometric_hwc"]
+__all__ = ["BLUR_TAIL", "available", "blur_size", "decode_rgb_hwc", "photometric_hwc",
+           "write_levels"]
 
 # The blur drops the kernel's outer taps holding at most this mass: a quarter of a gray level,
 # less than the official pipeline's uint8 rounding after every step; about half the taps.
@@ -106,28 +105,10 @@ def blur_size(sigma: float, kernel_size: int, tail: float = BLUR_TAIL) -> int:
     return 1
 
 
-@functools.lru_cache(maxsize=16)
-def _normalization_matrix(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """The ``C x (C + 1)`` affine map ``x -> (x - mean) / std`` for ``cv2.transform``."""
-    scale = 1.0 / np.asarray(std, dtype=np.float64)
-    matrix = np.concatenate([np.diag(scale), (-np.asarray(mean) * scale)[:, None]], axis=1)
-    return matrix.astype(np.float32)
-
-
-def normalize_chw(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """``(x - mean) / std`` of a float32 ``H x W [x C]`` view, as a ``C x H x W`` view."""
-    if x.ndim == 2:
-        return (x * np.float32(1.0 / std[0]) + np.float32(-mean[0] / std[0]))[None]
-    return cv2.transform(x, _normalization_matrix(tuple(mean), tuple(std))).transpose(2, 0, 1)
-
-
-def gray_levels(x: np.ndarray) -> np.ndarray:
-    """A float32 view in [0, 1] as the 8-bit image ``round(255 x)`` (same layout)."""
-    return cv2.convertScaleAbs(x, alpha=255.0)  # rounded half to even, saturated to [0, 255]
-
-
-def copy_chw(levels: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """An ``H x W [x C]`` image copied into the ``C x H x W`` ``out``, mirrored if ``flip``."""
+def write_levels(x: np.ndarray, out: np.ndarray, flip: bool) -> None:
+    """A float32 ``H x W [x C]`` view in [0, 1] written into the uint8 ``C x H x W`` ``out`` as
+    its gray levels ``round(255 x)`` (half to even), mirrored if ``flip``."""
+    levels = cv2.convertScaleAbs(x, alpha=255.0)  # saturated to [0, 255]
     chw = levels[None] if levels.ndim == 2 else levels.transpose(2, 0, 1)
     np.copyto(out, chw[..., ::-1] if flip else chw)
 

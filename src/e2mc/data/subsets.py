@@ -54,12 +54,17 @@ def subset_parts(dataset: Any) -> tuple[Any, np.ndarray | None]:
 
 
 class Transformed(Dataset):
-    """``dataset`` with ``transform`` applied to each image, keeping its ``labels``/``classes``."""
+    """``dataset`` with ``transform`` applied to each image, keeping its ``labels`` (alias
+    ``targets``) and ``classes``."""
 
     def __init__(self, dataset: Any, transform: Any) -> None:
         self.dataset, self.transform = dataset, transform
         self.labels = dataset_labels(dataset, False)
         self.classes = getattr(dataset, "classes", None)
+
+    @property
+    def targets(self) -> np.ndarray | None:
+        return self.labels
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -1,12 +1,14 @@
 """View recipes as the official VICReg, SwAV and SimSiam code builds them, parameterized by image
-size and channel count, and the evaluation transform (adaptations: ``docs/data.md``). Every random
-draw uses torch's RNG, so seeding torch and the workers makes the views reproducible (exact
-resume relies on it).
+size and channel count (each view a :class:`ViewSpec`), one view's parameters drawn as its
+transforms draw them (:func:`draw_view_params`, for the fast pipeline) and the evaluation
+transform (adaptations: ``docs/data.md``). Every random draw uses torch's RNG, so seeding torch and
+the workers makes the views reproducible (exact resume relies on it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,8 +18,9 @@ from torchvision.transforms import InterpolationMode
 
 from .image_folder import to_8bit
 
-__all__ = ["DATASET_STATS", "RECIPES", "EvalTransform", "MultiCropTransform", "blur_kernel_size",
-           "build_views", "default_normalization", "eval_transform"]
+__all__ = ["DATASET_STATS", "PARAM_FIELDS", "PARAM_INDEX", "RECIPES", "EvalTransform",
+           "MultiCropTransform", "ViewSpec", "blur_kernel_size", "build_views",
+           "default_normalization", "draw_view_params", "eval_transform"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -80,31 +83,42 @@ def _normalize(
     return T.Normalize(mean, std)
 
 
-def _color(
-    channels: int, jitter: tuple[float, float, float, float], p_jitter: float, p_gray: float
-) -> list[Callable]:
-    b, c, s, h = jitter
-    if channels == 1:
-        return [T.RandomApply([T.ColorJitter(brightness=b, contrast=c)], p=p_jitter)]
-    return [
-        T.RandomApply([T.ColorJitter(brightness=b, contrast=c, saturation=s, hue=h)], p=p_jitter),
-        T.RandomGrayscale(p=p_gray),
-    ]
+class ViewSpec(T.Compose):
+    """One view of a recipe: its torchvision transforms (the PIL pipeline; the fast pipeline draws
+    its parameters with them, :func:`draw_view_params`) and the values the fast pipeline applies
+    them with. ``jitter``: ColorJitter's brightness, contrast, saturation, hue strengths (the last
+    two dropped on 1 channel); the blur's kernel is the one of ``blur_size`` (default ``size``)."""
 
-
-def _blur(size: int, p: float, crop_size: int | None = None) -> list[Callable]:
-    """Blur with the kernel for ``size``, capped so its reflect padding fits in ``crop_size``."""
-    kernel = min(blur_kernel_size(size), 2 * (crop_size or size) - 1)
-    blur = T.GaussianBlur(kernel_size=kernel, sigma=BLUR_SIGMA)
-    if p >= 1.0:
-        return [blur]
-    return [T.RandomApply([blur], p=p)] if p > 0 else []
+    def __init__(self, size: int, channels: int, norm: T.Normalize,
+                 jitter: tuple[float, float, float, float], p_blur: float, *,
+                 scale: tuple[float, float] = (0.08, 1.0),
+                 interpolation: InterpolationMode = InterpolationMode.BILINEAR,
+                 blur_size: int | None = None, p_solarize: float | None = None,
+                 flip_last: bool = False) -> None:
+        b, c, s, h = jitter
+        color = T.ColorJitter(b, c) if channels == 1 else T.ColorJitter(b, c, s, h)
+        # capped so the blur's reflect padding fits in the crop
+        kernel = min(blur_kernel_size(blur_size or size), 2 * size - 1)
+        blur = T.GaussianBlur(kernel_size=kernel, sigma=BLUR_SIGMA)
+        steps = [T.RandomApply([color], p=0.8),
+                 *([T.RandomGrayscale(p=0.2)] if channels == 3 else []),
+                 blur if p_blur >= 1.0 else T.RandomApply([blur], p=p_blur)]
+        if p_solarize is not None:
+            steps.append(T.RandomSolarize(threshold=128, p=p_solarize))
+        flip = T.RandomHorizontalFlip(p=0.5)
+        steps = [*steps, flip] if flip_last else [flip, *steps]
+        crop = T.RandomResizedCrop(size, scale=scale, interpolation=interpolation)
+        super().__init__([_ToMode(channels), crop, *steps, T.ToTensor(), norm])
+        self.size, self.interpolation, self.channels = size, interpolation, channels
+        self.jitter = (color.brightness, color.contrast, color.saturation, color.hue)
+        self.blur_kernel, self.solarize_threshold = kernel, 128.0  # on the 0-255 scale
+        self.mean, self.std = tuple(norm.mean), tuple(norm.std)
 
 
 class MultiCropTransform:
     """Each of ``transforms`` applied to one image; the first ``num_main_views`` are full-size."""
 
-    def __init__(self, transforms: Sequence[Callable], num_main_views: int = 2) -> None:
+    def __init__(self, transforms: Sequence[ViewSpec], num_main_views: int = 2) -> None:
         self.transforms = list(transforms)
         self.num_main_views = num_main_views
 
@@ -114,51 +128,6 @@ class MultiCropTransform:
     def __repr__(self) -> str:
         inner = "\n".join(f"  {t}" for t in self.transforms)
         return f"MultiCropTransform(num_main_views={self.num_main_views},\n{inner}\n)"
-
-
-def _vicreg(size: int, channels: int, norm: T.Normalize) -> list[Callable]:
-    def branch(p_blur: float, p_solarize: float) -> T.Compose:
-        return T.Compose([
-            _ToMode(channels),
-            T.RandomResizedCrop(size, interpolation=InterpolationMode.BICUBIC),
-            T.RandomHorizontalFlip(p=0.5),
-            *_color(channels, (0.4, 0.4, 0.2, 0.1), p_jitter=0.8, p_gray=0.2),
-            *_blur(size, p_blur),
-            T.RandomSolarize(threshold=128, p=p_solarize),
-            T.ToTensor(),
-            norm,
-        ])  # fmt: skip
-
-    return [branch(1.0, 0.0), branch(0.1, 0.2)]
-
-
-def _swav(size: int, small: int, n_small: int, channels: int, norm: T.Normalize) -> list[Callable]:
-    # SwAV blurs every crop, small ones included, with the kernel of the full-size crop.
-    def crop(crop_size: int, scale: tuple[float, float]) -> T.Compose:
-        return T.Compose([
-            _ToMode(channels),
-            T.RandomResizedCrop(crop_size, scale=scale),
-            T.RandomHorizontalFlip(p=0.5),
-            *_color(channels, (0.8, 0.8, 0.8, 0.2), p_jitter=0.8, p_gray=0.2),
-            *_blur(size, 0.5, crop_size),
-            T.ToTensor(),
-            norm,
-        ])  # fmt: skip
-
-    return [crop(size, (0.14, 1.0))] * 2 + [crop(small, (0.05, 0.14))] * n_small
-
-
-def _simsiam(size: int, channels: int, norm: T.Normalize) -> list[Callable]:
-    branch = T.Compose([
-        _ToMode(channels),
-        T.RandomResizedCrop(size, scale=(0.2, 1.0)),
-        *_color(channels, (0.4, 0.4, 0.4, 0.1), p_jitter=0.8, p_gray=0.2),
-        *_blur(size, 0.5),
-        T.RandomHorizontalFlip(p=0.5),
-        T.ToTensor(),
-        norm,
-    ])  # fmt: skip
-    return [branch, branch]
 
 
 def build_views(
@@ -179,17 +148,28 @@ def build_views(
         raise ValueError(f"unknown view recipe {recipe!r}; choose one of {list(RECIPES)}")
     _check_size("image_size", image_size)
     _check_channels(channels)
+    size = image_size
     if recipe == "vicreg":
-        return MultiCropTransform(_vicreg(image_size, channels, _normalize(channels, mean, std)))
-    if recipe == "simsiam":
-        return MultiCropTransform(_simsiam(image_size, channels, _normalize(channels, mean, std)))
+        norm = _normalize(channels, mean, std)
+        return MultiCropTransform([
+            ViewSpec(size, channels, norm, (0.4, 0.4, 0.2, 0.1), p_blur, p_solarize=p_solarize,
+                     interpolation=InterpolationMode.BICUBIC)
+            for p_blur, p_solarize in ((1.0, 0.0), (0.1, 0.2))])
+    if recipe == "simsiam":  # MoCo-v2's order: the flip last
+        view = ViewSpec(size, channels, _normalize(channels, mean, std), (0.4, 0.4, 0.4, 0.1),
+                        0.5, scale=(0.2, 1.0), flip_last=True)
+        return MultiCropTransform([view, view])
     small = round(image_size * 96 / 224) if small_crop_size is None else small_crop_size
     _check_size("small_crop_size", small)
     if isinstance(num_small_crops, bool) or not isinstance(num_small_crops, int) \
             or num_small_crops < 0:
         raise ValueError(f"num_small_crops must be an integer >= 0, got {num_small_crops!r}")
     norm = _normalize(channels, mean, std, default_std=SWAV_IMAGENET_STD)
-    return MultiCropTransform(_swav(image_size, small, num_small_crops, channels, norm))
+    # SwAV blurs every crop, small ones included, with the kernel of the full-size crop
+    big, little = (ViewSpec(side, channels, norm, (0.8, 0.8, 0.8, 0.2), 0.5, scale=scale,
+                            blur_size=size)
+                   for side, scale in ((size, (0.14, 1.0)), (small, (0.05, 0.14))))
+    return MultiCropTransform([big, big] + [little] * num_small_crops)
 
 
 class EvalTransform:
@@ -203,6 +183,7 @@ class EvalTransform:
             T.Resize(round(image_size * 256 / 224)),
             T.CenterCrop(image_size),
         ])  # fmt: skip
+        self.normalize = normalize
         self.to_tensor = T.Compose([T.ToTensor(), normalize])
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
@@ -224,10 +205,7 @@ class EvalTransform:
         x = torch.from_numpy(np.ascontiguousarray(images))
         x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2)
         x = x.to(dtype=torch.get_default_dtype()).div(255)
-        normalize = self.to_tensor.transforms[1]
-        mean = torch.as_tensor(normalize.mean, dtype=x.dtype).view(1, -1, 1, 1)
-        std = torch.as_tensor(normalize.std, dtype=x.dtype).view(1, -1, 1, 1)
-        return x.sub_(mean).div_(std).contiguous()
+        return self.normalize(x).contiguous()  # the Normalize of __call__, on [N, C, H, W]
 
     def __repr__(self) -> str:
         return f"EvalTransform(image_size={self.image_size}, {self.to_mode}, {self.to_tensor})"
@@ -243,3 +221,54 @@ def eval_transform(
     _check_size("image_size", image_size)
     _check_channels(channels)
     return EvalTransform(image_size, channels, _normalize(channels, mean, std))
+
+
+# Layout of one view's parameter vector (float32, :func:`draw_view_params`). Crop box in
+# full-resolution pixels.
+PARAM_FIELDS = ("top", "left", "height", "width", "flip", "jitter", "brightness", "contrast",
+                "saturation", "hue", "order0", "order1", "order2", "order3", "gray", "blur",
+                "sigma", "solarize")
+PARAM_INDEX = {name: k for k, name in enumerate(PARAM_FIELDS)}
+_I = PARAM_INDEX
+_IDENTITY = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0,
+             0.0]
+
+
+def _dims(width: int, height: int) -> torch.Tensor:
+    """A stand-in image for ``RandomResizedCrop.get_params`` (only its size is read)."""
+    return torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
+
+
+def _draw_one(t: Any, p: list[float], width: int, height: int) -> None:
+    if isinstance(t, T.RandomResizedCrop):
+        i, j, h, w = t.get_params(_dims(width, height), t.scale, t.ratio)
+        p[0:4] = [float(i), float(j), float(h), float(w)]
+    elif isinstance(t, T.RandomHorizontalFlip):
+        p[_I["flip"]] = float(bool(torch.rand(1) < t.p))
+    elif isinstance(t, T.RandomApply):
+        if t.p < torch.rand(1):
+            return
+        for inner in t.transforms:
+            _draw_one(inner, p, width, height)
+    elif isinstance(t, T.ColorJitter):
+        order, b, c, s, h = t.get_params(t.brightness, t.contrast, t.saturation, t.hue)
+        p[_I["jitter"]] = 1.0
+        for name, value in (("brightness", b), ("contrast", c), ("saturation", s), ("hue", h)):
+            if value is not None:
+                p[_I[name]] = float(value)
+        p[_I["order0"]: _I["order0"] + 4] = [float(k) for k in order.tolist()]
+    elif isinstance(t, T.RandomGrayscale):
+        p[_I["gray"]] = float(bool(torch.rand(1) < t.p))
+    elif isinstance(t, T.GaussianBlur):
+        p[_I["blur"]] = 1.0
+        p[_I["sigma"]] = float(t.get_params(t.sigma[0], t.sigma[1]))
+    elif isinstance(t, T.RandomSolarize):
+        p[_I["solarize"]] = float(torch.rand(1).item() < t.p)
+
+
+def draw_view_params(spec: ViewSpec, width: int, height: int) -> torch.Tensor:
+    """One view's ``PARAM_FIELDS`` for a ``width x height`` image, drawn as the recipe draws."""
+    p = list(_IDENTITY)
+    for t in spec.transforms:
+        _draw_one(t, p, width, height)
+    return torch.tensor(p, dtype=torch.float32)
