@@ -251,17 +251,18 @@ def test_cli_bad_split_and_metric_exit_2_and_write_nothing(tmp_path: Path,
     assert not run.exists()
 
 
-def test_plot_history_draws_each_validation_metric_once(tmp_path: Path) -> None:
+def test_the_monitor_plot_draws_each_validation_metric_once(tmp_path: Path) -> None:
+    """MonitorPlot's drawing: one panel per monitor metric the history has, the kept step
+    marked; ``val/seconds`` is not drawn."""
     import matplotlib.image
 
     from e2mc.config import metric_names
-    from e2mc.training.monitor import plot_history
+    from e2mc.diagnostics.figures import plot_loss_terms
 
     history = [{"step": s, "val/knn": 50.0 + s, "val/linear_1%": 40.0 - s, "val/rankme": 9.0,
                 "val/seconds": 1.0} for s in (0, 5, 10)]  # no val/linear_100%, no val/entropy
     path = tmp_path / "monitor.png"
-    drawn = plot_history(history, metric_names([0.01, 1.0]), path, kept_step=5)
-    assert drawn == ["val/knn", "val/linear_1%", "val/rankme"]
+    plot_loss_terms(history, path, keys=metric_names([0.01, 1.0]), kept_step=5, kept_by="val/knn")
     height, width, _ = matplotlib.image.imread(path).shape
-    assert (height, width) == (300, 960)  # three 3.2 x 3.0-inch panels at 100 dpi
+    assert (height, width) == (260, 1080)  # three 3.6 x 2.6-inch panels at 100 dpi
     assert [p.name for p in tmp_path.iterdir()] == ["monitor.png"]  # no temporary file left
