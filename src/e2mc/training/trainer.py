@@ -54,7 +54,6 @@ class Trainer:
         self.cfg = cfg
         self.data_identity = data_identity
         self.training_cfg = cfg.training
-        self.run_dir = Path(run_dir)
         self.run = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])  # their states are checkpointed
         self._hooks: list[Callback] = [
@@ -292,13 +291,12 @@ class Trainer:
         #: (run_epoch, step, batch_in_epoch, skipped) after the last completed step
         self._position: tuple[int, int, int, int] | None = None
         if runtime.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.run.root.mkdir(parents=True, exist_ok=True)
         steps_per_epoch = self.steps_per_epoch
         if start_batch >= steps_per_epoch:  # fewer images now (an accepted data change):
             run_epoch, start_batch = run_epoch + 1, 0  # the interrupted epoch has no batch left
-        logger = self.logger = MetricsLogger(self.run_dir, enabled=runtime.is_main, config=self.cfg)
+        logger = self.logger = MetricsLogger(self.run.root, runtime.is_main, config=self.cfg)
         ckpt_path: Path | None = self.run.checkpoint if step else None
-        last: dict[str, float] = {}
         stopped = False
         stop_reason: str | None = None
         for cb in hooks:
@@ -367,7 +365,7 @@ class Trainer:
                 start_batch = 0
             result = TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
                                  completed=run_epoch >= training_cfg.epochs, checkpoint=ckpt_path,
-                                 last_metrics=last, method=self.method, stop_reason=stop_reason)
+                                 method=self.method, stop_reason=stop_reason)
             for cb in hooks:
                 cb.on_fit_end(self, result)
         finally:
