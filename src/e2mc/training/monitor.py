@@ -246,5 +246,5 @@ class MonitorPlot(Callback):
 
             plot_loss_terms(history, trainer.run.monitor_plot,
                             keys=metric_names(self.monitor.cfg.fractions),
-                            kept_step=keep.tracker.best_step if keep is not None else None,
+                            kept_step=keep.best_step if keep is not None else None,
                             kept_by=keep.metric if keep is not None else None)
