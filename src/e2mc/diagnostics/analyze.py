@@ -32,7 +32,6 @@ from e2mc.diagnostics.embedding_stats import (
     nearest_neighbors,
 )
 from e2mc.diagnostics.figures import (
-    is_monitor_term,
     loss_terms,
     plot_accuracy_curves,
     plot_loss_terms,
@@ -223,8 +222,8 @@ def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str
     run.loss_change = loss_change(terms)
     shown = [k for k in terms if k not in _TIMING
              and not (k == "skipped_steps" and not any(terms[k][1]))]
-    training = [k for k in shown if not is_monitor_term(k)]
-    monitor = [k for k in shown if is_monitor_term(k)]
+    training = [k for k in shown if not k.startswith("val/")]  # the monitor's metrics apart
+    monitor = [k for k in shown if k.startswith("val/")]
     if training:
         logged = len({s for k in training for s in terms[k][0]})
         run.figures.append((f"training: loss terms and learning rate against step ({logged} "

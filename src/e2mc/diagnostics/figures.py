@@ -41,11 +41,6 @@ def term_title(name: str) -> str:
     return name
 
 
-def is_monitor_term(name: str) -> bool:
-    """A metric of the validation monitor (``val/...``), not a training loss term."""
-    return name.startswith("val/")
-
-
 def draw_series(ax: object, xs: Sequence[float], ys: Sequence[float], **style: object) -> None:
     """``ax.plot`` with a marker on every point when there are at most :data:`FEW_POINTS`, and
     integer x ticks; a single x value gets the range x-1 .. x+1 (not matplotlib's +-0.2 of an

@@ -33,13 +33,11 @@ class CollapseMonitor(Callback):
     name = "collapse"
 
     def __init__(self, method: str, hparams: Mapping[str, Any] | None = None, window: int = 20,
-                 warmup_steps: int | None = None, min_rank: float = 2.0,
-                 rank_fraction: float = 0.01, probe_size: int = 256,
+                 warmup_steps: int | None = None, probe_size: int = 256,
                  stream: Any = None) -> None:
         self.target = collapse_value(method, hparams)
         self.window = window
         self.warmup_steps = warmup_steps
-        self.min_rank, self.rank_fraction = min_rank, rank_fraction
         self.probe_size = probe_size
         self.stream = stream
         self.recent: deque[float] = deque(maxlen=window)
@@ -84,8 +82,7 @@ class CollapseMonitor(Callback):
         rank = effective_rank(embeddings.cpu())
         if trainer.runtime.is_main:
             trainer.log(step, {"collapse/effective_rank": rank})
-        return rank_signal(embeddings, self.min_rank, self.rank_fraction,
-                           "projector embeddings", rank=rank)
+        return rank_signal(embeddings, rank=rank)
 
     def _warn(self, trainer: TrainerView, step: int, signal: CollapseSignal) -> None:
         self.warned.append(signal.kind)

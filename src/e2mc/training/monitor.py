@@ -1,20 +1,9 @@
-"""The validation monitor: how good the embeddings are *now*, on the held-out validation split,
-at step 0 (the starting model), every ``monitor.every`` steps and at the last step.
-
-Protocol (one evaluation). The validation images (eval transform) are split once, stratified
-and seeded, into a *probe-train* half and a *probe-test* half. On the backbone features:
-
-- ``val/knn``: cosine kNN top-1 (``monitor.knn_k``, temperature 0.07, weighted votes) of the
-  probe-test half against the probe-train half;
-- ``val/linear_<f>``: linear probes (generic preset, ``monitor.probe_epochs`` epochs, batched,
-  :func:`e2mc.evaluation.sweep.linear_protocol`) trained on as many probe-train labels as the
-  fraction ``f`` of the *training set* would give (all of the half when it has fewer), top-1
-  on the probe-test half, mean over ``monitor.label_seeds``.
-
-On the projector embeddings: ``val/rankme`` (RankMe) and ``val/entropy`` (mean m-spacings
-entropy, Eq. 5); ``val/seconds``: the evaluation's wall time. It runs in eval mode under
-``no_grad`` with the generators forked, so monitoring does not change training.
-"""
+"""The validation monitor: how good the embeddings are *now* on the held-out validation split,
+at step 0 (the starting model), every ``monitor.every`` steps and at the last step; the protocol
+is docs/validation.md's. ``val/knn`` and ``val/linear_<f>`` score the backbone features of a
+probe-test half against a probe-train half, ``val/rankme`` and ``val/entropy`` describe the
+projector embeddings, ``val/seconds`` times it. It runs in eval mode under ``no_grad`` with the
+generators forked, so monitoring does not change training."""
 
 from __future__ import annotations
 
