@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +206,7 @@ def _collapse_signals(src: RunSource, method: nn.Module | None,
     for signal in signals:
         print(f"warning: {src.name}: possible collapse ({signal.kind} signal): "
               f"{signal.message}", file=sys.stderr)
-    return [signal.to_dict() for signal in signals]
+    return [asdict(signal) for signal in signals]
 
 
 #: Logged numbers that time the run rather than describe its training.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,6 @@ class CollapseSignal:
     message: str
     value: float
     threshold: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def collapse_value(method: str, hparams: Mapping[str, Any] | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,8 @@ class Trainer:
             EpochCopies(), ProgressBar(cfg.monitor.keep_best or "val/knn"), RunEstimate(),
             *self.callbacks]
         self.logger: MetricsLogger | None = None
-        self._last_logged: dict[str, tuple[int, Any]] = {}
+        #: every key logged in this invocation: the step and the value it was last logged with
+        self.last_logged: dict[str, tuple[int, Any]] = {}
         self.runtime = runtime or init_runtime(self.training_cfg.device)
         self.method = method
         self.addon = addon
@@ -147,14 +148,9 @@ class Trainer:
         return torch.autocast(self.runtime.device.type, dtype=dtype)
 
     # ------------------------------------------------------------------ what callbacks use
-    @property
-    def last_logged(self) -> Mapping[str, tuple[int, Any]]:
-        """Every key logged in this invocation: the step and the value it was last logged with."""
-        return self._last_logged
-
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a record to ``metrics.jsonl`` / TensorBoard (main process; callbacks use it)."""
-        self._last_logged.update((k, (step, v)) for k, v in metrics.items())
+        self.last_logged.update((k, (step, v)) for k, v in metrics.items())
         if self.logger is not None:
             self.logger.log(step, metrics)
 
