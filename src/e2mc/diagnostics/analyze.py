@@ -245,14 +245,12 @@ def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str
 
 def _knn_accuracy(backbone: nn.Module, train: Dataset, test: Dataset, k: int, batch_size: int,
                   device: str, progress: bool) -> float:
-    import numpy as np
-
     from e2mc.evaluation import extract_features
     from e2mc.evaluation.knn import knn_classify
 
     tr_x, tr_y = extract_features(backbone, train, batch_size, device, progress=progress)
     te_x, te_y = extract_features(backbone, test, batch_size, device, progress=progress)
-    classes = int(max(np.max(tr_y), np.max(te_y))) + 1
+    classes = int(max(tr_y.max(), te_y.max())) + 1  # (labels: numpy arrays)
     result = knn_classify(tr_x, tr_y, te_x, te_y, ks=(min(k, len(tr_x)),), num_classes=classes)
     return float(result[0].top1)
 
