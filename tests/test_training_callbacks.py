@@ -100,7 +100,7 @@ def test_an_old_checkpoint_hands_keep_best_its_state_from_the_monitor() -> None:
     assert states["monitor"] == old["monitor"] and states["collapse"] == {"warned": []}
     keep = KeepBest("val/knn")
     keep.load_state_dict(states["keep_best"])
-    assert keep.tracker.state_dict() == tracker and keep.trajectory == [(0, 50.0), (2, 57.0)]
+    assert keep.state_dict() == {**tracker, "trajectory": [[0, 50.0], [2, 57.0]]}
     fresh = KeepBest("val/knn")
     fresh.load_state_dict(keep.state_dict())  # the new layout round-trips
     assert fresh.state_dict() == keep.state_dict()
@@ -115,7 +115,7 @@ def test_the_bar_shows_the_training_record_and_the_latest_validation_value(
     import e2mc.training.progress_bar as progress
 
     class Bar:
-        def __init__(self, total: int, initial: int, desc: str) -> None:
+        def __init__(self, total: int, initial: int, desc: str, **options: Any) -> None:
             self.args, self.updates, self.fields, self.closed = (total, initial, desc), 0, [], 0
             self.events: list[str] = []
 
@@ -153,6 +153,26 @@ def test_the_bar_shows_the_training_record_and_the_latest_validation_value(
     view.cfg.training.progress = False
     cb.on_epoch_start(view, 2, 0)
     assert cb.bar is None
+
+
+def test_the_bar_draws_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the bar is tqdm's (it was a TypeError there: an option passed twice)."""
+    import sys
+
+    from e2mc.training.progress_bar import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    view, cb = View(tmp_path), ProgressBar()
+    cb.on_epoch_start(view, 0, 0)
+    view.log(1, {"loss": 1.5, "base/loss": 1.0, "addon/loss": 0.5, "images_per_s": 120.4})
+    cb.on_step_end(view, 1, 0, {})
+    cb.on_epoch_end(view, 1, 1)
+    drawn = sys.stderr.getvalue()
+    assert "epoch 1/" in drawn and "1/10" in drawn and "loss=1.5" in drawn, drawn
 
 
 def _tiny_data(path: Path, n: int = 40) -> Path:

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from e2mc.artifacts import RunDir
 from e2mc.config import load_config, metric_names, resolve_metric
 from e2mc.data.holdout import holdout_size, holdout_split
-from e2mc.training.keep_best import BestTracker
+from e2mc.training.keep_best import KeepBest
 from helpers import TINY_RUN, free_port
 
 TINY = [*TINY_RUN, "data.val_split=0.2", "monitor.every=1", "monitor.probe_epochs=2",
@@ -122,17 +122,17 @@ def test_keep_best_and_monitor_need_a_validation_split() -> None:
 
 
 # --------------------------------------------------------------------------- keep-best
-def test_best_tracker_picks_the_best_step_and_stops_on_patience() -> None:
-    tracker = BestTracker(patience=2)
+def test_keep_best_picks_the_best_step_and_stops_on_patience() -> None:
+    tracker = KeepBest("val/knn", patience=2)
     trajectory = [(0, 50.0), (10, 52.0), (20, 51.0), (30, 55.0), (40, 54.0), (50, 54.5)]
     stops = [tracker.update(step, value)[1] for step, value in trajectory]
     assert (tracker.best_step, tracker.best_value) == (30, 55.0)
     assert stops == [False, False, False, False, False, True]
-    base_wins = BestTracker()
+    base_wins = KeepBest("val/knn")
     for step, value in [(0, 60.0), (10, 59.0), (20, float("nan")), (30, 60.0)]:
         base_wins.update(step, value)
     assert base_wins.best_step == 0  # equal is not better; NaN never is
-    delta = BestTracker(min_delta=1.0)
+    delta = KeepBest("val/knn", min_delta=1.0)
     for step, value in [(0, 50.0), (10, 50.5), (20, 52.0)]:
         delta.update(step, value)
     assert delta.best_step == 20
@@ -251,17 +251,18 @@ def test_cli_bad_split_and_metric_exit_2_and_write_nothing(tmp_path: Path,
     assert not run.exists()
 
 
-def test_plot_history_draws_each_validation_metric_once(tmp_path: Path) -> None:
+def test_the_monitor_plot_draws_each_validation_metric_once(tmp_path: Path) -> None:
+    """MonitorPlot's drawing: one panel per monitor metric the history has, the kept step
+    marked; ``val/seconds`` is not drawn."""
     import matplotlib.image
 
     from e2mc.config import metric_names
-    from e2mc.training.monitor import plot_history
+    from e2mc.diagnostics.figures import plot_loss_terms
 
     history = [{"step": s, "val/knn": 50.0 + s, "val/linear_1%": 40.0 - s, "val/rankme": 9.0,
                 "val/seconds": 1.0} for s in (0, 5, 10)]  # no val/linear_100%, no val/entropy
     path = tmp_path / "monitor.png"
-    drawn = plot_history(history, metric_names([0.01, 1.0]), path, kept_step=5)
-    assert drawn == ["val/knn", "val/linear_1%", "val/rankme"]
+    plot_loss_terms(history, path, keys=metric_names([0.01, 1.0]), kept_step=5, kept_by="val/knn")
     height, width, _ = matplotlib.image.imread(path).shape
-    assert (height, width) == (300, 960)  # three 3.2 x 3.0-inch panels at 100 dpi
+    assert (height, width) == (260, 1080)  # three 3.6 x 2.6-inch panels at 100 dpi
     assert [p.name for p in tmp_path.iterdir()] == ["monitor.png"]  # no temporary file left

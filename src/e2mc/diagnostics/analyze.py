@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from e2mc.diagnostics.embedding_stats import (
     nearest_neighbors,
 )
 from e2mc.diagnostics.figures import (
-    is_monitor_term,
     loss_terms,
     plot_accuracy_curves,
     plot_loss_terms,
@@ -207,7 +206,7 @@ def _collapse_signals(src: RunSource, method: nn.Module | None,
     for signal in signals:
         print(f"warning: {src.name}: possible collapse ({signal.kind} signal): "
               f"{signal.message}", file=sys.stderr)
-    return [signal.to_dict() for signal in signals]
+    return [asdict(signal) for signal in signals]
 
 
 #: Logged numbers that time the run rather than describe its training.
@@ -223,8 +222,8 @@ def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str
     run.loss_change = loss_change(terms)
     shown = [k for k in terms if k not in _TIMING
              and not (k == "skipped_steps" and not any(terms[k][1]))]
-    training = [k for k in shown if not is_monitor_term(k)]
-    monitor = [k for k in shown if is_monitor_term(k)]
+    training = [k for k in shown if not k.startswith("val/")]  # the monitor's metrics apart
+    monitor = [k for k in shown if k.startswith("val/")]
     if training:
         logged = len({s for k in training for s in terms[k][0]})
         run.figures.append((f"training: loss terms and learning rate against step ({logged} "
@@ -246,14 +245,12 @@ def _training_curves(run: RunDiagnostics, src: RunSource, records: list[dict[str
 
 def _knn_accuracy(backbone: nn.Module, train: Dataset, test: Dataset, k: int, batch_size: int,
                   device: str, progress: bool) -> float:
-    import numpy as np
-
     from e2mc.evaluation import extract_features
     from e2mc.evaluation.knn import knn_classify
 
     tr_x, tr_y = extract_features(backbone, train, batch_size, device, progress=progress)
     te_x, te_y = extract_features(backbone, test, batch_size, device, progress=progress)
-    classes = int(max(np.max(tr_y), np.max(te_y))) + 1
+    classes = int(max(tr_y.max(), te_y.max())) + 1  # (labels: numpy arrays)
     result = knn_classify(tr_x, tr_y, te_x, te_y, ks=(min(k, len(tr_x)),), num_classes=classes)
     return float(result[0].top1)
 

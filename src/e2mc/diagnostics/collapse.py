@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,6 @@ class CollapseSignal:
     message: str
     value: float
     threshold: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def collapse_value(method: str, hparams: Mapping[str, Any] | None = None
@@ -62,10 +59,10 @@ def loss_signal(losses: Sequence[float], target: CollapseValue, window: int
 
 
 def rank_signal(embeddings: torch.Tensor, min_rank: float = 2.0, rank_fraction: float = 0.01,
-                what: str = "embeddings", rank: float | None = None) -> CollapseSignal | None:
-    """The rank signal when the effective rank of ``embeddings`` (``[n, d]``, ``n >= 2``) is
-    below ``max(min_rank, rank_fraction * dim)``; ``rank``: that rank, where the caller has
-    computed it."""
+                rank: float | None = None) -> CollapseSignal | None:
+    """The rank signal when the effective rank of the projector ``embeddings`` (``[n, d]``,
+    ``n >= 2``) is below ``max(min_rank, rank_fraction * dim)``; ``rank``: that rank, where the
+    caller has computed it."""
     if embeddings.ndim != 2 or embeddings.shape[0] < 2:
         raise ValueError(f"need [n >= 2, d] embeddings, got shape {tuple(embeddings.shape)}")
     threshold = max(min_rank, rank_fraction * embeddings.shape[1])
@@ -74,8 +71,8 @@ def rank_signal(embeddings: torch.Tensor, min_rank: float = 2.0, rank_fraction: 
     if rank >= threshold:
         return None
     return CollapseSignal(
-        "rank", f"the effective rank of the {what} is {rank:.2f} of {embeddings.shape[1]} "
-                f"dimensions, below {threshold:.3g}", rank, threshold)
+        "rank", f"the effective rank of the projector embeddings is {rank:.2f} of "
+                f"{embeddings.shape[1]} dimensions, below {threshold:.3g}", rank, threshold)
 
 
 def read_term(metrics: str | Path, term: str) -> list[float]:
@@ -86,14 +83,13 @@ def read_term(metrics: str | Path, term: str) -> list[float]:
 
 
 def check_run(method: str, hparams: Mapping[str, Any] | None, losses: Sequence[float] | None,
-              embeddings: torch.Tensor | None, window: int = 20, min_rank: float = 2.0,
-              rank_fraction: float = 0.01) -> list[CollapseSignal]:
+              embeddings: torch.Tensor | None, window: int = 20) -> list[CollapseSignal]:
     """Every signal that fires for a run: its base term's logged values (``losses``, may be
     ``None``; the loss signal needs at least ``window`` of them) and its embeddings on some
     images (may be ``None``)."""
     target = collapse_value(method, hparams)
     signals = [loss_signal(losses, target, window) if target is not None and losses else None,
-               rank_signal(embeddings, min_rank, rank_fraction, "projector embeddings")
+               rank_signal(embeddings)
                if embeddings is not None and embeddings.shape[0] >= 2 else None]
     return [s for s in signals if s is not None]
 

@@ -52,8 +52,7 @@ class EmbeddingStatistics:
 
 
 def _check_matrix(x: torch.Tensor, name: str = "x", min_rows: int = 2) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
+    x = torch.as_tensor(x)
     if x.dim() != 2:
         raise ValueError(f"{name} must be a 2-D [n, d] matrix, got shape {tuple(x.shape)}")
     if x.shape[0] < min_rows or x.shape[1] < 1:

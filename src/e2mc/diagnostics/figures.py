@@ -41,11 +41,6 @@ def term_title(name: str) -> str:
     return name
 
 
-def is_monitor_term(name: str) -> bool:
-    """A metric of the validation monitor (``val/...``), not a training loss term."""
-    return name.startswith("val/")
-
-
 def draw_series(ax: object, xs: Sequence[float], ys: Sequence[float], **style: object) -> None:
     """``ax.plot`` with a marker on every point when there are at most :data:`FEW_POINTS`, and
     integer x ticks; a single x value gets the range x-1 .. x+1 (not matplotlib's +-0.2 of an
@@ -200,11 +195,13 @@ def loss_terms(records: Sequence[Mapping[str, object]]
 
 def plot_loss_terms(metrics: str | Path | Sequence[Mapping[str, object]], path: str | Path, *,
                     title: str | None = None, keys: Sequence[str] | None = None,
+                    kept_step: int | None = None, kept_by: str | None = None,
                     figsize: tuple[float, float] | None = None, dpi: int = 100) -> Path:
     """One small panel per logged term (their scales differ by orders of magnitude) against the
     step, from a ``metrics.jsonl`` path or its parsed records; ``keys``: only these terms, in
     this order (default: every term). Each panel is titled with what it shows
-    (:func:`term_title`); few points carry markers (:func:`draw_series`)."""
+    (:func:`term_title`); few points carry markers (:func:`draw_series`); ``kept_step`` (chosen
+    by ``kept_by``: keep-best's) is marked on every panel."""
     records = read_jsonl(metrics) if isinstance(metrics, str | Path) else list(metrics)
     terms = loss_terms(records)
     if keys is not None:
@@ -218,6 +215,10 @@ def plot_loss_terms(metrics: str | Path | Sequence[Mapping[str, object]], path: 
     flat = axes.ravel()
     for ax, (name, (steps, values)) in zip(flat, terms.items(), strict=False):
         draw_series(ax, steps, values, lw=1.2)
+        if kept_step is not None:
+            by = f" by {kept_by}" if kept_by else ""
+            ax.axvline(kept_step, color="C3", ls="--", lw=1, label=f"kept{by}: step {kept_step}")
+            ax.legend(fontsize=7)
         ax.set_title(term_title(name), fontsize=8)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)

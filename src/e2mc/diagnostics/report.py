@@ -12,6 +12,7 @@ import base64
 import html
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,7 @@ class RunDiagnostics:
     statistics: dict[str, EmbeddingStatistics] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     figures: list[tuple[str, Path]] = field(default_factory=list)
-    #: Collapse signals that fired (``e2mc.diagnostics.collapse.CollapseSignal.to_dict``).
+    #: Collapse signals that fired (``e2mc.diagnostics.collapse.CollapseSignal`` as dicts).
     collapse: list[dict[str, Any]] = field(default_factory=list)
     #: The run's configuration against its base: ``(base name, [(key, base value, value)])``
     #: (:func:`e2mc.config.config_differences`); ``None`` when the file carries no
@@ -108,8 +109,6 @@ def _img(caption: str, path: Path, root: Path) -> str:
             f"<figcaption>{html.escape(caption)} <code>{name}</code></figcaption></figure>")
 
 
-#: The direction marks of the statistics tables and the verdict.
-HIGHER, LOWER = "↑ higher", "↓ lower"
 #: A statistic within this fraction of the first run's value counts as unchanged (a statistic
 #: of a sample of images moves a little between two nearly equal models).
 SAME_WITHIN = 0.01
@@ -135,7 +134,7 @@ def _stats_table(kind: str, runs: Sequence[RunDiagnostics]) -> str:
     reference = present[0]
     rows = []
     for key, (label, better) in STAT_ROWS.items():
-        mark = {"higher": HIGHER, "lower": LOWER}.get(better, "")
+        mark = {"higher": "↑ higher", "lower": "↓ lower"}.get(better, "")
         cells = []
         for r in present:
             value = getattr(r.statistics[kind], key)
@@ -254,13 +253,6 @@ def _accuracy_line(accuracy: Any) -> str | None:
             "<code>e2mc compare</code> give tested accuracies)") if parts else None
 
 
-def plain_text(fragment: str) -> str:
-    """An HTML fragment of this report (a verdict line) as plain text."""
-    import re
-
-    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
-
-
 def _cell(value: Any) -> str:
     if isinstance(value, Mapping | list | tuple):
         return f"<code>{html.escape(json.dumps(_json_safe(value)))}</code>"
@@ -345,7 +337,7 @@ def write_report(
         found.append(accuracy)
     payload = {
         "title": title,
-        "verdict": [plain_text(line) for line in found],
+        "verdict": [html.unescape(re.sub(r"<[^>]+>", "", line)) for line in found],  # as text
         "runs": [r.to_dict(root) for r in runs],
         "figures": {caption: _relative(p, root) for caption, p in figures},
         **(dict(extra) if extra else {}),

@@ -9,17 +9,14 @@ from typing import Any
 __all__ = ["NonFiniteLossError", "TrainResult", "continue_module", "run_training"]
 
 
+#: Where each public name lives (imported on first use).
+_MODULES = {"TrainResult": "result", "NonFiniteLossError": "nonfinite", "run_training": "run",
+            "continue_module": "run"}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "TrainResult":
-        from e2mc.training.result import TrainResult
+    if name not in _MODULES:
+        raise AttributeError(f"module 'e2mc.training' has no attribute {name!r}")
+    import importlib
 
-        return TrainResult
-    if name == "NonFiniteLossError":
-        from e2mc.training.nonfinite import NonFiniteLossError
-
-        return NonFiniteLossError
-    if name in ("run_training", "continue_module"):
-        from e2mc.training import run
-
-        return getattr(run, name)
-    raise AttributeError(f"module 'e2mc.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"e2mc.training.{_MODULES[name]}"), name)

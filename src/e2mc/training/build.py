@@ -25,13 +25,6 @@ def build_method_from_config(cfg: RunConfig, backbone: Any = None,
     return build_method(cfg.method.name, **kwargs)
 
 
-def module_feature_dim(cfg: RunConfig, module: Any) -> int:
-    """The pooled output size of ``module`` on images of the run's size and channels."""
-    from e2mc.models.input_size import pooled_dim
-
-    return pooled_dim(module, cfg.data.channels, cfg.data.image_size)
-
-
 def build_addon_from_config(cfg: RunConfig, method: Any) -> Any:
     """``build_addon``; for ``e2mc`` the space and the covariance batch default as the
     authors ran it."""

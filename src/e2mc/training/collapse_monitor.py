@@ -33,29 +33,25 @@ class CollapseMonitor(Callback):
     name = "collapse"
 
     def __init__(self, method: str, hparams: Mapping[str, Any] | None = None, window: int = 20,
-                 warmup_steps: int | None = None, min_rank: float = 2.0,
-                 rank_fraction: float = 0.01, probe_size: int = 256,
+                 warmup_steps: int | None = None, probe_size: int = 256,
                  stream: Any = None) -> None:
         self.target = collapse_value(method, hparams)
         self.window = window
         self.warmup_steps = warmup_steps
-        self.min_rank, self.rank_fraction = min_rank, rank_fraction
         self.probe_size = probe_size
         self.stream = stream
         self.recent: deque[float] = deque(maxlen=window)
         self.warned: list[str] = []
 
-    # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"warned": list(self.warned)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.warned = list(state.get("warned", []))
 
-    # -- hooks -------------------------------------------------------------------------------
     def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int,
                     terms: dict[str, torch.Tensor]) -> str | None:
-        steps_per_epoch = int(getattr(trainer, "steps_per_epoch", 0) or 0)
+        steps_per_epoch = trainer.steps_per_epoch
         warmup = self.warmup_steps if self.warmup_steps is not None else steps_per_epoch
         if self.target is not None and self.target.term in terms and not self.warned:
             self.recent.append(float(terms[self.target.term].detach().float().item()))
@@ -84,20 +80,16 @@ class CollapseMonitor(Callback):
             model.train(was_training)
         embeddings = out.embeddings[0].float()
         rank = effective_rank(embeddings.cpu())
-        if getattr(getattr(trainer, "runtime", None), "is_main", True):
+        if trainer.runtime.is_main:
             trainer.log(step, {"collapse/effective_rank": rank})
-        return rank_signal(embeddings, self.min_rank, self.rank_fraction,
-                           "projector embeddings", rank=rank)
+        return rank_signal(embeddings, rank=rank)
 
     def _warn(self, trainer: TrainerView, step: int, signal: CollapseSignal) -> None:
         self.warned.append(signal.kind)
-        if not getattr(getattr(trainer, "runtime", None), "is_main", True):
+        if not trainer.runtime.is_main:
             return
-        text = (f"warning: possible collapse at step {step} ({signal.kind} signal): "
-                f"{signal.message}")
-        print(text, file=self.stream or sys.stderr, flush=True)
-        log = getattr(trainer, "log", None)
-        if callable(log):
-            log(step, {"collapse/warning": 1.0, f"collapse/{signal.kind}": signal.value,
-                       "collapse/threshold": signal.threshold})
+        print(f"warning: possible collapse at step {step} ({signal.kind} signal): "
+              f"{signal.message}", file=self.stream or sys.stderr, flush=True)
+        trainer.log(step, {"collapse/warning": 1.0, f"collapse/{signal.kind}": signal.value,
+                           "collapse/threshold": signal.threshold})
 

@@ -20,20 +20,14 @@ class EpochCopies(Callback):
             return
         if step == 0:
             trainer.save_model(trainer.run.epoch_checkpoint(0), 0, 0)
-        elif trainer.runtime.is_main:
-            run_epoch = trainer.start_epoch
-            self._complete(trainer, run_epoch, step - run_epoch * trainer.steps_per_epoch, step)
-
-    def on_epoch_end(self, trainer: TrainerView, run_epoch: int, step: int) -> None:
-        if trainer.cfg.training.keep_epoch_checkpoints:
-            trainer.save_model(trainer.run.epoch_checkpoint(run_epoch), run_epoch, step)
-
-    @staticmethod
-    def _complete(trainer: TrainerView, run_epoch: int, batch_in_epoch: int, step: int) -> None:
-        run = trainer.run
+            return
+        if not trainer.runtime.is_main:
+            return
+        run, run_epoch = trainer.run, trainer.start_epoch
         have = {epoch for epoch, _ in run.epoch_checkpoints()}
         missing = [e for e in range(run_epoch + 1) if e not in have]
-        if batch_in_epoch == 0 and run_epoch in missing and (run_epoch > 0 or step == 0):
+        # resumed at the end of an epoch whose copy a kill interrupted: these are its weights
+        if step == run_epoch * trainer.steps_per_epoch and run_epoch in missing:
             trainer.save_model(run.epoch_checkpoint(run_epoch), run_epoch, step)
             print(f"wrote the missing {run.epoch_checkpoint(run_epoch)}", file=sys.stderr)
             missing.remove(run_epoch)
@@ -41,3 +35,7 @@ class EpochCopies(Callback):
             print(f"warning: {run.epoch_dir} lacks the copies of epoch(s) "
                   f"{', '.join(map(str, missing))}, whose weights are gone (the run was "
                   "interrupted or keep_epoch_checkpoints was off)", file=sys.stderr)
+
+    def on_epoch_end(self, trainer: TrainerView, run_epoch: int, step: int) -> None:
+        if trainer.cfg.training.keep_epoch_checkpoints:
+            trainer.save_model(trainer.run.epoch_checkpoint(run_epoch), run_epoch, step)

@@ -76,8 +76,6 @@ def chosen(cfg: RunConfig, choices: dict[str, Choice], key: str) -> Any:
 
 
 def describe(choices: dict[str, Choice]) -> str:
-    """``data.pipeline=device (image files on CUDA: ...); ...``."""
-    def shown(value: Any) -> str:
-        return str(value).lower() if isinstance(value, bool) else str(value)
-
-    return "; ".join(f"{key}={shown(c.value)} ({c.reason})" for key, c in choices.items())
+    """``data.pipeline=device (image files on CUDA: ...); ...`` (booleans as YAML writes them)."""
+    return "; ".join(f"{key}={str(c.value).lower() if isinstance(c.value, bool) else c.value} "
+                     f"({c.reason})" for key, c in choices.items())

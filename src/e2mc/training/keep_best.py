@@ -13,16 +13,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from e2mc.training.callbacks import FitResult, TrainerView
 
 
-class BestTracker:
-    """An improvement exceeds the best by more than ``min_delta`` (the first always is); after
-    ``patience`` evaluations without one, :meth:`update` asks to stop."""
+class KeepBest(Callback):
+    """Writes ``best.pt`` whenever ``metric`` (as the monitor logged it; runs after the monitor)
+    improves, that is exceeds the best by more than ``min_delta`` (the first value always does);
+    asks to stop after ``patience`` evaluations without an improvement."""
 
-    def __init__(self, patience: int | None = None, min_delta: float = 0.0) -> None:
-        self.patience, self.min_delta = patience, min_delta
+    name = "keep_best"
+
+    def __init__(self, metric: str, patience: int | None = None, min_delta: float = 0.0) -> None:
+        self.metric, self.patience, self.min_delta = metric, patience, min_delta
         self.best_value: float | None = None
         self.best_step: int | None = None
         self.best_epoch: int | None = None
         self.stale = 0
+        self.trajectory: list[tuple[int, float]] = []  # (step, value) of every evaluation
 
     def update(self, step: int, value: float, run_epoch: int = 0) -> tuple[bool, bool]:
         """``(improved, stop)`` after the value of ``step``."""
@@ -37,28 +41,6 @@ class BestTracker:
             self.stale += 1
         return improved, self.patience is not None and self.stale >= self.patience
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"best_value": self.best_value, "best_step": self.best_step,
-                "best_epoch": self.best_epoch, "stale": self.stale}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_value = state.get("best_value")
-        self.best_step = state.get("best_step")
-        self.best_epoch = state.get("best_epoch")
-        self.stale = int(state.get("stale", 0))
-
-
-class KeepBest(Callback):
-    """Writes ``best.pt`` whenever ``metric`` (as the monitor logged it; runs after the monitor)
-    improves; asks to stop after ``patience`` evaluations without improvement."""
-
-    name = "keep_best"
-
-    def __init__(self, metric: str, patience: int | None = None, min_delta: float = 0.0) -> None:
-        self.metric = metric
-        self.tracker = BestTracker(patience, min_delta)
-        self.trajectory: list[tuple[int, float]] = []  # (step, value) of every evaluation
-
     def _take(self, trainer: TrainerView, step: int, run_epoch: int) -> str | None:
         """Update from the validation values logged at ``step``, if any and not seen yet."""
         if self.trajectory and self.trajectory[-1][0] == step:
@@ -72,13 +54,12 @@ class KeepBest(Callback):
                              f"values ({', '.join(sorted(values))})")
         value = values[self.metric]
         self.trajectory.append((step, value))
-        improved, stop = self.tracker.update(step, value, run_epoch)
+        improved, stop = self.update(step, value, run_epoch)
         if improved:
             trainer.save_model(trainer.run.best, run_epoch, step)
         if stop:
-            return (f"early stop: {self.metric} has not improved for {self.tracker.stale} "
-                    f"evaluation(s) (best {self.tracker.best_value:.2f} at step "
-                    f"{self.tracker.best_step})")
+            return (f"early stop: {self.metric} has not improved for {self.stale} "
+                    f"evaluation(s) (best {self.best_value:.2f} at step {self.best_step})")
         return None
 
     def on_fit_start(self, trainer: TrainerView, step: int) -> None:
@@ -95,25 +76,28 @@ class KeepBest(Callback):
     def report(self, trainer: TrainerView, file: Any = None) -> None:
         """Print the chosen step and the metric's trajectory (main process)."""
         file = sys.stderr if file is None else file
-        if not trainer.runtime.is_main or self.tracker.best_step is None:
+        if not trainer.runtime.is_main or self.best_step is None:
             return
         points = ", ".join(f"{int(s)}: {v:.2f}" for s, v in self.trajectory)
         print(f"{self.metric} by step: {points}", file=file)
-        t = self.tracker
-        if t.best_step == 0:
+        if self.best_step == 0:
             print(f"keep-best: no step beat the starting model on {self.metric} "
-                  f"({t.best_value:.2f}); {trainer.run.best} is the starting model.", file=file)
+                  f"({self.best_value:.2f}); {trainer.run.best} is the starting model.", file=file)
         else:
-            print(f"keep-best: step {t.best_step} (epoch {t.best_epoch}) has the best "
-                  f"{self.metric}, {t.best_value:.2f}; saved as {trainer.run.best}.", file=file)
+            print(f"keep-best: step {self.best_step} (epoch {self.best_epoch}) has the best "
+                  f"{self.metric}, {self.best_value:.2f}; saved as {trainer.run.best}.", file=file)
         print(next_steps(trainer), file=file)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.tracker.state_dict(), "trajectory": [list(p) for p in self.trajectory]}
+        return {"best_value": self.best_value, "best_step": self.best_step,
+                "best_epoch": self.best_epoch, "stale": self.stale,
+                "trajectory": [list(p) for p in self.trajectory]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (or an older checkpoint's monitor ``history``)."""
-        self.tracker.load_state_dict(state)
+        self.best_value, self.best_step = state.get("best_value"), state.get("best_step")
+        self.best_epoch = state.get("best_epoch")
+        self.stale = int(state.get("stale", 0))
         if "trajectory" in state:
             self.trajectory = [(int(s), v) for s, v in state["trajectory"]]
         else:

@@ -22,8 +22,7 @@ class MetricsLogger:
     installed, silently; True: a missing package is one note; False: off."""
 
     def __init__(self, run_dir: str | Path, enabled: bool = True, *, config: Any) -> None:
-        self.run = RunDir(run_dir)
-        self.path = self.run.metrics
+        self.run = run = RunDir(run_dir)
         self._file = None
         self._writer = None
         self._wandb: Any = None
@@ -31,11 +30,19 @@ class MetricsLogger:
             return
         from e2mc.files import open_append, own_dir
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open_append(self.path)
+        run.root.mkdir(parents=True, exist_ok=True)
+        self._file = open_append(run.metrics)
         log_cfg = config.logging
-        if log_cfg.wandb:
-            self._wandb = start_wandb(self.run, log_cfg, config)
+        if log_cfg.wandb:  # its name: the run directory's unless set; its files under it
+            try:
+                import wandb
+            except ImportError:
+                raise ValueError("logging.wandb needs the wandb package: pip install "
+                                 "'e2mc[wandb]' (or set logging.wandb=false)") from None
+            self._wandb = wandb.init(
+                project=log_cfg.wandb_project, entity=log_cfg.wandb_entity,
+                name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
+                dir=str(run.root), id=wandb_run_id(run), resume="allow", config=config.to_dict())
         if log_cfg.tensorboard is not False:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -45,7 +52,7 @@ class MetricsLogger:
                     print("note: tensorboard is not installed (pip install tensorboard); "
                           "logging to metrics.jsonl only", file=sys.stderr)
             else:
-                self._writer = SummaryWriter(log_dir=str(own_dir(self.run.tensorboard)))
+                self._writer = SummaryWriter(log_dir=str(own_dir(run.tensorboard)))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self._file is None:
@@ -84,17 +91,3 @@ class MetricsLogger:
 def wandb_run_id(run: RunDir) -> str:
     """A wandb id fixed by the run directory's path, so a resumed run continues its wandb run."""
     return hashlib.sha1(str(run.root.resolve()).encode()).hexdigest()[:16]
-
-
-def start_wandb(run: RunDir, log_cfg: Any, config: Any) -> Any:
-    """``wandb.init`` for a training run (name default: the run directory's), files under it."""
-    try:
-        import wandb
-    except ImportError:
-        raise ValueError("logging.wandb needs the wandb package: pip install 'e2mc[wandb]' "
-                         "(or set logging.wandb=false)") from None
-    return wandb.init(
-        project=log_cfg.wandb_project, entity=log_cfg.wandb_entity,
-        name=log_cfg.wandb_name or run.root.resolve().name, mode=log_cfg.wandb_mode,
-        dir=str(run.root), id=wandb_run_id(run), resume="allow",
-        config=config.to_dict())

@@ -1,27 +1,14 @@
-"""The validation monitor: how good the embeddings are *now*, on the held-out validation split,
-at step 0 (the starting model), every ``monitor.every`` steps and at the last step.
-
-Protocol (one evaluation). The validation images (eval transform) are split once, stratified
-and seeded, into a *probe-train* half and a *probe-test* half. On the backbone features:
-
-- ``val/knn``: cosine kNN top-1 (``monitor.knn_k``, temperature 0.07, weighted votes) of the
-  probe-test half against the probe-train half;
-- ``val/linear_<f>``: linear probes (generic preset, ``monitor.probe_epochs`` epochs, batched,
-  :func:`e2mc.evaluation.sweep.linear_protocol`) trained on as many probe-train labels as the
-  fraction ``f`` of the *training set* would give (all of the half when it has fewer), top-1
-  on the probe-test half, mean over ``monitor.label_seeds``.
-
-On the projector embeddings: ``val/rankme`` (RankMe) and ``val/entropy`` (mean m-spacings
-entropy, Eq. 5); ``val/seconds``: the evaluation's wall time. It runs in eval mode under
-``no_grad`` with the generators forked, so monitoring does not change training.
-"""
+"""The validation monitor: how good the embeddings are *now* on the held-out validation split,
+at step 0 (the starting model), every ``monitor.every`` steps and at the last step; the protocol
+is docs/validation.md's. ``val/knn`` and ``val/linear_<f>`` score the backbone features of a
+probe-test half against a probe-train half, ``val/rankme`` and ``val/entropy`` describe the
+projector embeddings, ``val/seconds`` times it. It runs in eval mode under ``no_grad`` with the
+generators forked, so monitoring does not change training."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
 
     from e2mc.config import MonitorConfig
+    from e2mc.distributed import Runtime
     from e2mc.training.callbacks import FitResult, TrainerView
     from e2mc.training.keep_best import KeepBest
 
@@ -171,20 +159,27 @@ def vector_metrics(feats: torch.Tensor, embs: torch.Tensor | None, data: Validat
 
 
 def validation_metrics(method: torch.nn.Module, data: ValidationData, cfg: MonitorConfig,
-                       device: torch.device | str = "cpu") -> dict[str, float]:
-    """One evaluation of the monitor (see the module docstring), in one process."""
+                       runtime: Runtime) -> dict[str, float]:
+    """One evaluation of the monitor (see the module docstring). Under DDP every rank extracts
+    the vectors (a method's forward may hold collectives), rank 0 scores them and broadcasts
+    the values."""
+    import torch.distributed as dist
+
     start = time.perf_counter()
-    feats, embs = validation_vectors(method, data, cfg, device)
-    out = vector_metrics(feats, embs, data, cfg, getattr(method, "compact_space",
-                                                         "standardized"), device)
-    out["val/seconds"] = time.perf_counter() - start
-    return out
+    feats, embs = validation_vectors(method, data, cfg, runtime.device)
+    box: list[Any] = [None]
+    if runtime.is_main:
+        space = getattr(method, "compact_space", "standardized")
+        box[0] = {**vector_metrics(feats, embs, data, cfg, space, runtime.device),
+                  "val/seconds": time.perf_counter() - start}
+    if runtime.distributed:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class ValidationMonitor(Callback):
     """Evaluates :func:`validation_metrics` at step 0, every ``cfg.every`` steps (None: every
-    epoch) and at the last step, and logs the values as one record. Under DDP every rank
-    extracts the vectors, rank 0 scores them and broadcasts the values."""
+    epoch) and at the last step, and logs the values as one record."""
 
     name = "monitor"
 
@@ -196,22 +191,7 @@ class ValidationMonitor(Callback):
             print(warning, file=sys.stderr)
 
     def _evaluate(self, trainer: TrainerView, step: int, run_epoch: int) -> None:
-        import torch.distributed as dist
-
-        method, runtime = trainer.method, trainer.runtime
-        if not runtime.distributed:
-            values = validation_metrics(method, self.data, self.cfg, runtime.device)
-        else:  # every rank runs the forward passes (a method's loss may hold collectives)
-            start = time.perf_counter()
-            feats, embs = validation_vectors(method, self.data, self.cfg, runtime.device)
-            box: list[Any] = [None]
-            if runtime.is_main:
-                space = getattr(method, "compact_space", "standardized")
-                box[0] = {**vector_metrics(feats, embs, self.data, self.cfg, space,
-                                           runtime.device),
-                          "val/seconds": time.perf_counter() - start}
-            dist.broadcast_object_list(box, src=0)
-            values = box[0]
+        values = validation_metrics(trainer.method, self.data, self.cfg, trainer.runtime)
         self.history.append({"step": step, **values})
         trainer.log(step, {"epoch": run_epoch, **values})
 
@@ -251,38 +231,9 @@ class MonitorPlot(Callback):
     def on_fit_end(self, trainer: TrainerView, result: FitResult) -> None:
         history, keep = self.monitor.history, self.keep_best
         if trainer.runtime.is_main and history:
-            plot_history(history, metric_names(self.monitor.cfg.fractions),
-                         trainer.run.monitor_plot,
-                         keep.tracker.best_step if keep is not None else None,
-                         keep.metric if keep is not None else None)
+            from e2mc.diagnostics.figures import plot_loss_terms
 
-
-def plot_history(history: list[dict[str, float]], metrics: Sequence[str],
-                 path: str | os.PathLike[str], kept_step: int | None = None,
-                 kept_by: str | None = None) -> list[str]:
-    """Each of ``metrics`` that ``history`` has against steps, one panel each, ``kept_step``
-    marked (chosen by ``kept_by``), written atomically to ``path``; returns the metrics drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from e2mc.files import atomic_write
-
-    names = [m for m in metrics if any(m in h for h in history)]  # no projector: no label-free
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        steps, values = zip(*[(h["step"], h[name]) for h in history if name in h], strict=True)
-        ax.plot(steps, values, "-o", ms=3)
-        if kept_step is not None:
-            by = f" by {kept_by}" if kept_by else ""
-            ax.axvline(kept_step, color="C3", ls="--", lw=1,
-                       label=f"kept{by}: step {kept_step}")
-            ax.legend(fontsize=7)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    plt.close(fig)
-    return names
+            plot_loss_terms(history, trainer.run.monitor_plot,
+                            keys=metric_names(self.monitor.cfg.fractions),
+                            kept_step=keep.best_step if keep is not None else None,
+                            kept_by=keep.metric if keep is not None else None)

@@ -56,14 +56,18 @@ class NonFiniteGuard:
             raise NonFiniteLossError(f"{bad} at step {step}; not writing a checkpoint. "
                                      f"{self.last_good_text()}")
 
-    def first_nonfinite(self, terms: dict[str, torch.Tensor]) -> str | None:
-        """Name of the first non-finite term, agreed over all processes (``"?"``: another's)."""
-        values = torch.stack([t.detach().float().reshape(()) for t in terms.values()])
-        finite = torch.isfinite(values)
+    def _first_bad(self, names: list[str], finite: torch.Tensor, elsewhere: str) -> str | None:
+        """The first of ``names`` whose ``finite`` is False, agreed over all processes
+        (``elsewhere`` when only another process has one); None when there is none."""
         if not self._agree(not bool(finite.all())):
             return None
-        bad = [name for name, ok in zip(terms, finite.tolist(), strict=True) if not ok]
-        return bad[0] if bad else "a term on another process"
+        return next((n for n, ok in zip(names, finite.tolist(), strict=True) if not ok),
+                    elsewhere)
+
+    def first_nonfinite(self, terms: dict[str, torch.Tensor]) -> str | None:
+        """Name of the first non-finite term, agreed over all processes."""
+        values = torch.stack([t.detach().float().reshape(()) for t in terms.values()])
+        return self._first_bad(list(terms), torch.isfinite(values), "a term on another process")
 
     def _agree(self, flag: bool) -> bool:
         """``flag`` of any process (all processes take the same decision)."""
@@ -76,13 +80,9 @@ class NonFiniteGuard:
     def nonfinite_gradient(self) -> str | None:
         """``"the gradient of NAME is not finite"`` for the first such parameter, else None."""
         named = [(n, p.grad) for n, p in self.method.named_parameters() if p.grad is not None]
-        peaks = _max_abs([g for _, g in named])
-        finite = torch.isfinite(peaks)
-        if not self._agree(not bool(finite.all())):
-            return None
-        bad = [n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
-        return f"the gradient of {bad[0] if bad else 'a parameter on another process'} is " \
-               "not finite"
+        finite = torch.isfinite(_max_abs([g for _, g in named]))
+        bad = self._first_bad([n for n, _ in named], finite, "a parameter on another process")
+        return None if bad is None else f"the gradient of {bad} is not finite"
 
     def weights_problem(self, agree: bool = True) -> str | None:
         """A non-finite parameter or buffer, or a parameter past :data:`EXPLODED`, else None."""

@@ -199,7 +199,6 @@ class PreemptionCallback(Callback):
                  requeue: bool = True) -> None:
         self.handler = PreemptionHandler(signals)
         self.requeue = requeue
-        self.requeued = False
 
     def on_fit_start(self, trainer: Any, step: int) -> None:
         self.handler.install()
@@ -227,4 +226,4 @@ class PreemptionCallback(Callback):
         self.handler.uninstall()
         if is_preemption(getattr(result, "stop_reason", None)) and self.requeue \
                 and trainer.runtime.is_main and wants_requeue(self.handler.received):
-            self.requeued = requeue_slurm_job()
+            requeue_slurm_job()

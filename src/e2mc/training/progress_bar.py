@@ -5,22 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from e2mc import progress
+from e2mc.progress import progress_bar
 from e2mc.training.callbacks import Callback, FitResult, TrainerView
-
-
-def progress_bar(total: int, initial: int, desc: str) -> Any:
-    """One epoch's bar on stderr (:func:`e2mc.progress.progress_bar`)."""
-    return progress.progress_bar(total=total, initial=initial, unit="step", desc=desc,
-                                 dynamic_ncols=True, mininterval=1.0)
-
-
-def postfix(metrics: dict[str, Any]) -> dict[str, str]:
-    """The bar's fields from a training record."""
-    shown = {"img/s": f"{metrics['images_per_s']:.0f}", "loss": f"{metrics['loss']:.4g}"}
-    for key in ("base/loss", "addon/loss"):
-        shown[key.split("/")[0]] = f"{metrics[key]:.4g}"
-    return shown
 
 
 class ProgressBar(Callback):
@@ -34,17 +20,19 @@ class ProgressBar(Callback):
 
     def on_epoch_start(self, trainer: TrainerView, run_epoch: int, start_batch: int) -> None:
         if trainer.runtime.is_main and trainer.cfg.training.progress:
-            self.bar = progress_bar(trainer.steps_per_epoch, start_batch,
-                                    f"epoch {run_epoch + 1}/{trainer.cfg.training.epochs}")
+            self.bar = progress_bar(
+                total=trainer.steps_per_epoch, initial=start_batch, unit="step",
+                desc=f"epoch {run_epoch + 1}/{trainer.cfg.training.epochs}", mininterval=1.0)
 
     def on_step_end(self, trainer: TrainerView, step: int, run_epoch: int, terms: Any) -> None:
         if self.bar is None:
             return
-        logged = trainer.last_logged
-        if logged.get("loss", (None,))[0] == step:  # the trainer logged this step
-            fields = postfix({k: v for k, (s, v) in logged.items() if s == step})
-            if self.val_metric in logged:
-                fields["val"] = f"{logged[self.val_metric][1]:.2f}"
+        logged = {k: v for k, (s, v) in trainer.last_logged.items() if s == step}
+        if "loss" in logged:  # the trainer logged this step
+            fields = {"img/s": f"{logged['images_per_s']:.0f}", "loss": f"{logged['loss']:.4g}",
+                      "base": f"{logged['base/loss']:.4g}", "addon": f"{logged['addon/loss']:.4g}"}
+            if self.val_metric in trainer.last_logged:
+                fields["val"] = f"{trainer.last_logged[self.val_metric][1]:.2f}"
             self.bar.set_postfix(fields, refresh=False)  # before the update that draws it:
         self.bar.update(1)  # the line that says step N shows step N's values
 

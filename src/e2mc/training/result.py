@@ -17,14 +17,13 @@ class TrainResult:
     skipped_steps: int
     completed: bool
     checkpoint: Path | None
-    last_metrics: dict[str, float]
     method: nn.Module | None = field(default=None, repr=False)  # (printed: pages of layers)
     stop_reason: str | None = None
 
     @classmethod
     def done(cls, checkpoint: Path, step: int, end: str | None) -> TrainResult:
         """A run marked done, not trained now (``trained`` False; no ``run_epoch``)."""
-        return cls(None, step, 0, end == "completed", checkpoint, {},
+        return cls(None, step, 0, end == "completed", checkpoint,
                    stop_reason=None if end == "completed" else end)
 
     @property

@@ -12,7 +12,7 @@ from typing import Any
 from e2mc.artifacts import RunDir, writer_lock
 from e2mc.config import RunConfig
 from e2mc.files import atomic_write_json, atomic_write_text
-from e2mc.models.input_size import check_backbone_input, one_pixel_note
+from e2mc.models.input_size import check_backbone_input, one_pixel_note, pooled_dim
 from e2mc.training.build import (
     build_addon_from_config,
     build_callbacks,
@@ -20,7 +20,6 @@ from e2mc.training.build import (
     build_train_dataset,
     holdout,
     load_start,
-    module_feature_dim,
     training_images,
 )
 from e2mc.training.checkpointing import check_resume_config, check_resume_data
@@ -61,7 +60,7 @@ def run_training(cfg: RunConfig, run_dir: str | Path, override_config: bool = Fa
                                       f"than {cfg.data.dataset} holds now; use a new directory")
         return TrainResult.done(run.checkpoint, done["step"], done.get("end"))
     if module is not None and feature_dim is None:
-        feature_dim = module_feature_dim(cfg, module)
+        feature_dim = pooled_dim(module, cfg.data.channels, cfg.data.image_size)
     runtime = init_runtime(cfg.training.device)
     # one writer per run directory: the main process holds its lock for the whole run
     with writer_lock(run.root) if runtime.is_main else nullcontext():

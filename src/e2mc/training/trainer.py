@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -54,14 +54,14 @@ class Trainer:
         self.cfg = cfg
         self.data_identity = data_identity
         self.training_cfg = cfg.training
-        self.run_dir = Path(run_dir)
         self.run = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])  # their states are checkpointed
         self._hooks: list[Callback] = [
             EpochCopies(), ProgressBar(cfg.monitor.keep_best or "val/knn"), RunEstimate(),
             *self.callbacks]
         self.logger: MetricsLogger | None = None
-        self._last_logged: dict[str, tuple[int, Any]] = {}
+        #: every key logged in this invocation: the step and the value it was last logged with
+        self.last_logged: dict[str, tuple[int, Any]] = {}
         self.runtime = runtime or init_runtime(self.training_cfg.device)
         self.method = method
         self.addon = addon
@@ -148,14 +148,9 @@ class Trainer:
         return torch.autocast(self.runtime.device.type, dtype=dtype)
 
     # ------------------------------------------------------------------ what callbacks use
-    @property
-    def last_logged(self) -> Mapping[str, tuple[int, Any]]:
-        """Every key logged in this invocation: the step and the value it was last logged with."""
-        return self._last_logged
-
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a record to ``metrics.jsonl`` / TensorBoard (main process; callbacks use it)."""
-        self._last_logged.update((k, (step, v)) for k, v in metrics.items())
+        self.last_logged.update((k, (step, v)) for k, v in metrics.items())
         if self.logger is not None:
             self.logger.log(step, metrics)
 
@@ -292,13 +287,12 @@ class Trainer:
         #: (run_epoch, step, batch_in_epoch, skipped) after the last completed step
         self._position: tuple[int, int, int, int] | None = None
         if runtime.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.run.root.mkdir(parents=True, exist_ok=True)
         steps_per_epoch = self.steps_per_epoch
         if start_batch >= steps_per_epoch:  # fewer images now (an accepted data change):
             run_epoch, start_batch = run_epoch + 1, 0  # the interrupted epoch has no batch left
-        logger = self.logger = MetricsLogger(self.run_dir, enabled=runtime.is_main, config=self.cfg)
+        logger = self.logger = MetricsLogger(self.run.root, runtime.is_main, config=self.cfg)
         ckpt_path: Path | None = self.run.checkpoint if step else None
-        last: dict[str, float] = {}
         stopped = False
         stop_reason: str | None = None
         for cb in hooks:
@@ -367,7 +361,7 @@ class Trainer:
                 start_batch = 0
             result = TrainResult(run_epoch=run_epoch, step=step, skipped_steps=skipped,
                                  completed=run_epoch >= training_cfg.epochs, checkpoint=ckpt_path,
-                                 last_metrics=last, method=self.method, stop_reason=stop_reason)
+                                 method=self.method, stop_reason=stop_reason)
             for cb in hooks:
                 cb.on_fit_end(self, result)
         finally:
