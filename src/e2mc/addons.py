@@ -20,7 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
+from e2mc.criterion import (
+    Space,
+    compact_transform,
+    covariance_penalty,
+    m_spacings_entropy,
+    vicreg_variance,
+)
 from e2mc.distributed import broadcast_from_main, gather_with_grad
 from e2mc.ranges import Bound, OneOf, above, at_least, checked
 
@@ -123,17 +129,6 @@ class E2MC(Addon):
         return {"loss": loss, "entropy": entropy.detach(), "covariance": covariance.detach()}
 
 
-def vicreg_variance(z: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """VICReg's hinge on the standard deviation: ``mean_j relu(1 - sqrt(var_j + eps))``."""
-    std = torch.sqrt(z.var(dim=0) + eps)
-    return F.relu(1 - std).mean()
-
-
-def vicreg_covariance(z: torch.Tensor) -> torch.Tensor:
-    """VICReg's covariance term: ``sum_{j != k} C_jk^2 / d`` with ``C`` divided by ``n - 1``."""
-    return covariance_penalty(z)
-
-
 class VCReg(Addon):
     """VICReg's variance and covariance terms as an add-on (paper App. B, SwAV ablation).
 
@@ -152,7 +147,7 @@ class VCReg(Addon):
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         views = self._prepare(embeddings)
         variance = torch.stack([vicreg_variance(z, self.eps) for z in views]).mean()
-        covariance = torch.stack([vicreg_covariance(z) for z in views]).sum()
+        covariance = torch.stack([covariance_penalty(z) for z in views]).sum()
         loss = self.mu * variance + self.nu * covariance
         return {"loss": loss, "variance": variance.detach(), "covariance": covariance.detach()}
 

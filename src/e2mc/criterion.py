@@ -215,3 +215,8 @@ def covariance_penalty(x: torch.Tensor, n: int | None = None) -> torch.Tensor:
     with torch.autocast(device_type=x.device.type, enabled=False):
         off_diagonal = _OffDiagonalSquares.apply(_as_compute_dtype(x))
         return off_diagonal / ((denominator - 1) ** 2 * d)
+
+
+def vicreg_variance(z: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """VICReg's hinge on the standard deviation: ``mean_j relu(1 - sqrt(var_j + eps))``."""
+    return torch.relu(1 - torch.sqrt(z.var(dim=0) + eps)).mean()

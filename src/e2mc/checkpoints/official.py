@@ -271,24 +271,6 @@ def vit_depth(state: dict[str, torch.Tensor]) -> int:
     return len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
 
 
-def infer_hparams(fmt: str, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Constructor arguments read off the shapes (model names); explicit ones override them."""
-    hp: dict[str, Any] = dict(infer_resnet(model_sd, "backbone.") or {})
-    if fmt == "vicreg" and (proj := linears(model_sd, "projector")):
-        hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
-    elif fmt == "swav":
-        for key, name in (("projection_head.0.weight", "hidden_dim"),
-                          ("projection_head.3.weight", "output_dim"),
-                          ("prototypes.weight", "n_prototypes")):
-            if key in model_sd:
-                hp[name] = int(model_sd[key].shape[0])
-    elif fmt == "simsiam":
-        for key, name in (("projector.6.weight", "dim"), ("predictor.0.weight", "pred_dim")):
-            if key in model_sd:
-                hp[name] = int(model_sd[key].shape[0])
-    return hp
-
-
 #: The converter's bottleneck layers (``net.K``) and torchvision's names for them.
 _BOTTLENECK = {"0": "conv1", "1": "bn1", "2": "conv2", "3": "bn2", "4": "conv3", "5": "bn3"}
 _RULES = [
