@@ -25,7 +25,7 @@ from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod
-from e2mc.models import parse_backbone_name, timm_parts
+from e2mc.models import check_backbone_input, parse_backbone_name, timm_parts
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
@@ -63,14 +63,20 @@ def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[s
     return meta
 
 
-def check_exported_start(path: str | os.PathLike[str], **method_hparams: Any) -> None:
-    """:func:`exported_hparams` from the sidecar alone, before the data or the checkpoint are
-    read; anything but a local file with a sidecar passes."""
-    if is_url(path) or not Path(path).is_file():
+def check_model_input(cfg: Any, start: str | os.PathLike[str] | None) -> None:
+    """Before the data or any checkpoint is read: the backbone of ``cfg`` (a ``RunConfig``)
+    takes images of ``data.image_size``, and is the architecture the sidecar of an exported
+    starting backbone ``start`` records (:func:`exported_hparams`)."""
+    model = cfg.model
+    check_backbone_input(model.backbone, cfg.data.image_size, model.in_channels,
+                         model.small_images, option="--set data.image_size=N")
+    if start is None or is_url(start) or not Path(start).is_file():
         return
-    exported = read_sidecar(path)
+    exported = read_sidecar(start)
     if exported is not None:
-        exported_hparams(exported, method_hparams, os.fspath(path))
+        exported_hparams(exported, {"backbone": model.backbone, "small_images":
+                                    model.small_images, "in_channels": model.in_channels},
+                         os.fspath(start))
 
 
 def exported_arch(exported: dict[str, Any]) -> dict[str, Any]:
