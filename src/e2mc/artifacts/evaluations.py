@@ -13,12 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from e2mc.artifacts.layout import (
-    GENERATIONS,
-    PREDICTIONS_DIR,
-    RESULTS,
-    mean_se,
-)
+from e2mc.artifacts.layout import GENERATIONS, RESULTS, mean_se
 from e2mc.errors import InputError
 
 
@@ -123,12 +118,12 @@ class EvalDir:
 
     @property
     def predictions_dir(self) -> Path:
-        return self.root / PREDICTIONS_DIR
+        return self.root / "predictions"
 
     def prediction_file(self, name: str, generation: str | None = None) -> str:
         """``predictions/<name>[.<generation>].npz``, relative to the directory."""
         stem = f"{name}.{generation}" if generation else name
-        return (Path(PREDICTIONS_DIR) / f"{stem}.npz").as_posix()
+        return f"predictions/{stem}.npz"
 
     @staticmethod
     def new_generation() -> str:

@@ -5,26 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2mc.artifacts.layout import (
-    BEST,
-    CHECKPOINT,
-    CONFIG,
-    CONFIG_CHANGES,
-    EPOCH_DIR,
-    EPOCH_FILE,
-    METRICS,
-    MONITOR_PLOT,
-    RUN_DONE,
-    START,
-    TENSORBOARD_DIR,
-    VAL_SPLIT,
-    read_jsonl,
-    write_jsonl,
-)
+from e2mc.artifacts.layout import BEST, CHECKPOINT, EPOCH_DIR, read_jsonl, write_jsonl
 from e2mc.errors import InputError
 
 
@@ -105,17 +91,17 @@ class RunDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "root", Path(root))
 
-    config = _file(CONFIG)
+    config = _file("config.yaml")
     checkpoint = _file(CHECKPOINT)
     best = _file(BEST)
-    metrics = _file(METRICS)
-    val_split = _file(VAL_SPLIT)
-    start = _file(START)
-    monitor_plot = _file(MONITOR_PLOT)
-    tensorboard = _file(TENSORBOARD_DIR)
+    metrics = _file("metrics.jsonl")
+    val_split = _file("val_split.json")
+    start = _file("start.json")
+    monitor_plot = _file("monitor.png")
+    tensorboard = _file("tensorboard")
     epoch_dir = _file(EPOCH_DIR)
-    done = _file(RUN_DONE)
-    config_changes = _file(CONFIG_CHANGES)
+    done = _file("done.json")
+    config_changes = _file("config_changes.jsonl")
 
     def epoch_checkpoint(self, run_epoch: int) -> Path:
         """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model);
@@ -128,7 +114,7 @@ class RunDir:
     def epoch_checkpoints(self) -> list[tuple[int, Path]]:
         """``(run epoch, path)`` of every per-epoch checkpoint, in epoch order."""
         found = [(int(m.group(1)), p) for p in self.epoch_dir.glob("epoch_*.pt")
-                 if (m := EPOCH_FILE.match(p.name))]
+                 if (m := re.fullmatch(r"epoch_(\d+)\.pt", p.name))]
         return sorted(found)
 
     def latest_checkpoint(self) -> Path | None:
