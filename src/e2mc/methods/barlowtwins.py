@@ -4,7 +4,6 @@ facebookresearch/barlowtwins repository."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -63,7 +62,7 @@ class BarlowTwins(LARSPreset):
         self.projector = mlp([self.feature_dim, *widths], hidden_bias=False)
         self.bn = nn.BatchNorm1d(widths[-1], affine=False)
         self.lambd = float(lambd)
-        self.hparams: dict[str, Any] = {**bb_hparams, "projector": projector, "lambd": lambd}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "Barlow Twins")

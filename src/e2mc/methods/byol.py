@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,10 +54,7 @@ class BYOL(EMAMethod, LARSPreset):
         self.projector = mlp([self.feature_dim, hidden_dim, dim], hidden_bias, last_bias=True)
         self.predictor = mlp([dim, pred_hidden, dim], hidden_bias, last_bias=True)
         self.init_teacher(momentum, momentum_schedule)
-        self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden_dim, "dim": dim,
-                                        "momentum": momentum, "pred_hidden_dim": pred_hidden,
-                                        "hidden_bias": hidden_bias,
-                                        "momentum_schedule": momentum_schedule}
+        self.record_hparams(bb_hparams, pred_hidden_dim=pred_hidden)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "BYOL")

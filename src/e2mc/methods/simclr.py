@@ -67,8 +67,7 @@ class SimCLR(LARSPreset):
         hidden = self.feature_dim if hidden_dim is None else hidden_dim
         self.projector = moco_mlp(2, self.feature_dim, hidden, dim)
         self.temperature = float(temperature)
-        self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden, "dim": dim,
-                                        "temperature": temperature}
+        self.record_hparams(bb_hparams, hidden_dim=hidden)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimCLR")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,8 +61,7 @@ class SimSiam(SSLMethod):
         self.projector[6].bias.requires_grad_(False)  # the official "hack": BN follows it
         self.predictor = simsiam_predictor(dim, pred_dim)
         self.predictor_lr = predictor_lr
-        self.hparams: dict[str, Any] = {**bb_hparams, "dim": dim, "pred_dim": pred_dim,
-                                        "predictor_lr": predictor_lr}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimSiam")

@@ -89,13 +89,8 @@ class SwAV(SSLMethod):
         self.n_crops = tuple(int(c) for c in n_crops)
         self.queue: torch.Tensor | None = None
         self.use_the_queue = False
-        self.hparams: dict[str, Any] = {
-            **bb_hparams, "hidden_dim": hidden_dim, "output_dim": output_dim,
-            "n_prototypes": n_prototypes, "temperature": temperature, "epsilon": epsilon,
-            "sinkhorn_iterations": sinkhorn_iterations,
-            "freeze_prototypes_iters": freeze_prototypes_iters, "queue_length": queue_length,
-            "queue_start_epoch": queue_start_epoch, "crops_for_assign": list(self.crops_for_assign),
-            "n_crops": list(self.n_crops)}
+        self.record_hparams(bb_hparams, crops_for_assign=list(self.crops_for_assign),
+                            n_crops=list(self.n_crops))
 
     def set_epoch(self, epoch: int) -> None:
         """Create the queue (length ``queue_length // world_size`` on this process) at

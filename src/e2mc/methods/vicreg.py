@@ -97,9 +97,7 @@ class VICReg(LARSPreset):
             backbone, small_images, in_channels, feature_dim)
         self.projector = vicreg_projector(self.feature_dim, projector)
         self.sim_coeff, self.std_coeff, self.cov_coeff = sim_coeff, std_coeff, cov_coeff
-        self.hparams: dict[str, Any] = {**bb_hparams, "projector": projector,
-                                        "sim_coeff": sim_coeff, "std_coeff": std_coeff,
-                                        "cov_coeff": cov_coeff}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "VICReg")
