@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from e2mc.artifacts.layout import GENERATIONS, RESULTS, mean_se
+from e2mc.artifacts.layout import GENERATIONS, RESULTS, in_root, mean_se
 from e2mc.errors import InputError
 
 
@@ -112,13 +112,10 @@ class EvalDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
-    @property
-    def results(self) -> Path:
-        return self.root / RESULTS
-
-    @property
-    def predictions_dir(self) -> Path:
-        return self.root / "predictions"
+    results = in_root(RESULTS)
+    predictions_dir = in_root("predictions")
+    #: ``.generations.json``: the generations this directory started (its own files)
+    generations = in_root(GENERATIONS)
 
     def prediction_file(self, name: str, generation: str | None = None) -> str:
         """``predictions/<name>[.<generation>].npz``, relative to the directory."""
@@ -131,11 +128,6 @@ class EvalDir:
         import uuid
 
         return uuid.uuid4().hex[:12]
-
-    @property
-    def generations(self) -> Path:
-        """``.generations.json``: the generations this directory started (its own files)."""
-        return self.root / GENERATIONS
 
     def _own_generations(self) -> set[str]:
         try:

@@ -20,6 +20,11 @@ LOCK = ".e2mc.lock"
 GENERATIONS = ".generations.json"
 
 
+def in_root(name: str) -> property:
+    """``root / name`` as a read-only attribute of a directory class."""
+    return property(lambda self: self.root / name)
+
+
 def mean_se(values: Iterable[float]) -> tuple[float, float | None]:
     """Mean and standard error ``std(ddof=1) / sqrt(n)``; the SE is ``None`` for one value."""
     arr = np.asarray(list(values), dtype=np.float64)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2mc.artifacts.layout import BEST, CHECKPOINT, EPOCH_DIR, read_jsonl, write_jsonl
+from e2mc.artifacts.layout import BEST, CHECKPOINT, EPOCH_DIR, in_root, read_jsonl, write_jsonl
 from e2mc.errors import InputError
 
 
@@ -77,11 +77,6 @@ def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | Non
     return RunModel(path, kept=path.name == BEST, from_directory=False)
 
 
-def _file(name: str) -> property:
-    """``root / name`` as a read-only attribute."""
-    return property(lambda self: self.root / name)
-
-
 @dataclass(frozen=True)
 class RunDir:
     """The files of one training run directory (docs/architecture.md)."""
@@ -91,17 +86,17 @@ class RunDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "root", Path(root))
 
-    config = _file("config.yaml")
-    checkpoint = _file(CHECKPOINT)
-    best = _file(BEST)
-    metrics = _file("metrics.jsonl")
-    val_split = _file("val_split.json")
-    start = _file("start.json")
-    monitor_plot = _file("monitor.png")
-    tensorboard = _file("tensorboard")
-    epoch_dir = _file(EPOCH_DIR)
-    done = _file("done.json")
-    config_changes = _file("config_changes.jsonl")
+    config = in_root("config.yaml")
+    checkpoint = in_root(CHECKPOINT)
+    best = in_root(BEST)
+    metrics = in_root("metrics.jsonl")
+    val_split = in_root("val_split.json")
+    start = in_root("start.json")
+    monitor_plot = in_root("monitor.png")
+    tensorboard = in_root("tensorboard")
+    epoch_dir = in_root(EPOCH_DIR)
+    done = in_root("done.json")
+    config_changes = in_root("config_changes.jsonl")
 
     def epoch_checkpoint(self, run_epoch: int) -> Path:
         """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model);
