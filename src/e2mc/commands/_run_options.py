@@ -21,7 +21,7 @@ def register_run_command(subparsers: argparse._SubParsersAction, mode: str, help
 def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
     parser.add_argument("--config", required=True,
-                        help=f"preset name or YAML file; presets: {', '.join(_safe_presets())}")
+                        help=f"preset name or YAML file; presets: {', '.join(preset_names())}")
     parser.add_argument("--out", dest="run_dir", required=True, type=Path, metavar="DIR",
                         help="run directory (config.yaml, metrics.jsonl, checkpoints); running "
                              "the same command again resumes from its checkpoint")
@@ -193,10 +193,3 @@ def _destroy_process_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _safe_presets() -> list[str]:
-    try:
-        return preset_names()
-    except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover - broken install
-        return []
