@@ -22,6 +22,7 @@ from torch import nn
 
 from e2mc.criterion import (
     Space,
+    as_compute_dtype,
     compact_transform,
     covariance_penalty,
     m_spacings_entropy,
@@ -32,10 +33,6 @@ from e2mc.ranges import Bound, OneOf, above, at_least, checked
 
 ViewReduction = Literal["mean", "sum"]
 VIEW_REDUCTIONS = ("mean", "sum")
-
-
-def _float32(z: torch.Tensor) -> torch.Tensor:
-    return z if z.dtype == torch.float64 else z.float()
 
 
 def _reduce(values: Sequence[torch.Tensor], how: ViewReduction) -> torch.Tensor:
@@ -74,7 +71,7 @@ class Addon(nn.Module):
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
             raise ValueError(f"every view's embeddings must be [n, d] of one shape, got {shapes}")
         with torch.autocast(device_type=embeddings[0].device.type, enabled=False):
-            views = [_float32(z) for z in embeddings]
+            views = [as_compute_dtype(z) for z in embeddings]
             return [gather_with_grad(z) for z in views] if self.gather else views
 
 
