@@ -116,13 +116,14 @@ def save_checkpoint(path: str | os.PathLike[str], method: SSLMethod, **extra: An
     atomic_save(obj, path)
 
 
-def project_from_object(obj: dict[str, Any], source: str | None
-                        ) -> tuple[SSLMethod, dict[str, Any]]:
-    """:func:`load_checkpoint` of a loaded project checkpoint."""
+def project_from_object(obj: dict[str, Any], source: str | None,
+                        hparams: dict[str, Any] | None = None) -> tuple[SSLMethod, dict[str, Any]]:
+    """:func:`load_checkpoint` of a loaded project checkpoint; ``hparams``: a run's, which the
+    tensors must fit, instead of the file's."""
     if obj.get("version") != PROJECT_VERSION:
         raise ValueError(f"e2mc checkpoint version {obj.get('version')!r} is not supported "
                          f"(expected {PROJECT_VERSION})")
-    name, hp = obj["method"], obj["hparams"]
+    name, hp = obj["method"], obj["hparams"] if hparams is None else hparams
     model = load_strict(lambda: rebuild(name, hp), obj["model"], f"e2mc ({name})")
     info = {k: v for k, v in obj.items() if k != "model"}
     info["source"] = source

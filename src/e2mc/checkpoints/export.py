@@ -16,12 +16,12 @@ from e2mc.checkpoints.api import (
     load_backbone_into_method,
     load_checkpoint,
     official_from_object,
+    project_from_object,
     unwrap,
 )
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import bare_backbone, is_state_dict, known_layout
 from e2mc.checkpoints.remote import PathOrState, is_url, load_file, local_checkpoint
-from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod
@@ -237,11 +237,9 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
         if obj.get("method") != method:
             raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
                              f"this run trains {method!r}")
-        model = load_strict(lambda: rebuild(method, method_hparams), obj["model"],
-                            f"e2mc ({method})")
-        info = {k: v for k, v in obj.items() if k != "model"}
-        info.update(source=source, optimizer_layout="project")
-        return model, info  # type: ignore[return-value]
+        model, info = project_from_object(obj, source, dict(method_hparams))
+        info.update(optimizer_layout="project")
+        return model, info
     exported = read_sidecar(local, obj)
     bare = bare_backbone(obj)
     if exported is not None:  # export-backbone's file: its sidecar names the architecture
