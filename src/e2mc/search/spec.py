@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +108,8 @@ class SearchSpec:
         self.rule = RULE.format(metric=self.metric)
 
     def identity(self) -> dict[str, Any]:
-        return {"config": self.config, "checkpoint_sha256": self.checkpoint_sha256,
-                "data": self.data, "val_split": self.val_split, "seed": self.seed,
-                "metric": self.metric, "common": self.common, "rule": self.rule,
-                "data_identity": self.data_identity}
+        """What a search directory records and must match: all but the path and the trials."""
+        return {k: v for k, v in asdict(self).items() if k not in ("checkpoint", "trials")}
 
 
 def make_spec(config: str, checkpoint: str, data: str, val_split: float, seed: int,
