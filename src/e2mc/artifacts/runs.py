@@ -165,13 +165,13 @@ class RunDir:
 
     def stale_temp_files(self) -> list[Path]:
         """Temporary files of interrupted atomic writes here and in the epoch folder."""
-        from e2mc.files import is_temp_file, refuse_link
+        from e2mc.files import refuse_link, temp_target
 
         found: list[Path] = []
         refuse_link(self.epoch_dir)
         for folder in (self.root, self.epoch_dir):
             if folder.is_dir():
-                found += [p for p in folder.iterdir() if is_temp_file(p.name)]
+                found += [p for p in folder.iterdir() if temp_target(p.name) is not None]
         return sorted(found)
 
     def mark_done(self, step: int, end: str) -> None:
