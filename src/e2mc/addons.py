@@ -220,13 +220,10 @@ class SIGReg(Addon):
     Equal to lightly's ``SIGReg`` on the stacked views for the same directions
     (``tests/test_lightly_oracle.py``).
 
-    The directions are drawn afresh at every call, from a generator seeded with the run's seed
-    (``torch.initial_seed()`` when the add-on is built: ``training.seed``) and the number of
-    draws so far, on the embeddings' device. Both numbers are the add-on's state (in
-    ``checkpoint.pt``), so a resumed run draws the directions the uninterrupted one drew, on any
-    device; under ``torch.distributed`` rank 0's seed is broadcast once, so every rank draws the
-    same directions. Nothing else draws from that generator, nor does the add-on draw from
-    torch's default one.
+    The directions are drawn afresh at every call from a generator of its own, seeded by the run's
+    seed (``torch.initial_seed()`` at construction) and the draws so far: both are its state in
+    ``checkpoint.pt``, so a resumed run draws what the uninterrupted one drew, on any device,
+    and every rank draws rank 0's (its seed is broadcast once).
     """
 
     min_views = 1
