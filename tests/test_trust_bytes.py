@@ -353,7 +353,7 @@ def test_confirm_seeds_are_checked_before_the_first_trial(base, tmp_path: Path,
     assert main(["search", "--config", "fmnist-vicreg-e2mc", "--from",
                  str(checkpoint), "--data", str(data), "--out", str(tmp_path / "s"),
                  "--grid", "addon.params.beta=10", "--confirm", "-1"]) == 2
-    _one_error(capsys, "--confirm seeds are training seeds")
+    _one_error(capsys, "--confirm seeds must be a list of distinct training seeds")
     assert not (tmp_path / "s").exists()
 
 

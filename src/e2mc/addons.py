@@ -20,16 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from e2mc.criterion import Space, compact_transform, covariance_penalty, m_spacings_entropy
+from e2mc.criterion import (
+    Space,
+    as_compute_dtype,
+    compact_transform,
+    covariance_penalty,
+    m_spacings_entropy,
+    vicreg_variance,
+)
 from e2mc.distributed import broadcast_from_main, gather_with_grad
 from e2mc.ranges import Bound, OneOf, above, at_least, checked
 
 ViewReduction = Literal["mean", "sum"]
 VIEW_REDUCTIONS = ("mean", "sum")
-
-
-def _float32(z: torch.Tensor) -> torch.Tensor:
-    return z if z.dtype == torch.float64 else z.float()
 
 
 def _reduce(values: Sequence[torch.Tensor], how: ViewReduction) -> torch.Tensor:
@@ -68,7 +71,7 @@ class Addon(nn.Module):
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
             raise ValueError(f"every view's embeddings must be [n, d] of one shape, got {shapes}")
         with torch.autocast(device_type=embeddings[0].device.type, enabled=False):
-            views = [_float32(z) for z in embeddings]
+            views = [as_compute_dtype(z) for z in embeddings]
             return [gather_with_grad(z) for z in views] if self.gather else views
 
 
@@ -123,17 +126,6 @@ class E2MC(Addon):
         return {"loss": loss, "entropy": entropy.detach(), "covariance": covariance.detach()}
 
 
-def vicreg_variance(z: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """VICReg's hinge on the standard deviation: ``mean_j relu(1 - sqrt(var_j + eps))``."""
-    std = torch.sqrt(z.var(dim=0) + eps)
-    return F.relu(1 - std).mean()
-
-
-def vicreg_covariance(z: torch.Tensor) -> torch.Tensor:
-    """VICReg's covariance term: ``sum_{j != k} C_jk^2 / d`` with ``C`` divided by ``n - 1``."""
-    return covariance_penalty(z)
-
-
 class VCReg(Addon):
     """VICReg's variance and covariance terms as an add-on (paper App. B, SwAV ablation).
 
@@ -152,7 +144,7 @@ class VCReg(Addon):
     def forward(self, embeddings: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         views = self._prepare(embeddings)
         variance = torch.stack([vicreg_variance(z, self.eps) for z in views]).mean()
-        covariance = torch.stack([vicreg_covariance(z) for z in views]).sum()
+        covariance = torch.stack([covariance_penalty(z) for z in views]).sum()
         loss = self.mu * variance + self.nu * covariance
         return {"loss": loss, "variance": variance.detach(), "covariance": covariance.detach()}
 
@@ -228,13 +220,10 @@ class SIGReg(Addon):
     Equal to lightly's ``SIGReg`` on the stacked views for the same directions
     (``tests/test_lightly_oracle.py``).
 
-    The directions are drawn afresh at every call, from a generator seeded with the run's seed
-    (``torch.initial_seed()`` when the add-on is built: ``training.seed``) and the number of
-    draws so far, on the embeddings' device. Both numbers are the add-on's state (in
-    ``checkpoint.pt``), so a resumed run draws the directions the uninterrupted one drew, on any
-    device; under ``torch.distributed`` rank 0's seed is broadcast once, so every rank draws the
-    same directions. Nothing else draws from that generator, nor does the add-on draw from
-    torch's default one.
+    The directions are drawn afresh at every call from a generator of its own, seeded by the run's
+    seed (``torch.initial_seed()`` at construction) and the draws so far: both are its state in
+    ``checkpoint.pt``, so a resumed run draws what the uninterrupted one drew, on any device,
+    and every rank draws rank 0's (its seed is broadcast once).
     """
 
     min_views = 1

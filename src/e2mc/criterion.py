@@ -14,7 +14,7 @@ Space = Literal["hypercube", "hypersphere"]
 SPACES: tuple[str, ...] = ("hypercube", "hypersphere")
 
 
-def _as_compute_dtype(x: torch.Tensor) -> torch.Tensor:
+def as_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """float64 stays float64; every other dtype becomes float32."""
     if not torch.is_floating_point(x):
         raise ValueError(f"expected a floating-point tensor, got dtype {x.dtype}")
@@ -55,7 +55,7 @@ def compact_transform(z: torch.Tensor, space: Space) -> torch.Tensor:
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}, got {space!r}")
     with torch.autocast(device_type=z.device.type, enabled=False):
-        z = _as_compute_dtype(z)
+        z = as_compute_dtype(z)
         return torch.sigmoid(z) if space == "hypercube" else torch.special.ndtr(z)
 
 
@@ -160,7 +160,7 @@ def m_spacings_entropy(x: torch.Tensor, m: int | None = None, eps: float = 1e-7)
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     with torch.autocast(device_type=x.device.type, enabled=False):
-        return _SpacingsEntropy.apply(_as_compute_dtype(x), m, float(eps))
+        return _SpacingsEntropy.apply(as_compute_dtype(x), m, float(eps))
 
 
 class _OffDiagonalSquares(torch.autograd.Function):
@@ -213,5 +213,10 @@ def covariance_penalty(x: torch.Tensor, n: int | None = None) -> torch.Tensor:
     if isinstance(denominator, bool) or not isinstance(denominator, int) or denominator < 2:
         raise ValueError(f"n must be an int >= 2, got {n!r}")
     with torch.autocast(device_type=x.device.type, enabled=False):
-        off_diagonal = _OffDiagonalSquares.apply(_as_compute_dtype(x))
+        off_diagonal = _OffDiagonalSquares.apply(as_compute_dtype(x))
         return off_diagonal / ((denominator - 1) ** 2 * d)
+
+
+def vicreg_variance(z: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """VICReg's hinge on the standard deviation: ``mean_j relu(1 - sqrt(var_j + eps))``."""
+    return torch.relu(1 - torch.sqrt(z.var(dim=0) + eps)).mean()

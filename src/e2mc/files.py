@@ -50,13 +50,9 @@ def own_dir(path: str | os.PathLike[str]) -> Path:
 _TEMP_FILE = re.compile(r"^\.(.+)\.[a-z0-9_]{8}\.tmp$")
 
 
-def is_temp_file(name: str) -> bool:
-    """Whether ``name`` is one of :func:`atomic_write`'s temporary files (a killed writer's)."""
-    return bool(_TEMP_FILE.match(name))
-
-
 def temp_target(name: str) -> str | None:
-    """The name of the file an :func:`atomic_write` temporary file ``name`` was to become."""
+    """The name of the file an :func:`atomic_write` temporary file ``name`` (a killed writer's)
+    was to become; None for any other name."""
     m = _TEMP_FILE.match(name)
     return m.group(1) if m else None
 

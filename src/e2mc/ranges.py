@@ -192,10 +192,11 @@ def check_values(ranges: Mapping[str, Bound], values: Mapping[str, Any],
                 raise InputError(f"{prefix}{name} must be {wrong}, got {values[name]!r}")
 
 
-def checked(builder: Callable[..., Any], table: str, skip: type | tuple[type, ...] = ()
-            ) -> Callable[..., Any]:
+def checked(builder: Callable[..., Any], table: str, skip: type | tuple[type, ...] = (),
+            keep: str | None = None) -> Callable[..., Any]:
     """``builder`` (a constructor or ``build_optimizer``) first checking its arguments,
-    defaults included, against the class's table ``table``; values of the types ``skip`` are not."""
+    defaults included, against the class's table ``table``; values of the types ``skip`` are not.
+    ``keep``: the attribute of ``self`` that gets those arguments before ``builder`` runs."""
     signature = inspect.signature(builder)
 
     @functools.wraps(builder)
@@ -205,6 +206,8 @@ def checked(builder: Callable[..., Any], table: str, skip: type | tuple[type, ..
         except TypeError:
             return builder(self, *args, **kwargs)
         bound.apply_defaults()
+        if keep is not None:
+            object.__setattr__(self, keep, dict(list(bound.arguments.items())[1:]))
         check_values(getattr(self, table), {k: v for k, v in bound.arguments.items()
                                             if not isinstance(v, skip)})
         return builder(self, *args, **kwargs)

@@ -13,12 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from e2mc.artifacts.layout import (
-    GENERATIONS,
-    PREDICTIONS_DIR,
-    RESULTS,
-    mean_se,
-)
+from e2mc.artifacts.layout import GENERATIONS, RESULTS, in_root, mean_se
 from e2mc.errors import InputError
 
 
@@ -117,18 +112,15 @@ class EvalDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
-    @property
-    def results(self) -> Path:
-        return self.root / RESULTS
-
-    @property
-    def predictions_dir(self) -> Path:
-        return self.root / PREDICTIONS_DIR
+    results = in_root(RESULTS)
+    predictions_dir = in_root("predictions")
+    #: ``.generations.json``: the generations this directory started (its own files)
+    generations = in_root(GENERATIONS)
 
     def prediction_file(self, name: str, generation: str | None = None) -> str:
         """``predictions/<name>[.<generation>].npz``, relative to the directory."""
         stem = f"{name}.{generation}" if generation else name
-        return (Path(PREDICTIONS_DIR) / f"{stem}.npz").as_posix()
+        return f"predictions/{stem}.npz"
 
     @staticmethod
     def new_generation() -> str:
@@ -136,11 +128,6 @@ class EvalDir:
         import uuid
 
         return uuid.uuid4().hex[:12]
-
-    @property
-    def generations(self) -> Path:
-        """``.generations.json``: the generations this directory started (its own files)."""
-        return self.root / GENERATIONS
 
     def _own_generations(self) -> set[str]:
         try:

@@ -1,36 +1,28 @@
-"""The file names of run, evaluation and search directories (one place), the mean and
+"""The file names that code outside their directory's class reads, the mean and
 standard error of a column, and JSON lines read and written."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-CONFIG = "config.yaml"
 CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"
-METRICS = "metrics.jsonl"
-VAL_SPLIT = "val_split.json"
-START = "start.json"
-MONITOR_PLOT = "monitor.png"
 EPOCH_DIR = "checkpoints"
-TENSORBOARD_DIR = "tensorboard"
 RESULTS = "results.json"
-PREDICTIONS_DIR = "predictions"
 SEARCH_JSON = "search.json"
-SEARCH_MD = "search.md"
-RUN_DONE = "done.json"
-CONFIG_CHANGES = "config_changes.jsonl"
 LOCK = ".e2mc.lock"
 GENERATIONS = ".generations.json"
 
-EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
+
+def in_root(name: str) -> property:
+    """``root / name`` as a read-only attribute of a directory class."""
+    return property(lambda self: self.root / name)
 
 
 def mean_se(values: Iterable[float]) -> tuple[float, float | None]:

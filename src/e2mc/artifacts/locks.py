@@ -40,7 +40,7 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
     path = root / LOCK
     if path.resolve() in _HELD:  # a second lockf in this process would succeed, and its
         raise DirectoryBusy(f"{root} is already being written by this process")  # close free it
-    from e2mc.files import is_temp_file, refuse_link
+    from e2mc.files import refuse_link, temp_target
 
     while True:
         refuse_link(path)  # a planted link: its target is never opened for writing
@@ -77,7 +77,7 @@ def writer_lock(root: str | os.PathLike[str]) -> Iterator[Path]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         for temp in root.iterdir():  # an interrupted atomic write of an earlier writer
-            if is_temp_file(temp.name) and not temp.is_dir():
+            if temp_target(temp.name) is not None and not temp.is_dir():
                 temp.unlink(missing_ok=True)
         yield path
     finally:

@@ -5,26 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2mc.artifacts.layout import (
-    BEST,
-    CHECKPOINT,
-    CONFIG,
-    CONFIG_CHANGES,
-    EPOCH_DIR,
-    EPOCH_FILE,
-    METRICS,
-    MONITOR_PLOT,
-    RUN_DONE,
-    START,
-    TENSORBOARD_DIR,
-    VAL_SPLIT,
-    read_jsonl,
-    write_jsonl,
-)
+from e2mc.artifacts.layout import BEST, CHECKPOINT, EPOCH_DIR, in_root, read_jsonl, write_jsonl
 from e2mc.errors import InputError
 
 
@@ -91,11 +77,6 @@ def run_model(ref: str | os.PathLike[str], last: bool = False) -> RunModel | Non
     return RunModel(path, kept=path.name == BEST, from_directory=False)
 
 
-def _file(name: str) -> property:
-    """``root / name`` as a read-only attribute."""
-    return property(lambda self: self.root / name)
-
-
 @dataclass(frozen=True)
 class RunDir:
     """The files of one training run directory (docs/architecture.md)."""
@@ -105,17 +86,17 @@ class RunDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "root", Path(root))
 
-    config = _file(CONFIG)
-    checkpoint = _file(CHECKPOINT)
-    best = _file(BEST)
-    metrics = _file(METRICS)
-    val_split = _file(VAL_SPLIT)
-    start = _file(START)
-    monitor_plot = _file(MONITOR_PLOT)
-    tensorboard = _file(TENSORBOARD_DIR)
-    epoch_dir = _file(EPOCH_DIR)
-    done = _file(RUN_DONE)
-    config_changes = _file(CONFIG_CHANGES)
+    config = in_root("config.yaml")
+    checkpoint = in_root(CHECKPOINT)
+    best = in_root(BEST)
+    metrics = in_root("metrics.jsonl")
+    val_split = in_root("val_split.json")
+    start = in_root("start.json")
+    monitor_plot = in_root("monitor.png")
+    tensorboard = in_root("tensorboard")
+    epoch_dir = in_root(EPOCH_DIR)
+    done = in_root("done.json")
+    config_changes = in_root("config_changes.jsonl")
 
     def epoch_checkpoint(self, run_epoch: int) -> Path:
         """``checkpoints/epoch_XXXX.pt`` of run epoch ``run_epoch`` (0 = the starting model);
@@ -128,7 +109,7 @@ class RunDir:
     def epoch_checkpoints(self) -> list[tuple[int, Path]]:
         """``(run epoch, path)`` of every per-epoch checkpoint, in epoch order."""
         found = [(int(m.group(1)), p) for p in self.epoch_dir.glob("epoch_*.pt")
-                 if (m := EPOCH_FILE.match(p.name))]
+                 if (m := re.fullmatch(r"epoch_(\d+)\.pt", p.name))]
         return sorted(found)
 
     def latest_checkpoint(self) -> Path | None:
@@ -184,13 +165,13 @@ class RunDir:
 
     def stale_temp_files(self) -> list[Path]:
         """Temporary files of interrupted atomic writes here and in the epoch folder."""
-        from e2mc.files import is_temp_file, refuse_link
+        from e2mc.files import refuse_link, temp_target
 
         found: list[Path] = []
         refuse_link(self.epoch_dir)
         for folder in (self.root, self.epoch_dir):
             if folder.is_dir():
-                found += [p for p in folder.iterdir() if is_temp_file(p.name)]
+                found += [p for p in folder.iterdir() if temp_target(p.name) is not None]
         return sorted(found)
 
     def mark_done(self, step: int, end: str) -> None:

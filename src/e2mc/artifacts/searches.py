@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from e2mc.artifacts.evaluations import EvalDir
-from e2mc.artifacts.layout import SEARCH_JSON, SEARCH_MD
+from e2mc.artifacts.layout import SEARCH_JSON
 from e2mc.artifacts.runs import RunDir
 
 
@@ -16,7 +16,7 @@ class SearchDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.json = self.root / SEARCH_JSON
-        self.markdown = self.root / SEARCH_MD
+        self.markdown = self.root / "search.md"
         self.plot = self.root / "search.png"
         self.confirm_json = self.root / "confirm.json"
         self.confirm_markdown = self.root / "confirm.md"

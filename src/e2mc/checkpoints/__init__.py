@@ -8,7 +8,7 @@ from e2mc.checkpoints.api import (
 )
 from e2mc.checkpoints.backbone import load_backbone
 from e2mc.checkpoints.export import (
-    check_exported_start,
+    check_model_input,
     export_backbone,
     load_start_model,
     read_sidecar,
@@ -19,7 +19,7 @@ from e2mc.checkpoints.remote import checkpoint_of, fetch, is_url, local_checkpoi
 from e2mc.checkpoints.strict import CheckpointMismatchError
 from e2mc.checkpoints.summary import checkpoint_summary, recorded_image_size
 
-__all__ = ["CheckpointMismatchError", "UntrustedCheckpointError", "check_exported_start",
+__all__ = ["CheckpointMismatchError", "UntrustedCheckpointError", "check_model_input",
            "checkpoint_of", "checkpoint_summary", "export_backbone", "fetch", "is_url",
            "load_backbone", "load_checkpoint", "load_official", "load_start_model",
            "local_checkpoint", "read_sidecar", "recorded_image_size", "restore_optimizer_state",

@@ -13,6 +13,7 @@ from torch import nn
 from e2mc.checkpoints.io import atomic_save
 from e2mc.checkpoints.layouts import (
     head_names,
+    infer_hparams,
     is_dino_checkpoint,
     load_backbone_alone,
     load_dino,
@@ -22,7 +23,6 @@ from e2mc.checkpoints.official import (
     LAYOUT_FORMATS,
     METHOD_FORMATS,
     detect,
-    infer_hparams,
     infer_resnet,
 )
 from e2mc.checkpoints.remote import PathOrState, load_file
@@ -73,7 +73,7 @@ def official_from_object(obj: Any, source: str | None, method: str | None, new_h
         return load_layout(det, source, new_heads, method_hparams)
     name = method or det.format
     state, unmapped = det.mapped()
-    hp = {**infer_hparams(det.format, state), **method_hparams}
+    hp = {**infer_hparams(det, state), **method_hparams}
     model = load_strict(lambda: rebuild(name, hp), state, det.format, det.to_file_key,
                         unmapped)
     return model, {"format": det.format, "epoch": det.epoch,  # type: ignore[return-value]
@@ -116,13 +116,14 @@ def save_checkpoint(path: str | os.PathLike[str], method: SSLMethod, **extra: An
     atomic_save(obj, path)
 
 
-def project_from_object(obj: dict[str, Any], source: str | None
-                        ) -> tuple[SSLMethod, dict[str, Any]]:
-    """:func:`load_checkpoint` of a loaded project checkpoint."""
+def project_from_object(obj: dict[str, Any], source: str | None,
+                        hparams: dict[str, Any] | None = None) -> tuple[SSLMethod, dict[str, Any]]:
+    """:func:`load_checkpoint` of a loaded project checkpoint; ``hparams``: a run's, which the
+    tensors must fit, instead of the file's."""
     if obj.get("version") != PROJECT_VERSION:
         raise ValueError(f"e2mc checkpoint version {obj.get('version')!r} is not supported "
                          f"(expected {PROJECT_VERSION})")
-    name, hp = obj["method"], obj["hparams"]
+    name, hp = obj["method"], obj["hparams"] if hparams is None else hparams
     model = load_strict(lambda: rebuild(name, hp), obj["model"], f"e2mc ({name})")
     info = {k: v for k, v in obj.items() if k != "model"}
     info["source"] = source

@@ -16,16 +16,16 @@ from e2mc.checkpoints.api import (
     load_backbone_into_method,
     load_checkpoint,
     official_from_object,
+    project_from_object,
     unwrap,
 )
 from e2mc.checkpoints.io import UntrustedCheckpointError, atomic_save, torch_load
 from e2mc.checkpoints.official import bare_backbone, is_state_dict, known_layout
 from e2mc.checkpoints.remote import PathOrState, is_url, load_file, local_checkpoint
-from e2mc.checkpoints.strict import load_strict, rebuild
 from e2mc.checkpoints.summary import recorded_image_size
 from e2mc.files import atomic_write_json, refuse_link, sha256_file
 from e2mc.methods.base import SSLMethod
-from e2mc.models import parse_backbone_name, timm_parts
+from e2mc.models import check_backbone_input, parse_backbone_name, timm_parts
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
@@ -63,14 +63,20 @@ def read_sidecar(path: str | os.PathLike[str] | None, obj: Any = None) -> dict[s
     return meta
 
 
-def check_exported_start(path: str | os.PathLike[str], **method_hparams: Any) -> None:
-    """:func:`exported_hparams` from the sidecar alone, before the data or the checkpoint are
-    read; anything but a local file with a sidecar passes."""
-    if is_url(path) or not Path(path).is_file():
+def check_model_input(cfg: Any, start: str | os.PathLike[str] | None) -> None:
+    """Before the data or any checkpoint is read: the backbone of ``cfg`` (a ``RunConfig``)
+    takes images of ``data.image_size``, and is the architecture the sidecar of an exported
+    starting backbone ``start`` records (:func:`exported_hparams`)."""
+    model = cfg.model
+    check_backbone_input(model.backbone, cfg.data.image_size, model.in_channels,
+                         model.small_images, option="--set data.image_size=N")
+    if start is None or is_url(start) or not Path(start).is_file():
         return
-    exported = read_sidecar(path)
+    exported = read_sidecar(start)
     if exported is not None:
-        exported_hparams(exported, method_hparams, os.fspath(path))
+        exported_hparams(exported, {"backbone": model.backbone, "small_images":
+                                    model.small_images, "in_channels": model.in_channels},
+                         os.fspath(start))
 
 
 def exported_arch(exported: dict[str, Any]) -> dict[str, Any]:
@@ -231,11 +237,9 @@ def load_start_model(path: PathOrState, method: str, trust: bool = False,
         if obj.get("method") != method:
             raise ValueError(f"{source or 'the checkpoint'} holds a {obj.get('method')!r} model; "
                              f"this run trains {method!r}")
-        model = load_strict(lambda: rebuild(method, method_hparams), obj["model"],
-                            f"e2mc ({method})")
-        info = {k: v for k, v in obj.items() if k != "model"}
-        info.update(source=source, optimizer_layout="project")
-        return model, info  # type: ignore[return-value]
+        model, info = project_from_object(obj, source, dict(method_hparams))
+        info.update(optimizer_layout="project")
+        return model, info
     exported = read_sidecar(local, obj)
     bare = bare_backbone(obj)
     if exported is not None:  # export-backbone's file: its sidecar names the architecture

@@ -63,14 +63,22 @@ def describe(state: dict[str, Any], part: str) -> str:
     return " ".join(f"{i}:{kind}" for i, kind in layers(state, part).items()) or "(none)"
 
 
-def infer_layout_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The method's constructor arguments read off the shapes (model names)."""
-    hp: dict[str, Any] = dict(infer_resnet(state, "backbone.") or {})
-    if not hp:
-        hp.update(_vit(det, state))
+def infer_hparams(det: Detected, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The constructor arguments of ``det.method`` read off the shapes (model names)."""
+    hp: dict[str, Any] = dict(infer_resnet(state, "backbone.") or {}) or _vit(det, state)
     proj, pred = linears(state, "projector"), linears(state, "predictor")
-    if det.method == "barlowtwins" and proj:
+    if det.method in ("vicreg", "barlowtwins") and proj:
         hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
+    elif det.method == "swav":
+        for key, name in (("projection_head.0.weight", "hidden_dim"),
+                          ("projection_head.3.weight", "output_dim"),
+                          ("prototypes.weight", "n_prototypes")):
+            if key in state:
+                hp[name] = int(state[key].shape[0])
+    elif det.method == "simsiam":
+        for key, name in (("projector.6.weight", "dim"), ("predictor.0.weight", "pred_dim")):
+            if key in state:
+                hp[name] = int(state[key].shape[0])
     elif det.method == "mocov3" and proj:
         hp.update(dim=int(proj[-1][1].shape[0]), projector_layers=len(proj))
         if len(proj) > 1:
@@ -157,7 +165,7 @@ def load_layout(det: Detected, source: str | None, new_heads: bool,
     name = det.method
     assert name is not None  # detect names it or refuses
     state, unmapped = det.mapped()
-    hp = {**infer_layout_hparams(det, state), **method_hparams}
+    hp = {**infer_hparams(det, state), **method_hparams}
     _backbone_known(det, hp, source)
     if det.format == "solo-learn" and hp.get("small_images"):
         warnings.warn("solo-learn's CIFAR stem pads its 3x3 conv1 by 2 pixels, e2mc's "

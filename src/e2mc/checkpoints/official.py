@@ -31,12 +31,12 @@ KEY_RULES: dict[str, list[tuple[str, str]]] = {
                 ("backbone.", "backbone."), ("projection_head.layers.", "projector."),
                 ("prediction_head.layers.", "predictor.")],
 }
-#: The methods some layout holds (``method=`` of :func:`detect`).
-METHOD_FORMATS = ("vicreg", "swav", "simsiam", "barlowtwins", "mocov3", "byol", "simclr")
+#: The methods each layout may hold, and all of them (``method=`` of :func:`detect`).
 LAYOUT_METHODS: dict[str, tuple[str, ...]] = {
     "vicreg": ("vicreg",), "swav": ("swav",), "simsiam": ("simsiam",),
     "barlowtwins": ("barlowtwins",), "mocov3": ("mocov3",),
     "solo-learn": ("byol", "simclr", "mocov3", "barlowtwins"), "lightly": ("byol", "simclr")}
+METHOD_FORMATS = tuple(dict.fromkeys(m for held in LAYOUT_METHODS.values() for m in held))
 #: The layouts :mod:`e2mc.checkpoints.layouts` loads (heads checked, teacher, optimizer order).
 LAYOUT_FORMATS = ("barlowtwins", "mocov3", "solo-learn", "lightly")
 #: Where a ResNet's torchvision names sit in ``nn.Sequential(*list(resnet.children())[:-1])``
@@ -147,8 +147,6 @@ def detect(obj: Any, method: str | None = None) -> Detected:
     else:
         raise ValueError(f"cannot tell the layout of this {container}: keys start "
                          f"{sorted({k.split('.')[0] for k in keys})[:10]}")
-    if method is not None and method not in METHOD_FORMATS:
-        raise ValueError(f"method must be one of {METHOD_FORMATS}, got {method!r}")
     held = None
     if fmt != "backbone":
         allowed = LAYOUT_METHODS[fmt]
@@ -269,24 +267,6 @@ def linears(state: dict[str, torch.Tensor], part: str) -> list[tuple[int, torch.
 def vit_depth(state: dict[str, torch.Tensor]) -> int:
     """The number of ``backbone.blocks.N`` of a ViT state dict."""
     return len({m.group(1) for k in state if (m := re.match(r"backbone\.blocks\.(\d+)\.", k))})
-
-
-def infer_hparams(fmt: str, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Constructor arguments read off the shapes (model names); explicit ones override them."""
-    hp: dict[str, Any] = dict(infer_resnet(model_sd, "backbone.") or {})
-    if fmt == "vicreg" and (proj := linears(model_sd, "projector")):
-        hp["projector"] = "-".join(str(int(w.shape[0])) for _, w in proj)
-    elif fmt == "swav":
-        for key, name in (("projection_head.0.weight", "hidden_dim"),
-                          ("projection_head.3.weight", "output_dim"),
-                          ("prototypes.weight", "n_prototypes")):
-            if key in model_sd:
-                hp[name] = int(model_sd[key].shape[0])
-    elif fmt == "simsiam":
-        for key, name in (("projector.6.weight", "dim"), ("predictor.0.weight", "pred_dim")):
-            if key in model_sd:
-                hp[name] = int(model_sd[key].shape[0])
-    return hp
 
 
 #: The converter's bottleneck layers (``net.K``) and torchvision's names for them.

@@ -99,11 +99,9 @@ def load_file(path_or_state: PathOrState, trust: bool) -> tuple[Any, str | None,
     first, a run directory stands for its model (:func:`checkpoint_of`)."""
     if isinstance(path_or_state, dict):
         return path_or_state, None, None
-    if is_url(path_or_state):
-        local = str(fetch(str(path_or_state)))
-        return torch_load(local, trust=trust), str(path_or_state), local
-    path = checkpoint_of(path_or_state)  # a run directory stands for its model (best.pt)
-    return torch_load(path, trust=trust), path, path
+    local = local_checkpoint(path_or_state)
+    source = str(path_or_state) if is_url(path_or_state) else local
+    return torch_load(local, trust=trust), source, local
 
 
 def checkpoint_of(path_or_run_dir: str | os.PathLike[str], last: bool = False) -> str:

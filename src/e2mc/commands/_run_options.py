@@ -22,7 +22,7 @@ def register_run_command(subparsers: argparse._SubParsersAction, mode: str, help
 def add_run_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     """The options shared by ``e2mc continue`` and ``e2mc pretrain``."""
     parser.add_argument("--config", required=True,
-                        help=f"preset name or YAML file; presets: {', '.join(_safe_presets())}")
+                        help=f"preset name or YAML file; presets: {', '.join(preset_names())}")
     parser.add_argument("--out", dest="run_dir", required=True, type=Path, metavar="DIR",
                         help="run directory (config.yaml, metrics.jsonl, checkpoints); running "
                              "the same command again resumes from its checkpoint")
@@ -118,6 +118,7 @@ def training_overrides(args: argparse.Namespace) -> list[str]:
 
 def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
     """Preset + ``--set`` + the options, validated; ``--seed`` must agree with the ``--set``."""
+    from e2mc.checkpoints import check_model_input
     from e2mc.errors import InputError
 
     seed = getattr(args, "seed", None)
@@ -139,22 +140,8 @@ def config_from_args(args: argparse.Namespace, mode: str) -> RunConfig:
     if seed is not None and cfg.training.seed != seed:
         raise InputError(f"--seed {seed} and --set training.seed={cfg.training.seed} disagree; "
                          "give the training seed once")
-    check_model_input(cfg)
+    check_model_input(cfg, cfg.init.checkpoint)
     return cfg
-
-
-def check_model_input(cfg: RunConfig) -> None:
-    """The backbone takes images of ``data.image_size`` and is the architecture of an exported
-    starting backbone, else exit 2, before the data or any checkpoint is read."""
-    from e2mc.checkpoints import check_exported_start
-    from e2mc.models import check_backbone_input
-
-    check_backbone_input(cfg.model.backbone, cfg.data.image_size, cfg.model.in_channels,
-                         cfg.model.small_images, option="--set data.image_size=N")
-    if cfg.init.checkpoint is not None:
-        check_exported_start(cfg.init.checkpoint, backbone=cfg.model.backbone,
-                             small_images=cfg.model.small_images,
-                             in_channels=cfg.model.in_channels)
 
 
 def run_command(args: argparse.Namespace, mode: str) -> int:
@@ -207,10 +194,3 @@ def _destroy_process_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _safe_presets() -> list[str]:
-    try:
-        return preset_names()
-    except (FileNotFoundError, ModuleNotFoundError):  # pragma: no cover - broken install
-        return []

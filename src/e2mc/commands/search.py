@@ -88,14 +88,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _seeds(text: str) -> list[int]:
-    from e2mc.config import comma_list
+    from e2mc.config.fields import check_distinct, comma_list
 
     try:
         seeds = comma_list(text, int)
     except ValueError:
         raise ValueError(f"--confirm takes comma-separated integer seeds, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--confirm seeds must be distinct, got {text!r}")
-    if min(seeds) < 0:  # checked before the first trial, not after the last
-        raise ValueError(f"--confirm seeds are training seeds, integers >= 0; got {text!r}")
+    check_distinct("--confirm seeds", seeds, lambda s: s >= 0,  # before the first trial runs
+                   "training seeds, integers >= 0")
     return seeds

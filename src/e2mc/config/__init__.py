@@ -1,10 +1,6 @@
-"""Typed run configuration: dataclasses loaded from YAML presets with ``key.sub=value`` overrides.
-
-:mod:`~e2mc.config.schema` (the dataclasses and their checks), :mod:`~e2mc.config.fields` (typed
-parsers: lists, metric and signal names, strict YAML, ``params`` against a signature) and
-:mod:`~e2mc.config.presets` (presets, ``base:`` chains, overrides, differences). Values are
-converted by OmegaConf's structured config of :class:`RunConfig`; an unknown key is a
-:class:`ValueError` naming it."""
+"""Typed run configuration (:class:`RunConfig`): presets and YAML files with their ``base:``
+chains and ``key.sub=value`` overrides, converted by OmegaConf's structured config; an unknown
+key or a bad value is a one-line :class:`ValueError` naming it."""
 
 from e2mc.config.fields import (
     comma_list,

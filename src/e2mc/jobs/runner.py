@@ -6,7 +6,6 @@ and checks how each ended (docs/search.md)."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -117,7 +116,9 @@ class JobRunner:
         job = submitit.LocalJob(folder, job_id)
         if _task0(job).paths.result_pickle.exists():  # it ended (its process may linger)
             return None
-        t = _Tracked(work, job_id, job, job.paths.stderr, foreign=_controller(entry, job_id))
+        controller = entry.get("controller")  # (none recorded: its directory's lock decides)
+        t = _Tracked(work, job_id, job, job.paths.stderr,
+                     foreign=controller if isinstance(controller, dict) else {})
         return None if self._state(t) == "ended" else t
 
     def _look_up(self, job_ids: Sequence[str]) -> None:
@@ -360,14 +361,6 @@ def _read(path: str | Path) -> str:
         return Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def _controller(entry: dict[str, Any], job_id: str) -> dict[str, Any]:
-    """A recorded local job's controller (an older jobs.json: the pid on this host)."""
-    identity = entry.get("controller")
-    if isinstance(identity, dict) and "pid" in identity:
-        return identity
-    return {"pid": int(job_id), "host": socket.gethostname()}
 
 
 def _local_controller_alive(identity: dict[str, Any]) -> bool:

@@ -4,7 +4,6 @@ facebookresearch/barlowtwins repository."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -12,7 +11,7 @@ from torch import nn
 from e2mc.distributed import gather_with_grad
 from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
-from e2mc.methods.heads import barlowtwins_projector, parse_mlp_spec
+from e2mc.methods.heads import mlp, parse_mlp_spec
 from e2mc.methods.vicreg import LARSPreset
 from e2mc.ranges import Widths, at_least
 
@@ -59,10 +58,11 @@ class BarlowTwins(LARSPreset):
         super().__init__()
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
-        self.projector = barlowtwins_projector(self.feature_dim, projector)
-        self.bn = nn.BatchNorm1d(parse_mlp_spec(projector)[-1], affine=False)
+        widths = parse_mlp_spec(projector)
+        self.projector = mlp([self.feature_dim, *widths], hidden_bias=False)
+        self.bn = nn.BatchNorm1d(widths[-1], affine=False)
         self.lambd = float(lambd)
-        self.hparams: dict[str, Any] = {**bb_hparams, "projector": projector, "lambd": lambd}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "Barlow Twins")

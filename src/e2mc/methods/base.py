@@ -58,6 +58,7 @@ class SSLMethod(nn.Module):
 
     backbone: nn.Module
     feature_dim: int
+    hparams: dict[str, Any]
 
     collapse: CollapseValue | None = None  # the base loss on a collapsed model, if known
 
@@ -71,7 +72,16 @@ class SSLMethod(nn.Module):
         super().__init_subclass__(**kwargs)
         for name, table in (("__init__", "param_ranges"), ("build_optimizer", "optimizer_ranges")):
             if name in vars(cls):
-                setattr(cls, name, checked(vars(cls)[name], table, skip=nn.Module))
+                keep = "_arguments" if name == "__init__" else None
+                setattr(cls, name, checked(vars(cls)[name], table, skip=nn.Module, keep=keep))
+
+    def record_hparams(self, backbone: dict[str, Any], **resolved: Any) -> None:
+        """``self.hparams``, what rebuilds the model: the constructor's arguments, defaults
+        included, with the backbone's as :func:`~e2mc.methods.common.resolve_backbone` gives
+        them and ``resolved`` (a default the constructor resolved, a tuple as a list)."""
+        given = {k: v for k, v in self.__dict__.pop("_arguments").items()
+                 if k not in ("backbone", "small_images", "in_channels", "feature_dim")}
+        self.hparams = {**backbone, **given, **resolved}
 
     @classmethod
     def collapse_value(cls, hparams: Mapping[str, Any] | None = None) -> CollapseValue | None:

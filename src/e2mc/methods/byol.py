@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +11,7 @@ from torch import nn
 from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.ema import MOMENTUM_SCHEDULES, EMAMethod
-from e2mc.methods.heads import byol_mlp
+from e2mc.methods.heads import mlp
 from e2mc.methods.vicreg import LARSPreset
 from e2mc.ranges import OneOf, at_least, between
 
@@ -27,10 +26,11 @@ def byol_loss(p1: torch.Tensor, p2: torch.Tensor, t1: torch.Tensor, t2: torch.Te
 
 
 class BYOL(EMAMethod, LARSPreset):
-    """BYOL: online ``backbone``, ``projector`` and ``predictor`` (:func:`byol_mlp`;
-    ``pred_hidden_dim``: the predictor's hidden width when it differs, as in some of solo-learn's
-    runs), target ``teacher.backbone`` and ``teacher.projector``. The add-on gets the online
-    projector outputs (before the predictor; the loss normalises them: hypersphere)."""
+    """BYOL: online ``backbone``, ``projector`` and ``predictor`` (Linear, BN, ReLU, Linear;
+    ``hidden_bias=False``: the first Linear without bias, lightly's; ``pred_hidden_dim``: the
+    predictor's hidden width when it differs, as in some of solo-learn's runs), target
+    ``teacher.backbone`` and ``teacher.projector``. The add-on gets the online projector outputs
+    (before the predictor; the loss normalises them: hypersphere)."""
 
     name = "byol"
     view_recipe = "vicreg"  # BYOL's own asymmetric augmentations
@@ -51,13 +51,10 @@ class BYOL(EMAMethod, LARSPreset):
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
         pred_hidden = hidden_dim if pred_hidden_dim is None else pred_hidden_dim
-        self.projector = byol_mlp(self.feature_dim, hidden_dim, dim, hidden_bias)
-        self.predictor = byol_mlp(dim, pred_hidden, dim, hidden_bias)
+        self.projector = mlp([self.feature_dim, hidden_dim, dim], hidden_bias, last_bias=True)
+        self.predictor = mlp([dim, pred_hidden, dim], hidden_bias, last_bias=True)
         self.init_teacher(momentum, momentum_schedule)
-        self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden_dim, "dim": dim,
-                                        "momentum": momentum, "pred_hidden_dim": pred_hidden,
-                                        "hidden_bias": hidden_bias,
-                                        "momentum_schedule": momentum_schedule}
+        self.record_hparams(bb_hparams, pred_hidden_dim=pred_hidden)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "BYOL")

@@ -5,7 +5,6 @@ and EMA teacher with the DINO head, centering, teacher temperature schedule, mul
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -110,16 +109,7 @@ class DINO(EMAMethod):
         self.freeze_last_layer, self.clip_grad = freeze_last_layer, clip_grad
         self.epoch = 0
         self.init_teacher(momentum, momentum_schedule)
-        self.hparams: dict[str, Any] = {
-            **bb_hparams, "out_dim": out_dim, "hidden_dim": hidden_dim,
-            "bottleneck_dim": bottleneck_dim, "nlayers": nlayers,
-            "use_bn_in_head": use_bn_in_head, "norm_last_layer": norm_last_layer,
-            "momentum": momentum, "teacher_temp": teacher_temp,
-            "warmup_teacher_temp": warmup_teacher_temp,
-            "warmup_teacher_temp_epochs": warmup_teacher_temp_epochs,
-            "student_temp": student_temp, "center_momentum": center_momentum,
-            "freeze_last_layer": freeze_last_layer, "clip_grad": clip_grad,
-            "momentum_schedule": momentum_schedule}
+        self.record_hparams(bb_hparams)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch (counting the base model's) picks the teacher temperature and whether the

@@ -40,12 +40,7 @@ class EMAMethod(SSLMethod):
         ``__init__``). ``schedule``: ``constant`` (``momentum`` at every step) or ``cosine``
         (the official BYOL, MoCo v3 and DINO runs: from ``momentum`` at the run's first step to
         1 at its end, ``1 - (1 - momentum) (cos(pi t / T) + 1) / 2``, over the run's steps
-        :meth:`set_run_length` gives)."""
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"the EMA momentum must be in [0, 1], got {momentum}")
-        if schedule not in MOMENTUM_SCHEDULES:
-            raise ValueError(f"momentum_schedule must be one of {', '.join(MOMENTUM_SCHEDULES)}, "
-                             f"got {schedule!r}")
+        :meth:`set_run_length` gives). Both are checked by the subclass's ``param_ranges``."""
         self.momentum, self.momentum_schedule = float(momentum), schedule
         self._run: tuple[int, int] | None = None
         self.teacher = nn.ModuleDict({name: copy.deepcopy(getattr(self, name)).requires_grad_(False)

@@ -35,35 +35,9 @@ def vicreg_projector(in_dim: int, spec: str) -> nn.Sequential:
     return mlp([in_dim, *parse_mlp_spec(spec)])
 
 
-def barlowtwins_projector(in_dim: int, spec: str) -> nn.Sequential:
-    """Barlow Twins' ``projector``: every Linear without bias."""
-    return mlp([in_dim, *parse_mlp_spec(spec)], hidden_bias=False)
-
-
-def swav_projection_head(in_dim: int, hidden_dim: int, output_dim: int) -> nn.Sequential:
-    """SwAV's ``projection_head``: Linear, BatchNorm1d, ReLU, Linear (indices 0,1,3)."""
-    return mlp([in_dim, hidden_dim, output_dim], last_bias=True)
-
-
-def simsiam_projector(in_dim: int, dim: int) -> nn.Sequential:
-    """SimSiam's projector (``encoder.fc``): two hidden layers of width ``in_dim`` without bias,
-    a Linear whose bias is frozen (the official "hack": it is followed by BN), and
-    ``BatchNorm1d(dim, affine=False)``; indices 0,1,3,4,6,7."""
-    head = mlp([in_dim, in_dim, in_dim, dim], hidden_bias=False, last_bias=True, last_bn=True)
-    head[6].bias.requires_grad_(False)
-    return head
-
-
 def simsiam_predictor(dim: int, pred_dim: int) -> nn.Sequential:
     """SimSiam's predictor: Linear no bias, BN, ReLU, Linear (indices 0,1,3)."""
     return mlp([dim, pred_dim, dim], hidden_bias=False, last_bias=True)
-
-
-def byol_mlp(in_dim: int, hidden_dim: int, out_dim: int, hidden_bias: bool = True
-             ) -> nn.Sequential:
-    """BYOL's projector and predictor: Linear, BN, ReLU, Linear (indices 0,1,3);
-    ``hidden_bias=False``: the first Linear without bias (lightly's ``BYOLProjectionHead``)."""
-    return mlp([in_dim, hidden_dim, out_dim], hidden_bias, last_bias=True)
 
 
 def moco_mlp(num_layers: int, in_dim: int, mlp_dim: int, out_dim: int,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -82,11 +81,7 @@ class MoCoV3(EMAMethod):
         self.predictor = moco_mlp(2, dim, mlp_dim, dim, last_bn=predictor_last_bn)
         self.temperature = float(temperature)
         self.init_teacher(momentum, momentum_schedule)
-        self.hparams: dict[str, Any] = {
-            **bb_hparams, "dim": dim, "mlp_dim": mlp_dim, "projector_layers": projector_layers,
-            "predictor_last_bn": predictor_last_bn, "temperature": temperature,
-            "momentum": momentum, "momentum_schedule": momentum_schedule,
-            "frozen_patch_embedding": frozen_patch_embedding}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "MoCo v3")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from e2mc.distributed import gather_with_grad, rank
-from e2mc.methods.base import CollapseValue, MethodOutput
+from e2mc.methods.base import MethodOutput
 from e2mc.methods.common import check_views, resolve_backbone
 from e2mc.methods.heads import moco_mlp
 from e2mc.methods.vicreg import LARSPreset
@@ -53,10 +52,7 @@ class SimCLR(LARSPreset):
     compact_space = "hypersphere"
     param_ranges = {"hidden_dim": at_least(1),  # None: the backbone's feature size
                     "dim": at_least(1), "temperature": above(0), "feature_dim": at_least(1)}
-
-    @classmethod
-    def collapse_value(cls, hparams: Any = None) -> CollapseValue | None:
-        return None  # ln(2N - 1) depends on the global batch, not on the model
+    # no collapse value: a collapsed model's loss, ln(2N - 1), depends on the global batch
 
     def __init__(self, backbone: str | nn.Module = "resnet50", small_images: bool = False,
                  in_channels: int = 3, hidden_dim: int | None = None, dim: int = 128,
@@ -67,8 +63,7 @@ class SimCLR(LARSPreset):
         hidden = self.feature_dim if hidden_dim is None else hidden_dim
         self.projector = moco_mlp(2, self.feature_dim, hidden, dim)
         self.temperature = float(temperature)
-        self.hparams: dict[str, Any] = {**bb_hparams, "hidden_dim": hidden, "dim": dim,
-                                        "temperature": temperature}
+        self.record_hparams(bb_hparams, hidden_dim=hidden)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimCLR")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +10,7 @@ from torch import nn
 
 from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
-from e2mc.methods.heads import simsiam_predictor, simsiam_projector
+from e2mc.methods.heads import mlp, simsiam_predictor
 from e2mc.ranges import above, at_least, between
 
 
@@ -35,7 +34,9 @@ def sgd_with_predictor_group(method: nn.Module, lr: float, weight_decay: float,
 
 
 class SimSiam(SSLMethod):
-    """SimSiam: backbone + projector (official ``encoder.fc`` layout) + predictor.
+    """SimSiam: backbone + projector (official ``encoder.fc`` layout: two hidden layers of the
+    backbone's width without bias, a Linear whose bias is frozen, ``BatchNorm1d(dim,
+    affine=False)``; indices 0,1,3,4,6,7) + predictor.
 
     The add-on gets the projector outputs ``z1, z2`` (before the predictor, not detached).
     """
@@ -55,11 +56,12 @@ class SimSiam(SSLMethod):
         super().__init__()
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
-        self.projector = simsiam_projector(self.feature_dim, dim)
+        d = self.feature_dim
+        self.projector = mlp([d, d, d, dim], hidden_bias=False, last_bias=True, last_bn=True)
+        self.projector[6].bias.requires_grad_(False)  # the official "hack": BN follows it
         self.predictor = simsiam_predictor(dim, pred_dim)
         self.predictor_lr = predictor_lr
-        self.hparams: dict[str, Any] = {**bb_hparams, "dim": dim, "pred_dim": pred_dim,
-                                        "predictor_lr": predictor_lr}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "SimSiam")

@@ -13,7 +13,7 @@ from torch import nn
 from e2mc.distributed import all_reduce_sum, world_size
 from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, multicrop_features, resolve_backbone
-from e2mc.methods.heads import swav_projection_head
+from e2mc.methods.heads import mlp
 from e2mc.optim import LARC, LARC_TRUST
 from e2mc.ranges import Each, IndicesOf, above, at_least, between
 
@@ -79,7 +79,7 @@ class SwAV(SSLMethod):
         super().__init__()
         self.backbone, self.feature_dim, bb_hparams = resolve_backbone(
             backbone, small_images, in_channels, feature_dim)
-        self.projection_head = swav_projection_head(self.feature_dim, hidden_dim, output_dim)
+        self.projection_head = mlp([self.feature_dim, hidden_dim, output_dim], last_bias=True)
         self.prototypes = nn.Linear(output_dim, n_prototypes, bias=False)
         self.temperature, self.epsilon = temperature, epsilon
         self.sinkhorn_iterations = sinkhorn_iterations
@@ -89,13 +89,8 @@ class SwAV(SSLMethod):
         self.n_crops = tuple(int(c) for c in n_crops)
         self.queue: torch.Tensor | None = None
         self.use_the_queue = False
-        self.hparams: dict[str, Any] = {
-            **bb_hparams, "hidden_dim": hidden_dim, "output_dim": output_dim,
-            "n_prototypes": n_prototypes, "temperature": temperature, "epsilon": epsilon,
-            "sinkhorn_iterations": sinkhorn_iterations,
-            "freeze_prototypes_iters": freeze_prototypes_iters, "queue_length": queue_length,
-            "queue_start_epoch": queue_start_epoch, "crops_for_assign": list(self.crops_for_assign),
-            "n_crops": list(self.n_crops)}
+        self.record_hparams(bb_hparams, crops_for_assign=list(self.crops_for_assign),
+                            n_crops=list(self.n_crops))
 
     def set_epoch(self, epoch: int) -> None:
         """Create the queue (length ``queue_length // world_size`` on this process) at

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from e2mc.criterion import covariance_penalty
+from e2mc.criterion import covariance_penalty, vicreg_variance
 from e2mc.distributed import gather_with_grad
 from e2mc.methods.base import CollapseValue, MethodOutput, SSLMethod
 from e2mc.methods.common import check_views, resolve_backbone
@@ -42,9 +42,7 @@ def vicreg_loss(x: torch.Tensor, y: torch.Tensor, sim_coeff: float = 25.0,
         raise ValueError("VICReg's variance and covariance need a batch of at least 2")
     x = x - x.mean(dim=0)
     y = y - y.mean(dim=0)
-    std_x = torch.sqrt(x.var(dim=0) + 0.0001)
-    std_y = torch.sqrt(y.var(dim=0) + 0.0001)
-    std_loss = torch.mean(F.relu(1 - std_x)) / 2 + torch.mean(F.relu(1 - std_y)) / 2
+    std_loss = vicreg_variance(x) / 2 + vicreg_variance(y) / 2
     cov_loss = covariance_penalty(x) + covariance_penalty(y)  # Gram path when n < d
     loss = sim_coeff * repr_loss + std_coeff * std_loss + cov_coeff * cov_loss
     terms = {"invariance": repr_loss.detach(), "variance": std_loss.detach(),
@@ -99,9 +97,7 @@ class VICReg(LARSPreset):
             backbone, small_images, in_channels, feature_dim)
         self.projector = vicreg_projector(self.feature_dim, projector)
         self.sim_coeff, self.std_coeff, self.cov_coeff = sim_coeff, std_coeff, cov_coeff
-        self.hparams: dict[str, Any] = {**bb_hparams, "projector": projector,
-                                        "sim_coeff": sim_coeff, "std_coeff": std_coeff,
-                                        "cov_coeff": cov_coeff}
+        self.record_hparams(bb_hparams)
 
     def forward(self, views: Sequence[torch.Tensor]) -> MethodOutput:
         check_views(views, 2, "VICReg")

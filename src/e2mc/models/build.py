@@ -262,13 +262,14 @@ def _hf_backbone(repo: str, in_channels: int) -> tuple[nn.Module, int]:
     return HFBackbone(model), int(dim)
 
 
+@functools.lru_cache(maxsize=32)
 def classifier_keys(name: str) -> frozenset[str]:
     """The state-dict keys of the classifier :func:`build_backbone` drops from the model
     ``name`` (empty for the package's own backbones and Hugging Face models)."""
     source, model_name, _ = parse_backbone_name(name)
     if source == "hf" or model_name in SMALL_CNNS or model_name in SMALL_VITS:
         return frozenset()
-    return _classifier_keys(source, model_name)
+    return build_on_meta(lambda: _built_classifier_keys(source, model_name))
 
 
 def build_on_meta(build: Callable[[], Any]) -> Any:
@@ -279,11 +280,6 @@ def build_on_meta(build: Callable[[], Any]) -> Any:
             return build()
     except NotImplementedError:  # "Cannot copy out of meta tensor": built for real
         return build()
-
-
-@functools.lru_cache(maxsize=32)
-def _classifier_keys(source: str, model_name: str) -> frozenset[str]:
-    return build_on_meta(lambda: _built_classifier_keys(source, model_name))
 
 
 def _built_classifier_keys(source: str, model_name: str) -> frozenset[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +108,8 @@ class SearchSpec:
         self.rule = RULE.format(metric=self.metric)
 
     def identity(self) -> dict[str, Any]:
-        return {"config": self.config, "checkpoint_sha256": self.checkpoint_sha256,
-                "data": self.data, "val_split": self.val_split, "seed": self.seed,
-                "metric": self.metric, "common": self.common, "rule": self.rule,
-                "data_identity": self.data_identity}
+        """What a search directory records and must match: all but the path and the trials."""
+        return {k: v for k, v in asdict(self).items() if k not in ("checkpoint", "trials")}
 
 
 def make_spec(config: str, checkpoint: str, data: str, val_split: float, seed: int,
@@ -129,14 +127,9 @@ def make_spec(config: str, checkpoint: str, data: str, val_split: float, seed: i
     from e2mc.training.build import training_images
 
     cfg = load_config(config, [*common, f"data.val_split={val_split}", f"data.dataset={data}"])
-    from e2mc.checkpoints import check_exported_start
-    from e2mc.models import check_backbone_input
+    from e2mc.checkpoints import check_model_input
 
-    # before any run: the model takes the images, and is the architecture of an exported start
-    check_backbone_input(cfg.model.backbone, cfg.data.image_size, cfg.model.in_channels,
-                         cfg.model.small_images, option="--set data.image_size=N")
-    check_exported_start(path, backbone=cfg.model.backbone, small_images=cfg.model.small_images,
-                         in_channels=cfg.model.in_channels)
+    check_model_input(cfg, path)  # before any run
     return SearchSpec(config=config, checkpoint=str(path.resolve()),
                       checkpoint_sha256=sha256_file(path), data=data, val_split=val_split,
                       seed=seed, metric=resolve_metric(metric, cfg.monitor.fractions),
