@@ -214,13 +214,11 @@ def run_evaluation(
                                     val_fraction=options.val_fraction, subsets=subsets,
                                     device=device)
             for entry in sweep:
-                chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
-                subset = (_subset("file", chosen) if chosen is not None else _subset(
-                    "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
                 entries.append({
                     **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
                                    test_y, options.report, generation),
-                    "subset": subset,
+                    "subset": _subset("file" if entry.fraction in subsets else "stratified",
+                                      entry.rows),
                     "config": {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay},
                     **({"selection": entry.selection} if entry.selection is not None else {})})
             timings["linear"] = time.perf_counter() - s
