@@ -121,31 +121,14 @@ class Comparison:
 def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                  n_resamples: int = 10_000, seed: int = 0, floor: str | None = None,
                  floor_name: str = "random init", allow_mismatch: bool = False) -> Comparison:
-    """Table of mean ± SE (each column's primary metric) and paired tests of every run
-    against the first on the same (column, seed) test predictions.
-
-    Each tested (run, column) gets one :class:`Verdict` (``Comparison.verdicts``) by
-    :data:`RULE`: :func:`~e2mc.evaluation.significance.pooled_permutation_test` over its matched
-    seeds gives the p-value of both its word (BETTER / WORSE) and its cell's mark (``▲`` /
-    ``▼``, doubled at 0.01).
-
-    The names (``names``, else the directories' own, :func:`evaluation_names`) are kept as
-    :func:`e2mc.files.display_name` shows them (a byte that is not UTF-8 as ``\\xff``), so the
-    table, the files, the page and the chart all show the same text.
-
-    ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
-    RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
-    first row, ``floor_name``, shown for scale and tested against nothing.
-
-    Runs (and the floor) that differ from the first in the probes' training images or labels
-    (or a labelled subset), image size, report kind (``eval --report``), a column's primary
-    metric, a protocol's label fractions or a column's label seeds are refused
-    (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
-    primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
-    test (no seed in common with the reference, no saved predictions) is listed in
-    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant. A
-    recorded top-1 that its saved predictions do not score is refused (:func:`check_value`).
-    """
+    """Every run against the first on the same (column, seed) test predictions: the table of
+    mean ± SE (each cell its run's primary metric), one :class:`Verdict` per tested (run,
+    column) by :data:`RULE`, the flags. ``names`` (default :func:`evaluation_names`) are shown
+    as :func:`e2mc.files.display_name` writes them. ``floor``: the evaluation of a random-init
+    model, the first row ``floor_name``, tested against nothing. Runs evaluated differently
+    (:func:`~e2mc.evaluation.pairing.differences`) are an ``InputError`` unless
+    ``allow_mismatch`` (then listed in ``mismatches``); other test images, or a recorded top-1
+    its saved predictions do not score, always are. docs/evaluation.md says it all."""
     if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
     runs = [EvalDir(d).load() for d in eval_dirs]
@@ -176,14 +159,17 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                          f"differently: {shown}. Pass --allow-mismatch (allow_mismatch=True) "
                          "to compare them anyway")
     mismatches = [f"{name} against {names[0]}: {'; '.join(diffs)}" for name, diffs in differing]
-    # no verdict where the run or the reference is at or near chance
-    at_chance = [chance_columns(run) for run in runs]
+    base, base_chance = runs[0], chance_columns(runs[0])
+    shown_runs = [*([(floor_name, floor_run)] if floor_run is not None else []),
+                  *zip(names, runs, strict=True)]
     cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
     untested: dict[str, dict[str, str]] = {}
     tests: list[dict[str, Any]] = []
     verdicts: list[Verdict] = []
-    base = runs[0]
-    for name, run, own_chance in zip(names, runs, at_chance, strict=True):
+    for name, run in shown_runs:
+        tested = run is not base and run is not floor_run
+        # no verdict where the run or the reference is at or near chance
+        unjudged = chance_columns(run) + base_chance if tested else []
         cells[name] = {}
         for column in columns:
             entries = run.column(column)
@@ -191,7 +177,7 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                 continue
             mean, se = mean_se([e.value for e in entries])  # each run's own primary metric
             verdict = None
-            if run is not base:
+            if tested:
                 matched, rows = [], []
                 for ref, e in matched_entries(base, run, column):
                     matched.append(correctness(base, ref, run, e))
@@ -203,30 +189,23 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                 tests += rows
                 if matched:
                     verdict = _verdict(name, column, matched, rows, n_resamples, seed,
-                                       judged=column not in own_chance + at_chance[0])
+                                       judged=column not in unjudged)
                     verdicts.append(verdict)
                 else:
                     untested.setdefault(name, {})[column] = _why_untested(
                         base, run, column, names[0])
             cells[name][column] = (mean, se, verdict.mark if verdict else "")
-    shown_runs = list(zip(names, runs, strict=True))
-    if floor_run is not None:
-        floor_cells = {}
+    used: dict[str, dict[str, list[str]]] = {c: {} for c in columns}  # column: primary: runs
+    for name, run in shown_runs:
         for column in columns:
-            entries = floor_run.column(column)
-            if entries:
-                mean, se = mean_se([e.value for e in entries])
-                floor_cells[column] = (mean, se, "")
-        cells = {floor_name: floor_cells, **cells}
-        names = [floor_name, *names]
-        shown_runs.insert(0, (floor_name, floor_run))
-    return Comparison(runs=names, columns=columns, cells=cells, tests=tests,
-                      metric_note=_metric_note(columns, shown_runs), verdicts=verdicts,
+            for primary in dict.fromkeys(e.primary for e in run.column(column)):
+                used[column].setdefault(primary, []).append(name)
+    note = "; ".join(f"{c}: " + (next(iter(u)) if len(u) == 1 else ", ".join(
+        f"{p} ({', '.join(n)})" for p, n in u.items())) for c, u in used.items())
+    return Comparison(runs=[n for n, _ in shown_runs], columns=columns, cells=cells,
+                      tests=tests, metric_note=note, verdicts=verdicts,
                       floor=floor_name if floor is not None else None, untested=untested,
-                      mismatches=mismatches,
-                      primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
-                                                       for e in r.column(c)))
-                                 for c in columns},
+                      mismatches=mismatches, primaries={c: list(u) for c, u in used.items()},
                       flags=comparison_flags(*zip(*shown_runs, strict=True)))
 
 
@@ -251,22 +230,6 @@ def _why_untested(base: EvalResults, run: EvalResults, column: str, base_name: s
     return "no saved predictions"
 
 
-def _metric_note(columns: list[str], runs: list[tuple[str, EvalResults]]) -> str:
-    """``column: primary`` per column; ``column: p1 (a), p2 (b)`` where the runs differ."""
-    parts = []
-    for column in columns:
-        by_primary: dict[str, list[str]] = {}
-        for name, run in runs:
-            for primary in dict.fromkeys(e.primary for e in run.column(column)):
-                by_primary.setdefault(primary, []).append(name)
-        if len(by_primary) == 1:
-            parts.append(f"{column}: {next(iter(by_primary))}")
-        else:
-            parts.append(f"{column}: " + ", ".join(f"{p} ({', '.join(n)})"
-                                                   for p, n in by_primary.items()))
-    return "; ".join(parts)
-
-
 def evaluation_names(eval_dirs: list[str]) -> list[str]:
     """Short unique names for evaluation directories: the folder name, with as many parent
     folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
@@ -279,17 +242,12 @@ def evaluation_names(eval_dirs: list[str]) -> list[str]:
         depth += 1
 
 
-def _paired_difference(ca: np.ndarray, cb: np.ndarray) -> float:
-    """The run's top-1 minus the reference's, in points (the sign every mark and verdict
-    uses)."""
-    return 100 * float(ca.mean() - cb.mean())
-
-
 def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
                  ) -> dict[str, Any]:
     mc = mcnemar_test(ca, cb)
     low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
-    return {"difference": _paired_difference(ca, cb), "n10": mc.n10, "n01": mc.n01,
+    # the run's top-1 minus the reference's, in points (the sign every mark and verdict uses)
+    return {"difference": 100 * float(ca.mean() - cb.mean()), "n10": mc.n10, "n01": mc.n01,
             "mcnemar_stat": mc.statistic, "mcnemar_p": mc.p_value, "mcnemar_method": mc.method,
             "permutation_p": paired_permutation_test(ca, cb, n_resamples, seed),
             "cohens_d": cohens_d_paired(ca, cb), "ci95_low": 100 * low, "ci95_high": 100 * high}
