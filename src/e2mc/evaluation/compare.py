@@ -22,13 +22,7 @@ from e2mc.evaluation.pairing import (
     matched_entries,
 )
 from e2mc.evaluation.sanity import chance_columns, comparison_flags
-from e2mc.evaluation.significance import (
-    bootstrap_difference_ci,
-    cohens_d_paired,
-    mcnemar_test,
-    paired_permutation_test,
-    pooled_permutation_test,
-)
+from e2mc.evaluation.significance import paired_tests, pooled_permutation_test
 from e2mc.files import display_name
 
 #: Significance marks with their direction: the run is better (worse) than the reference.
@@ -184,7 +178,7 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                     for r, entry, correct in ((run, e, matched[-1][0]),
                                               (base, ref, matched[-1][1])):
                         check_value(r, entry, correct)  # the table's number is the tests'
-                    rows.append(_paired_test(*matched[-1], n_resamples, seed))
+                    rows.append(paired_tests(*matched[-1], n_resamples, seed))
                     rows[-1].update(run=name, reference=names[0], column=column, seed=e.seed)
                 tests += rows
                 if matched:
@@ -240,16 +234,3 @@ def evaluation_names(eval_dirs: list[str]) -> list[str]:
         if len(set(names)) == len(names) or depth >= max(len(p) for p in parts):
             return names
         depth += 1
-
-
-def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
-                 ) -> dict[str, Any]:
-    mc = mcnemar_test(ca, cb)
-    low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
-    # the run's top-1 minus the reference's, in points (the sign every mark and verdict uses)
-    return {"difference": 100 * float(ca.mean() - cb.mean()), "n10": mc.n10, "n01": mc.n01,
-            "mcnemar_stat": mc.statistic, "mcnemar_p": mc.p_value, "mcnemar_method": mc.method,
-            "permutation_p": paired_permutation_test(ca, cb, n_resamples, seed),
-            "cohens_d": cohens_d_paired(ca, cb), "ci95_low": 100 * low, "ci95_high": 100 * high}
-
-
