@@ -161,14 +161,17 @@ def _same_weights_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> li
 
 
 def _grid_edge_flag(name: str, run: EvalResults) -> str | None:
+    from e2mc.data.subsets import fraction_label
+
     settings = (run.info.get("settings") or {}).get("linear") or {}
     edges: dict[str, list[str]] = {}
     probes = 0
     for entry in run.entries:
         config = entry.extra.get("config")  # the chosen lr and weight decay
-        grid_of = settings.get(_fraction_key(entry, settings)) or {}
         if entry.protocol != "linear" or not isinstance(config, dict):
             continue
+        grid_of = (settings.get(fraction_label(entry.fraction)) if entry.fraction is not None
+                   else None) or {}
         probes += 1
         for key, grid_key in (("lr", "lr_grid"), ("weight_decay", "wd_grid")):
             grid = [float(v) for v in grid_of.get(grid_key) or []]
@@ -184,16 +187,6 @@ def _grid_edge_flag(name: str, run: EvalResults) -> str | None:
                      f"{probes} probes" for what, cols in edges.items())
     return (f"{name}'s linear probes chose {said}: the best value may lie beyond the grid; "
             "widen --lr-grid / --wd-grid")
-
-
-def _fraction_key(entry: Any, settings: dict[str, Any]) -> str | None:
-    """The key of ``settings['linear']`` for the entry's label fraction (``1%``, ``100%``)."""
-    from e2mc.data.subsets import fraction_label
-
-    if entry.fraction is None:
-        return None
-    key = fraction_label(entry.fraction)
-    return key if key in settings else None
 
 
 def _checkpoint_info(run: EvalResults) -> dict[str, Any]:
