@@ -19,22 +19,6 @@ _CHART_X = {"linear": "labels used", "linear-aug": "labels used", "finetune": "l
 _FONT = 13
 
 
-def _groups(columns: list[str]) -> dict[str, list[str]]:
-    """Columns grouped by protocol (the text before the first space: ``linear 1%`` ->
-    ``linear``), in the order they first appear."""
-    groups: dict[str, list[str]] = {}
-    for column in columns:
-        groups.setdefault(column.split(" ", 1)[0], []).append(column)
-    return groups
-
-
-def _tick(column: str) -> str:
-    """A column's tick label: after the protocol's name, ``uniform`` as ``u`` (``knn k=20
-    uniform`` -> ``k=20 u``)."""
-    label = column.split(" ", 1)[1] if " " in column else column
-    return label.replace(" uniform", " u")
-
-
 def _metric(comp: Comparison, columns: list[str]) -> str:
     """The y label of a protocol's panel: what its cells' primary metrics measure."""
     primaries = {p for c in columns for p in comp.primaries.get(c, [])}
@@ -58,7 +42,9 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    groups = _groups(comp.columns)
+    groups: dict[str, list[str]] = {}  # the columns by protocol (``linear 1%``: ``linear``)
+    for column in comp.columns:
+        groups.setdefault(column.split(" ", 1)[0], []).append(column)
     verdicts = {(v.run, v.column): v for v in comp.verdicts}
     tested = [r for r in comp.runs if any(v.run == r for v in comp.verdicts)]
     per = 2 if tested else 1
@@ -115,7 +101,8 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
             low.set_title(f"{protocol}: difference from {comp.reference}", fontsize=_FONT)
             low.set_ylabel("points (0: ref.)", fontsize=_FONT)
         for a in axes[per * g:per * g + per, 0]:
-            a.set_xticks(range(len(columns)), [_tick(c) for c in columns], fontsize=_FONT - 1)
+            ticks = [(c.partition(" ")[2] or c).replace(" uniform", " u") for c in columns]
+            a.set_xticks(range(len(columns)), ticks, fontsize=_FONT - 1)  # k=20 u
             a.set_xlim(-0.6, len(columns) - 0.4)
             a.grid(axis="y", alpha=0.3)
             a.tick_params(axis="y", labelsize=_FONT - 1)
