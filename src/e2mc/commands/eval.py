@@ -181,18 +181,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contextlib import nullcontext
-
-    from e2mc.artifacts import writer_lock
-    from e2mc.distributed import init_runtime, is_main_process
+    from e2mc.distributed import init_runtime
 
     executor = executor_options(args)
     if len(args.checkpoint) > 1 or executor.kind != "inline":
         return _evaluate_set(args, executor)
-    device = str(init_runtime(args.device).device)  # joins the group under torchrun
-    # one writer per evaluation directory, taken before anything is loaded or extracted
-    with writer_lock(args.out) if is_main_process() else nullcontext():
-        return _evaluate(args, device)
+    return _evaluate(args, str(init_runtime(args.device).device))  # under torchrun: joins
 
 
 def _options(args: argparse.Namespace, device: str) -> object:
@@ -239,7 +233,7 @@ def _evaluate(args: argparse.Namespace, device: str) -> int:
     from e2mc.evaluation.workflow import evaluate_checkpoint
 
     results = evaluate_checkpoint(args.checkpoint[0], args.out, options=_options(args, device),
-                                  lock=False, **_inputs(args))  # the lock is held by run()
+                                  **_inputs(args))
     if results is None:  # not the main process
         return 0
     _print(results)

@@ -199,15 +199,11 @@ def run_evaluation(
 
         if "linear" in options.protocols:
             s = time.perf_counter()
-            settings["linear"] = {}
-            for f in options.fractions:
-                label = fraction_label(f)
-                settings["linear"][label] = {
-                    **dataclasses.asdict(linear_config(f)),
-                    "lr_grid": list(options.lr_grid.get(f, ())),
-                    "wd_grid": list(options.wd_grid.get(f, ())),
-                    "val_fraction": options.val_fraction,
-                    "subset": subset_info.get(label, "stratified random (label seed)")}
+            settings["linear"] = {fraction_label(f): {
+                **dataclasses.asdict(linear_config(f)), "lr_grid": list(options.lr_grid.get(f, ())),
+                "wd_grid": list(options.wd_grid.get(f, ())), "val_fraction": options.val_fraction,
+                "subset": subset_info.get(fraction_label(f), "stratified random (label seed)")}
+                for f in options.fractions}
             sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
                                     options.seeds, config_for=linear_config,
                                     lr_grid=options.lr_grid, wd_grid=options.wd_grid,

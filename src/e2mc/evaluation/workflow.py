@@ -242,33 +242,37 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
                         model: ModelSpec = ModelSpec(), image_size: int | None = None,
                         cache: FeatureCache | str | os.PathLike[str] | None = None,
                         reuse: bool = False, extra_record: dict[str, Any] | None = None,
-                        lock: bool = True, log: Callable[[str], None] = _stderr
-                        ) -> EvalResults | None:
-    """Evaluate the backbone of ``checkpoint`` on ``data`` into ``out``; returns what it holds
-    (None off the main process). ``reuse``: read ``out`` back when its stamp matches."""
+                        log: Callable[[str], None] = _stderr) -> EvalResults | None:
+    """Evaluate the backbone of ``checkpoint`` on ``data`` into ``out``, holding its writer
+    lock from before anything is loaded; returns what it holds (None off the main process).
+    ``reuse``: read ``out`` back when its stamp matches."""
+    from contextlib import nullcontext
+
+    from e2mc.artifacts import writer_lock
     from e2mc.checkpoints import is_url
     from e2mc.distributed import is_main_process
 
-    options = _resolved(options)
-    loaded = _load(checkpoint, model, image_size, log, data)
-    train, test = data.datasets(loaded.size, loaded.channels)
-    leak = _check_no_leak(train, test, data, log)
-    identities = _identities(train, test)
-    stamp = _stamp(loaded, data, options, identities)
-    if reuse and (record := _matching(out, stamp)) is not None:
-        log(f"  read (same checkpoint bytes, data content and options): {out}")
-        return record
-    if cache is not None and not isinstance(cache, FeatureCache):
-        cache = FeatureCache(cache)
-    named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
-    run_evaluation(
-        loaded.backbone, loaded.feature_dim, train, test, out, options,
-        data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache, lock=lock,
-        extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
-                      "model": chosen.record(info.get("step")) if chosen else None,
-                      "checkpoint_info": info, "image_size": loaded.size,
-                      "device": options.device, "stamp": stamp, **identities, **leak,
-                      **(extra_record or {})})
+    options = _resolved(options)  # under torchrun: joins the group, then rank 0 takes the lock
+    with writer_lock(out) if is_main_process() else nullcontext():
+        loaded = _load(checkpoint, model, image_size, log, data)
+        train, test = data.datasets(loaded.size, loaded.channels)
+        leak = _check_no_leak(train, test, data, log)
+        identities = _identities(train, test)
+        stamp = _stamp(loaded, data, options, identities)
+        if reuse and (record := _matching(out, stamp)) is not None:
+            log(f"  read (same checkpoint bytes, data content and options): {out}")
+            return record
+        if cache is not None and not isinstance(cache, FeatureCache):
+            cache = FeatureCache(cache)
+        named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
+        run_evaluation(
+            loaded.backbone, loaded.feature_dim, train, test, out, options,
+            data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache,
+            lock=False, extra_record={
+                "checkpoint": named if is_url(named) else path, "checkpoint_file": path,
+                "model": chosen.record(info.get("step")) if chosen else None,
+                "checkpoint_info": info, "image_size": loaded.size, "device": options.device,
+                "stamp": stamp, **identities, **leak, **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
 
 
