@@ -6,7 +6,7 @@ table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,30 +81,25 @@ class Verdict:
 
 @dataclass
 class Comparison:
-    """``cells[run][column] = (mean, se, mark)``, the mark that of the cell's :class:`Verdict`;
-    ``tests`` one row per (run, column, seed) paired test against the first run; ``verdicts``
-    one per (run, column) tested."""
+    """What :func:`compare_evaluations` found: ``cells[run][column] = (mean, se, mark)``, the
+    mark its :class:`Verdict`'s; ``tests`` one row per (run, column, seed) paired test against
+    the reference; ``verdicts`` one per tested (run, column); ``floor`` the random-init row's
+    name (shown first, tested against nothing); ``untested[run][column]`` why a cell has no
+    paired test; ``mismatches`` what differs between runs compared anyway (``allow_mismatch``);
+    ``primaries[column]`` its cells' primary metrics (the chart's axis labels); ``flags`` what
+    the verdicts rest on (:func:`e2mc.evaluation.sanity.comparison_flags`)."""
 
     runs: list[str]
     columns: list[str]
     cells: dict[str, dict[str, tuple[float, float | None, str]]]
-    tests: list[dict[str, Any]] = field(default_factory=list)
-    metric_note: str = ""
-    verdicts: list[Verdict] = field(default_factory=list)
-    #: Name of the random-init floor row (shown first, tested against nothing), if any.
-    floor: str | None = None
-    #: ``untested[run][column]``: why a cell of a run other than the reference has no paired
-    #: test (``no common seed``, ``no saved predictions``, ``not evaluated by REF``).
-    untested: dict[str, dict[str, str]] = field(default_factory=dict)
-    #: What differs between the runs (report kind, primary, fractions, label seeds), when they
-    #: were compared anyway (``allow_mismatch``).
-    mismatches: list[str] = field(default_factory=list)
-    #: ``primaries[column]``: the primary metrics of the column's cells (one unless the runs
-    #: were compared with ``allow_mismatch``), for the chart's axis labels.
-    primaries: dict[str, list[str]] = field(default_factory=dict)
-    #: What the verdicts rest on, one line each (:func:`e2mc.evaluation.sanity.comparison_flags`):
-    #: a run at chance, two runs of the same weights, a grid's edge, dropped images, few labels.
-    flags: list[str] = field(default_factory=list)
+    tests: list[dict[str, Any]]
+    metric_note: str
+    verdicts: list[Verdict]
+    floor: str | None
+    untested: dict[str, dict[str, str]]
+    mismatches: list[str]
+    primaries: dict[str, list[str]]
+    flags: list[str]
 
     @property
     def reference(self) -> str:

@@ -30,7 +30,7 @@ from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.probe_settings import finetune_settings, linear_settings
-from e2mc.evaluation.results import save_predictions, write_results
+from e2mc.evaluation.results import save_predictions
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
 from e2mc.evaluation.sweep import linear_protocol
 
@@ -283,5 +283,5 @@ def run_evaluation(
             "settings": settings,
             "entries": entries,
         }
-        write_results(eval_dir, record)  # last: the directory now describes this evaluation
+        EvalDir(eval_dir).write(record)  # last: the directory now describes this evaluation
         return record

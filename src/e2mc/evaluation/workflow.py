@@ -175,23 +175,20 @@ def _refuse_live_run(named: str, chosen: Any) -> None:
                          "evaluate it once the run has ended")
 
 
-def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
-           identities: dict[str, Any]) -> dict[str, Any]:
-    """What an evaluation directory was made from: checkpoint bytes, data identity, options."""
+def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions, train: Any, test: Any
+           ) -> dict[str, Any]:
+    """What an evaluation directory was made from: checkpoint bytes, data identity, the content
+    identities of the data sets (``train_data``, ``test_data``, as results.json records them)
+    and the options."""
+    from e2mc.data.identity import data_identity
     from e2mc.files import sha256_file
 
     return {"checkpoint_sha256": sha256_file(loaded.path),
-            "data_id": data.id(loaded.size, loaded.channels, named=False), **identities,
+            "data_id": data.id(loaded.size, loaded.channels, named=False),
+            "train_data": data_identity(train), "test_data": data_identity(test),
             # the options that decide the numbers (not progress, workers or device)
             "options": repr(dataclasses.replace(options, progress=True, num_workers=None,
                                                 device="any"))}
-
-
-def _identities(train: Any, test: Any) -> dict[str, Any]:
-    """``{"train_data", "test_data"}``: the content identities results.json records."""
-    from e2mc.data.identity import data_identity
-
-    return {"train_data": data_identity(train), "test_data": data_identity(test)}
 
 
 #: The share of test images the training split may hold (by content) before an evaluation is
@@ -233,7 +230,7 @@ def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         return False
     loaded = _load(checkpoint, model, image_size, log=lambda _: None, data=data)
     train, test = data.datasets(loaded.size, loaded.channels)
-    stamp = _stamp(loaded, data, options, _identities(train, test))
+    stamp = _stamp(loaded, data, options, train, test)
     return _matching(out, stamp) is not None
 
 
@@ -257,8 +254,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
         loaded = _load(checkpoint, model, image_size, log, data)
         train, test = data.datasets(loaded.size, loaded.channels)
         leak = _check_no_leak(train, test, data, log)
-        identities = _identities(train, test)
-        stamp = _stamp(loaded, data, options, identities)
+        stamp = _stamp(loaded, data, options, train, test)
         if reuse and (record := _matching(out, stamp)) is not None:
             log(f"  read (same checkpoint bytes, data content and options): {out}")
             return record
@@ -272,7 +268,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
                 "checkpoint": named if is_url(named) else path, "checkpoint_file": path,
                 "model": chosen.record(info.get("step")) if chosen else None,
                 "checkpoint_info": info, "image_size": loaded.size, "device": options.device,
-                "stamp": stamp, **identities, **leak, **(extra_record or {})})
+                "stamp": stamp, "train_data": stamp["train_data"],
+                "test_data": stamp["test_data"], **leak, **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
 
 
