@@ -230,34 +230,27 @@ def _inputs(args: argparse.Namespace) -> dict[str, object]:
 
 def _evaluate(args: argparse.Namespace, device: str) -> int:
     from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import result_lines
     from e2mc.evaluation.workflow import evaluate_checkpoint
 
     results = evaluate_checkpoint(args.checkpoint[0], args.out, options=_options(args, device),
                                   **_inputs(args))
     if results is None:  # not the main process
         return 0
-    _print(results)
-    print(f"wrote {EvalDir(args.out).results}")
+    print(*result_lines(results), f"wrote {EvalDir(args.out).results}", sep="\n")
     return 0
 
 
 def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
     from e2mc.eval_set import evaluate_set
+    from e2mc.evaluation.results import result_lines
 
     # device "auto" is resolved by each evaluation where it runs (a job: on its node)
     evaluated = evaluate_set(args.checkpoint, args.out, options=_options(args, args.device),
                              executor=executor, **_inputs(args))
     for (name, results), given in zip(evaluated.items(), args.checkpoint, strict=True):
-        print(f"{name}: {given}")
-        _print(results)
+        print(f"{name}: {given}", *result_lines(results), sep="\n")
     dirs = " ".join(str(Path(args.out) / name) for name in evaluated)
     print(f"wrote {len(evaluated)} evaluation(s) under {args.out}; compare them with:\n"
           f"  e2mc compare {dirs} --out {Path(args.out) / 'comparison'}")
     return 0
-
-
-def _print(results: object) -> None:
-    from e2mc.evaluation.results import result_lines
-
-    for line in result_lines(results):  # type: ignore[arg-type]
-        print(line)

@@ -233,8 +233,7 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
     def write_tests(f: Any) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
-        for t in comp.tests:
-            w.writerow({k: t[k] for k in keys})
+        w.writerows(comp.tests)
 
     atomic_write(table, write_table, "w")
     atomic_write(tests, write_tests, "w")

@@ -29,16 +29,16 @@ class SVMResult:
                 "per_class_ap": self.per_class_ap}
 
 
-def _indicator(y: np.ndarray, num_classes: int | None) -> tuple[np.ndarray, bool]:
+def _indicator(y: np.ndarray, num_classes: int | None) -> np.ndarray:
     y = np.asarray(y)
     if y.ndim == 1:
         c = num_classes or int(y.max()) + 1
-        return (y[:, None] == np.arange(c)[None, :]).astype(np.int64), True
+        return (y[:, None] == np.arange(c)[None, :]).astype(np.int64)
     if y.ndim == 2:
         if not np.isin(y, (-1, 0, 1)).all():
             raise ValueError("multi-label targets must be 1 (positive), 0 (negative) or -1 "
                              "(ignored, e.g. VOC 'difficult')")
-        return y.astype(np.int64), False
+        return y.astype(np.int64)
     raise ValueError(f"labels must be [N] class indices or [N, C] indicators, got {y.shape}")
 
 
@@ -68,8 +68,7 @@ def svm_transfer(
         raise ValueError("need folds >= 2 and a non-empty cost grid")
     single = np.asarray(train_y).ndim == 1
     num_classes = (int(max(np.max(train_y), np.max(test_y))) + 1) if single else None
-    ytr, _ = _indicator(train_y, num_classes)
-    yte, _ = _indicator(test_y, num_classes)
+    ytr, yte = _indicator(train_y, num_classes), _indicator(test_y, num_classes)
     if ytr.shape[1] != yte.shape[1]:
         raise ValueError(f"train and test have {ytr.shape[1]} and {yte.shape[1]} classes")
     if normalize:

@@ -13,7 +13,7 @@ from typing import Any
 
 from e2mc.artifacts import EvalDir, EvalResults, run_model
 from e2mc.errors import InputError
-from e2mc.evaluation.features import FeatureCache, data_id
+from e2mc.evaluation.features import FeatureCache
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
 
@@ -49,14 +49,18 @@ class EvalData:
                                          skip_corrupt=self.skip_corrupt)).size
 
     def id(self, image_size: int, channels: int, named: bool = True) -> str:
-        """The evaluation's ``data`` (and the cache's data id); ``named`` False: without the
-        specs (the content identity says what the images are), as the stamp holds it."""
+        """The evaluation's ``data`` (and the cache's data id),
+        ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|train:N|test:M[|seeded-S]]``; ``named``
+        False: ``*`` for the specs (the content identity says what the images are), as the
+        stamp holds it."""
         cut = self.train_limit is not None or self.test_limit is not None
         subset = f"train:{self.train_limit}|test:{self.test_limit}" if cut else ""
         if self.limit_seed is not None:
             subset += f"|seeded-{self.limit_seed}"
-        train, test = (self.train, self.test) if named else ("*", "*")
-        return data_id(train, test, image_size, channels, self.skip_corrupt, subset=subset)
+        specs = [self.train, self.test or self.train] if named else ["*", "*"]
+        return "|".join([*specs, f"size={image_size}", f"ch={channels}",
+                         *(["skip-corrupt"] if self.skip_corrupt else []),
+                         *([subset] if subset else [])])
 
 
 def _limit(dataset: Any, limit: int | None, seed: int | None) -> Any:
@@ -320,5 +324,5 @@ def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | s
                                   model=ModelSpec(module=module, last=last),
                                   image_size=image_size, cache=cache)
     if results is not None:
-        print("\n".join([*result_lines(results), f"wrote {EvalDir(out).results}"]))
+        print(*result_lines(results), f"wrote {EvalDir(out).results}", sep="\n")
     return results
