@@ -223,9 +223,8 @@ def evaluation_names(eval_dirs: list[str]) -> list[str]:
     """Short unique names for evaluation directories: the folder name, with as many parent
     folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
     parts = [Path(d).resolve().parts for d in eval_dirs]
-    depth = 1
-    while True:
+    for depth in range(1, max(len(p) for p in parts) + 1):
         names = ["/".join(p[-depth:]) for p in parts]
-        if len(set(names)) == len(names) or depth >= max(len(p) for p in parts):
-            return names
-        depth += 1
+        if len(set(names)) == len(names):
+            break
+    return names

@@ -46,8 +46,7 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
     for column in comp.columns:
         groups.setdefault(column.split(" ", 1)[0], []).append(column)
     verdicts = {(v.run, v.column): v for v in comp.verdicts}
-    tested = [r for r in comp.runs if any(v.run == r for v in comp.verdicts)]
-    per = 2 if tested else 1
+    per = 2 if comp.verdicts else 1  # a panel of differences below when runs were tested
     fig, axes = plt.subplots(per * len(groups), 1, figsize=(4.8, 2.6 * per * len(groups) + 1.4),
                              squeeze=False, layout="constrained")
     n = len(comp.runs)

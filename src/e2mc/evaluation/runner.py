@@ -173,11 +173,9 @@ def run_evaluation(
 
         def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
             if cache is None:
-                x, y = extract_features(backbone, ds, **kw)
-                return x, y, False
-            content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
-            return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
-                                        content=content, **kw)
+                return (*extract_features(backbone, ds, **kw), False)
+            return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint, content=(
+                extra_record[f"{split}_data"]["content"]), **kw)  # hashed once, for both uses
 
         train_x, train_y, hit_train = features(train_dataset, "train")
         test_x, test_y, hit_test = features(test_dataset, "test")
@@ -186,7 +184,6 @@ def run_evaluation(
             return {}
         eval_dir.mkdir(parents=True, exist_ok=True)
         generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
-        loader_workers = options.num_workers or 0
         multilabel = train_y.ndim == 2
         if multilabel and any(p != "svm" for p in options.protocols):
             raise ValueError("multi-label data supports only the 'svm' protocol")
@@ -231,7 +228,8 @@ def run_evaluation(
                                                    test_y, options.report, generation),
                                     "subset": _subset("stratified", idx)})
 
-        run_kw = {"device": device, "num_workers": loader_workers, "progress": options.progress}
+        run_kw = {"device": device, "num_workers": options.num_workers or 0,
+                  "progress": options.progress}
         if "linear-aug" in options.protocols:
             per_seed("linear-aug", linear_config, lambda data, config, seed: (
                 train_augmented_linear_probe(backbone, data, test_x, test_y, num_classes, config,

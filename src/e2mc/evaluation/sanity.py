@@ -43,12 +43,6 @@ def chance_level(labels: np.ndarray) -> float | None:
     return 100.0 * float(counts.max()) / int(counts.sum())
 
 
-def _chance(run: EvalResults) -> float | None:
-    """:func:`chance_level` of the test labels; None without them."""
-    labels = _test_labels(run)
-    return None if labels is None else chance_level(labels)
-
-
 def _column_means(run: EvalResults) -> dict[str, float]:
     """Each top-1 column's mean over its entries."""
     out = {}
@@ -62,14 +56,16 @@ def _column_means(run: EvalResults) -> dict[str, float]:
 def chance_columns(run: EvalResults) -> list[str]:
     """The run's top-1 columns at or near chance (:func:`near_chance`): a difference there
     means nothing, and the verdicts say so instead of a direction."""
-    chance = _chance(run)
+    labels = _test_labels(run)
+    chance = None if labels is None else chance_level(labels)
     if chance is None:
         return []
     return [c for c, mean in _column_means(run).items() if near_chance(mean, chance)]
 
 
 def _chance_flag(name: str, run: EvalResults) -> str | None:
-    chance = _chance(run)
+    labels = _test_labels(run)
+    chance = None if labels is None else chance_level(labels)
     if chance is None:
         return None
     low, learned = [], []
