@@ -27,7 +27,7 @@ def _listed(cast, what: str):
 _floats, _ints, _protocols = _listed(float, "numbers"), _listed(int, "integers"), _listed(str, "")
 
 
-def _checked(parse, what: str, bound: Interval, unique: bool = True):
+def _checked(parse, what: str, bound: Interval):
     """An argparse type: ``parse(text)``, each value in ``bound``, no value twice."""
     def check(text: str) -> tuple:
         values = parse(text)
@@ -36,7 +36,7 @@ def _checked(parse, what: str, bound: Interval, unique: bool = True):
         for v in values:
             if not bound.contains(v):
                 raise argparse.ArgumentTypeError(f"each {what} must be {bound.text}, got {v:g}")
-        if unique and len(set(values)) != len(values):
+        if len(set(values)) != len(values):
             twice = sorted({v for v in values if values.count(v) > 1})
             raise argparse.ArgumentTypeError(f"{', '.join(f'{v:g}' for v in twice)} given "
                                              f"twice (each {what} counts once)")
@@ -46,7 +46,10 @@ def _checked(parse, what: str, bound: Interval, unique: bool = True):
 
 
 def _positive_float(text: str) -> float:
-    return _checked(_floats, "value", above(0))(text)[0]
+    values = _checked(_floats, "value", above(0))(text)
+    if len(values) > 1:  # not the first of a list, silently
+        raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
+    return values[0]
 
 
 def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:

@@ -49,14 +49,12 @@ def svm_transfer(
     test_y: np.ndarray,
     costs: tuple[float, ...] = VOC07_COSTS,
     folds: int = 3,
-    normalize: bool = True,
     seed: int = 0,
     max_iter: int = 2000,
-    n_jobs: int | None = None,
 ) -> SVMResult:
-    """One ``LinearSVC`` per class, C chosen by ``folds``-fold CV (average precision) on the
-    training split. ``normalize``: L2-normalize first. Labels -1 (multi-label) are left out of
-    that class's training and AP."""
+    """One ``LinearSVC`` per class on L2-normalized features, C chosen by ``folds``-fold CV
+    (average precision) on the training split. Labels -1 (multi-label) are left out of that
+    class's training and AP."""
     from sklearn.metrics import average_precision_score
     from sklearn.model_selection import GridSearchCV, StratifiedKFold
     from sklearn.svm import LinearSVC
@@ -71,9 +69,8 @@ def svm_transfer(
     ytr, yte = _indicator(train_y, num_classes), _indicator(test_y, num_classes)
     if ytr.shape[1] != yte.shape[1]:
         raise ValueError(f"train and test have {ytr.shape[1]} and {yte.shape[1]} classes")
-    if normalize:
-        train_x = train_x / np.maximum(np.linalg.norm(train_x, axis=1, keepdims=True), 1e-12)
-        test_x = test_x / np.maximum(np.linalg.norm(test_x, axis=1, keepdims=True), 1e-12)
+    train_x = train_x / np.maximum(np.linalg.norm(train_x, axis=1, keepdims=True), 1e-12)
+    test_x = test_x / np.maximum(np.linalg.norm(test_x, axis=1, keepdims=True), 1e-12)
     scores = np.zeros((len(test_x), ytr.shape[1]))
     aps, chosen = [], []
     for c in range(ytr.shape[1]):
@@ -88,7 +85,7 @@ def svm_transfer(
                              "examples, too few for cross-validation")
         search = GridSearchCV(
             LinearSVC(max_iter=max_iter, random_state=seed),
-            {"C": list(costs)}, scoring="average_precision", n_jobs=n_jobs,
+            {"C": list(costs)}, scoring="average_precision",
             cv=StratifiedKFold(n_folds, shuffle=True, random_state=seed))
         search.fit(train_x[keep], target)
         chosen.append(float(search.best_params_["C"]))
