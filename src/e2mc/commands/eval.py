@@ -45,11 +45,16 @@ def _checked(parse, what: str, bound: Interval):
     return check
 
 
-def _positive_float(text: str) -> float:
-    values = _checked(_floats, "value", above(0))(text)
-    if len(values) > 1:  # not the first of a list, silently
+def _number(text: str) -> float:
+    """One number: a list is an error, not its first value taken silently."""
+    values = _floats(text)
+    if len(values) != 1:
         raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
     return values[0]
+
+
+def _positive_float(text: str) -> float:
+    return _checked(lambda t: (_number(t),), "value", above(0))(text)[0]
 
 
 def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
@@ -57,7 +62,7 @@ def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
     fraction: float | None = None
     if ":" in text:
         head, text = text.split(":", 1)
-        fraction = _floats(head)[0] if head.strip() else None
+        fraction = _number(head) if head.strip() else None
     values = []
     for t in comma_list(text):
         relative = t.startswith("x")
@@ -75,7 +80,7 @@ def _subset_file(text: str) -> tuple[float, str]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected FRACTION=PATH, got {text!r}")
     head, path = text.split("=", 1)
-    return _floats(head)[0], path
+    return _number(head), path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,8 +1,6 @@
 """The comparison of evaluations (``e2mc compare``): every run against the first on the same
-test images, per (column, seed), with paired McNemar and permutation tests, and one
-:class:`Verdict` per run and column (:data:`RULE`); the rows must have been scored on the same
-test images (their recorded content identity) and evaluated alike (or ``allow_mismatch``). Its
-table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
+test images, paired tests per (column, seed) and one :class:`Verdict` per run and column
+(:data:`RULE`). Its table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
 
 from __future__ import annotations
 
@@ -38,12 +36,10 @@ RULE = ("p: the paired permutation test over the test images, each image's diffe
 
 @dataclass(frozen=True)
 class Verdict:
-    """A run against the reference at one column: the paired difference (the run's top-1
-    minus the reference's, points) over the ``seeds`` matched label-subset seeds, its ``se``
-    over them (None for one), ``p`` of :data:`RULE` over the ``images`` test images,
-    ``judged`` False where the run or the reference is at or near chance, and how many seeds
-    alone were significant under McNemar and the permutation test (``seeds_better``,
-    ``seeds_worse``)."""
+    """A run against the reference at one column: ``difference`` (the run's top-1 minus the
+    reference's, points) and its ``se`` over the ``seeds`` matched label-subset seeds (None for
+    one), ``p`` of :data:`RULE` over ``images`` test images, ``judged`` False at or near chance,
+    the seeds significant alone under McNemar and the permutation test (``seeds_better``...)."""
 
     run: str
     column: str

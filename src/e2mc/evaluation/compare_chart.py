@@ -30,12 +30,10 @@ def _metric(comp: Comparison, columns: list[str]) -> str:
 
 
 def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 110) -> Path:
-    """Per protocol a panel of the runs' values (mean ± one standard error over seeds, the
-    cells' marks above them, ``†`` where untested) and, when runs were tested, a panel of each
-    run's paired difference from the reference in points: filled where its verdict is BETTER
-    or WORSE, hollow where it is not (:data:`~e2mc.evaluation.compare.RULE`, the rule of the
-    marks too). The y range follows the data; the legend, below, names the reference and the
-    floor and gives the rule in short."""
+    """Per protocol a panel of the runs' values (mean ± SE over seeds, the cells' marks, ``†``
+    where untested) and, when runs were tested, one of each run's paired difference from the
+    reference in points, filled where its verdict is BETTER or WORSE; the legend below names
+    the reference and the floor and gives :data:`~e2mc.evaluation.compare.RULE` in short."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

@@ -1,8 +1,7 @@
-"""What ``e2mc compare`` and the demo say of a :class:`~e2mc.evaluation.compare.Comparison`,
-from its :class:`~e2mc.evaluation.compare.Verdict` rows: a headline per run and the key to its
-numbers (the same words in the terminal, ``comparison.md`` and the page), every verdict in a
-sentence, the answer printed last, the markdown file and the files (``comparison.md``,
-``.png``, ``.csv``, ``_tests.csv``)."""
+"""What ``e2mc compare`` and the demo say of a :class:`~e2mc.evaluation.compare.Comparison`:
+a headline per run and its key (the same words in the terminal, ``comparison.md`` and the page),
+every verdict in a sentence, the answer printed last, the files (``comparison.md``, ``.png``,
+``.csv``, ``_tests.csv``)."""
 
 from __future__ import annotations
 
