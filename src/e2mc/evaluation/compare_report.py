@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,7 @@ def key_line(comp: Comparison) -> str:
 
 def print_answer(comp: Comparison, page: str | Path | None = None, *,
                  files: str | Path | None = None, also: str = "", last: str | None = None,
-                 notes: Sequence[str] = (), write: Callable[[str], None] = print) -> None:
+                 notes: Sequence[str] = ()) -> None:
     """Print the answer, set off by a blank line, nothing after it (on any screen it is what
     stays): where the files are (``files``: the comparison.md, and ``also``), each flag once
     (the caller's ``notes`` first), the key and the headlines (:func:`key_line`,
@@ -127,8 +127,7 @@ def print_answer(comp: Comparison, page: str | Path | None = None, *,
     lines += headlines(comp, last)
     if page is not None:
         lines.append(f"page: {page}")
-    for line in lines:
-        write(line)
+    print(*lines, sep="\n")
 
 
 def rules(comp: Comparison) -> list[str]:

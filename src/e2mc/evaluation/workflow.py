@@ -218,12 +218,8 @@ def _check_no_leak(train: Any, test: Any, data: EvalData, log: Callable[[str], N
 
 
 def _matching(out: str | os.PathLike[str], stamp: dict[str, Any]) -> EvalResults | None:
-    written = EvalDir(out)
-    if written.exists():
-        record = written.load()
-        if record.info.get("stamp") == stamp:
-            return record
-    return None
+    record = EvalDir(out).load() if EvalDir(out).exists() else None
+    return record if record is not None and record.info.get("stamp") == stamp else None
 
 
 def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -316,7 +312,6 @@ def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | s
     """Evaluate a run of :func:`e2mc.training.continue_module`, which the commands cannot
     rebuild: its weights are loaded into a copy of ``module``; ``data`` is a spec or an
     :class:`EvalData`. Writes and prints what ``e2mc eval`` does; returns the results."""
-    from e2mc.artifacts import EvalDir
     from e2mc.evaluation.results import result_lines
 
     results = evaluate_checkpoint(run, out, data if isinstance(data, EvalData)
