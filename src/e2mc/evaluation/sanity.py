@@ -45,12 +45,8 @@ def chance_level(labels: np.ndarray) -> float | None:
 
 def _column_means(run: EvalResults) -> dict[str, float]:
     """Each top-1 column's mean over its entries."""
-    out = {}
-    for column in run.columns():
-        entries = [e for e in run.column(column) if e.primary.startswith("top1")]
-        if entries:
-            out[column] = float(np.mean([e.value for e in entries]))
-    return out
+    return {column: float(np.mean([e.value for e in top1])) for column in run.columns()
+            if (top1 := [e for e in run.column(column) if e.primary.startswith("top1")])}
 
 
 def chance_columns(run: EvalResults) -> list[str]:
