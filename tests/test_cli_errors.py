@@ -359,7 +359,9 @@ def test_eval_numbers_out_of_range(tmp_path: Path, capsys: pytest.CaptureFixture
                                 ("--image-size", "0", "must be >= 1"),
                                 ("--svm-costs", "-1", "must be > 0"),
                                 ("--fractions", "0,1.5", "must be in (0, 1]"),
-                                ("--knn-k", "0", "must be >= 1")):
+                                ("--knn-k", "0", "must be >= 1"),
+                                ("--lr", "0.1,0.2", "expected one number"),
+                                ("--subset-file", "0.1,0.2=list.txt", "expected one number")):
         with pytest.raises(SystemExit) as exit_info:
             main(["eval", str(BASE_CHECKPOINT), "--data", "builtin", "--out", str(tmp_path),
                   option, value])

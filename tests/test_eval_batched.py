@@ -154,7 +154,7 @@ def test_lr_choice_is_made_on_validation_and_ignores_test_labels():
         best = max(g["val_top1"] for g in sel["grid"])
         assert next(g for g in sel["grid"] if g["lr"] == e.config.lr and
                     g["weight_decay"] == e.config.weight_decay)["val_top1"] == best
-        assert sel["train_size"] + sel["validation_size"] == e.subset_size
+        assert sel["train_size"] + sel["validation_size"] == len(e.rows)
         assert e.config.lr != 0.001  # the tiny lr under-trains in 3 epochs
     # The test accuracy of the reported heads does depend on the test labels.
     assert [e.result.top1_last for e in first] != [e.result.top1_last for e in permuted]
@@ -167,9 +167,23 @@ def test_fixed_preset_without_grid_and_subsets_override():
     out = linear_protocol(x, y, x, y, (0.5,), (0, 1), config_for=lambda f: cfg,
                           subsets={0.5: rows})
     for e in out:
-        assert e.selection is None and e.config == cfg and e.subset_size == len(rows)
+        assert e.selection is None and e.config == cfg and np.array_equal(e.rows, rows)
         ref = train_linear_probe(x[rows], y[rows], x, y, cfg, seed=e.seed)
         assert abs(ref.top1_last - e.result.top1_last) <= 1.0
+
+
+def test_a_grid_of_one_point_is_the_probe_trained():
+    """A one-value --lr-grid / --wd-grid has nothing to choose from: the probe trains at that
+    value (it trained at the preset's before, though settings recorded the grid)."""
+    x, y = blobs(300, 3, 6, sep=2.0, seed=7)
+    cfg = LinearProbeConfig(epochs=2, batch_size=16, lr=0.1)
+    out = linear_protocol(x, y, x, y, (1.0,), (0,), config_for=lambda f: cfg,
+                          lr_grid={1.0: (0.5,)}, wd_grid={1.0: (0.01,)}, dtype=torch.float64)
+    assert out[0].selection is None and (out[0].config.lr, out[0].config.weight_decay) == (
+        0.5, 0.01)
+    ref = train_linear_probe(x, y, x, y, replace(cfg, lr=0.5, weight_decay=0.01), seed=0,
+                             dtype=torch.float64)
+    assert out[0].result.history == ref.history
 
 
 @pytest.mark.parametrize("method", ["vicreg", "swav", "simsiam", "generic"])

@@ -119,7 +119,7 @@ def test_linear_protocol_uses_fraction_subsets():
     x, y = blobs(50, 4, 8, sep=4.0, seed=3)
     out = linear_protocol(x, y, x, y, fractions=(0.1, 1.0), seeds=(0, 1),
                           config_for=lambda f: LinearProbeConfig(epochs=5, batch_size=32))
-    assert [(e.fraction, e.seed, e.subset_size) for e in out] == [
+    assert [(e.fraction, e.seed, len(e.rows)) for e in out] == [
         (0.1, 0, 20), (0.1, 1, 20), (1.0, 0, 200), (1.0, 1, 200)]
     assert all(e.result.top1_last > 90 for e in out[2:])
 

@@ -131,8 +131,8 @@ def test_compare_predictions_bundle():
     out = compare_predictions(pa, pb, labels, n_resamples=500)
     assert out["acc_a"] == pytest.approx(87.5) and out["acc_b"] == pytest.approx(62.5)
     assert out["difference"] == pytest.approx(25.0)
-    assert (out["mcnemar"]["n10"], out["mcnemar"]["n01"]) == (2, 0)
-    assert out["mcnemar"]["p_value"] == pytest.approx(0.5)  # 2 * (1/2)^2
+    assert (out["n10"], out["n01"]) == (2, 0)
+    assert out["mcnemar_p"] == pytest.approx(0.5)  # 2 * (1/2)^2
     with pytest.raises(ValueError, match="equal shapes"):
         compare_predictions(pa, pb[:-1], labels)
 

@@ -27,7 +27,7 @@ def _listed(cast, what: str):
 _floats, _ints, _protocols = _listed(float, "numbers"), _listed(int, "integers"), _listed(str, "")
 
 
-def _checked(parse, what: str, bound: Interval, unique: bool = True):
+def _checked(parse, what: str, bound: Interval):
     """An argparse type: ``parse(text)``, each value in ``bound``, no value twice."""
     def check(text: str) -> tuple:
         values = parse(text)
@@ -36,7 +36,7 @@ def _checked(parse, what: str, bound: Interval, unique: bool = True):
         for v in values:
             if not bound.contains(v):
                 raise argparse.ArgumentTypeError(f"each {what} must be {bound.text}, got {v:g}")
-        if unique and len(set(values)) != len(values):
+        if len(set(values)) != len(values):
             twice = sorted({v for v in values if values.count(v) > 1})
             raise argparse.ArgumentTypeError(f"{', '.join(f'{v:g}' for v in twice)} given "
                                              f"twice (each {what} counts once)")
@@ -45,8 +45,16 @@ def _checked(parse, what: str, bound: Interval, unique: bool = True):
     return check
 
 
+def _number(text: str) -> float:
+    """One number: a list is an error, not its first value taken silently."""
+    values = _floats(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
+    return values[0]
+
+
 def _positive_float(text: str) -> float:
-    return _checked(_floats, "value", above(0))(text)[0]
+    return _checked(lambda t: (_number(t),), "value", above(0))(text)[0]
 
 
 def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
@@ -54,7 +62,7 @@ def _grid(text: str) -> tuple[float | None, tuple[tuple[bool, float], ...]]:
     fraction: float | None = None
     if ":" in text:
         head, text = text.split(":", 1)
-        fraction = _floats(head)[0] if head.strip() else None
+        fraction = _number(head) if head.strip() else None
     values = []
     for t in comma_list(text):
         relative = t.startswith("x")
@@ -72,7 +80,7 @@ def _subset_file(text: str) -> tuple[float, str]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected FRACTION=PATH, got {text!r}")
     head, path = text.split("=", 1)
-    return _floats(head)[0], path
+    return _number(head), path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -181,18 +189,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from contextlib import nullcontext
-
-    from e2mc.artifacts import writer_lock
-    from e2mc.distributed import init_runtime, is_main_process
+    from e2mc.distributed import init_runtime
 
     executor = executor_options(args)
     if len(args.checkpoint) > 1 or executor.kind != "inline":
         return _evaluate_set(args, executor)
-    device = str(init_runtime(args.device).device)  # joins the group under torchrun
-    # one writer per evaluation directory, taken before anything is loaded or extracted
-    with writer_lock(args.out) if is_main_process() else nullcontext():
-        return _evaluate(args, device)
+    return _evaluate(args, str(init_runtime(args.device).device))  # under torchrun: joins
 
 
 def _options(args: argparse.Namespace, device: str) -> object:
@@ -236,34 +238,27 @@ def _inputs(args: argparse.Namespace) -> dict[str, object]:
 
 def _evaluate(args: argparse.Namespace, device: str) -> int:
     from e2mc.artifacts import EvalDir
+    from e2mc.evaluation.results import result_lines
     from e2mc.evaluation.workflow import evaluate_checkpoint
 
     results = evaluate_checkpoint(args.checkpoint[0], args.out, options=_options(args, device),
-                                  lock=False, **_inputs(args))  # the lock is held by run()
+                                  **_inputs(args))
     if results is None:  # not the main process
         return 0
-    _print(results)
-    print(f"wrote {EvalDir(args.out).results}")
+    print(*result_lines(results), f"wrote {EvalDir(args.out).results}", sep="\n")
     return 0
 
 
 def _evaluate_set(args: argparse.Namespace, executor: object) -> int:
     from e2mc.eval_set import evaluate_set
+    from e2mc.evaluation.results import result_lines
 
     # device "auto" is resolved by each evaluation where it runs (a job: on its node)
     evaluated = evaluate_set(args.checkpoint, args.out, options=_options(args, args.device),
                              executor=executor, **_inputs(args))
     for (name, results), given in zip(evaluated.items(), args.checkpoint, strict=True):
-        print(f"{name}: {given}")
-        _print(results)
+        print(f"{name}: {given}", *result_lines(results), sep="\n")
     dirs = " ".join(str(Path(args.out) / name) for name in evaluated)
     print(f"wrote {len(evaluated)} evaluation(s) under {args.out}; compare them with:\n"
           f"  e2mc compare {dirs} --out {Path(args.out) / 'comparison'}")
     return 0
-
-
-def _print(results: object) -> None:
-    from e2mc.evaluation.results import result_lines
-
-    for line in result_lines(results):  # type: ignore[arg-type]
-        print(line)

@@ -1,12 +1,10 @@
 """The comparison of evaluations (``e2mc compare``): every run against the first on the same
-test images, per (column, seed), with paired McNemar and permutation tests, and one
-:class:`Verdict` per run and column (:data:`RULE`); the rows must have been scored on the same
-test images (their recorded content identity) and evaluated alike (or ``allow_mismatch``). Its
-table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
+test images, paired tests per (column, seed) and one :class:`Verdict` per run and column
+(:data:`RULE`). Its table, chart and files: :mod:`e2mc.evaluation.compare_report`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +20,7 @@ from e2mc.evaluation.pairing import (
     matched_entries,
 )
 from e2mc.evaluation.sanity import chance_columns, comparison_flags
-from e2mc.evaluation.significance import (
-    bootstrap_difference_ci,
-    cohens_d_paired,
-    mcnemar_test,
-    paired_permutation_test,
-    pooled_permutation_test,
-)
+from e2mc.evaluation.significance import paired_tests, pooled_permutation_test
 from e2mc.files import display_name
 
 #: Significance marks with their direction: the run is better (worse) than the reference.
@@ -44,12 +36,10 @@ RULE = ("p: the paired permutation test over the test images, each image's diffe
 
 @dataclass(frozen=True)
 class Verdict:
-    """A run against the reference at one column: the paired difference (the run's top-1
-    minus the reference's, points) over the ``seeds`` matched label-subset seeds, its ``se``
-    over them (None for one), ``p`` of :data:`RULE` over the ``images`` test images,
-    ``judged`` False where the run or the reference is at or near chance, and how many seeds
-    alone were significant under McNemar and the permutation test (``seeds_better``,
-    ``seeds_worse``)."""
+    """A run against the reference at one column: ``difference`` (the run's top-1 minus the
+    reference's, points) and its ``se`` over the ``seeds`` matched label-subset seeds (None for
+    one), ``p`` of :data:`RULE` over ``images`` test images, ``judged`` False at or near chance,
+    the seeds significant alone under McNemar and the permutation test (``seeds_better``...)."""
 
     run: str
     column: str
@@ -87,30 +77,25 @@ class Verdict:
 
 @dataclass
 class Comparison:
-    """``cells[run][column] = (mean, se, mark)``, the mark that of the cell's :class:`Verdict`;
-    ``tests`` one row per (run, column, seed) paired test against the first run; ``verdicts``
-    one per (run, column) tested."""
+    """What :func:`compare_evaluations` found: ``cells[run][column] = (mean, se, mark)``, the
+    mark its :class:`Verdict`'s; ``tests`` one row per (run, column, seed) paired test against
+    the reference; ``verdicts`` one per tested (run, column); ``floor`` the random-init row's
+    name (shown first, tested against nothing); ``untested[run][column]`` why a cell has no
+    paired test; ``mismatches`` what differs between runs compared anyway (``allow_mismatch``);
+    ``primaries[column]`` its cells' primary metrics (the chart's axis labels); ``flags`` what
+    the verdicts rest on (:func:`e2mc.evaluation.sanity.comparison_flags`)."""
 
     runs: list[str]
     columns: list[str]
     cells: dict[str, dict[str, tuple[float, float | None, str]]]
-    tests: list[dict[str, Any]] = field(default_factory=list)
-    metric_note: str = ""
-    verdicts: list[Verdict] = field(default_factory=list)
-    #: Name of the random-init floor row (shown first, tested against nothing), if any.
-    floor: str | None = None
-    #: ``untested[run][column]``: why a cell of a run other than the reference has no paired
-    #: test (``no common seed``, ``no saved predictions``, ``not evaluated by REF``).
-    untested: dict[str, dict[str, str]] = field(default_factory=dict)
-    #: What differs between the runs (report kind, primary, fractions, label seeds), when they
-    #: were compared anyway (``allow_mismatch``).
-    mismatches: list[str] = field(default_factory=list)
-    #: ``primaries[column]``: the primary metrics of the column's cells (one unless the runs
-    #: were compared with ``allow_mismatch``), for the chart's axis labels.
-    primaries: dict[str, list[str]] = field(default_factory=dict)
-    #: What the verdicts rest on, one line each (:func:`e2mc.evaluation.sanity.comparison_flags`):
-    #: a run at chance, two runs of the same weights, a grid's edge, dropped images, few labels.
-    flags: list[str] = field(default_factory=list)
+    tests: list[dict[str, Any]]
+    metric_note: str
+    verdicts: list[Verdict]
+    floor: str | None
+    untested: dict[str, dict[str, str]]
+    mismatches: list[str]
+    primaries: dict[str, list[str]]
+    flags: list[str]
 
     @property
     def reference(self) -> str:
@@ -121,31 +106,14 @@ class Comparison:
 def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                  n_resamples: int = 10_000, seed: int = 0, floor: str | None = None,
                  floor_name: str = "random init", allow_mismatch: bool = False) -> Comparison:
-    """Table of mean ± SE (each column's primary metric) and paired tests of every run
-    against the first on the same (column, seed) test predictions.
-
-    Each tested (run, column) gets one :class:`Verdict` (``Comparison.verdicts``) by
-    :data:`RULE`: :func:`~e2mc.evaluation.significance.pooled_permutation_test` over its matched
-    seeds gives the p-value of both its word (BETTER / WORSE) and its cell's mark (``▲`` /
-    ``▼``, doubled at 0.01).
-
-    The names (``names``, else the directories' own, :func:`evaluation_names`) are kept as
-    :func:`e2mc.files.display_name` shows them (a byte that is not UTF-8 as ``\\xff``), so the
-    table, the files, the page and the chart all show the same text.
-
-    ``floor``: the evaluation of a random-init model of the same architecture (e.g. ``e2mc eval
-    RUN/checkpoints/epoch_0000.pt``, the weights a pretrain run started from); it becomes the
-    first row, ``floor_name``, shown for scale and tested against nothing.
-
-    Runs (and the floor) that differ from the first in the probes' training images or labels
-    (or a labelled subset), image size, report kind (``eval --report``), a column's primary
-    metric, a protocol's label fractions or a column's label seeds are refused
-    (``InputError``) unless ``allow_mismatch``; then each cell shows its own run's
-    primary metric and ``Comparison.mismatches`` says what differs. A cell without a paired
-    test (no seed in common with the reference, no saved predictions) is listed in
-    ``Comparison.untested`` and marked ``†`` in the table, not shown as not significant. A
-    recorded top-1 that its saved predictions do not score is refused (:func:`check_value`).
-    """
+    """Every run against the first on the same (column, seed) test predictions: the table of
+    mean ± SE (each cell its run's primary metric), one :class:`Verdict` per tested (run,
+    column) by :data:`RULE`, the flags. ``names`` (default :func:`evaluation_names`) are shown
+    as :func:`e2mc.files.display_name` writes them. ``floor``: the evaluation of a random-init
+    model, the first row ``floor_name``, tested against nothing. Runs evaluated differently
+    (:func:`~e2mc.evaluation.pairing.differences`) are an ``InputError`` unless
+    ``allow_mismatch`` (then listed in ``mismatches``); other test images, or a recorded top-1
+    its saved predictions do not score, always are. docs/evaluation.md says it all."""
     if len(eval_dirs) < 1:
         raise ValueError("compare needs at least one run directory")
     runs = [EvalDir(d).load() for d in eval_dirs]
@@ -176,14 +144,17 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                          f"differently: {shown}. Pass --allow-mismatch (allow_mismatch=True) "
                          "to compare them anyway")
     mismatches = [f"{name} against {names[0]}: {'; '.join(diffs)}" for name, diffs in differing]
-    # no verdict where the run or the reference is at or near chance
-    at_chance = [chance_columns(run) for run in runs]
+    base, base_chance = runs[0], chance_columns(runs[0])
+    shown_runs = [*([(floor_name, floor_run)] if floor_run is not None else []),
+                  *zip(names, runs, strict=True)]
     cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
     untested: dict[str, dict[str, str]] = {}
     tests: list[dict[str, Any]] = []
     verdicts: list[Verdict] = []
-    base = runs[0]
-    for name, run, own_chance in zip(names, runs, at_chance, strict=True):
+    for name, run in shown_runs:
+        tested = run is not base and run is not floor_run
+        # no verdict where the run or the reference is at or near chance
+        unjudged = chance_columns(run) + base_chance if tested else []
         cells[name] = {}
         for column in columns:
             entries = run.column(column)
@@ -191,42 +162,35 @@ def compare_evaluations(eval_dirs: list[str], names: list[str] | None = None,
                 continue
             mean, se = mean_se([e.value for e in entries])  # each run's own primary metric
             verdict = None
-            if run is not base:
+            if tested:
                 matched, rows = [], []
                 for ref, e in matched_entries(base, run, column):
                     matched.append(correctness(base, ref, run, e))
                     for r, entry, correct in ((run, e, matched[-1][0]),
                                               (base, ref, matched[-1][1])):
                         check_value(r, entry, correct)  # the table's number is the tests'
-                    rows.append(_paired_test(*matched[-1], n_resamples, seed))
+                    rows.append(paired_tests(*matched[-1], n_resamples, seed))
                     rows[-1].update(run=name, reference=names[0], column=column, seed=e.seed)
                 tests += rows
                 if matched:
                     verdict = _verdict(name, column, matched, rows, n_resamples, seed,
-                                       judged=column not in own_chance + at_chance[0])
+                                       judged=column not in unjudged)
                     verdicts.append(verdict)
                 else:
                     untested.setdefault(name, {})[column] = _why_untested(
                         base, run, column, names[0])
             cells[name][column] = (mean, se, verdict.mark if verdict else "")
-    shown_runs = list(zip(names, runs, strict=True))
-    if floor_run is not None:
-        floor_cells = {}
+    used: dict[str, dict[str, list[str]]] = {c: {} for c in columns}  # column: primary: runs
+    for name, run in shown_runs:
         for column in columns:
-            entries = floor_run.column(column)
-            if entries:
-                mean, se = mean_se([e.value for e in entries])
-                floor_cells[column] = (mean, se, "")
-        cells = {floor_name: floor_cells, **cells}
-        names = [floor_name, *names]
-        shown_runs.insert(0, (floor_name, floor_run))
-    return Comparison(runs=names, columns=columns, cells=cells, tests=tests,
-                      metric_note=_metric_note(columns, shown_runs), verdicts=verdicts,
+            for primary in dict.fromkeys(e.primary for e in run.column(column)):
+                used[column].setdefault(primary, []).append(name)
+    note = "; ".join(f"{c}: " + (next(iter(u)) if len(u) == 1 else ", ".join(
+        f"{p} ({', '.join(n)})" for p, n in u.items())) for c, u in used.items())
+    return Comparison(runs=[n for n, _ in shown_runs], columns=columns, cells=cells,
+                      tests=tests, metric_note=note, verdicts=verdicts,
                       floor=floor_name if floor is not None else None, untested=untested,
-                      mismatches=mismatches,
-                      primaries={c: list(dict.fromkeys(e.primary for _, r in shown_runs
-                                                       for e in r.column(c)))
-                                 for c in columns},
+                      mismatches=mismatches, primaries={c: list(u) for c, u in used.items()},
                       flags=comparison_flags(*zip(*shown_runs, strict=True)))
 
 
@@ -251,47 +215,12 @@ def _why_untested(base: EvalResults, run: EvalResults, column: str, base_name: s
     return "no saved predictions"
 
 
-def _metric_note(columns: list[str], runs: list[tuple[str, EvalResults]]) -> str:
-    """``column: primary`` per column; ``column: p1 (a), p2 (b)`` where the runs differ."""
-    parts = []
-    for column in columns:
-        by_primary: dict[str, list[str]] = {}
-        for name, run in runs:
-            for primary in dict.fromkeys(e.primary for e in run.column(column)):
-                by_primary.setdefault(primary, []).append(name)
-        if len(by_primary) == 1:
-            parts.append(f"{column}: {next(iter(by_primary))}")
-        else:
-            parts.append(f"{column}: " + ", ".join(f"{p} ({', '.join(n)})"
-                                                   for p, n in by_primary.items()))
-    return "; ".join(parts)
-
-
 def evaluation_names(eval_dirs: list[str]) -> list[str]:
     """Short unique names for evaluation directories: the folder name, with as many parent
     folders as it takes to tell them apart (``a/eval``, ``b/eval``)."""
     parts = [Path(d).resolve().parts for d in eval_dirs]
-    depth = 1
-    while True:
+    for depth in range(1, max(len(p) for p in parts) + 1):
         names = ["/".join(p[-depth:]) for p in parts]
-        if len(set(names)) == len(names) or depth >= max(len(p) for p in parts):
-            return names
-        depth += 1
-
-
-def _paired_difference(ca: np.ndarray, cb: np.ndarray) -> float:
-    """The run's top-1 minus the reference's, in points (the sign every mark and verdict
-    uses)."""
-    return 100 * float(ca.mean() - cb.mean())
-
-
-def _paired_test(ca: np.ndarray, cb: np.ndarray, n_resamples: int, seed: int
-                 ) -> dict[str, Any]:
-    mc = mcnemar_test(ca, cb)
-    low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
-    return {"difference": _paired_difference(ca, cb), "n10": mc.n10, "n01": mc.n01,
-            "mcnemar_stat": mc.statistic, "mcnemar_p": mc.p_value, "mcnemar_method": mc.method,
-            "permutation_p": paired_permutation_test(ca, cb, n_resamples, seed),
-            "cohens_d": cohens_d_paired(ca, cb), "ci95_low": 100 * low, "ci95_high": 100 * high}
-
-
+        if len(set(names)) == len(names):
+            break
+    return names

@@ -19,22 +19,6 @@ _CHART_X = {"linear": "labels used", "linear-aug": "labels used", "finetune": "l
 _FONT = 13
 
 
-def _groups(columns: list[str]) -> dict[str, list[str]]:
-    """Columns grouped by protocol (the text before the first space: ``linear 1%`` ->
-    ``linear``), in the order they first appear."""
-    groups: dict[str, list[str]] = {}
-    for column in columns:
-        groups.setdefault(column.split(" ", 1)[0], []).append(column)
-    return groups
-
-
-def _tick(column: str) -> str:
-    """A column's tick label: after the protocol's name, ``uniform`` as ``u`` (``knn k=20
-    uniform`` -> ``k=20 u``)."""
-    label = column.split(" ", 1)[1] if " " in column else column
-    return label.replace(" uniform", " u")
-
-
 def _metric(comp: Comparison, columns: list[str]) -> str:
     """The y label of a protocol's panel: what its cells' primary metrics measure."""
     primaries = {p for c in columns for p in comp.primaries.get(c, [])}
@@ -46,22 +30,21 @@ def _metric(comp: Comparison, columns: list[str]) -> str:
 
 
 def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 110) -> Path:
-    """Per protocol a panel of the runs' values (mean ± one standard error over seeds, the
-    cells' marks above them, ``†`` where untested) and, when runs were tested, a panel of each
-    run's paired difference from the reference in points: filled where its verdict is BETTER
-    or WORSE, hollow where it is not (:data:`~e2mc.evaluation.compare.RULE`, the rule of the
-    marks too). The y range follows the data; the legend, below, names the reference and the
-    floor and gives the rule in short."""
+    """Per protocol a panel of the runs' values (mean ± SE over seeds, the cells' marks, ``†``
+    where untested) and, when runs were tested, one of each run's paired difference from the
+    reference in points, filled where its verdict is BETTER or WORSE; the legend below names
+    the reference and the floor and gives :data:`~e2mc.evaluation.compare.RULE` in short."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    groups = _groups(comp.columns)
+    groups: dict[str, list[str]] = {}  # the columns by protocol (``linear 1%``: ``linear``)
+    for column in comp.columns:
+        groups.setdefault(column.split(" ", 1)[0], []).append(column)
     verdicts = {(v.run, v.column): v for v in comp.verdicts}
-    tested = [r for r in comp.runs if any(v.run == r for v in comp.verdicts)]
-    per = 2 if tested else 1
+    per = 2 if comp.verdicts else 1  # a panel of differences below when runs were tested
     fig, axes = plt.subplots(per * len(groups), 1, figsize=(4.8, 2.6 * per * len(groups) + 1.4),
                              squeeze=False, layout="constrained")
     n = len(comp.runs)
@@ -115,7 +98,8 @@ def plot_comparison(comp: Comparison, path: str | os.PathLike[str], dpi: int = 1
             low.set_title(f"{protocol}: difference from {comp.reference}", fontsize=_FONT)
             low.set_ylabel("points (0: ref.)", fontsize=_FONT)
         for a in axes[per * g:per * g + per, 0]:
-            a.set_xticks(range(len(columns)), [_tick(c) for c in columns], fontsize=_FONT - 1)
+            ticks = [(c.partition(" ")[2] or c).replace(" uniform", " u") for c in columns]
+            a.set_xticks(range(len(columns)), ticks, fontsize=_FONT - 1)  # k=20 u
             a.set_xlim(-0.6, len(columns) - 0.4)
             a.grid(axis="y", alpha=0.3)
             a.tick_params(axis="y", labelsize=_FONT - 1)

@@ -1,21 +1,20 @@
-"""What ``e2mc compare`` and the demo say of a :class:`~e2mc.evaluation.compare.Comparison`,
-from its :class:`~e2mc.evaluation.compare.Verdict` rows: a headline per run and the key to its
-numbers (the same words in the terminal, ``comparison.md`` and the page), every verdict in a
-sentence, the answer printed last, the markdown file and the files (``comparison.md``,
-``.png``, ``.csv``, ``_tests.csv``)."""
+"""What ``e2mc compare`` and the demo say of a :class:`~e2mc.evaluation.compare.Comparison`:
+a headline per run and its key (the same words in the terminal, ``comparison.md`` and the page),
+every verdict in a sentence, the answer printed last, the files (``comparison.md``, ``.png``,
+``.csv``, ``_tests.csv``)."""
 
 from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from e2mc.evaluation.compare import ALPHA, BETTER, RULE, WORSE, Comparison, Verdict
 from e2mc.files import markdown_text
 
-__all__ = ["answer_lines", "comparison_markdown", "headline_parts", "headlines", "key_line",
+__all__ = ["comparison_markdown", "headline_parts", "headlines", "key_line",
            "print_answer", "verdict_sentence", "verdict_sentences", "write_comparison"]
 
 
@@ -111,14 +110,15 @@ def key_line(comp: Comparison) -> str:
             + f"; {BETTER} {WORSE} p < {ALPHA:g}, {BETTER * 2} {WORSE * 2} p < 0.01")
 
 
-def answer_lines(comp: Comparison, page: str | Path | None = None, *,
+def print_answer(comp: Comparison, page: str | Path | None = None, *,
                  files: str | Path | None = None, also: str = "", last: str | None = None,
-                 notes: Sequence[str] = ()) -> list[str]:
-    """The answer, what a command prints last: where the files are (``files``: the
-    comparison.md, and ``also``), each flag once (the caller's ``notes`` first), the key and
-    the headlines (:func:`key_line`, :func:`headlines`, ``last``'s last), ``page: PATH``."""
-    lines = ([f"files: the table, every verdict and the paired tests in {files}{also}"]
-             if files is not None else [])
+                 notes: Sequence[str] = ()) -> None:
+    """Print the answer, set off by a blank line, nothing after it (on any screen it is what
+    stays): where the files are (``files``: the comparison.md, and ``also``), each flag once
+    (the caller's ``notes`` first), the key and the headlines (:func:`key_line`,
+    :func:`headlines`, ``last``'s last), ``page: PATH``."""
+    lines = ["", *([f"files: the table, every verdict and the paired tests in {files}{also}"]
+                   if files is not None else [])]
     lines += [f"flag: {f}" for f in dict.fromkeys([*notes, *comp.flags])]
     lines += [f"Not evaluated alike, compared anyway (--allow-mismatch): {m}."
               for m in comp.mismatches]
@@ -127,16 +127,7 @@ def answer_lines(comp: Comparison, page: str | Path | None = None, *,
     lines += headlines(comp, last)
     if page is not None:
         lines.append(f"page: {page}")
-    return lines
-
-
-def print_answer(comp: Comparison, page: str | Path | None = None, *,
-                 write: Callable[[str], None] = print, **kw: Any) -> None:
-    """Print :func:`answer_lines`, set off by a blank line: nothing is printed after them, so
-    on any screen the answer is what stays."""
-    write("")
-    for line in answer_lines(comp, page, **kw):
-        write(line)
+    print(*lines, sep="\n")
 
 
 def rules(comp: Comparison) -> list[str]:
@@ -165,9 +156,9 @@ def rules(comp: Comparison) -> list[str]:
     return out
 
 
-def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
+def comparison_markdown(comp: Comparison) -> str:
     """The headlines and their key first, the flags, the Table-1-style table with its legend
-    (:func:`rules`), every verdict and (``per_seed``) the per-seed tests. Names are escaped
+    (:func:`rules`), every verdict and the per-seed tests. Names are escaped
     (:func:`e2mc.files.markdown_text`)."""
     lines = []
     if comp.verdicts:
@@ -186,7 +177,7 @@ def comparison_markdown(comp: Comparison, per_seed: bool = True) -> str:
     if comp.verdicts:
         lines += ["", "Every verdict:", "",
                   *[f"- {markdown_text(v)}" for v in verdict_sentences(comp)]]
-    if comp.tests and per_seed:
+    if comp.tests:
         lines += ["", TESTS_NOTE, "", f"| {' | '.join(SEED_TEST_HEAD)} |",
                   "|" + "---|" * len(SEED_TEST_HEAD)]
         lines += [f"| {' | '.join(markdown_text(c) for c in row)} |"
@@ -240,8 +231,7 @@ def write_comparison(comp: Comparison, out_prefix: str | os.PathLike[str]) -> li
     def write_tests(f: Any) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
-        for t in comp.tests:
-            w.writerow({k: t[k] for k in keys})
+        w.writerows(comp.tests)
 
     atomic_write(table, write_table, "w")
     atomic_write(tests, write_tests, "w")

@@ -100,12 +100,14 @@ def _tests(comp: Comparison) -> str:
             + "</details>")
 
 
-def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
-                    title: str | None = None,
-                    sections: Sequence[tuple[str, str]] = ()) -> str:
-    """The page (HTML text). ``chart``: the PNG of :func:`~e2mc.evaluation.compare_chart.
-    plot_comparison`, embedded. ``sections``: ``(heading, HTML body)`` placed after the chart,
-    the caller's own HTML (the demo's diagnostics)."""
+def write_comparison_page(comp: Comparison, out_dir: str | Path,
+                          chart: str | Path | None = None, *, title: str | None = None,
+                          sections: Sequence[tuple[str, str]] = ()) -> Path:
+    """Write the page as ``out_dir/comparison.html``; returns its path. ``chart``: the PNG of
+    :func:`~e2mc.evaluation.compare_chart.plot_comparison`, embedded. ``sections``: ``(heading,
+    HTML body)`` placed after the chart, the caller's own HTML (the demo's diagnostics)."""
+    from e2mc.files import atomic_write_text
+
     title = title or f"e2mc comparison against {comp.reference}"
     body = [f"<h1>{_e(title)}</h1>"]
     if comp.verdicts:
@@ -137,15 +139,6 @@ def comparison_page(comp: Comparison, chart: str | Path | None = None, *,
             f'<li class="{v.direction}">{_e(text)}</li>'
             for v, text in zip(comp.verdicts, verdict_sentences(comp), strict=True)) + "</ul>")
     body.append(_tests(comp))
-    return html_page(title, _STYLE, "".join(body))
-
-
-def write_comparison_page(comp: Comparison, out_dir: str | Path,
-                          chart: str | Path | None = None, *, title: str | None = None,
-                          sections: Sequence[tuple[str, str]] = ()) -> Path:
-    """Write :func:`comparison_page` as ``out_dir/comparison.html``; returns its path."""
-    from e2mc.files import atomic_write_text
-
     path = Path(out_dir) / PAGE
-    atomic_write_text(path, comparison_page(comp, chart, title=title, sections=sections))
+    atomic_write_text(path, html_page(title, _STYLE, "".join(body)))
     return path

@@ -206,14 +206,6 @@ def state_dict_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
-def data_id(train_spec: str, test_spec: str | None = None, image_size: int | None = None,
-            channels: int | None = None, skip_corrupt: bool = False, subset: str = "") -> str:
-    """An evaluation's ``data`` (and the cache's ``data_id``):
-    ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|SUBSET]``, ``SUBSET`` as ``train:1000|test:500``."""
-    return "|".join([train_spec, test_spec or train_spec, f"size={image_size}", f"ch={channels}",
-                     *(["skip-corrupt"] if skip_corrupt else []), *([subset] if subset else [])])
-
-
 def dataset_fingerprint(dataset: Dataset, data_id: str,
                         content: str | None = None) -> dict[str, Any]:
     """A data set's cache identity: ``data_id``, size, transform ``repr``, a hash of its first

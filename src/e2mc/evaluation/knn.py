@@ -42,9 +42,8 @@ def nearest_neighbours(
     bank_chunk: int = 65536,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(similarities, indices)`` ``[N_q, k]`` of the ``k`` largest dot products of every
-    query with the bank, decreasing, ties to the lower bank index."""
-    if k < 1 or k > len(bank):
-        raise ValueError(f"k must be in [1, {len(bank)}] (training bank size), got {k}")
+    query with the bank, decreasing, ties to the lower bank index (``k`` checked by
+    :func:`knn_classify`)."""
     if chunk_size < 1 or bank_chunk < 1:
         raise ValueError("chunk sizes must be >= 1")
     sims_out = torch.empty(len(queries), k, dtype=bank.dtype, device=bank.device)
@@ -90,13 +89,10 @@ def _sorted_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
 
 def class_scores(neighbour_sims: torch.Tensor, neighbour_labels: torch.Tensor, k: int,
                  num_classes: int, weighting: str, temperature: float) -> torch.Tensor:
-    """Class scores ``[N, C]`` from the first ``k`` of the sorted neighbours."""
-    if weighting == "weighted":
-        weights = (neighbour_sims[:, :k] / temperature).exp()
-    elif weighting == "uniform":
-        weights = torch.ones_like(neighbour_sims[:, :k])
-    else:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    """Class scores ``[N, C]`` from the first ``k`` of the sorted neighbours (``weighting``
+    checked by :func:`knn_classify`)."""
+    weights = ((neighbour_sims[:, :k] / temperature).exp() if weighting == "weighted"
+               else torch.ones_like(neighbour_sims[:, :k]))
     scores = torch.zeros(len(neighbour_sims), num_classes, dtype=weights.dtype,
                          device=weights.device)
     return scores.scatter_add_(1, neighbour_labels[:, :k], weights)

@@ -96,14 +96,12 @@ def _pick(table: dict[str, dict[float, object]], method: str, fraction: float, w
 
 def linear_settings(method: str, fraction: float, **overrides: object) -> LinearProbeConfig:
     """The paper's linear-probe settings for ``method`` at ``fraction``, with overrides."""
-    base = _pick(_LINEAR, method, fraction, "linear-probe")
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(_pick(_LINEAR, method, fraction, "linear-probe"), **overrides)  # type: ignore[arg-type]
 
 
 def finetune_settings(method: str, fraction: float, **overrides: object) -> FinetuneConfig:
     """The paper's semi-supervised fine-tuning settings for ``method`` at ``fraction``."""
-    base = _pick(_FINETUNE, method, fraction, "fine-tuning")
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(_pick(_FINETUNE, method, fraction, "fine-tuning"), **overrides)  # type: ignore[arg-type]
 
 
 def relative_grid(specs: list[tuple[float | None, tuple[tuple[bool, float], ...]]],

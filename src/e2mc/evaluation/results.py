@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from e2mc.evaluation.pairing import matched_correctness
 #: one import of evaluation results for users' code.
 __all__ = ["Comparison", "compare_evaluations", "comparison_markdown",
            "verdict_sentences", "matched_correctness", "mean_se", "plot_comparison",
-           "save_predictions", "summarize", "write_comparison", "write_results",
+           "save_predictions", "summarize", "write_comparison",
            "COMPARISON_STEM", "comparison_paths"]
 
 
@@ -41,11 +40,6 @@ def save_predictions(eval_dir: str | os.PathLike[str], name: str, predictions: n
     arrays = {"predictions": np.asarray(predictions), "labels": np.asarray(labels), **extra}
     atomic_write(Path(eval_dir) / rel, lambda f: np.savez_compressed(f, **arrays), "wb")
     return rel
-
-
-def write_results(eval_dir: str | os.PathLike[str], record: dict[str, Any]) -> Path:
-    """Write ``results.json`` atomically, with its summary (:meth:`EvalDir.write`)."""
-    return EvalDir(eval_dir).write(record)
 
 
 def result_lines(results: EvalResults) -> list[str]:

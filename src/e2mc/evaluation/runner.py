@@ -30,7 +30,7 @@ from e2mc.evaluation.finetune import finetune
 from e2mc.evaluation.knn import knn_classify
 from e2mc.evaluation.linear import ProbeResult, train_augmented_linear_probe
 from e2mc.evaluation.probe_settings import finetune_settings, linear_settings
-from e2mc.evaluation.results import save_predictions, write_results
+from e2mc.evaluation.results import save_predictions
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
 from e2mc.evaluation.sweep import linear_protocol
 
@@ -173,11 +173,9 @@ def run_evaluation(
 
         def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
             if cache is None:
-                x, y = extract_features(backbone, ds, **kw)
-                return x, y, False
-            content = extra_record[f"{split}_data"]["content"]  # hashed once, for both uses
-            return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint,
-                                        content=content, **kw)
+                return (*extract_features(backbone, ds, **kw), False)
+            return cache.get_or_extract(backbone, ds, f"{data_id}:{split}", checkpoint, content=(
+                extra_record[f"{split}_data"]["content"]), **kw)  # hashed once, for both uses
 
         train_x, train_y, hit_train = features(train_dataset, "train")
         test_x, test_y, hit_test = features(test_dataset, "test")
@@ -186,7 +184,6 @@ def run_evaluation(
             return {}
         eval_dir.mkdir(parents=True, exist_ok=True)
         generation = EvalDir(eval_dir).begin()  # removes what an interrupted evaluation left
-        loader_workers = options.num_workers or 0
         multilabel = train_y.ndim == 2
         if multilabel and any(p != "svm" for p in options.protocols):
             raise ValueError("multi-label data supports only the 'svm' protocol")
@@ -199,28 +196,22 @@ def run_evaluation(
 
         if "linear" in options.protocols:
             s = time.perf_counter()
-            settings["linear"] = {}
-            for f in options.fractions:
-                label = fraction_label(f)
-                settings["linear"][label] = {
-                    **dataclasses.asdict(linear_config(f)),
-                    "lr_grid": list(options.lr_grid.get(f, ())),
-                    "wd_grid": list(options.wd_grid.get(f, ())),
-                    "val_fraction": options.val_fraction,
-                    "subset": subset_info.get(label, "stratified random (label seed)")}
+            settings["linear"] = {fraction_label(f): {
+                **dataclasses.asdict(linear_config(f)), "lr_grid": list(options.lr_grid.get(f, ())),
+                "wd_grid": list(options.wd_grid.get(f, ())), "val_fraction": options.val_fraction,
+                "subset": subset_info.get(fraction_label(f), "stratified random (label seed)")}
+                for f in options.fractions}
             sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
                                     options.seeds, config_for=linear_config,
                                     lr_grid=options.lr_grid, wd_grid=options.wd_grid,
                                     val_fraction=options.val_fraction, subsets=subsets,
                                     device=device)
             for entry in sweep:
-                chosen = subsets.get(entry.fraction)  # the rows linear_protocol trained on
-                subset = (_subset("file", chosen) if chosen is not None else _subset(
-                    "stratified", label_fraction_indices(train_y, entry.fraction, entry.seed)))
                 entries.append({
                     **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
                                    test_y, options.report, generation),
-                    "subset": subset,
+                    "subset": _subset("file" if entry.fraction in subsets else "stratified",
+                                      entry.rows),
                     "config": {"lr": entry.config.lr, "weight_decay": entry.config.weight_decay},
                     **({"selection": entry.selection} if entry.selection is not None else {})})
             timings["linear"] = time.perf_counter() - s
@@ -237,7 +228,8 @@ def run_evaluation(
                                                    test_y, options.report, generation),
                                     "subset": _subset("stratified", idx)})
 
-        run_kw = {"device": device, "num_workers": loader_workers, "progress": options.progress}
+        run_kw = {"device": device, "num_workers": options.num_workers or 0,
+                  "progress": options.progress}
         if "linear-aug" in options.protocols:
             per_seed("linear-aug", linear_config, lambda data, config, seed: (
                 train_augmented_linear_probe(backbone, data, test_x, test_y, num_classes, config,
@@ -289,5 +281,5 @@ def run_evaluation(
             "settings": settings,
             "entries": entries,
         }
-        write_results(eval_dir, record)  # last: the directory now describes this evaluation
+        EvalDir(eval_dir).write(record)  # last: the directory now describes this evaluation
         return record

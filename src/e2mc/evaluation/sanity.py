@@ -43,33 +43,25 @@ def chance_level(labels: np.ndarray) -> float | None:
     return 100.0 * float(counts.max()) / int(counts.sum())
 
 
-def _chance(run: EvalResults) -> float | None:
-    """:func:`chance_level` of the test labels; None without them."""
-    labels = _test_labels(run)
-    return None if labels is None else chance_level(labels)
-
-
 def _column_means(run: EvalResults) -> dict[str, float]:
     """Each top-1 column's mean over its entries."""
-    out = {}
-    for column in run.columns():
-        entries = [e for e in run.column(column) if e.primary.startswith("top1")]
-        if entries:
-            out[column] = float(np.mean([e.value for e in entries]))
-    return out
+    return {column: float(np.mean([e.value for e in top1])) for column in run.columns()
+            if (top1 := [e for e in run.column(column) if e.primary.startswith("top1")])}
 
 
 def chance_columns(run: EvalResults) -> list[str]:
     """The run's top-1 columns at or near chance (:func:`near_chance`): a difference there
     means nothing, and the verdicts say so instead of a direction."""
-    chance = _chance(run)
+    labels = _test_labels(run)
+    chance = None if labels is None else chance_level(labels)
     if chance is None:
         return []
     return [c for c, mean in _column_means(run).items() if near_chance(mean, chance)]
 
 
 def _chance_flag(name: str, run: EvalResults) -> str | None:
-    chance = _chance(run)
+    labels = _test_labels(run)
+    chance = None if labels is None else chance_level(labels)
     if chance is None:
         return None
     low, learned = [], []
@@ -161,14 +153,17 @@ def _same_weights_flags(names: Sequence[str], runs: Sequence[EvalResults]) -> li
 
 
 def _grid_edge_flag(name: str, run: EvalResults) -> str | None:
+    from e2mc.data.subsets import fraction_label
+
     settings = (run.info.get("settings") or {}).get("linear") or {}
     edges: dict[str, list[str]] = {}
     probes = 0
     for entry in run.entries:
         config = entry.extra.get("config")  # the chosen lr and weight decay
-        grid_of = settings.get(_fraction_key(entry, settings)) or {}
         if entry.protocol != "linear" or not isinstance(config, dict):
             continue
+        grid_of = (settings.get(fraction_label(entry.fraction)) if entry.fraction is not None
+                   else None) or {}
         probes += 1
         for key, grid_key in (("lr", "lr_grid"), ("weight_decay", "wd_grid")):
             grid = [float(v) for v in grid_of.get(grid_key) or []]
@@ -184,16 +179,6 @@ def _grid_edge_flag(name: str, run: EvalResults) -> str | None:
                      f"{probes} probes" for what, cols in edges.items())
     return (f"{name}'s linear probes chose {said}: the best value may lie beyond the grid; "
             "widen --lr-grid / --wd-grid")
-
-
-def _fraction_key(entry: Any, settings: dict[str, Any]) -> str | None:
-    """The key of ``settings['linear']`` for the entry's label fraction (``1%``, ``100%``)."""
-    from e2mc.data.subsets import fraction_label
-
-    if entry.fraction is None:
-        return None
-    key = fraction_label(entry.fraction)
-    return key if key in settings else None
 
 
 def _checkpoint_info(run: EvalResults) -> dict[str, Any]:

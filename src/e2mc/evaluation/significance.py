@@ -4,7 +4,7 @@ app. C): ``n10`` = A right and B wrong; a positive difference means A is better.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -135,21 +135,27 @@ def bootstrap_difference_ci(scores_a: np.ndarray, scores_b: np.ndarray,
     return float(low), float(high)
 
 
+def paired_tests(correct_a: np.ndarray, correct_b: np.ndarray, n_resamples: int = 10_000,
+                 seed: int = 0) -> dict[str, Any]:
+    """Every paired test of two 0/1 correctness vectors, differences in points (a row of
+    ``e2mc compare``'s tests)."""
+    mc = mcnemar_test(correct_a, correct_b)
+    a, b = _binary(correct_a, correct_b)
+    low, high = bootstrap_difference_ci(a, b, n_resamples=n_resamples, seed=seed)
+    return {"difference": 100 * float(a.mean() - b.mean()), "n10": mc.n10, "n01": mc.n01,
+            "mcnemar_stat": mc.statistic, "mcnemar_p": mc.p_value, "mcnemar_method": mc.method,
+            "permutation_p": paired_permutation_test(a, b, n_resamples, seed),
+            "cohens_d": cohens_d_paired(a, b), "ci95_low": 100 * low, "ci95_high": 100 * high}
+
+
 def compare_predictions(pred_a: np.ndarray, pred_b: np.ndarray, labels: np.ndarray,
                         n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Every paired statistic of two models' top-1 predictions (percent)."""
+    """Both models' top-1 (``acc_a``, ``acc_b``, percent) and :func:`paired_tests` of their
+    top-1 predictions."""
     pred_a, pred_b, labels = (np.asarray(x) for x in (pred_a, pred_b, labels))
     if not pred_a.shape == pred_b.shape == labels.shape:
         raise ValueError(f"predictions and labels must have equal shapes, got {pred_a.shape}, "
                          f"{pred_b.shape}, {labels.shape}")
-    ca = (pred_a == labels).astype(np.float64)
-    cb = (pred_b == labels).astype(np.float64)
-    low, high = bootstrap_difference_ci(ca, cb, n_resamples=n_resamples, seed=seed)
-    return {
-        "acc_a": 100 * ca.mean(), "acc_b": 100 * cb.mean(),
-        "difference": 100 * (ca.mean() - cb.mean()),
-        "mcnemar": asdict(mcnemar_test(ca, cb)),
-        "permutation_p": paired_permutation_test(ca, cb, n_resamples=n_resamples, seed=seed),
-        "cohens_d": cohens_d_paired(ca, cb),
-        "bootstrap_ci95": [100 * low, 100 * high],
-    }
+    ca, cb = pred_a == labels, pred_b == labels
+    return {"acc_a": 100 * ca.mean(), "acc_b": 100 * cb.mean(),
+            **paired_tests(ca, cb, n_resamples, seed)}

@@ -29,16 +29,16 @@ class SVMResult:
                 "per_class_ap": self.per_class_ap}
 
 
-def _indicator(y: np.ndarray, num_classes: int | None) -> tuple[np.ndarray, bool]:
+def _indicator(y: np.ndarray, num_classes: int | None) -> np.ndarray:
     y = np.asarray(y)
     if y.ndim == 1:
         c = num_classes or int(y.max()) + 1
-        return (y[:, None] == np.arange(c)[None, :]).astype(np.int64), True
+        return (y[:, None] == np.arange(c)[None, :]).astype(np.int64)
     if y.ndim == 2:
         if not np.isin(y, (-1, 0, 1)).all():
             raise ValueError("multi-label targets must be 1 (positive), 0 (negative) or -1 "
                              "(ignored, e.g. VOC 'difficult')")
-        return y.astype(np.int64), False
+        return y.astype(np.int64)
     raise ValueError(f"labels must be [N] class indices or [N, C] indicators, got {y.shape}")
 
 
@@ -49,14 +49,12 @@ def svm_transfer(
     test_y: np.ndarray,
     costs: tuple[float, ...] = VOC07_COSTS,
     folds: int = 3,
-    normalize: bool = True,
     seed: int = 0,
     max_iter: int = 2000,
-    n_jobs: int | None = None,
 ) -> SVMResult:
-    """One ``LinearSVC`` per class, C chosen by ``folds``-fold CV (average precision) on the
-    training split. ``normalize``: L2-normalize first. Labels -1 (multi-label) are left out of
-    that class's training and AP."""
+    """One ``LinearSVC`` per class on L2-normalized features, C chosen by ``folds``-fold CV
+    (average precision) on the training split. Labels -1 (multi-label) are left out of that
+    class's training and AP."""
     from sklearn.metrics import average_precision_score
     from sklearn.model_selection import GridSearchCV, StratifiedKFold
     from sklearn.svm import LinearSVC
@@ -68,13 +66,11 @@ def svm_transfer(
         raise ValueError("need folds >= 2 and a non-empty cost grid")
     single = np.asarray(train_y).ndim == 1
     num_classes = (int(max(np.max(train_y), np.max(test_y))) + 1) if single else None
-    ytr, _ = _indicator(train_y, num_classes)
-    yte, _ = _indicator(test_y, num_classes)
+    ytr, yte = _indicator(train_y, num_classes), _indicator(test_y, num_classes)
     if ytr.shape[1] != yte.shape[1]:
         raise ValueError(f"train and test have {ytr.shape[1]} and {yte.shape[1]} classes")
-    if normalize:
-        train_x = train_x / np.maximum(np.linalg.norm(train_x, axis=1, keepdims=True), 1e-12)
-        test_x = test_x / np.maximum(np.linalg.norm(test_x, axis=1, keepdims=True), 1e-12)
+    train_x = train_x / np.maximum(np.linalg.norm(train_x, axis=1, keepdims=True), 1e-12)
+    test_x = test_x / np.maximum(np.linalg.norm(test_x, axis=1, keepdims=True), 1e-12)
     scores = np.zeros((len(test_x), ytr.shape[1]))
     aps, chosen = [], []
     for c in range(ytr.shape[1]):
@@ -89,7 +85,7 @@ def svm_transfer(
                              "examples, too few for cross-validation")
         search = GridSearchCV(
             LinearSVC(max_iter=max_iter, random_state=seed),
-            {"C": list(costs)}, scoring="average_precision", n_jobs=n_jobs,
+            {"C": list(costs)}, scoring="average_precision",
             cv=StratifiedKFold(n_folds, shuffle=True, random_state=seed))
         search.fit(train_x[keep], target)
         chosen.append(float(search.best_params_["C"]))

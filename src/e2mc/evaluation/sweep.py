@@ -20,13 +20,13 @@ from e2mc.evaluation.probe_settings import LinearProbeConfig
 
 @dataclass
 class SweepEntry:
-    """One (fraction, seed) probe: test result, configuration, subset size, selection."""
+    """One (fraction, seed) probe: test result, configuration, training rows, selection."""
 
     fraction: float
     seed: int
     result: ProbeResult
     config: LinearProbeConfig
-    subset_size: int
+    rows: np.ndarray
     selection: dict[str, Any] | None = None
 
 
@@ -42,17 +42,6 @@ def validation_split(labels: np.ndarray, val_fraction: float, seed: int
         raise ValueError("no class has two labelled images: nothing to validate on")
     train = np.setdiff1d(np.arange(len(labels)), val)
     return train, val
-
-
-def _grid_points(config: LinearProbeConfig, lrs: Sequence[float] | None,
-                 wds: Sequence[float] | None) -> list[tuple[float, float]]:
-    lrs = list(lrs) if lrs else [config.lr]
-    wds = list(wds) if wds else [config.weight_decay]
-    if not all(lr > 0 for lr in lrs):
-        raise ValueError(f"learning rates of the grid must be > 0, got {lrs}")
-    if not all(wd >= 0 for wd in wds):
-        raise ValueError(f"weight decays of the grid must be >= 0, got {wds}")
-    return list(itertools.product(lrs, wds))
 
 
 def linear_protocol(
@@ -78,53 +67,52 @@ def linear_protocol(
     train_y = np.asarray(train_y)
     num_classes = int(max(np.max(train_y), np.max(test_y))) + 1
     lr_grid, wd_grid, subsets = lr_grid or {}, wd_grid or {}, subsets or {}
-    plan = []  # (fraction, seed, subset, config, grid points)
+    plan = []  # (fraction, seed, subset, grid points)
     for fraction in fractions:
         config = config_for(fraction)
-        points = _grid_points(config, lr_grid.get(fraction), wd_grid.get(fraction))
+        # the grid's points (a bad value: LinearProbeConfig's error); one point: used as is
+        points = [replace(config, lr=lr, weight_decay=wd) for lr, wd in itertools.product(
+            lr_grid.get(fraction) or [config.lr], wd_grid.get(fraction) or [config.weight_decay])]
         for seed in seeds:
             idx = (np.asarray(subsets[fraction], dtype=np.int64) if fraction in subsets
                    else label_fraction_indices(train_y, fraction, seed))
-            plan.append((fraction, seed, idx, config, points))
+            plan.append((fraction, seed, idx, points))
 
     # Stage 1: every grid point on the training part, scored on the validation part.
     select_heads: list[HeadSpec] = []
     select_where: list[tuple[int, np.ndarray, np.ndarray]] = []
-    for k, (_, seed, idx, config, points) in enumerate(plan):
+    for k, (_, seed, idx, points) in enumerate(plan):
         if len(points) == 1:
             continue
         tr, val = validation_split(train_y[idx], val_fraction, seed)
         select_where.append((k, idx[tr], idx[val]))
-        for lr, wd in points:
-            select_heads.append(HeadSpec(idx[tr], replace(config, lr=lr, weight_decay=wd), seed,
-                                         eval_rows=idx[val], history=False))
+        select_heads += [HeadSpec(idx[tr], point, seed, eval_rows=idx[val], history=False)
+                         for point in points]
     chosen: dict[int, tuple[LinearProbeConfig, dict[str, Any]]] = {}
     if select_heads:
         scored = train_linear_heads(train_x, train_y, train_x, train_y, select_heads,
                                     num_classes=num_classes, device=device, dtype=dtype)
         pos = 0
         for k, tr_rows, val_rows in select_where:
-            _, _, _, config, points = plan[k]
+            points = plan[k][3]
             results = scored[pos:pos + len(points)]
             pos += len(points)
-            grid = [{"lr": lr, "weight_decay": wd, "val_top1": r.top1_last,
-                     "val_loss": r.loss_last} for (lr, wd), r in zip(points, results, strict=True)]
-            lr, wd = points[best_head(results)]
-            chosen[k] = (replace(config, lr=lr, weight_decay=wd), {
+            grid = [{"lr": p.lr, "weight_decay": p.weight_decay, "val_top1": r.top1_last,
+                     "val_loss": r.loss_last} for p, r in zip(points, results, strict=True)]
+            best = points[best_head(results)]
+            chosen[k] = (best, {
                 "rule": BEST_HEAD_RULE,
                 "train_size": int(len(tr_rows)), "validation_size": int(len(val_rows)),
-                "grid": grid, "chosen": {"lr": lr, "weight_decay": wd}})
+                "grid": grid, "chosen": {"lr": best.lr, "weight_decay": best.weight_decay}})
 
-    # Stage 2: the chosen (or fixed) configuration on the whole subset, evaluated on test.
-    final_heads = []
-    for k, (_, seed, idx, config, _) in enumerate(plan):
-        cfg = chosen[k][0] if k in chosen else config
-        final_heads.append(HeadSpec(idx, cfg, seed))
+    # Stage 2: the chosen (or only) configuration on the whole subset, evaluated on test.
+    final_heads = [HeadSpec(idx, chosen[k][0] if k in chosen else points[0], seed)
+                   for k, (_, seed, idx, points) in enumerate(plan)]
     finals = train_linear_heads(train_x, train_y, test_x, test_y, final_heads,
                                 num_classes=num_classes, device=device, dtype=dtype)
     return [SweepEntry(fraction=fraction, seed=seed, result=result,
-                       config=final_heads[k].config, subset_size=int(len(idx)),
+                       config=final_heads[k].config, rows=idx,
                        selection=chosen[k][1] if k in chosen else None)
-            for k, ((fraction, seed, idx, _, _), result) in enumerate(zip(plan, finals,
-                                                                          strict=True))]
+            for k, ((fraction, seed, idx, _), result) in enumerate(zip(plan, finals,
+                                                                       strict=True))]
 

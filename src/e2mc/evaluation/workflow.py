@@ -13,7 +13,7 @@ from typing import Any
 
 from e2mc.artifacts import EvalDir, EvalResults, run_model
 from e2mc.errors import InputError
-from e2mc.evaluation.features import FeatureCache, data_id
+from e2mc.evaluation.features import FeatureCache
 from e2mc.evaluation.runner import EvalOptions, run_evaluation
 
 
@@ -49,14 +49,18 @@ class EvalData:
                                          skip_corrupt=self.skip_corrupt)).size
 
     def id(self, image_size: int, channels: int, named: bool = True) -> str:
-        """The evaluation's ``data`` (and the cache's data id); ``named`` False: without the
-        specs (the content identity says what the images are), as the stamp holds it."""
+        """The evaluation's ``data`` (and the cache's data id),
+        ``TRAIN|TEST|size=S|ch=C[|skip-corrupt][|train:N|test:M[|seeded-S]]``; ``named``
+        False: ``*`` for the specs (the content identity says what the images are), as the
+        stamp holds it."""
         cut = self.train_limit is not None or self.test_limit is not None
         subset = f"train:{self.train_limit}|test:{self.test_limit}" if cut else ""
         if self.limit_seed is not None:
             subset += f"|seeded-{self.limit_seed}"
-        train, test = (self.train, self.test) if named else ("*", "*")
-        return data_id(train, test, image_size, channels, self.skip_corrupt, subset=subset)
+        specs = [self.train, self.test or self.train] if named else ["*", "*"]
+        return "|".join([*specs, f"size={image_size}", f"ch={channels}",
+                         *(["skip-corrupt"] if self.skip_corrupt else []),
+                         *([subset] if subset else [])])
 
 
 def _limit(dataset: Any, limit: int | None, seed: int | None) -> Any:
@@ -175,23 +179,20 @@ def _refuse_live_run(named: str, chosen: Any) -> None:
                          "evaluate it once the run has ended")
 
 
-def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions,
-           identities: dict[str, Any]) -> dict[str, Any]:
-    """What an evaluation directory was made from: checkpoint bytes, data identity, options."""
+def _stamp(loaded: _Loaded, data: EvalData, options: EvalOptions, train: Any, test: Any
+           ) -> dict[str, Any]:
+    """What an evaluation directory was made from: checkpoint bytes, data identity, the content
+    identities of the data sets (``train_data``, ``test_data``, as results.json records them)
+    and the options."""
+    from e2mc.data.identity import data_identity
     from e2mc.files import sha256_file
 
     return {"checkpoint_sha256": sha256_file(loaded.path),
-            "data_id": data.id(loaded.size, loaded.channels, named=False), **identities,
+            "data_id": data.id(loaded.size, loaded.channels, named=False),
+            "train_data": data_identity(train), "test_data": data_identity(test),
             # the options that decide the numbers (not progress, workers or device)
             "options": repr(dataclasses.replace(options, progress=True, num_workers=None,
                                                 device="any"))}
-
-
-def _identities(train: Any, test: Any) -> dict[str, Any]:
-    """``{"train_data", "test_data"}``: the content identities results.json records."""
-    from e2mc.data.identity import data_identity
-
-    return {"train_data": data_identity(train), "test_data": data_identity(test)}
 
 
 #: The share of test images the training split may hold (by content) before an evaluation is
@@ -217,12 +218,8 @@ def _check_no_leak(train: Any, test: Any, data: EvalData, log: Callable[[str], N
 
 
 def _matching(out: str | os.PathLike[str], stamp: dict[str, Any]) -> EvalResults | None:
-    written = EvalDir(out)
-    if written.exists():
-        record = written.load()
-        if record.info.get("stamp") == stamp:
-            return record
-    return None
+    record = EvalDir(out).load() if EvalDir(out).exists() else None
+    return record if record is not None and record.info.get("stamp") == stamp else None
 
 
 def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -233,7 +230,7 @@ def is_evaluated(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         return False
     loaded = _load(checkpoint, model, image_size, log=lambda _: None, data=data)
     train, test = data.datasets(loaded.size, loaded.channels)
-    stamp = _stamp(loaded, data, options, _identities(train, test))
+    stamp = _stamp(loaded, data, options, train, test)
     return _matching(out, stamp) is not None
 
 
@@ -242,33 +239,37 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLi
                         model: ModelSpec = ModelSpec(), image_size: int | None = None,
                         cache: FeatureCache | str | os.PathLike[str] | None = None,
                         reuse: bool = False, extra_record: dict[str, Any] | None = None,
-                        lock: bool = True, log: Callable[[str], None] = _stderr
-                        ) -> EvalResults | None:
-    """Evaluate the backbone of ``checkpoint`` on ``data`` into ``out``; returns what it holds
-    (None off the main process). ``reuse``: read ``out`` back when its stamp matches."""
+                        log: Callable[[str], None] = _stderr) -> EvalResults | None:
+    """Evaluate the backbone of ``checkpoint`` on ``data`` into ``out``, holding its writer
+    lock from before anything is loaded; returns what it holds (None off the main process).
+    ``reuse``: read ``out`` back when its stamp matches."""
+    from contextlib import nullcontext
+
+    from e2mc.artifacts import writer_lock
     from e2mc.checkpoints import is_url
     from e2mc.distributed import is_main_process
 
-    options = _resolved(options)
-    loaded = _load(checkpoint, model, image_size, log, data)
-    train, test = data.datasets(loaded.size, loaded.channels)
-    leak = _check_no_leak(train, test, data, log)
-    identities = _identities(train, test)
-    stamp = _stamp(loaded, data, options, identities)
-    if reuse and (record := _matching(out, stamp)) is not None:
-        log(f"  read (same checkpoint bytes, data content and options): {out}")
-        return record
-    if cache is not None and not isinstance(cache, FeatureCache):
-        cache = FeatureCache(cache)
-    named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
-    run_evaluation(
-        loaded.backbone, loaded.feature_dim, train, test, out, options,
-        data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache, lock=lock,
-        extra_record={"checkpoint": named if is_url(named) else path, "checkpoint_file": path,
-                      "model": chosen.record(info.get("step")) if chosen else None,
-                      "checkpoint_info": info, "image_size": loaded.size,
-                      "device": options.device, "stamp": stamp, **identities, **leak,
-                      **(extra_record or {})})
+    options = _resolved(options)  # under torchrun: joins the group, then rank 0 takes the lock
+    with writer_lock(out) if is_main_process() else nullcontext():
+        loaded = _load(checkpoint, model, image_size, log, data)
+        train, test = data.datasets(loaded.size, loaded.channels)
+        leak = _check_no_leak(train, test, data, log)
+        stamp = _stamp(loaded, data, options, train, test)
+        if reuse and (record := _matching(out, stamp)) is not None:
+            log(f"  read (same checkpoint bytes, data content and options): {out}")
+            return record
+        if cache is not None and not isinstance(cache, FeatureCache):
+            cache = FeatureCache(cache)
+        named, path, chosen, info = loaded.named, loaded.path, loaded.chosen, loaded.info
+        run_evaluation(
+            loaded.backbone, loaded.feature_dim, train, test, out, options,
+            data_id=data.id(loaded.size, loaded.channels), checkpoint=path, cache=cache,
+            lock=False, extra_record={
+                "checkpoint": named if is_url(named) else path, "checkpoint_file": path,
+                "model": chosen.record(info.get("step")) if chosen else None,
+                "checkpoint_info": info, "image_size": loaded.size, "device": options.device,
+                "stamp": stamp, "train_data": stamp["train_data"],
+                "test_data": stamp["test_data"], **leak, **(extra_record or {})})
     return EvalDir(out).load() if is_main_process() else None
 
 
@@ -311,7 +312,6 @@ def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | s
     """Evaluate a run of :func:`e2mc.training.continue_module`, which the commands cannot
     rebuild: its weights are loaded into a copy of ``module``; ``data`` is a spec or an
     :class:`EvalData`. Writes and prints what ``e2mc eval`` does; returns the results."""
-    from e2mc.artifacts import EvalDir
     from e2mc.evaluation.results import result_lines
 
     results = evaluate_checkpoint(run, out, data if isinstance(data, EvalData)
@@ -319,5 +319,5 @@ def evaluate_module(module: Any, run: str | os.PathLike[str], data: EvalData | s
                                   model=ModelSpec(module=module, last=last),
                                   image_size=image_size, cache=cache)
     if results is not None:
-        print("\n".join([*result_lines(results), f"wrote {EvalDir(out).results}"]))
+        print(*result_lines(results), f"wrote {EvalDir(out).results}", sep="\n")
     return results

@@ -65,9 +65,7 @@ def train_linear_heads(
         score = partial(evaluate_stream, group, heads=heads, ex_all=ex_all, ey_all=ey_all,
                         records=records, chunk=eval_chunk, trace=trace)
         train_group(group, bank, bank_y, score, trace)
-    if keep_weights:
-        return head_results(records, groups, head_slots)
-    return head_results(records)
+    return head_results(records, groups, head_slots) if keep_weights else head_results(records)
 
 
 def _check_inputs(x_all: torch.Tensor, y_all: torch.Tensor, ex_all: torch.Tensor,
