@@ -103,26 +103,36 @@ def training_records(run_dir) -> list[dict]:
     return [m for m in RunDir(run_dir).read_metrics() if "loss" in m]
 
 
-def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2,
-                 timeout_s: float = 120.0) -> None:
-    """Start ``python -m e2mc ARGS --out RUN_DIR`` and SIGKILL it once ``metrics.jsonl``
-    holds ``records`` records (or at ``timeout_s``), as a machine that dies mid-run would."""
+#: The child of :func:`kill_mid_run`: ``e2mc`` with ``MetricsLogger.log`` wrapped so that the
+#: process SIGKILLs itself once it has logged ``records`` training steps (no race with a clock
+#: that a loaded machine loses).
+_KILL_AFTER_RECORDS = """
+import os, signal, sys
+from e2mc.training.logging import MetricsLogger
+records, log = int(sys.argv[1]), MetricsLogger.log
+def log_then_die(self, step, metrics):
+    log(self, step, metrics)
+    if "loss" in metrics and self._file is not None:
+        self.logged = getattr(self, "logged", 0) + 1
+        if self.logged >= records:
+            os.kill(os.getpid(), signal.SIGKILL)
+MetricsLogger.log = log_then_die
+from e2mc.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def kill_mid_run(args: list[str], run_dir, env: dict, records: int = 2) -> None:
+    """Run ``e2mc ARGS --out RUN_DIR`` in a child that SIGKILLs itself right after it logged
+    its ``records``-th training step, as a machine that dies mid-run would."""
     import signal
     import subprocess
     import sys
-    import time
-    from pathlib import Path
 
-    run_dir = Path(run_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "e2mc", *args, "--out", str(run_dir)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (run_dir / "metrics.jsonl").exists() and len(training_records(run_dir)) >= records:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = subprocess.run([sys.executable, "-c", _KILL_AFTER_RECORDS, str(records), *args,
+                           "--out", str(run_dir)], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=1800)
+    assert proc.returncode == -signal.SIGKILL, f"the run was not killed (exit {proc.returncode})"
 
 
 def assert_same_training_state(a: dict, b: dict) -> None:

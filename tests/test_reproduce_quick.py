@@ -208,7 +208,8 @@ def test_the_paper_regime_script_makes_a_valid_study(tmp_path) -> None:
     import reproduce_fashion_mnist as harness
 
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PAPER_REGIME_DRY": "1", "OUT": str(tmp_path / "out")}
+    env = {**os.environ, "PAPER_REGIME_DRY": "1", "OUT": str(tmp_path / "out"),  # its python:
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
     done = subprocess.run([str(repo / "scripts" / "paper-regime.sh"), "PATH/TO/fashion-mnist",
                            "PATH/TO/mnist"], env=env, capture_output=True, text=True, check=True)
     argv = shlex.split(done.stdout)
