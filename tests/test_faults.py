@@ -292,8 +292,13 @@ def _scenarios(counts: Counter[str]) -> list[tuple[str, int]]:
 
 # ----------------------------------------------------------------------------- the tests
 def test_kill_during_every_kind_of_write_then_resume(tmp_path: Path, reference) -> None:
+    """Every scenario without an add-on; with SIGReg, the kills that its random directions'
+    generator state rides on (checkpoint.pt writes and steps): the epoch copies, best.pt and
+    metrics lines are written alike with any add-on."""
     ref, counts, addon = reference
     for kind, n in _scenarios(counts):
+        if addon != "none" and kind not in ("checkpoint", "step"):
+            continue
         run_dir = tmp_path / f"{kind}-{n}"
         assert _run_killed(run_dir, addon, (kind, n)) == -signal.SIGKILL, (kind, n)
         if kind != "step":  # the kill left a half-written temporary file or line behind
