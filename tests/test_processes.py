@@ -26,7 +26,7 @@ LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /
 @pytest.fixture
 def other() -> subprocess.Popen:
     """A live process that is not this one (its pid is what a recycled pid would be)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
                              "submitit.local._local"])
     yield proc
     proc.kill()
