@@ -221,3 +221,18 @@ def test_the_paper_regime_script_makes_a_valid_study(tmp_path) -> None:
     assert "method.params.projector=8192-8192-8192" in s.base_overrides
     assert "method.params.projector=8192-8192-8192" in s.continue_overrides
     assert (s.seeds, s.label_seeds) == ((0, 1, 2), (0, 1, 2))
+
+
+def test_the_pages_words_follow_the_packages_one_verdict_rule() -> None:
+    """A comparison significant pooled (p 0.0012) but at only 4 of 9 pairs is "better", as
+    `e2mc compare` says (the SIGReg page's +E2MC row at 1 %); one pair: that pair's tests."""
+    from repro.page import _verdict
+
+    pooled = {"pairs": 9, "significant_better": 4, "significant_worse": 0, "pooled_p": 0.0012,
+              "difference": {"mean": 1.33}}
+    assert _verdict(pooled) == "better"
+    assert _verdict({**pooled, "difference": {"mean": -1.13}}) == "worse"
+    assert _verdict({**pooled, "pooled_p": 0.43}) == "n.s."
+    one = {"pairs": 1, "significant_better": 1, "significant_worse": 0, "pooled_p": None,
+           "difference": {"mean": 2.4}}
+    assert _verdict(one) == "better" and _verdict({**one, "significant_better": 0}) == "n.s."

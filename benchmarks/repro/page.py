@@ -223,6 +223,17 @@ def _diagnostics_table(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def _verdict(t: dict[str, Any]) -> str:
+    """The package's one rule (``e2mc.evaluation.compare.RULE``): the pooled paired permutation
+    test at p < 0.05, the sign of the difference saying which way; one pair: that pair's tests."""
+    if t.get("pooled_p") is None:
+        return ("better" if t["significant_better"] == t["pairs"] else
+                "worse" if t["significant_worse"] == t["pairs"] else "n.s.")
+    if t["pooled_p"] >= 0.05:
+        return "n.s."
+    return "better" if t["difference"]["mean"] > 0 else "worse"
+
+
 def _what_it_means(s: ReproSettings, r: dict[str, Any]) -> list[str]:
     """Sentences generated from the numbers with thresholds fixed in advance."""
     out = ["## What we measured and what it means", ""]
@@ -241,8 +252,7 @@ def _what_it_means(s: ReproSettings, r: dict[str, Any]) -> list[str]:
             parts = []
             for c, t in comp["summary"].items():
                 if t is not None:
-                    verdict = ("better" if t["significant_better"] == t["pairs"] else
-                               "worse" if t["significant_worse"] == t["pairs"] else "mixed/n.s.")
+                    verdict = _verdict(t)
                     pooled = (f"; pooled p {t['pooled_p']:.2g}" if t.get("pooled_p") is not None
                               else "")
                     parts.append(f"{c} {t['difference']['mean']:+.2f} ({verdict}{pooled})")
