@@ -111,7 +111,7 @@ def test_quick_reproduction_end_to_end_and_resumable(tmp_path: Path) -> None:
     assert set(result["diagnostics"]) == {"vicreg", "swav"}
 
     md = (out / "results.md").read_text()
-    for heading in ("Table 1", "Table 3 (SwAV)", "Paired tests", "Table A.2",
+    for heading in ("Table 1", "Table 3 (swav)", "Paired tests", "Table A.2",
                     "What we measured and what it means"):
         assert heading in md
     assert "--quick" in md and "Quick mode" in md

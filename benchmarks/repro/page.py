@@ -123,7 +123,7 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
                      f"{name} ({epochs}+{s.continued_epochs} ep)")
             line = f"| {method} | {model} | " + " | ".join(
                 analysis.fmt(cells.get(c)) for c in cols) + " |"
-            (other if name in ("+VCReg", "+AUH", "+MMCR") else out).append(line)
+            (other if name in ("+VCReg", "+AUH", "+MMCR", "+SIGReg") else out).append(line)
     out += ["", "Top-1 %, mean ± SE: over the training seeds for continued rows (each the mean "
             "over label-subset seeds), over label-subset seeds for the single base model and "
             f"the {FLOOR} row (the floor: the base's architecture and seed before its first "
@@ -131,11 +131,14 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
             f"Transfer: a linear probe on the frozen features of {transfer_name(s)} "
             f"({_transfer_source(s, r)}), label seed {s.label_seeds[0]}.", ""]
     if other:
-        out += ["## Table 3 (SwAV): other criteria in continued training", "",
+        methods = ", ".join(sorted({row.split(" | ")[0].strip("| ") for row in other}))
+        out += [f"## Table 3 ({methods}): other criteria in continued training", "",
                 "| method | model | " + " | ".join(head) + " |",
                 "|---|---|" + "---|" * len(head), *other, "",
                 "VCReg (mu 0.1, nu 0.001), AUH uniformity (lambda 0.5, t 2), MMCR (lambda "
-                "0.005, all views) with the paper's coefficients; same protocol as Table 1.", ""]
+                "0.005, all views) with the paper's coefficients; SIGReg (LeJEPA; not in the "
+                "paper) at the weight of its `fmnist-<family>-sigreg` preset (docs/method.md); "
+                "same protocol as Table 1.", ""]
     return out
 
 
