@@ -33,6 +33,7 @@ from e2mc.evaluation.probe_settings import finetune_settings, linear_settings
 from e2mc.evaluation.results import save_predictions
 from e2mc.evaluation.svm import VOC07_COSTS, svm_transfer
 from e2mc.evaluation.sweep import linear_protocol
+from e2mc.progress import heartbeat
 
 PROTOCOLS = ("linear", "linear-aug", "knn", "finetune", "svm")
 
@@ -165,10 +166,11 @@ def run_evaluation(
             _file_subsets(train_dataset, options.subset_files)  # before the slow extraction
         extra_record = dict(extra_record or {})
         # the weights by value: e2mc compare flags two evaluations of the same weights
-        extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
-        for split, ds in (("train", train_dataset), ("test", test_dataset)):
-            if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_checkpoint
-                extra_record[f"{split}_data"] = data_identity(ds)  # computed it already)
+        with _beat(options, "hashing the weights and the data"):
+            extra_record.setdefault("backbone_sha256", state_dict_digest(backbone))
+            for split, ds in (("train", train_dataset), ("test", test_dataset)):
+                if f"{split}_data" not in extra_record:  # what compare pairs by (evaluate_
+                    extra_record[f"{split}_data"] = data_identity(ds)  # checkpoint has it)
         start = time.perf_counter()
 
         def features(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -201,11 +203,13 @@ def run_evaluation(
                 "wd_grid": list(options.wd_grid.get(f, ())), "val_fraction": options.val_fraction,
                 "subset": subset_info.get(fraction_label(f), "stratified random (label seed)")}
                 for f in options.fractions}
-            sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
-                                    options.seeds, config_for=linear_config,
-                                    lr_grid=options.lr_grid, wd_grid=options.wd_grid,
-                                    val_fraction=options.val_fraction, subsets=subsets,
-                                    device=device)
+            with _beat(options, f"linear probes ({len(options.fractions)} fraction(s) x "
+                                f"{len(options.seeds)} seed(s), trained together)"):
+                sweep = linear_protocol(train_x, train_y, test_x, test_y, options.fractions,
+                                        options.seeds, config_for=linear_config,
+                                        lr_grid=options.lr_grid, wd_grid=options.wd_grid,
+                                        val_fraction=options.val_fraction, subsets=subsets,
+                                        device=device)
             for entry in sweep:
                 entries.append({
                     **_probe_entry(eval_dir, "linear", entry.fraction, entry.seed, entry.result,
@@ -283,3 +287,8 @@ def run_evaluation(
         }
         EvalDir(eval_dir).write(record)  # last: the directory now describes this evaluation
         return record
+
+
+def _beat(options: EvalOptions, what: str) -> Any:
+    """A line every 10 s while a phase with nothing to count runs (with progress on)."""
+    return heartbeat(what) if options.progress else nullcontext()
