@@ -34,7 +34,7 @@ def _figures(s: ReproSettings, result: dict[str, Any], fig_dir: Path, prefix: st
              ) -> dict[str, Path]:
     figs: dict[str, Path] = {}
     k = min(s.knn_k)
-    if result["base_curves"]:
+    if any(result["base_curves"].values()):  # (a --base-run base has no epochs to plot)
         figs["base"] = figures.plot_base_curves(result["base_curves"],
                                                 fig_dir / f"{prefix}_base_curves.png", k)
     if result["epoch_curves"]:
@@ -186,6 +186,8 @@ def _ablation_table(s: ReproSettings, r: dict[str, Any], cmd: str) -> list[str]:
 
 def _figures_md(s: ReproSettings, r: dict[str, Any], figs: dict[str, str],
                 cmd: str) -> list[str]:
+    if not figs:
+        return []
     out = ["## Figures", ""]
     if "base" in figs:
         out += [f"![base curves]({figs['base']})", "",
