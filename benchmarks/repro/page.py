@@ -109,6 +109,10 @@ def transfer_name(s: ReproSettings) -> str:
     return _DATA_NAMES.get(name.lower(), _DATA_NAMES.get(str(s.transfer_data), name))
 
 
+#: The rows of Table 3 (the paper's other regularisers, and SIGReg beside them).
+OTHER_CRITERIA = frozenset({"+VCReg", "+AUH", "+MMCR", "+SIGReg"})
+
+
 def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
     cols = r["columns"]
     head = [*cols[:-1], f"transfer ({transfer_name(s)} {TRANSFER})"]
@@ -123,7 +127,7 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
                      f"{name} ({epochs}+{s.continued_epochs} ep)")
             line = f"| {method} | {model} | " + " | ".join(
                 analysis.fmt(cells.get(c)) for c in cols) + " |"
-            (other if name in ("+VCReg", "+AUH", "+MMCR", "+SIGReg") else out).append(line)
+            (other if name in OTHER_CRITERIA else out).append(line)
     out += ["", "Top-1 %, mean ± SE: over the training seeds for continued rows (each the mean "
             "over label-subset seeds), over label-subset seeds for the single base model and "
             f"the {FLOOR} row (the floor: the base's architecture and seed before its first "
@@ -131,7 +135,8 @@ def _table1(s: ReproSettings, r: dict[str, Any]) -> list[str]:
             f"Transfer: a linear probe on the frozen features of {transfer_name(s)} "
             f"({_transfer_source(s, r)}), label seed {s.label_seeds[0]}.", ""]
     if other:
-        methods = ", ".join(sorted({row.split(" | ")[0].strip("| ") for row in other}))
+        methods = ", ".join(sorted(m for m, rows in r["table1"].items()
+                                   if OTHER_CRITERIA.intersection(rows)))
         out += [f"## Table 3 ({methods}): other criteria in continued training", "",
                 "| method | model | " + " | ".join(head) + " |",
                 "|---|---|" + "---|" * len(head), *other, "",
