@@ -25,12 +25,17 @@ LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /
 
 @pytest.fixture
 def other() -> subprocess.Popen:
-    """A live process that is not this one (its pid is what a recycled pid would be)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
-                             "submitit.local._local"])
+    """A live process that is not this one (its pid is what a recycled pid would be), once it
+    runs its own code: just after ``exec`` (when ``Popen`` returns) its ``/proc/PID/cmdline``
+    can still read empty, which made the controller test fail about once in four loaded runs."""
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import time; print('ready', flush=True); time.sleep(3600)",
+                             "submitit.local._local"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
     yield proc
     proc.kill()
     proc.wait()
+    proc.stdout.close()
 
 
 @LINUX
