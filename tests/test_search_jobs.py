@@ -289,3 +289,31 @@ def test_jobs_in_flight_at_once_and_a_line_a_minute_on_what_runs(
     assert lines == ["jobs: 1 queued, 1 running (trials/a/run 0 min), 1 done, 0 failed (of 3)",
                      "jobs: 1 queued, 1 running (trials/a/run 1 min), 1 done, 0 failed (of 3)",
                      "jobs: 0 queued, 1 running (trials/a/run 2 min), 2 done, 0 failed (of 3)"]
+
+
+def test_on_a_terminal_the_jobs_bar_moves_at_every_look(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """On a terminal the bar is redrawn at every look, with what runs and for how long: it did
+    not move while a job ran (its counts unchanged), for the whole of a trial."""
+    import time
+    from types import SimpleNamespace
+
+    import e2mc.progress
+    from e2mc.jobs.runner import _Progress
+
+    monkeypatch.setattr(e2mc.progress, "is_terminal", lambda stream=None: True)
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    lines: list[str] = []
+    progress = _Progress(3, 1, lines.append)
+    job = SimpleNamespace(work=SimpleNamespace(key="trials/a/run"), started=1000.0)
+    drawn = []
+    for _ in range(3):
+        progress.show(1, [job], 1)
+        drawn.append(capsys.readouterr().err.rsplit("\r", 1)[-1])
+        now[0] += 30
+    progress.close()
+    assert lines == []  # the bar, no lines
+    assert ["trials/a/run 0 min" in drawn[0], "trials/a/run 0 min" in drawn[1],
+            "trials/a/run 1 min" in drawn[2]] == [True, True, True], drawn
+    assert all("1/3" in d and "1 queued, 1 running" in d for d in drawn), drawn

@@ -389,18 +389,19 @@ class _Progress:
             self.bar = progress_bar(total=total, initial=done, desc="jobs", unit="job")
 
     def show(self, queued: int, running: list[_Tracked], done: int, failed: int = 0) -> None:
-        """The counts when one changed, and every :data:`HEARTBEAT_S` s what runs, how long."""
+        """The bar at every look (its clock moves while a job runs), else a line when a count
+        changed and every :data:`HEARTBEAT_S` s; each says what runs, for how long."""
         counts = (queued, len(running), done, failed)
         now = time.monotonic()
-        if not self.shown or (self.bar is None and counts == self.last
-                              and now - self.said < HEARTBEAT_S):
-            return
-        self.last, self.said = counts, now
+        what = ", ".join(f"{t.work.key} {(now - t.started) / 60:.0f} min" for t in running)
         if self.bar is not None:
             self.bar.n = done
-            self.bar.set_postfix_str(f"{queued} queued, {len(running)} running, {failed} failed")
+            self.bar.set_postfix_str(f"{queued} queued, {len(running)} running"
+                                     f"{f' ({what})' if what else ''}, {failed} failed")
             return
-        what = ", ".join(f"{t.work.key} {(now - t.started) / 60:.0f} min" for t in running)
+        if not self.shown or (counts == self.last and now - self.said < HEARTBEAT_S):
+            return
+        self.last, self.said = counts, now
         self.log(f"jobs: {queued} queued, {len(running)} running{f' ({what})' if what else ''}, "
                  f"{done} done, {failed} failed (of {self.total})")
 
