@@ -220,6 +220,7 @@ def _page_param(page: Path) -> object:
 RUN_PAGES = list(dict.fromkeys(c[0] for c in RUN))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page,cmds", [_page_param(page) for page in RUN_PAGES])
 def test_documented_commands_run_at_a_small_size(page: Path, cmds: list[tuple[int, str]],
                                                  docs_folder: Path, tmp_path: Path,

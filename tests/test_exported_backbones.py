@@ -88,6 +88,7 @@ def _assert_same(state: dict[str, torch.Tensor], exported: dict[str, torch.Tenso
         assert torch.equal(state[key], value), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,size,small", ARCHITECTURES)
 def test_an_exported_backbone_evaluates_and_continues(tmp_path: Path, arch: str, size: int,
                                                       small: bool) -> None:
@@ -120,6 +121,7 @@ def test_an_exported_backbone_evaluates_and_continues(tmp_path: Path, arch: str,
     assert load_checkpoint(run)[1]["step"] == 1
 
 
+@pytest.mark.slow
 def test_a_dino_vit_run_exports_evaluates_and_continues(tmp_path: Path, capsys) -> None:
     """The case of the issue: a DINO run on the package's vit_tiny_p4_28 (names ``class_token``,
     ``conv_proj``, ``encoder.*``, which no official layout explains) exported, evaluated on the

@@ -291,6 +291,7 @@ def _scenarios(counts: Counter[str]) -> list[tuple[str, int]]:
 
 
 # ----------------------------------------------------------------------------- the tests
+@pytest.mark.slow
 def test_kill_during_every_kind_of_write_then_resume(tmp_path: Path, reference) -> None:
     """Every scenario without an add-on; with SIGReg, the kills that its random directions'
     generator state rides on (checkpoint.pt writes and steps): the epoch copies, best.pt and

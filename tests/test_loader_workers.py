@@ -58,6 +58,7 @@ def _wait(condition, seconds: float) -> bool:
 
 @pytest.mark.parametrize("method", sorted(set(multiprocessing.get_all_start_methods())
                                           & {"fork", "forkserver", "spawn"}))
+@pytest.mark.slow
 def test_a_killed_run_leaves_no_loader_worker_behind(method: str, tmp_path: Path) -> None:
     data = tmp_path / "d.npz"
     rng = np.random.default_rng(0)

@@ -87,6 +87,7 @@ def hub(tmp_path, monkeypatch):
     torch.hub.set_dir(str(Path(torch.hub._get_torch_home()) / "hub"))
 
 
+@pytest.mark.slow
 def test_torchvision_weights_start_a_continued_run(tmp_path, data):
     """``e2mc continue --backbone torchvision:NAME:WEIGHTS`` without ``--from`` (in a new
     process, ``TORCH_HOME`` set, offline) starts from the weights file in torch.hub's cache:

@@ -150,6 +150,7 @@ def test_bad_arguments_are_reported(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_a_method_beyond_the_paper_runs_with_the_generic_probes(tmp_path: Path) -> None:
     """results/new-methods.md's path: a method the paper did not run, its preset's own backbone,
     probed with the generic settings (the paper gives probe settings for its three only)."""
