@@ -51,8 +51,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 # ----------------------------------------------------------------------------- the order
-# pytest-randomly (a dev dependency) runs the tests in a random order, a new seed each run
-# (the long ones first, in their own random order):
+# pytest-randomly (a dev dependency) runs the tests in a random order, a new seed each run:
 # no test may depend on another having run. The seed is printed last, so that a failure can be
 # replayed (pytest -p randomly --randomly-seed=N); --reverse runs them in reverse order
 # (with -p no:randomly, the order of the files reversed).
@@ -65,10 +64,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--reverse"):
         items.reverse()
-    # the long tests (marked slow or slurm) first, each group in the order above: with -n, the
-    # workers then end together, not one of them running a long test alone at the end
-    items.sort(key=lambda item: not (item.get_closest_marker("slow")
-                                     or item.get_closest_marker("slurm")))
     if not torch.cuda.is_available():  # the gpu tests: one line each, saying why
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none here): scripts/gpu-check.sh "
                                        "runs these on a GPU machine")
