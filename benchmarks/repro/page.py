@@ -234,14 +234,17 @@ def _diagnostics_table(r: dict[str, Any]) -> list[str]:
 
 
 def _verdict(t: dict[str, Any]) -> str:
-    """The package's one rule (``e2mc.evaluation.compare.RULE``): the pooled paired permutation
-    test at p < 0.05, the sign of the difference saying which way; one pair: that pair's tests."""
+    """The package's one rule (:attr:`e2mc.evaluation.compare.Verdict.direction`): the pooled
+    paired permutation test at p < 0.05, the sign of the difference saying which way; one pair:
+    that pair's tests."""
+    from e2mc.evaluation.compare import Verdict
+
     if t.get("pooled_p") is None:
         return ("better" if t["significant_better"] == t["pairs"] else
                 "worse" if t["significant_worse"] == t["pairs"] else "n.s.")
-    if t["pooled_p"] >= 0.05:
-        return "n.s."
-    return "better" if t["difference"]["mean"] > 0 else "worse"
+    direction = Verdict("", "", t["difference"]["mean"], None, t["pairs"], 0,
+                        t["pooled_p"]).direction
+    return "n.s." if direction == "same" else direction
 
 
 def _what_it_means(s: ReproSettings, r: dict[str, Any]) -> list[str]:

@@ -394,16 +394,15 @@ class _Progress:
         counts = (queued, len(running), done, failed)
         now = time.monotonic()
         what = ", ".join(f"{t.work.key} {(now - t.started) / 60:.0f} min" for t in running)
+        runs = f"{queued} queued, {len(running)} running{f' ({what})' if what else ''}"
         if self.bar is not None:
             self.bar.n = done
-            self.bar.set_postfix_str(f"{queued} queued, {len(running)} running"
-                                     f"{f' ({what})' if what else ''}, {failed} failed")
+            self.bar.set_postfix_str(f"{runs}, {failed} failed")
             return
         if not self.shown or (counts == self.last and now - self.said < HEARTBEAT_S):
             return
         self.last, self.said = counts, now
-        self.log(f"jobs: {queued} queued, {len(running)} running{f' ({what})' if what else ''}, "
-                 f"{done} done, {failed} failed (of {self.total})")
+        self.log(f"jobs: {runs}, {done} done, {failed} failed (of {self.total})")
 
     def close(self) -> None:
         if self.bar is not None:
